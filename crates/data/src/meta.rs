@@ -1,0 +1,97 @@
+//! `meta.json`: what a token directory holds and how it was made.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenDtype {
+    Uint16,
+    Uint32,
+}
+
+impl TokenDtype {
+    /// The narrowest dtype that holds every id below `vocab_size`.
+    pub fn for_vocab(vocab_size: usize) -> Self {
+        if vocab_size <= 1 << 16 {
+            Self::Uint16
+        } else {
+            Self::Uint32
+        }
+    }
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::Uint16 => 2,
+            Self::Uint32 => 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileInfo {
+    pub tokens: u64,
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// `gpt2`, or the path/name of a trained tokenizer.
+    pub tokenizer: String,
+    pub vocab_size: usize,
+    /// The end-of-text id that joins documents.
+    pub eot_token: u32,
+    pub dtype: TokenDtype,
+    /// `train.bin` and `val.bin`, with their token counts and sha256.
+    pub files: BTreeMap<String, FileInfo>,
+    /// Where the text came from (free-form objects: path, sha256, documents, bytes …).
+    #[serde(default)]
+    pub sources: Vec<serde_json::Value>,
+    /// What was applied to it, in order (free-form objects: name, settings, removed counts …).
+    #[serde(default)]
+    pub filters: Vec<serde_json::Value>,
+}
+
+impl Meta {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("meta.json");
+        if !dir.is_dir() {
+            bail!(
+                "data dir {} does not exist; run `lab data prepare` or pass --data-dir",
+                dir.display()
+            );
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {}; prepare the data dir with `lab data prepare`",
+                path.display()
+            )
+        })?;
+        let meta: Meta = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a valid meta.json", path.display()))?;
+        if TokenDtype::for_vocab(meta.vocab_size) != meta.dtype
+            && meta.dtype == TokenDtype::Uint16
+        {
+            bail!(
+                "{}: vocab_size {} does not fit dtype uint16; re-prepare with uint32",
+                path.display(),
+                meta.vocab_size
+            );
+        }
+        Ok(meta)
+    }
+
+    pub fn file(&self, name: &str) -> Result<&FileInfo> {
+        self.files
+            .get(name)
+            .with_context(|| format!("meta.json lists no {name}"))
+    }
+
+    /// Writes meta.json atomically.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_string_pretty(self)? + "\n";
+        lab_fsio::write_atomic(&dir.join("meta.json"), json.as_bytes())
+    }
+}

@@ -1,0 +1,4 @@
+//! One module per subcommand: parse flags, call the library, map the outcome to an exit code.
+
+pub mod bench;
+pub mod train;

@@ -1,0 +1,42 @@
+//! `lab`: a reproducible LLM pretraining lab harness. One thin module per subcommand in
+//! `cmd/`; the work itself lives in the `crates/` libraries.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "lab", version, about = "Reproducible LLM pretraining lab harness")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model from a config (checkpoints, resume, metrics, budget guard).
+    Train(cmd::train::Args),
+    /// Time training steps of a config: tokens/s and the forward/backward/optimizer split.
+    Bench(cmd::bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit 2 (clap)
+    let result = match cli.command {
+        Command::Train(args) => cmd::train::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            // One line: the context chain joined by ": ", never a panic trace.
+            eprintln!("error: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
