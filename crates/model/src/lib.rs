@@ -1,1 +1,14 @@
-//! lab-model
+//! A decoder-only Llama-style transformer in burn: pre-norm RMSNorm, grouped-query causal
+//! attention with RoPE, SwiGLU feed-forward, untied (or tied) embedding and LM head.
+//!
+//! Activations flow as `[tokens, d_model]` matrices (tokens = batch × seq_len) and become
+//! `[batch, heads, seq, head_dim]` only inside attention, so every projection is one 2-D matmul.
+
+pub mod attention;
+pub mod init;
+pub mod layers;
+pub mod loss;
+pub mod transformer;
+pub mod weights;
+
+pub use transformer::Llama;

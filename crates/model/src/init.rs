@@ -1,0 +1,41 @@
+//! Seeded, backend-independent initialization: every parameter is drawn on the host from a
+//! ChaCha stream keyed by (seed, parameter path), so the same seed gives the same weights on
+//! every backend and whatever order the modules are built in.
+
+use burn::module::{Param, ParamId};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+
+/// A stream of seeded values for one parameter.
+fn rng_for(seed: u64, path: &str) -> ChaCha8Rng {
+    // FNV-1a of the path, mixed with the seed: a stable key per parameter.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    ChaCha8Rng::seed_from_u64(seed ^ h.rotate_left(17))
+}
+
+/// A `[rows, cols]` parameter drawn from normal(0, std).
+pub fn normal<B: Backend>(
+    seed: u64,
+    path: &str,
+    shape: [usize; 2],
+    std: f64,
+    device: &B::Device,
+) -> Param<Tensor<B, 2>> {
+    let mut rng = rng_for(seed, path);
+    let dist = Normal::new(0.0f32, std as f32).expect("std > 0");
+    let values: Vec<f32> = (0..shape[0] * shape[1])
+        .map(|_| dist.sample(&mut rng))
+        .collect();
+    let tensor = Tensor::from_data(TensorData::new(values, shape), device);
+    Param::initialized(ParamId::new(), tensor)
+}
+
+/// A `[n]` parameter of ones (RMSNorm gains).
+pub fn ones<B: Backend>(n: usize, device: &B::Device) -> Param<Tensor<B, 1>> {
+    Param::initialized(ParamId::new(), Tensor::ones([n], device))
+}

@@ -1,0 +1,88 @@
+//! The small building blocks: a bias-free linear map, RMSNorm and rotary position embedding.
+
+use burn::module::{Module, Param};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+use crate::init;
+
+/// `y = x · W` with `W: [d_in, d_out]` and no bias (Llama has none).
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    pub weight: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Linear<B> {
+    pub fn new(seed: u64, path: &str, d_in: usize, d_out: usize, std: f64, device: &B::Device) -> Self {
+        Self {
+            weight: init::normal(seed, &format!("{path}.weight"), [d_in, d_out], std, device),
+        }
+    }
+
+    /// `x: [n, d_in]` → `[n, d_out]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        x.matmul(self.weight.val())
+    }
+}
+
+/// Root-mean-square normalization with a learned gain (no mean subtraction, no bias).
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    pub fn new(d: usize, eps: f64, device: &B::Device) -> Self {
+        Self {
+            weight: init::ones(d, device),
+            eps,
+        }
+    }
+
+    /// `x: [n, d]` → `x / sqrt(mean(x²) + eps) · g`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let rms = (x.clone().square().mean_dim(1) + self.eps).sqrt();
+        x / rms * self.weight.val().unsqueeze::<2>()
+    }
+}
+
+/// Rotary position embedding tables, `[seq_len, head_dim]` each, in the "rotate half"
+/// convention of Hugging Face's Llama (so exported weights need no permutation).
+#[derive(Debug, Clone)]
+pub struct Rope<B: Backend> {
+    pub cos: Tensor<B, 2>,
+    pub sin: Tensor<B, 2>,
+}
+
+impl<B: Backend> Rope<B> {
+    pub fn new(seq_len: usize, head_dim: usize, base: f64, device: &B::Device) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(seq_len * head_dim);
+        let mut sin = Vec::with_capacity(seq_len * head_dim);
+        for t in 0..seq_len {
+            for i in 0..head_dim {
+                // Frequency j = i mod half: both halves of the head share the same angles.
+                let j = (i % half) as f64;
+                let angle = t as f64 * base.powf(-2.0 * j / head_dim as f64);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let shape = [seq_len, head_dim];
+        Self {
+            cos: Tensor::from_data(TensorData::new(cos, shape), device),
+            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        }
+    }
+
+    /// Rotates `x: [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
+    /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [_, _, t, hd] = x.dims();
+        let (a, b) = (x.clone().narrow(3, 0, hd / 2), x.clone().narrow(3, hd / 2, hd / 2));
+        let rotated = Tensor::cat(vec![b.neg(), a], 3);
+        let cos = self.cos.clone().narrow(0, 0, t).unsqueeze::<4>();
+        let sin = self.sin.clone().narrow(0, 0, t).unsqueeze::<4>();
+        x * cos + rotated * sin
+    }
+}

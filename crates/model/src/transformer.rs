@@ -1,0 +1,129 @@
+//! The whole model: token embedding → n_layer × (attention, feed-forward) blocks with pre-norm
+//! residuals → final RMSNorm → LM head.
+
+use burn::module::{Module, Param};
+use burn::tensor::{activation::silu, backend::Backend, Int, Tensor};
+use lab_config::ModelConfig;
+
+use crate::attention::Attention;
+use crate::init;
+use crate::layers::{Linear, RmsNorm, Rope};
+
+/// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`.
+#[derive(Module, Debug)]
+pub struct FeedForward<B: Backend> {
+    pub gate: Linear<B>,
+    pub up: Linear<B>,
+    pub down: Linear<B>,
+}
+
+impl<B: Backend> FeedForward<B> {
+    fn new(cfg: &ModelConfig, seed: u64, path: &str, device: &B::Device) -> Self {
+        let (d, ff, std) = (cfg.d_model, cfg.d_ff, cfg.init_std);
+        Self {
+            gate: Linear::new(seed, &format!("{path}.gate"), d, ff, std, device),
+            up: Linear::new(seed, &format!("{path}.up"), d, ff, std, device),
+            down: Linear::new(seed, &format!("{path}.down"), ff, d, std, device),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.down
+            .forward(silu(self.gate.forward(x.clone())) * self.up.forward(x))
+    }
+}
+
+/// One pre-norm residual block: `x += attn(norm(x)); x += ffn(norm(x))`.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    pub attn_norm: RmsNorm<B>,
+    pub attn: Attention<B>,
+    pub ffn_norm: RmsNorm<B>,
+    pub ffn: FeedForward<B>,
+}
+
+impl<B: Backend> Block<B> {
+    fn forward(&self, x: Tensor<B, 2>, batch: usize, rope: &Rope<B>) -> Tensor<B, 2> {
+        let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), batch, rope);
+        x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Llama<B: Backend> {
+    /// `[vocab, d_model]`.
+    pub embed: Param<Tensor<B, 2>>,
+    pub blocks: Vec<Block<B>>,
+    pub norm: RmsNorm<B>,
+    /// `[d_model, vocab]`; `None` when tied to the embedding.
+    pub lm_head: Option<Linear<B>>,
+    seq_len: usize,
+    head_dim: usize,
+    rope_base: f64,
+}
+
+impl<B: Backend> Llama<B> {
+    /// A freshly initialized model: normal(0, init_std) matrices, unit norm gains, drawn from
+    /// the seed on the host (identical on every backend).
+    pub fn new(cfg: &ModelConfig, seed: u64, device: &B::Device) -> Self {
+        let (v, d, std) = (cfg.vocab_size, cfg.d_model, cfg.init_std);
+        let blocks = (0..cfg.n_layer)
+            .map(|i| {
+                let path = format!("blocks.{i}");
+                Block {
+                    attn_norm: RmsNorm::new(d, cfg.norm_eps, device),
+                    attn: Attention::new(cfg, seed, &format!("{path}.attn"), device),
+                    ffn_norm: RmsNorm::new(d, cfg.norm_eps, device),
+                    ffn: FeedForward::new(cfg, seed, &format!("{path}.ffn"), device),
+                }
+            })
+            .collect();
+        Self {
+            embed: init::normal(seed, "embed", [v, d], std, device),
+            blocks,
+            norm: RmsNorm::new(d, cfg.norm_eps, device),
+            lm_head: (!cfg.tie_embeddings)
+                .then(|| Linear::new(seed, "lm_head", d, v, std, device)),
+            seq_len: cfg.seq_len,
+            head_dim: cfg.head_dim(),
+            rope_base: cfg.rope_base,
+        }
+    }
+
+    /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm).
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let [batch, t] = tokens.dims();
+        assert!(t <= self.seq_len, "sequence of {t} tokens exceeds seq_len {}", self.seq_len);
+        let device = tokens.device();
+        let rope = Rope::new(t, self.head_dim, self.rope_base, &device);
+        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
+        let d = x.dims()[2];
+        let mut x = x.reshape([batch * t, d]);
+        for block in &self.blocks {
+            x = block.forward(x, batch, &rope);
+        }
+        self.norm.forward(x)
+    }
+
+    /// The LM head as a `[d_model, vocab]` matrix (the transposed embedding when tied).
+    pub fn head_weight(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => head.weight.val(),
+            None => self.embed.val().transpose(),
+        }
+    }
+
+    /// Next-token logits, `[B, T, vocab]`.
+    pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, t] = tokens.dims();
+        let logits = self.hidden(tokens).matmul(self.head_weight());
+        let v = logits.dims()[1];
+        logits.reshape([batch, t, v])
+    }
+
+    /// Mean next-token cross-entropy over all `B·T` positions.
+    pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        let n = targets.dims()[0] * targets.dims()[1];
+        crate::loss::lm_head_loss(self.hidden(tokens), self.head_weight(), targets.reshape([n]))
+    }
+}

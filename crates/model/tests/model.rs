@@ -1,0 +1,101 @@
+//! The model's shape, causality, initialization and weight round-trip, on the CPU backend.
+
+use burn::backend::Flex;
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use lab_config::ModelConfig;
+use lab_model::{weights, Llama};
+
+type B = Flex;
+
+fn cfg() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 97,
+        n_layer: 2,
+        d_model: 32,
+        n_head: 4,
+        n_kv_head: 2,
+        d_ff: 48,
+        seq_len: 16,
+        rope_base: 10_000.0,
+        norm_eps: 1e-5,
+        init_std: 0.02,
+        head_dim: None,
+        tie_embeddings: false,
+    }
+}
+
+fn tokens(rows: &[Vec<i64>]) -> Tensor<B, 2, Int> {
+    let t = rows[0].len();
+    let flat: Vec<i64> = rows.concat();
+    Tensor::from_data(TensorData::new(flat, [rows.len(), t]), &Default::default())
+}
+
+#[test]
+fn parameter_count_matches_config_arithmetic() {
+    let c = cfg();
+    let model = Llama::<B>::new(&c, 42, &Default::default());
+    assert_eq!(model.num_params() as u64, c.param_count().total());
+    let mut tied = c.clone();
+    tied.tie_embeddings = true;
+    let model = Llama::<B>::new(&tied, 42, &Default::default());
+    assert_eq!(model.num_params() as u64, tied.param_count().total());
+}
+
+#[test]
+fn initial_loss_is_near_uniform_and_logits_have_the_right_shape() {
+    let model = Llama::<B>::new(&cfg(), 42, &Default::default());
+    let x = tokens(&[(0..16).collect(), (16..32).collect()]);
+    assert_eq!(model.logits(x.clone()).dims(), [2, 16, 97]);
+    let loss: f32 = model.loss(x.clone(), x).into_scalar();
+    assert!((loss - (97f32).ln()).abs() < 0.1, "loss {loss}");
+}
+
+#[test]
+fn attention_is_causal() {
+    // Changing a later token never changes earlier positions' logits.
+    let model = Llama::<B>::new(&cfg(), 1, &Default::default());
+    let a: Vec<i64> = (0..16).map(|i| (i * 7) % 97).collect();
+    let mut b = a.clone();
+    b[10] = 3;
+    let la = model.logits(tokens(&[a])).into_data().into_vec::<f32>().unwrap();
+    let lb = model.logits(tokens(&[b])).into_data().into_vec::<f32>().unwrap();
+    let per_pos = 97;
+    assert_eq!(la[..10 * per_pos], lb[..10 * per_pos]);
+    assert_ne!(la[10 * per_pos..], lb[10 * per_pos..]);
+}
+
+#[test]
+fn init_is_a_function_of_the_seed() {
+    let dev = Default::default();
+    let a = weights::tensor_map(&Llama::<B>::new(&cfg(), 7, &dev));
+    let b = weights::tensor_map(&Llama::<B>::new(&cfg(), 7, &dev));
+    let c = weights::tensor_map(&Llama::<B>::new(&cfg(), 8, &dev));
+    assert_eq!(a, b);
+    assert_ne!(a["blocks.0.attn.wq.weight"], c["blocks.0.attn.wq.weight"]);
+    let w = &a["embed"].data;
+    let std = (w.iter().map(|x| x * x).sum::<f32>() / w.len() as f32).sqrt();
+    assert!((std - 0.02).abs() < 0.002, "std {std}");
+    assert!(a["norm.weight"].data.iter().all(|&x| x == 1.0));
+}
+
+#[test]
+fn safetensors_round_trip_restores_identical_outputs() {
+    let dev = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let a = Llama::<B>::new(&cfg(), 1, &dev);
+    weights::save_safetensors(&path, &weights::tensor_map(&a), Default::default()).unwrap();
+    let (map, _) = weights::load_safetensors(&path).unwrap();
+    let b = weights::load_tensor_map(Llama::<B>::new(&cfg(), 2, &dev), &map).unwrap();
+    let x = tokens(&[(0..16).collect()]);
+    assert_eq!(
+        a.logits(x.clone()).into_data().into_vec::<f32>().unwrap(),
+        b.logits(x).into_data().into_vec::<f32>().unwrap()
+    );
+    // A model of another shape is refused with the tensor's name.
+    let mut other = cfg();
+    other.d_ff = 64;
+    let err = weights::load_tensor_map(Llama::<B>::new(&other, 2, &dev), &map).unwrap_err();
+    assert!(err.to_string().contains("ffn.gate.weight"), "{err}");
+}
