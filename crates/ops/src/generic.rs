@@ -1,0 +1,100 @@
+//! Backend-generic chunked forward and backward, built from burn's ordinary tensor ops.
+//!
+//! Notation: N rows (tokens), d model width, V vocabulary, c = rows in the current chunk.
+//! Per chunk the forward does one `[c, d] @ [d, V]` matmul (2·c·d·V FLOPs) and a few
+//! elementwise passes over `[c, V]`; backward does that matmul again plus two more of the same
+//! size. Every `[c, V]` temporary dies before the next chunk starts.
+
+use burn::tensor::{
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+    IndexingUpdateOp, Int, Tensor, TensorPrimitive,
+};
+
+fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// Row ranges `[start, end)` of at most `chunk_rows` rows covering `0..n`.
+pub(crate) fn chunks(n: usize, chunk_rows: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(chunk_rows)
+        .map(move |s| (s, (s + chunk_rows).min(n)))
+}
+
+pub(crate) fn forward<B: Backend>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    chunk_rows: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let hidden: Tensor<B, 2> = float(hidden);
+    let weight: Tensor<B, 2> = float(weight);
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let n = hidden.dims()[0];
+
+    let mut lse_parts = Vec::new(); // per chunk [c, 1]
+    let mut picked_parts = Vec::new(); // per chunk [c, 1]: logits[i, target[i]]
+    for (s, e) in chunks(n, chunk_rows) {
+        let c = e - s;
+        let logits = hidden.clone().slice(s..e).matmul(weight.clone()); // [c, V]
+        let max = logits.clone().max_dim(1); // [c, 1], shift so exp never overflows
+        let sum = (logits.clone() - max.clone()).exp().sum_dim(1); // [c, 1]
+        lse_parts.push(sum.log() + max);
+        let t = targets.clone().slice(s..e).reshape([c, 1]);
+        picked_parts.push(logits.gather(1, t));
+    }
+    let lse = Tensor::cat(lse_parts, 0).reshape([n]); // [N]
+    let picked = Tensor::cat(picked_parts, 0).reshape([n]); // [N]
+    let loss = (lse.clone() - picked).mean(); // [1]
+    (prim(loss), prim(lse))
+}
+
+pub(crate) fn backward<B: Backend>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad_loss: FloatTensor<B>,
+    chunk_rows: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let hidden: Tensor<B, 2> = float(hidden);
+    let weight: Tensor<B, 2> = float(weight);
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let lse: Tensor<B, 1> = float(lse);
+    let [n, _d] = hidden.dims();
+    let device = hidden.device();
+
+    // d loss / d logits[i, j] = (softmax[i, j] - [j == target[i]]) * grad_loss / N.
+    // The scale stays a device tensor: no host round trip on GPU backends.
+    let scale = float::<B, 1>(grad_loss).reshape([1, 1]) / (n as f64); // [1, 1]
+    let weight_t = weight.clone().transpose(); // [V, d] view
+
+    let mut grad_hidden_parts = Vec::new(); // per chunk [c, d]
+    let mut grad_weight: Option<Tensor<B, 2>> = None; // [d, V], summed over chunks in order
+    for (s, e) in chunks(n, chunk_rows) {
+        let c = e - s;
+        let h = hidden.clone().slice(s..e); // [c, d]
+        let logits = h.clone().matmul(weight.clone()); // [c, V], recomputed
+        let lse_c = lse.clone().slice(s..e).reshape([c, 1]);
+        let softmax = (logits - lse_c).exp(); // [c, V]
+        let t = targets.clone().slice(s..e).reshape([c, 1]);
+        let minus_one = Tensor::<B, 2>::full([c, 1], -1.0, &device);
+        let g = softmax.scatter(1, t, minus_one, IndexingUpdateOp::Add) * scale.clone(); // [c, V]
+        grad_hidden_parts.push(g.clone().matmul(weight_t.clone())); // [c, d]
+        let gw = h.transpose().matmul(g); // [d, V]
+        grad_weight = Some(match grad_weight {
+            None => gw,
+            Some(acc) => acc + gw,
+        });
+    }
+    let grad_hidden = Tensor::cat(grad_hidden_parts, 0);
+    (
+        prim(grad_hidden),
+        prim(grad_weight.expect("at least one chunk")),
+    )
+}

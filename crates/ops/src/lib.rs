@@ -1,0 +1,139 @@
+//! lab-ops: fused training ops that burn does not provide.
+//!
+//! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]).
+//!
+//! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
+//! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
+//! of them alive until backward. For the tiny config (N = 8 × 128 = 1024 tokens,
+//! V = 50257) one such tensor is 206 MB. The fused op walks the rows a chunk at a time, so only
+//! one `[chunk_rows, V]` block of logits exists at any moment, and backward recomputes it
+//! instead of storing it: what survives from forward to backward is the inputs plus one float
+//! per row (the log-sum-exp).
+//!
+//! Backends: the trait [`FusedLoss`] has a backend-generic default built from burn's ordinary
+//! tensor ops (any backend gets it by an empty `impl`); `Autodiff<B>` gets the custom backward
+//! (see `autodiff.rs`); `Flex` (the CPU default) overrides both halves with a hand-written kernel
+//! (see `flex.rs`). A GPU kernel slots in the same way.
+
+use burn::tensor::{
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+    Int, Tensor, TensorPrimitive,
+};
+
+mod autodiff;
+mod generic;
+
+/// Rows of logits computed at once when the caller does not choose.
+///
+/// 128 rows of a 50257-word vocabulary are a 25.7 MB fp32 block: small next to the
+/// 206 MB full logits of the tiny config (8× less), yet tall enough that the weight-gradient
+/// product `hidden[chunk]^T @ g` (inner dimension = chunk rows) runs at full matmul speed and
+/// the `[d, V]` weight gradient is read and rewritten only N / 128 times per step.
+pub const DEFAULT_CHUNK_ROWS: usize = 128;
+
+/// A backend that can compute the fused LM-head cross-entropy.
+///
+/// Shapes: `hidden [N, d]`, `weight [d, V]` (burn's row layout: `logits = hidden @ weight`),
+/// `targets [N]` (class ids in `0..V`). The loss is the mean over the N rows of
+/// `logsumexp(logits[i]) - logits[i, targets[i]]`, returned as a 1-element tensor.
+pub trait FusedLoss: Backend {
+    /// The mean cross-entropy, differentiable w.r.t. `hidden` and `weight` on autodiff backends.
+    fn lm_head_loss(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> FloatTensor<Self> {
+        Self::lm_head_loss_forward(hidden, weight, targets, chunk_rows).0
+    }
+
+    /// Forward half: `(mean loss [1], per-row log-sum-exp [N])`.
+    /// The log-sum-exp is what backward needs to rebuild the softmax without a second pass.
+    fn lm_head_loss_forward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::forward::<Self>(hidden, weight, targets, chunk_rows)
+    }
+
+    /// Backward half: `(d loss/d hidden [N, d], d loss/d weight [d, V])`, given the upstream
+    /// gradient of the loss `grad_loss [1]` and the forward's log-sum-exp `lse [N]`.
+    fn lm_head_loss_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        generic::backward::<Self>(hidden, weight, targets, lse, grad_loss, chunk_rows)
+    }
+}
+
+impl FusedLoss for burn::backend::Flex {}
+
+#[cfg(feature = "cuda")]
+impl FusedLoss for burn::backend::Cuda {}
+
+#[cfg(feature = "wgpu")]
+impl FusedLoss for burn::backend::Wgpu {}
+
+/// Mean cross-entropy of `hidden [N, d] @ weight [d, V]` against `targets [N]`, fused and
+/// chunked ([`DEFAULT_CHUNK_ROWS`] rows at a time). Same value and gradients as
+/// `log_softmax(hidden.matmul(weight), 1).gather(1, targets).neg().mean()`.
+pub fn lm_head_loss<B: FusedLoss>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> Tensor<B, 1> {
+    lm_head_loss_chunked(hidden, weight, targets, DEFAULT_CHUNK_ROWS)
+}
+
+/// [`lm_head_loss`] with an explicit chunk height (rows of logits materialised at once).
+pub fn lm_head_loss_chunked<B: FusedLoss>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    chunk_rows: usize,
+) -> Tensor<B, 1> {
+    let [n, d] = hidden.dims();
+    let [d_w, _v] = weight.dims();
+    assert_eq!(
+        d, d_w,
+        "lm_head_loss: hidden is [{n}, {d}] but weight is [{d_w}, V]"
+    );
+    assert_eq!(
+        targets.dims()[0],
+        n,
+        "lm_head_loss: {n} rows of hidden but {} targets",
+        targets.dims()[0]
+    );
+    assert!(
+        n > 0 && chunk_rows > 0,
+        "lm_head_loss: empty input or chunk"
+    );
+    let loss = B::lm_head_loss(
+        hidden.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        targets.into_primitive(),
+        chunk_rows,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(loss))
+}
+
+/// The unfused reference: full `[N, V]` logits, `log_softmax`, gather, mean.
+/// Kept for tests and for measuring what the fusion buys (`lab bench` "before").
+pub fn lm_head_loss_unfused<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> Tensor<B, 1> {
+    let n = targets.dims()[0];
+    let logits = hidden.matmul(weight); // [N, V]
+    let logp = burn::tensor::activation::log_softmax(logits, 1); // [N, V]
+    let picked = logp.gather(1, targets.reshape([n, 1])); // [N, 1]
+    picked.neg().mean() // [1]
+}
