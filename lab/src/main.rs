@@ -23,6 +23,11 @@ enum Command {
     Train(cmd::train::Args),
     /// Time training steps of a config: tokens/s and the forward/backward/optimizer split.
     Bench(cmd::bench::Args),
+    /// Parameters, FLOPs, memory per GPU, GPU-hours, wall clock and dollars for a config and
+    /// cluster; `--check-lab` checks a lab page's promises.
+    Plan(cmd::plan::Args),
+    /// Billing sidecar (writes budget.json), one-shot guard check, instance termination.
+    Budget(cmd::budget::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +35,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Train(args) => cmd::train::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Plan(args) => cmd::plan::run(args),
+        Command::Budget(args) => cmd::budget::run(args),
     };
     match result {
         Ok(code) => code,

@@ -56,6 +56,22 @@ pub fn prepare_text(text: &str, source: &str, train_fraction: f64, dir: &Path) -
     Ok(meta)
 }
 
+/// Makes sure `dir` holds the bundled tinyshakespeare corpus, GPT-2 tokenized with nanoGPT's
+/// 90/10 split: reused when its meta.json names the same text, prepared otherwise.
+pub fn ensure_tinyshakespeare(dir: &Path) -> Result<Meta> {
+    let sha = lab_fsio::sha256_bytes(crate::TINYSHAKESPEARE.as_bytes());
+    if let Ok(meta) = Meta::load(dir) {
+        let same_text = meta.sources.first().and_then(|s| s.get("sha256")) == Some(&sha.clone().into());
+        let complete = ["train.bin", "val.bin"].iter().all(|f| {
+            crate::TokenFile::open(dir, f, &meta).is_ok()
+        });
+        if same_text && complete {
+            return Ok(meta);
+        }
+    }
+    prepare_text(crate::TINYSHAKESPEARE, "tinyshakespeare (bundled)", 0.9, dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -132,19 +132,18 @@ impl TokenWriter {
         Ok(())
     }
 
-    pub fn finish(self) -> Result<FileInfo> {
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| e.into_error())
+    pub fn finish(mut self) -> Result<FileInfo> {
+        // Flushed and synced in place: `self` implements Drop, so its fields cannot move out.
+        self.out
+            .flush()
             .with_context(|| format!("cannot write {}", self.tmp.display()))?;
-        file.sync_all()?;
+        self.out.get_ref().sync_all()?;
         fs::rename(&self.tmp, &self.path)
             .with_context(|| format!("cannot rename into {}", self.path.display()))?;
         lab_fsio::sync_parent(&self.path)?;
         Ok(FileInfo {
             tokens: self.tokens,
-            sha256: hex::encode(self.hasher.finalize()),
+            sha256: hex::encode(std::mem::take(&mut self.hasher).finalize()),
         })
     }
 }

@@ -32,10 +32,10 @@ pub fn normal<B: Backend>(
         .map(|_| dist.sample(&mut rng))
         .collect();
     let tensor = Tensor::from_data(TensorData::new(values, shape), device);
-    Param::initialized(ParamId::new(), tensor)
+    Param::initialized(ParamId::new(), tensor.require_grad())
 }
 
 /// A `[n]` parameter of ones (RMSNorm gains).
 pub fn ones<B: Backend>(n: usize, device: &B::Device) -> Param<Tensor<B, 1>> {
-    Param::initialized(ParamId::new(), Tensor::ones([n], device))
+    Param::initialized(ParamId::new(), Tensor::ones([n], device).require_grad())
 }

@@ -36,18 +36,19 @@ impl HostTensor {
 /// Parameters by path, in path order.
 pub type TensorMap = BTreeMap<String, HostTensor>;
 
-/// Tracks the dotted path of the parameter being visited.
+/// Tracks the dotted path of the parameter being visited (for visitors and mappers that
+/// key things by parameter path).
 #[derive(Default)]
-struct PathStack(Vec<String>);
+pub struct PathStack(Vec<String>);
 
 impl PathStack {
-    fn enter(&mut self, name: &str) {
+    pub fn enter(&mut self, name: &str) {
         self.0.push(name.to_string());
     }
-    fn exit(&mut self) {
+    pub fn exit(&mut self) {
         self.0.pop();
     }
-    fn path(&self) -> String {
+    pub fn path(&self) -> String {
         self.0.join(".")
     }
 }

@@ -1,0 +1,94 @@
+//! The one seam where a compute backend is chosen. Everything else is generic over
+//! [`TrainBackend`]; adding or upgrading a backend touches this file only.
+
+use anyhow::{bail, Result};
+use burn::tensor::backend::AutodiffBackend;
+
+/// What the trainer needs of a backend: automatic differentiation over some inner backend.
+pub trait TrainBackend: AutodiffBackend {}
+impl<B: AutodiffBackend> TrainBackend for B {}
+
+/// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
+pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;
+#[cfg(feature = "cuda")]
+pub type Cuda = burn::backend::Autodiff<burn::backend::Cuda>;
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn::backend::Autodiff<burn::backend::Wgpu>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Cpu,
+    Cuda,
+    Wgpu,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "cpu" => Self::Cpu,
+            "cuda" => Self::Cuda,
+            "wgpu" => Self::Wgpu,
+            other => bail!("--backend {other:?} is unknown; use cpu, cuda or wgpu"),
+        })
+    }
+}
+
+/// Work to run on whichever backend was chosen at run time.
+pub trait OnBackend {
+    type Output;
+    fn run<B: TrainBackend>(self, device: B::Device) -> Result<Self::Output>;
+}
+
+impl BackendKind {
+    /// Runs `work` on this backend, or says which build feature it needs.
+    pub fn dispatch<W: OnBackend>(self, work: W) -> Result<W::Output> {
+        match self {
+            Self::Cpu => work.run::<Cpu>(Default::default()),
+            #[cfg(feature = "cuda")]
+            Self::Cuda => {
+                cuda_available()?;
+                work.run::<Cuda>(Default::default())
+            }
+            #[cfg(feature = "wgpu")]
+            Self::Wgpu => work.run::<Wgpu>(Default::default()),
+            #[allow(unreachable_patterns)]
+            other => bail!(
+                "--backend {} needs a lab built with `--features {}`",
+                other.name(),
+                other.name()
+            ),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Wgpu => "wgpu",
+        }
+    }
+}
+
+/// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic
+/// deep inside cudarc.
+#[cfg(feature = "cuda")]
+fn cuda_available() -> Result<()> {
+    let found = ["libcuda.so.1", "libcuda.so"].iter().any(|lib| {
+        // Safety: loading the driver library runs its initializers only.
+        unsafe { libloading_probe(lib) }
+    });
+    if !found {
+        bail!("--backend cuda: no CUDA driver (libcuda.so) found on this machine; use --backend cpu or run on a GPU host");
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+unsafe fn libloading_probe(name: &str) -> bool {
+    extern "C" {
+        fn dlopen(filename: *const std::ffi::c_char, flag: i32) -> *mut std::ffi::c_void;
+    }
+    let c = std::ffi::CString::new(name).expect("no NUL");
+    !dlopen(c.as_ptr(), 1).is_null()
+}

@@ -1,0 +1,257 @@
+//! Checkpoints that survive anything.
+//!
+//! Layout of a run folder (`--ckpt-dir`):
+//!
+//! ```text
+//! step-00000100/   model.safetensors, optimizer.safetensors, state.json
+//! step-00000200/   …
+//! latest           "step-00000200" (rewritten last, atomically)
+//! ```
+//!
+//! A checkpoint is written into a hidden temporary folder, every file fsynced, then the folder
+//! is renamed into place and `latest` updated: a crash at any instant leaves either the old
+//! checkpoint set or the new one. `state.json` records the sha256 of every file; loading
+//! verifies them, and resuming falls back to the newest checkpoint that verifies.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use lab_model::weights::{self, TensorMap};
+use serde::{Deserialize, Serialize};
+
+pub const LATEST: &str = "latest";
+const MODEL: &str = "model.safetensors";
+const OPTIMIZER: &str = "optimizer.safetensors";
+const STATE: &str = "state.json";
+
+/// Everything besides tensors that a bit-exact resume needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// AdamW updates applied (bias-correction `t`).
+    pub optimizer_updates: u64,
+    /// Training windows consumed: the data cursor. The order itself is a pure function of
+    /// (seed, window index), so the cursor is all the loader needs.
+    pub samples_consumed: u64,
+    pub seed: u64,
+    /// Every random choice is a stateless function of the seed and a position (init: seed ×
+    /// parameter path; data: seed × window index), so no generator state needs saving.
+    pub rng: String,
+    /// Learning rate the next step will use.
+    pub next_lr: f64,
+    pub config_sha256: String,
+    pub created_utc: String,
+    pub lab_version: String,
+    /// sha256 of each file in the checkpoint folder (this file excepted).
+    pub files: BTreeMap<String, String>,
+}
+
+/// A verified checkpoint in memory.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub state: TrainState,
+    pub model: TensorMap,
+    pub optimizer: TensorMap,
+}
+
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+fn parse_step(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")?.parse().ok()
+}
+
+/// Step folders present in `run_dir`, newest first.
+pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    if !run_dir.exists() {
+        return Ok(out);
+    }
+    for entry in fs::read_dir(run_dir).with_context(|| format!("cannot list {}", run_dir.display()))? {
+        let entry = entry?;
+        if let Some(step) = parse_step(&entry.file_name().to_string_lossy()) {
+            out.push((step, entry.path()));
+        }
+    }
+    out.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(out)
+}
+
+/// Writes a checkpoint for `state.step` and points `latest` at it. Returns its folder.
+pub fn save(
+    run_dir: &Path,
+    mut state: TrainState,
+    model: &TensorMap,
+    optimizer: &TensorMap,
+) -> Result<PathBuf> {
+    let name = step_dir_name(state.step);
+    let final_dir = run_dir.join(&name);
+    let tmp = run_dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+
+    let meta = HashMap::from([("step".to_string(), state.step.to_string())]);
+    weights::save_safetensors(&tmp.join(MODEL), model, meta.clone())?;
+    weights::save_safetensors(&tmp.join(OPTIMIZER), optimizer, meta)?;
+    state.files.clear();
+    for file in [MODEL, OPTIMIZER] {
+        state
+            .files
+            .insert(file.into(), lab_fsio::sha256_file(&tmp.join(file))?);
+    }
+    let json = serde_json::to_string_pretty(&state)? + "\n";
+    lab_fsio::write_atomic(&tmp.join(STATE), json.as_bytes())?;
+
+    if final_dir.exists() {
+        // A checkpoint of this step from an earlier attempt: the new one replaces it.
+        fs::remove_dir_all(&final_dir)
+            .with_context(|| format!("cannot replace {}", final_dir.display()))?;
+    }
+    fs::rename(&tmp, &final_dir)
+        .with_context(|| format!("cannot rename checkpoint into {}", final_dir.display()))?;
+    lab_fsio::sync_parent(&final_dir)?;
+    lab_fsio::write_atomic(&run_dir.join(LATEST), format!("{name}\n").as_bytes())?;
+    Ok(final_dir)
+}
+
+/// Loads and verifies one checkpoint folder.
+pub fn load(dir: &Path) -> Result<Loaded> {
+    let state_path = dir.join(STATE);
+    let text = fs::read_to_string(&state_path)
+        .with_context(|| format!("cannot read {}", state_path.display()))?;
+    let state: TrainState = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a valid state.json", state_path.display()))?;
+    for file in [MODEL, OPTIMIZER] {
+        let expected = state
+            .files
+            .get(file)
+            .with_context(|| format!("{} lists no sha256 for {file}", state_path.display()))?;
+        let actual = lab_fsio::sha256_file(&dir.join(file))?;
+        if &actual != expected {
+            bail!(
+                "{} fails its sha256 check (corrupt or partly written)",
+                dir.join(file).display()
+            );
+        }
+    }
+    let (model, _) = weights::load_safetensors(&dir.join(MODEL))?;
+    let (optimizer, _) = weights::load_safetensors(&dir.join(OPTIMIZER))?;
+    Ok(Loaded {
+        dir: dir.to_path_buf(),
+        state,
+        model,
+        optimizer,
+    })
+}
+
+/// The newest checkpoint that verifies, with a warning for each newer one skipped.
+pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<Option<Loaded>> {
+    for (_, dir) in list(run_dir)? {
+        match load(&dir) {
+            Ok(loaded) => return Ok(Some(loaded)),
+            Err(e) => warn(format!("skipping checkpoint {}: {e:#}", dir.display())),
+        }
+    }
+    Ok(None)
+}
+
+/// Retention: keep the newest `keep_last` checkpoints plus every checkpoint whose step is a
+/// multiple of `ckpt_every × keep_every`; delete the rest and stale temporary folders.
+pub fn prune(run_dir: &Path, keep_last: usize, ckpt_every: usize, keep_every: usize) -> Result<()> {
+    let milestone = (ckpt_every * keep_every) as u64;
+    for (i, (step, dir)) in list(run_dir)?.into_iter().enumerate() {
+        let keep = i < keep_last || (milestone > 0 && step % milestone == 0);
+        if !keep {
+            fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
+    }
+    for entry in fs::read_dir(run_dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = format!(".tmp-{}", std::process::id());
+        if name.starts_with(".step-") && name.contains(".tmp-") && !name.ends_with(&ours) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lab_model::weights::HostTensor;
+
+    fn state(step: u64) -> TrainState {
+        TrainState {
+            step,
+            optimizer_updates: step,
+            samples_consumed: step * 4,
+            seed: 42,
+            rng: "stateless".into(),
+            next_lr: 1e-3,
+            config_sha256: "abc".into(),
+            created_utc: "now".into(),
+            lab_version: "0".into(),
+            files: BTreeMap::new(),
+        }
+    }
+
+    fn tensors(x: f32) -> TensorMap {
+        TensorMap::from([(
+            "w".to_string(),
+            HostTensor {
+                shape: vec![2],
+                data: vec![x, x + 1.0],
+            },
+        )])
+    }
+
+    #[test]
+    fn save_load_and_fall_back_past_a_corrupt_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), state(10), &tensors(1.0), &tensors(2.0)).unwrap();
+        save(dir.path(), state(20), &tensors(3.0), &tensors(4.0)).unwrap();
+        assert_eq!(fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(), "step-00000020");
+        let l = load(&dir.path().join("step-00000020")).unwrap();
+        assert_eq!(l.model, tensors(3.0));
+        assert_eq!(l.state.samples_consumed, 80);
+
+        // Flip one byte of the newest model file: resume must skip it, with a warning.
+        let f = dir.path().join("step-00000020").join(MODEL);
+        let mut bytes = fs::read(&f).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&f, bytes).unwrap();
+        let mut warnings = Vec::new();
+        let l = load_latest_good(dir.path(), &mut |w| warnings.push(w)).unwrap().unwrap();
+        assert_eq!(l.state.step, 10);
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("sha256"), "{}", warnings[0]);
+    }
+
+    #[test]
+    fn retention_keeps_last_five_and_every_tenth() {
+        let dir = tempfile::tempdir().unwrap();
+        for step in (10..=250).step_by(10) {
+            save(dir.path(), state(step), &tensors(0.0), &tensors(0.0)).unwrap();
+            prune(dir.path(), 5, 10, 10).unwrap();
+        }
+        let mut kept: Vec<u64> = list(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+        kept.sort();
+        assert_eq!(kept, vec![100, 200, 210, 220, 230, 240, 250]);
+    }
+
+    #[test]
+    fn stale_temp_folders_are_ignored_and_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join(".step-00000030.tmp-999999")).unwrap();
+        save(dir.path(), state(10), &tensors(0.0), &tensors(0.0)).unwrap();
+        assert_eq!(list(dir.path()).unwrap().len(), 1);
+        prune(dir.path(), 5, 10, 10).unwrap();
+        assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
+    }
+}

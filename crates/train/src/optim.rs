@@ -1,0 +1,241 @@
+//! AdamW with global-norm gradient clipping, written out so every step is visible:
+//!
+//! 1. `norm = sqrt(Σ_p ‖g_p‖²)` over all parameters (burn's `GradientClipping::Norm` clips each
+//!    parameter on its own, which is not the recipe), `scale = min(1, clip / norm)`;
+//! 2. per parameter: `g ← scale·g`, `m ← β1·m + (1-β1)·g`, `v ← β2·v + (1-β2)·g²`,
+//!    `p ← p·(1 - lr·wd) - lr · (m / (1-β1ᵗ)) / (sqrt(v / (1-β2ᵗ)) + ε)` (decoupled decay,
+//!    as PyTorch's AdamW).
+//!
+//! Weight decay applies to matrices only (projections, embedding, LM head); the 1-D RMSNorm
+//! gains are not decayed (nanoGPT's rule: decay every parameter of rank ≥ 2).
+//!
+//! The moments are keyed by parameter path, not by burn's `ParamId`, so a checkpoint resumes
+//! them exactly (burn's ids do not survive a safetensors round trip).
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{
+    backend::{AutodiffBackend, Backend},
+    ElementConversion, Tensor,
+};
+use lab_config::TrainConfig;
+use lab_model::weights::{HostTensor, PathStack, TensorMap};
+
+/// First and second moments of one parameter, flattened.
+struct Moments<B: Backend> {
+    m: Tensor<B, 1>,
+    v: Tensor<B, 1>,
+}
+
+pub struct AdamW<B: Backend> {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+    grad_clip: f64,
+    /// Updates applied so far (the `t` of bias correction).
+    updates: u64,
+    moments: BTreeMap<String, Moments<B>>,
+}
+
+/// What one step measured.
+#[derive(Debug, Clone, Copy)]
+pub struct StepStats {
+    /// Global L2 norm of the gradient before clipping.
+    pub grad_norm: f64,
+    /// Factor the gradient was multiplied by (1 when not clipped).
+    pub clip_scale: f64,
+}
+
+impl<B: Backend> AdamW<B> {
+    pub fn new(cfg: &TrainConfig) -> Self {
+        Self {
+            beta1: cfg.beta1,
+            beta2: cfg.beta2,
+            eps: cfg.eps,
+            weight_decay: cfg.weight_decay,
+            grad_clip: cfg.grad_clip,
+            updates: 0,
+            moments: BTreeMap::new(),
+        }
+    }
+
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// Clips the gradient to the global norm and applies one AdamW update at `lr`.
+    pub fn step<AB, M>(&mut self, model: M, grads: GradientsParams, lr: f64) -> (M, StepStats)
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: AutodiffModule<AB>,
+    {
+        let grad_norm = global_grad_norm::<AB, M>(&model, &grads);
+        let clip_scale = if self.grad_clip > 0.0 && grad_norm > self.grad_clip {
+            self.grad_clip / grad_norm
+        } else {
+            1.0
+        };
+        self.updates += 1;
+        let t = self.updates as i32;
+        // Bias corrections depend on t only: computed once per step.
+        let (bias1, bias2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
+        let mut mapper = UpdateMapper {
+            opt: self,
+            grads,
+            lr,
+            clip_scale,
+            bias1,
+            bias2,
+            path: PathStack::default(),
+        };
+        let model = model.map(&mut mapper);
+        (
+            model,
+            StepStats {
+                grad_norm,
+                clip_scale,
+            },
+        )
+    }
+
+    /// The moments as host tensors (`m.<path>`, `v.<path>`), for a checkpoint.
+    pub fn state(&self) -> (TensorMap, u64) {
+        let mut out = TensorMap::new();
+        for (path, mo) in &self.moments {
+            out.insert(format!("m.{path}"), HostTensor::from_tensor(mo.m.clone()));
+            out.insert(format!("v.{path}"), HostTensor::from_tensor(mo.v.clone()));
+        }
+        (out, self.updates)
+    }
+
+    /// Restores moments written by [`AdamW::state`].
+    pub fn load_state(&mut self, state: &TensorMap, updates: u64, device: &B::Device) -> Result<()> {
+        let mut moments = BTreeMap::new();
+        for (key, m) in state {
+            let Some(path) = key.strip_prefix("m.") else {
+                continue;
+            };
+            let Some(v) = state.get(&format!("v.{path}")) else {
+                bail!("optimizer state has m.{path} but no v.{path}");
+            };
+            moments.insert(
+                path.to_string(),
+                Moments {
+                    m: m.to_tensor(device),
+                    v: v.to_tensor(device),
+                },
+            );
+        }
+        if moments.len() * 2 != state.len() {
+            bail!("optimizer state holds tensors other than m.* / v.* pairs");
+        }
+        self.moments = moments;
+        self.updates = updates;
+        Ok(())
+    }
+}
+
+/// `sqrt(Σ ‖g‖²)` over every parameter that has a gradient, reduced on the device with one
+/// host sync at the end.
+fn global_grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> f64 {
+    struct SumSquares<'a, B: Backend> {
+        grads: &'a GradientsParams,
+        total: Option<Tensor<B, 1>>,
+    }
+    impl<AB: AutodiffBackend> ModuleVisitor<AB> for SumSquares<'_, AB::InnerBackend> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
+            if let Some(g) = self.grads.get::<AB::InnerBackend, D>(param.id) {
+                let sq = g.square().sum();
+                self.total = Some(match self.total.take() {
+                    Some(t) => t + sq,
+                    None => sq,
+                });
+            }
+        }
+    }
+    let mut v = SumSquares::<AB::InnerBackend> { grads, total: None };
+    model.visit(&mut v);
+    v.total
+        .map(|t| (t.into_scalar().elem::<f64>()).sqrt())
+        .unwrap_or(0.0)
+}
+
+struct UpdateMapper<'a, B: Backend> {
+    opt: &'a mut AdamW<B>,
+    grads: GradientsParams,
+    lr: f64,
+    clip_scale: f64,
+    bias1: f64,
+    bias2: f64,
+    path: PathStack,
+}
+
+impl<AB, B> ModuleMapper<AB> for UpdateMapper<'_, B>
+where
+    AB: AutodiffBackend<InnerBackend = B>,
+    B: Backend,
+{
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.exit();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<B, D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let opt = &mut *self.opt;
+        let dims = tensor.dims();
+        let numel: usize = dims.iter().product();
+        let decay = if D >= 2 { opt.weight_decay } else { 0.0 };
+
+        let p = tensor.inner().reshape([numel]);
+        let g = grad.reshape([numel]) * self.clip_scale;
+        let path = self.path.path();
+        let (m, v) = match opt.moments.remove(&path) {
+            Some(mo) => (
+                mo.m * opt.beta1 + g.clone() * (1.0 - opt.beta1),
+                mo.v * opt.beta2 + g.square() * (1.0 - opt.beta2),
+            ),
+            // First step: the moments start at zero.
+            None => (g.clone() * (1.0 - opt.beta1), g.square() * (1.0 - opt.beta2)),
+        };
+        let update = (m.clone() / self.bias1) / ((v.clone() / self.bias2).sqrt() + opt.eps);
+        let p = p * (1.0 - self.lr * decay) - update * self.lr;
+        opt.moments.insert(path, Moments { m, v });
+
+        let p = Tensor::<AB, D>::from_inner(p.reshape(dims)).require_grad();
+        Param::from_mapped_value(id, p, mapper)
+    }
+}
+
+/// `sqrt(Σ ‖p‖²)` over all parameters (logged to watch weight growth).
+pub fn param_norm<B: Backend, M: burn::module::Module<B>>(model: &M) -> f64 {
+    struct SumSquares<B: Backend> {
+        total: Option<Tensor<B, 1>>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for SumSquares<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let sq = param.val().square().sum();
+            self.total = Some(match self.total.take() {
+                Some(t) => t + sq,
+                None => sq,
+            });
+        }
+    }
+    let mut v = SumSquares::<B> { total: None };
+    model.visit(&mut v);
+    v.total
+        .map(|t| (t.into_scalar().elem::<f64>()).sqrt())
+        .unwrap_or(0.0)
+}

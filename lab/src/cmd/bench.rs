@@ -1,0 +1,72 @@
+//! `lab bench`: tokens/s and the forward/backward/optimizer split of training steps.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use lab_train::bench::BenchOptions;
+use lab_train::BackendKind;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Config to time. Default: the embedded configs/tiny-cpu.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Timed steps.
+    #[arg(long, default_value_t = 10)]
+    pub steps: usize,
+    /// Untimed warm-up steps.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// CPU threads (sets RAYON_NUM_THREADS for the flex backend). Default: all cores.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    if let Some(n) = args.threads {
+        // Read by rayon's global pool, which flex builds on first use (below).
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+    let backend: BackendKind = args.backend.parse()?;
+    let config = super::train::load_config(args.config.as_ref())?;
+    let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
+        std::thread::available_parallelism()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    });
+    let r = backend.dispatch(BenchOptions {
+        config,
+        steps: args.steps,
+        warmup: args.warmup,
+    })?;
+    if args.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["backend"] = backend.name().into();
+        v["threads"] = threads.into();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{} on {} ({threads} threads): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
+            r.config,
+            backend.name(),
+            r.tokens_per_s,
+            r.ms_per_step,
+            r.tokens_per_step,
+            r.steps
+        );
+        println!(
+            "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}%",
+            r.forward_ms,
+            r.backward_ms,
+            r.optimizer_ms,
+            r.mfu * 100.0
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

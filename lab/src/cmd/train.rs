@@ -1,0 +1,131 @@
+//! `lab train`: flags as in lab 00, mapped onto a validated config and the trainer.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use lab_config::LabConfig;
+use lab_train::{signals, BackendKind, Outcome, TrainOptions};
+
+/// The embedded default config, so `lab train` works from any folder.
+pub const TINY_CPU: &str = include_str!("../../../configs/tiny-cpu.toml");
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model/run preset (TOML). Default: the embedded configs/tiny-cpu.toml.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Folder with train.bin, val.bin and meta.json. Default: the bundled tinyshakespeare
+    /// corpus, prepared into runs/data/tinyshakespeare-gpt2 on first use.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// The run folder (checkpoints, metrics.jsonl, events.jsonl). Default: runs/<config name>.
+    #[arg(long)]
+    pub ckpt_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub total_steps: Option<usize>,
+    #[arg(long)]
+    pub ckpt_every: Option<usize>,
+    #[arg(long)]
+    pub eval_every: Option<usize>,
+    #[arg(long)]
+    pub log_every: Option<usize>,
+    /// Continue from the newest checkpoint that verifies (skipping corrupt ones).
+    #[arg(long)]
+    pub resume_from_latest: bool,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// cpu (default), cuda or wgpu (the last two need a build with that feature).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+}
+
+/// Loads `--config` (or the embedded default) and applies the command-line overrides.
+pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
+    match path {
+        Some(p) => LabConfig::load(p),
+        None => LabConfig::from_toml(TINY_CPU),
+    }
+}
+
+pub fn options(args: &Args) -> Result<TrainOptions> {
+    let mut config = load_config(args.config.as_ref())?;
+    let t = &mut config.train;
+    if let Some(v) = args.total_steps {
+        t.total_steps = v;
+        t.warmup_steps = t.warmup_steps.min(v);
+    }
+    if let Some(v) = args.ckpt_every {
+        t.ckpt_every = v;
+    }
+    if let Some(v) = args.eval_every {
+        t.eval_every = v;
+    }
+    if let Some(v) = args.log_every {
+        t.log_every = v;
+    }
+    if let Some(v) = args.seed {
+        t.seed = v;
+    }
+    // Flags name themselves in errors: the validated fields are the flags' targets.
+    config.validate().map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
+
+    let run_dir = args
+        .ckpt_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(&config.name));
+    let data_dir = match &args.data_dir {
+        Some(d) => d.clone(),
+        None => {
+            if config.model.vocab_size != lab_data::gpt2::GPT2_VOCAB {
+                bail!(
+                    "config {} has vocab_size {}: the bundled corpus is GPT-2 tokenized (50257); pass --data-dir",
+                    config.name,
+                    config.model.vocab_size
+                );
+            }
+            let dir = PathBuf::from("runs/data/tinyshakespeare-gpt2");
+            lab_data::gpt2::ensure_tinyshakespeare(&dir)?;
+            dir
+        }
+    };
+    Ok(TrainOptions {
+        config,
+        data_dir,
+        run_dir,
+        resume: args.resume_from_latest,
+        progress: std::io::stderr().is_terminal(),
+    })
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let backend: BackendKind = args.backend.parse()?;
+    let opts = options(&args)?;
+    let p = opts.config.model.param_count();
+    println!(
+        "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
+        opts.config.name,
+        p.total() as f64 / 1e6,
+        p.non_embedding() as f64 / 1e6,
+        backend.name(),
+        opts.run_dir.display()
+    );
+    match backend.dispatch(opts)? {
+        Outcome::Completed {
+            step,
+            train_loss,
+            val_loss,
+        } => {
+            println!(
+                "done: step {step}, train loss {train_loss:.4}{}",
+                val_loss.map(|v| format!(", val loss {v:.4}")).unwrap_or_default()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Outcome::Interrupted { signal, step } => {
+            eprintln!("interrupted by signal {signal}: emergency checkpoint at step {step}");
+            Ok(ExitCode::from(signals::exit_code(signal)))
+        }
+    }
+}
