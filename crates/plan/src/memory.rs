@@ -1,0 +1,303 @@
+//! Memory per GPU under data parallelism with ZeRO stages 0–3 (FSDP), tensor parallelism and
+//! pipeline parallelism.
+//!
+//! Model states follow the ZeRO paper (Rajbhandari et al. 2020): mixed-precision Adam keeps
+//! 2 + 2 + 12 bytes per parameter (bf16 weights, bf16 gradients, fp32 master weights and the
+//! two fp32 moments); stage 1 shards the 12, stage 2 also the gradients, stage 3 also the
+//! weights, each over the sharding degree. Activations follow Korthikanti et al. 2022,
+//! "Reducing Activation Recomputation in Large Transformer Models", re-derived for this
+//! block (RMSNorm, GQA, SwiGLU, no dropout) with FlashAttention (no T×T score matrix stored).
+
+use lab_config::{ModelConfig, Precision};
+use serde::Serialize;
+
+/// How the GPUs are arranged: gpus = dp × tp × pp, ZeRO `stage` sharded over `shard` of the
+/// `dp` data-parallel ranks (`shard` = dp is FSDP's full sharding, less is HSDP).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Layout {
+    pub gpus: usize,
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub zero_stage: u8,
+    pub shard: usize,
+    /// Sequences per forward/backward on one model replica.
+    pub micro_batch: usize,
+    /// Micro-batches per optimizer step on one replica (bounds the pipeline's in-flight count).
+    pub grad_accum: usize,
+    pub activation_checkpointing: bool,
+}
+
+/// Bytes per parameter of each model state.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StateBytes {
+    pub weights: f64,
+    pub grads: f64,
+    pub master: f64,
+    pub moments: f64,
+    /// Bytes per stored activation element.
+    pub activation: f64,
+}
+
+pub fn state_bytes(precision: Precision) -> StateBytes {
+    match precision {
+        // ZeRO's 2 + 2 + 12.
+        Precision::Bf16 => StateBytes {
+            weights: 2.0,
+            grads: 2.0,
+            master: 4.0,
+            moments: 8.0,
+            activation: 2.0,
+        },
+        // The weights are the master copy.
+        Precision::Fp32 => StateBytes {
+            weights: 4.0,
+            grads: 4.0,
+            master: 0.0,
+            moments: 8.0,
+            activation: 4.0,
+        },
+    }
+}
+
+/// One GPU's memory, in bytes. `total` uses the layout's activation-checkpointing choice.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MemoryBreakdown {
+    pub zero_stage: u8,
+    pub shard: usize,
+    pub params: f64,
+    pub grads: f64,
+    pub master: f64,
+    pub moments: f64,
+    /// Collective buffers: two buckets of one transformer block's parameters at 4 bytes each
+    /// (one being filled while the other is in flight) when there is more than one replica.
+    pub comm_buffers: f64,
+    /// Activations kept for the backward pass, logits included.
+    pub activations: f64,
+    /// The same with full activation checkpointing: each layer's input, plus one layer
+    /// recomputed at a time, plus the logits.
+    pub activations_checkpointed: f64,
+    pub total: f64,
+    pub total_without_checkpointing: f64,
+    pub total_with_checkpointing: f64,
+}
+
+/// The model's parameters as one GPU sees them.
+#[derive(Debug, Clone, Copy)]
+struct StageParams {
+    /// Parameters held by the heaviest pipeline stage, divided by the TP degree.
+    per_gpu: f64,
+    /// One transformer block's parameters divided by the TP degree.
+    block: f64,
+    /// Transformer blocks on the heaviest stage.
+    layers: usize,
+}
+
+/// `params_used` lets a plan scale the model states to a quoted count (`--params`); the
+/// shape (and so the activations) stays the config's.
+fn stage_params(model: &ModelConfig, params_used: f64, layout: &Layout) -> StageParams {
+    let p = model.param_count();
+    let scale = params_used / p.total() as f64;
+    let l = model.n_layer as f64;
+    let block = (p.attention + p.ffn + p.norms - model.d_model as u64) as f64 / l;
+    let layers = model.n_layer.div_ceil(layout.pp);
+    // Without pipelining one GPU holds everything; with it the heaviest stage holds its blocks
+    // and the larger of the two ends (embedding on the first, final norm + head on the last; a
+    // tied head is a second copy of the embedding there).
+    let ends = if layout.pp == 1 {
+        (p.embedding + p.lm_head + model.d_model as u64) as f64
+    } else {
+        let head = if model.tie_embeddings {
+            p.embedding
+        } else {
+            p.lm_head
+        };
+        p.embedding.max(head + model.d_model as u64) as f64
+    };
+    let tp = layout.tp as f64;
+    StageParams {
+        per_gpu: (block * layers as f64 + ends) * scale / tp,
+        block: block * scale / tp,
+        layers,
+    }
+}
+
+/// Activation bytes per token per layer, before tensor parallelism: the two norms' inputs
+/// (2h), the QKV input (h), Q, K, V after RoPE (d_attn + 2·kv), the attention output (d_attn),
+/// the MLP input (h), gate and up (2·ff) and the SwiGLU product (ff). The Korthikanti count for
+/// GPT is 34·h bytes at bf16 with dropout masks; this block has none.
+pub fn activation_elements_per_token_per_layer(model: &ModelConfig) -> f64 {
+    let h = model.d_model as f64;
+    let d_attn = model.d_attn() as f64;
+    let kv = (model.n_kv_head * model.head_dim()) as f64;
+    let ff = model.d_ff as f64;
+    4.0 * h + 2.0 * d_attn + 2.0 * kv + 3.0 * ff
+}
+
+pub fn per_gpu(
+    model: &ModelConfig,
+    precision: Precision,
+    params_used: f64,
+    layout: &Layout,
+) -> MemoryBreakdown {
+    let bytes = state_bytes(precision);
+    let sp = stage_params(model, params_used, layout);
+    let shard = layout.shard.max(1) as f64;
+    let sharded_if = |stage: u8| {
+        if layout.zero_stage >= stage {
+            shard
+        } else {
+            1.0
+        }
+    };
+    let params = sp.per_gpu * bytes.weights / sharded_if(3);
+    let grads = sp.per_gpu * bytes.grads / sharded_if(2);
+    let master = sp.per_gpu * bytes.master / sharded_if(1);
+    let moments = sp.per_gpu * bytes.moments / sharded_if(1);
+    let comm_buffers = if layout.dp > 1 {
+        2.0 * 4.0 * sp.block
+    } else {
+        0.0
+    };
+
+    // Tokens of one micro-batch; with sequence parallelism every activation is split over TP.
+    let tokens = (layout.micro_batch * model.seq_len) as f64;
+    let tp = layout.tp as f64;
+    let per_layer = activation_elements_per_token_per_layer(model) * bytes.activation * tokens / tp;
+    // 1F1B: the first stage holds up to `pp` micro-batches in flight (Korthikanti §4.2.3).
+    let in_flight = layout.pp.min(layout.grad_accum.max(1)) as f64;
+    let layers = sp.layers as f64;
+    // The logits of one micro-batch, and their fp32 copy for the softmax/cross-entropy, split
+    // over TP by a vocabulary-parallel head. (An upper bound under PP: the first stage's
+    // activations plus the last stage's logits.)
+    let logits = tokens * model.vocab_size as f64 * (bytes.activation + 4.0) / tp;
+    let activations = per_layer * layers * in_flight + logits;
+    let layer_inputs = model.d_model as f64 * bytes.activation * tokens / tp * layers * in_flight;
+    let activations_checkpointed = layer_inputs + per_layer + logits;
+
+    let states = params + grads + master + moments + comm_buffers;
+    let total_without_checkpointing = states + activations;
+    let total_with_checkpointing = states + activations_checkpointed;
+    MemoryBreakdown {
+        zero_stage: layout.zero_stage,
+        shard: layout.shard,
+        params,
+        grads,
+        master,
+        moments,
+        comm_buffers,
+        activations,
+        activations_checkpointed,
+        total: if layout.activation_checkpointing {
+            total_with_checkpointing
+        } else {
+            total_without_checkpointing
+        },
+        total_without_checkpointing,
+        total_with_checkpointing,
+    }
+}
+
+/// The memory table: ZeRO stages 0–3 for the chosen TP × PP × DP (stages 1–3 sharded over the
+/// chosen degree, or over all DP ranks when the chosen stage is 0).
+pub fn stage_table(
+    model: &ModelConfig,
+    precision: Precision,
+    params_used: f64,
+    layout: &Layout,
+) -> Vec<MemoryBreakdown> {
+    (0..=3u8)
+        .map(|stage| {
+            let shard = match stage {
+                0 => 1,
+                _ if layout.zero_stage == 0 => layout.dp,
+                _ => layout.shard,
+            };
+            let l = Layout {
+                zero_stage: stage,
+                shard,
+                ..*layout
+            };
+            per_gpu(model, precision, params_used, &l)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::GIB;
+
+    fn med7b() -> ModelConfig {
+        ModelConfig {
+            vocab_size: 64000,
+            n_layer: 32,
+            d_model: 4096,
+            n_head: 32,
+            n_kv_head: 8,
+            d_ff: 11008,
+            seq_len: 4096,
+            rope_base: 1e4,
+            norm_eps: 1e-5,
+            init_std: 0.02,
+            head_dim: None,
+            tie_embeddings: false,
+        }
+    }
+
+    fn layout(gpus: usize, tp: usize, pp: usize, stage: u8, shard: usize) -> Layout {
+        Layout {
+            gpus,
+            dp: gpus / (tp * pp),
+            tp,
+            pp,
+            zero_stage: stage,
+            shard,
+            micro_batch: 1,
+            grad_accum: 8,
+            activation_checkpointing: false,
+        }
+    }
+
+    #[test]
+    fn single_gpu_states_are_16_bytes_per_parameter() {
+        let m = med7b();
+        let n = m.param_count().total() as f64;
+        let mem = per_gpu(&m, Precision::Bf16, n, &layout(1, 1, 1, 0, 1));
+        let states = mem.params + mem.grads + mem.master + mem.moments;
+        assert!((states / n - 16.0).abs() < 1e-9);
+        assert_eq!(mem.comm_buffers, 0.0);
+        let fp32 = per_gpu(&m, Precision::Fp32, n, &layout(1, 1, 1, 0, 1));
+        assert!(((fp32.params + fp32.grads + fp32.master + fp32.moments) / n - 16.0).abs() < 1e-9);
+        assert!(fp32.activations > mem.activations);
+    }
+
+    #[test]
+    fn fsdp_128_by_tp_2_shards_states_and_splits_activations() {
+        let m = med7b();
+        let n = m.param_count().total() as f64;
+        let mem = per_gpu(&m, Precision::Bf16, n, &layout(256, 2, 1, 3, 128));
+        let states = mem.params + mem.grads + mem.master + mem.moments;
+        assert!((states - 16.0 * n / 256.0).abs() / states < 1e-9);
+        // Activations: 32 layers × 4,096 tokens × 119,296 bytes / 2 + the logits' 6 bytes × 64K / 2.
+        let per_token_layer = 2.0 * (4.0 * 4096.0 + 2.0 * 4096.0 + 2.0 * 1024.0 + 3.0 * 11008.0);
+        assert_eq!(per_token_layer, 119_296.0);
+        let expect = (32.0 * per_token_layer + 64000.0 * 6.0) * 4096.0 / 2.0;
+        assert!((mem.activations - expect).abs() < 1.0);
+        assert!(mem.total / GIB < 10.0, "{}", mem.total / GIB);
+        assert!(mem.activations_checkpointed < mem.activations / 4.0);
+    }
+
+    #[test]
+    fn pipeline_stages_hold_their_layers_and_in_flight_micro_batches() {
+        let m = med7b();
+        let n = m.param_count().total() as f64;
+        let one = per_gpu(&m, Precision::Bf16, n, &layout(4, 1, 1, 0, 1));
+        let four = per_gpu(&m, Precision::Bf16, n, &layout(4, 1, 4, 0, 1));
+        // The heaviest stage, the last: 8 blocks + the LM head + the final norm.
+        let block = (n - 2.0 * 64000.0 * 4096.0 - 4096.0) / 32.0;
+        assert!((four.params - 2.0 * (8.0 * block + 64000.0 * 4096.0 + 4096.0)).abs() < 1.0);
+        // 1F1B: 8 layers × 4 micro-batches in flight = the activations of all 32 layers.
+        assert!((four.activations - one.activations).abs() < 1.0);
+    }
+}
