@@ -197,7 +197,7 @@ pub fn review(plan: &Plan, inputs: &PlanInputs) -> (Vec<Warning>, Vec<String>) {
             warnings.push(warn(
                 "quote",
                 format!(
-                    "inconsistent quote: ${} /h read literally ({}) is outside the plausible {band} for {}; {}",
+                    "inconsistent quote: ${}/h read literally ({}) is outside the plausible {band} for {}; {}",
                     q.usd_per_hour,
                     describe(literal),
                     plan.device,

@@ -476,3 +476,166 @@ impl PlanRequest {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn x1() -> LabConfig {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/x1-50m-a100.toml");
+        LabConfig::load(&path).unwrap()
+    }
+
+    fn resolve(req: PlanRequest) -> Result<PlanInputs> {
+        PlanInputs::resolve(&x1(), &req)
+    }
+
+    #[test]
+    fn defaults_come_from_the_config_and_are_stated() {
+        let i = resolve(PlanRequest {
+            gpus: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(i.global_batch_tokens, 4.0 * 524_288.0);
+        assert_eq!(i.tokens, 84_000.0 * 4.0 * 524_288.0);
+        assert_eq!(i.peak_flops_per_gpu, 312e12);
+        assert_eq!(i.mfus, vec![DEFAULT_MFU]);
+        assert_eq!(i.prices.len(), 3);
+        assert_eq!(i.ckpt_every, 1000);
+        assert_eq!(
+            (i.layout.dp, i.layout.zero_stage, i.layout.shard),
+            (4, 0, 1)
+        );
+        assert_eq!(i.grad_accum_exact, 16.0);
+        let names: Vec<_> = i.assumptions.iter().map(|a| a.name).collect();
+        for n in [
+            "device",
+            "gpus",
+            "global batch",
+            "tokens",
+            "layout",
+            "MFU",
+            "prices",
+            "overhead",
+            "checkpoints",
+        ] {
+            assert!(names.contains(&n), "{n} missing from {names:?}");
+        }
+        // --fsdp alone means ZeRO-3; a ZeRO stage alone shards over every DP rank.
+        let i = resolve(PlanRequest {
+            gpus: Some(8),
+            fsdp: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((i.layout.zero_stage, i.layout.shard), (3, 4));
+        let i = resolve(PlanRequest {
+            gpus: Some(8),
+            zero: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!((i.layout.zero_stage, i.layout.shard), (2, 8));
+        // fp32 configs plan against the fp32 peak.
+        let mut cfg = x1();
+        cfg.train.precision = Precision::Fp32;
+        let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
+        assert_eq!(i.peak_flops_per_gpu, 19.5e12);
+    }
+
+    #[test]
+    fn bad_requests_name_the_flag_and_the_fix() {
+        let err = |req: PlanRequest| resolve(req).unwrap_err().to_string();
+        let e = err(PlanRequest {
+            device: Some("tpu".into()),
+            ..Default::default()
+        });
+        assert!(e.contains("--device") && e.contains("a100-80gb"), "{e}");
+        let e = err(PlanRequest {
+            gpus: Some(0),
+            ..Default::default()
+        });
+        assert!(e.contains("--gpus must be at least 1"), "{e}");
+        let e = err(PlanRequest {
+            gpus: Some(6),
+            tp: Some(4),
+            ..Default::default()
+        });
+        assert!(e.contains("use a multiple of 4"), "{e}");
+        let e = err(PlanRequest {
+            gpus: Some(8),
+            tp: Some(8),
+            ..Default::default()
+        });
+        assert!(e.contains("model.n_head (12)"), "{e}");
+        let e = err(PlanRequest {
+            gpus: Some(16),
+            pp: Some(16),
+            ..Default::default()
+        });
+        assert!(e.contains("model.n_layer (8)"), "{e}");
+        let e = err(PlanRequest {
+            gpus: Some(8),
+            fsdp: Some(3),
+            ..Default::default()
+        });
+        assert!(
+            e.contains("--fsdp 3 must divide the data-parallel degree 8"),
+            "{e}"
+        );
+        let e = err(PlanRequest {
+            gpus: Some(8),
+            zero: Some(0),
+            fsdp: Some(4),
+            ..Default::default()
+        });
+        assert!(e.contains("--zero is 0"), "{e}");
+        let e = err(PlanRequest {
+            zero: Some(7),
+            ..Default::default()
+        });
+        assert!(e.contains("use 0, 1, 2 or 3"), "{e}");
+        let e = err(PlanRequest {
+            mfu: vec![1.5],
+            ..Default::default()
+        });
+        assert!(e.contains("--mfu 1.5"), "{e}");
+        let e = err(PlanRequest {
+            overhead: Some(0.5),
+            ..Default::default()
+        });
+        assert!(e.contains("--overhead 0.5 must be at least 1"), "{e}");
+        let e = err(PlanRequest {
+            hours: Some(-1.0),
+            ..Default::default()
+        });
+        assert!(e.contains("--hours"), "{e}");
+        let e = err(PlanRequest {
+            params: Some(f64::NAN),
+            ..Default::default()
+        });
+        assert!(e.contains("--params"), "{e}");
+    }
+
+    #[test]
+    fn flags_override_a_page_plan() {
+        let page = PlanRequest {
+            gpus: Some(2),
+            mfu: vec![0.3],
+            overhead: Some(1.2),
+            ..Default::default()
+        };
+        let cli = PlanRequest {
+            mfu: vec![0.5],
+            tp: Some(2),
+            ..Default::default()
+        };
+        let merged = page.merged_with(&cli);
+        assert_eq!(merged.gpus, Some(2));
+        assert_eq!(merged.mfu, vec![0.5]);
+        assert_eq!(merged.overhead, Some(1.2));
+        assert_eq!(merged.tp, Some(2));
+    }
+}

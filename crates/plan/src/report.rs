@@ -312,7 +312,11 @@ pub fn render(plan: &Plan) -> String {
             );
         }
     }
-    if let Some(p) = &plan.proposal {
+    let limits_broken = plan
+        .warnings
+        .iter()
+        .any(|w| matches!(w.kind, "deadline" | "budget" | "mfu"));
+    if let Some(p) = plan.proposal.as_ref().filter(|_| limits_broken) {
         let _ = writeln!(
             w,
             "  proposal: {} steps ({} tokens) fit {} at MFU {first_mfu:.2}",

@@ -247,6 +247,48 @@ fn lab00_page_fails_its_own_arithmetic() {
 }
 
 #[test]
+fn execute_prints_tables_or_json_and_fails_broken_pages() {
+    use lab_plan::{execute, Target};
+    let x1 = configs().join("x1-50m-a100.toml");
+    let table = execute(Target::Config(&x1), &PlanRequest::default(), false).unwrap();
+    assert!(table.text.contains("Memory per GPU") && table.failure.is_none());
+    let json = execute(Target::Config(&x1), &PlanRequest::default(), true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json.text).unwrap();
+    assert_eq!(v["params"]["total"], 127_539_456);
+    assert_eq!(v["flops"].as_array().unwrap().len(), 4);
+
+    let page = configs().join("lab/lab00-a100.toml");
+    let out = execute(Target::LabPage(&page), &PlanRequest::default(), true).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out.text).unwrap();
+    assert_eq!(v["holds"], false);
+    let failure = out.failure.unwrap();
+    assert!(!failure.contains('\n'));
+    assert!(failure.contains("4 of 6 promises do not add up (throughput, time, MFU, budget)"));
+    assert!(failure.contains("40,491 steps"), "{failure}");
+
+    // Bad input names the file or the flag.
+    let missing = configs().join("nope.toml");
+    let e = execute(Target::Config(&missing), &PlanRequest::default(), false).unwrap_err();
+    assert!(format!("{e:#}").contains("nope.toml"));
+    let bad = PlanRequest {
+        gpus: Some(6),
+        tp: Some(4),
+        ..Default::default()
+    };
+    let e = execute(Target::Config(&x1), &bad, false).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--gpus 6 is not divisible by --tp 4"),
+        "{e}"
+    );
+    let e = execute(Target::LabPage(&x1), &PlanRequest::default(), false).unwrap_err();
+    assert!(
+        e.to_string().contains("lab page") && e.to_string().contains("[promises]"),
+        "{e}"
+    );
+}
+
+#[test]
 fn print_reports() {
     // Not an assertion: `cargo test -- --nocapture print_reports` shows the tables.
     let cfg = preset("med-7b-256xa100.toml");
