@@ -1,0 +1,643 @@
+//! `lab data prepare`: corpus → read → clean → redact → tokenize → quality → dedup →
+//! decontaminate → seeded val split → train.bin / val.bin / meta.json.
+//!
+//! A reader thread streams records in chunks of about `CHUNK_BYTES`; each chunk is processed
+//! on the worker pool (parse, clean, redact, tokenize, signatures) and the decisions are then
+//! taken in document order on one thread. Chunk boundaries depend only on the input, so the
+//! output is byte-identical whatever `--workers` is.
+//!
+//! Restart safety: meta.json is removed first and written last, and the .bin files are
+//! written under temporary names and renamed at the end; a killed prepare leaves no
+//! meta.json (so the trainer refuses the directory) and the next run starts over cleanly.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::sync_channel;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use lab_data::{Meta, TokenDtype, TokenWriter};
+use rayon::prelude::*;
+
+use crate::clean::{clean, non_alnum_fraction};
+use crate::decontam::EvalIndex;
+use crate::dedup::{exact_key, DedupIndex, MinHasher, Signature, Verdict};
+use crate::reader::{discover, read_source, ReadOptions, Record, Skip, Source, SourceStats};
+use crate::redact::{Redaction, Redactor, Ymd};
+use crate::report::{table, ByType, FilterReport};
+use crate::split::is_val;
+use crate::tokenize::Tokenizer;
+
+const CHUNK_BYTES: usize = 8 << 20;
+const CHUNK_RECORDS: usize = 16_384;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Split {
+    /// Seeded document-level split: this fraction of documents goes to val.bin.
+    ValFraction(f64),
+    /// nanoGPT's shakespeare split: one document cut at this fraction of its characters.
+    Chars { train_fraction: f64 },
+}
+
+#[derive(Debug, Clone)]
+pub struct PrepareConfig {
+    pub inputs: Vec<PathBuf>,
+    pub output_dir: PathBuf,
+    pub read: ReadOptions,
+    /// `gpt2` or a tokenizer.json path.
+    pub tokenizer: String,
+    pub split: Split,
+    pub seed: u64,
+    pub workers: usize,
+    pub clean: bool,
+    pub min_tokens: Option<u64>,
+    pub max_non_alnum: Option<f64>,
+    pub dedup: bool,
+    pub near_dup_threshold: f64,
+    pub redact: bool,
+    pub anchor_date: Option<Ymd>,
+    pub decontaminate: Vec<PathBuf>,
+    pub decontam_threshold: f64,
+    pub progress: bool,
+}
+
+impl PrepareConfig {
+    pub fn new(inputs: Vec<PathBuf>, output_dir: PathBuf) -> Self {
+        Self {
+            inputs,
+            output_dir,
+            read: ReadOptions::default(),
+            tokenizer: "gpt2".into(),
+            split: Split::ValFraction(0.001),
+            seed: 42,
+            workers: 1,
+            clean: false,
+            min_tokens: None,
+            max_non_alnum: None,
+            dedup: false,
+            near_dup_threshold: 0.8,
+            redact: false,
+            anchor_date: None,
+            decontaminate: Vec::new(),
+            decontam_threshold: 0.7,
+            progress: false,
+        }
+    }
+}
+
+pub struct PrepareOutcome {
+    pub meta: Meta,
+    /// The removal report as a table.
+    pub report: String,
+    pub text_bytes: u64,
+    pub elapsed: Duration,
+}
+
+impl PrepareOutcome {
+    pub fn mb_per_s(&self) -> f64 {
+        self.text_bytes as f64 / 1e6 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// One record after the parallel stage.
+struct Processed {
+    doc_type: String,
+    raw_bytes: u64,
+    outcome: std::result::Result<Doc, Skip>,
+}
+
+struct Doc {
+    tokens: Vec<u32>,
+    /// Kept only for the character split.
+    text: Option<String>,
+    non_alnum: f64,
+    exact: u128,
+    signature: Option<Box<Signature>>,
+    eval_grams: Vec<u64>,
+    redaction: Redaction,
+    cleaned: bool,
+    val: bool,
+}
+
+/// Everything the parallel stage needs, shared read-only by the workers.
+struct Stages {
+    cfg: PrepareConfig,
+    tokenizer: Tokenizer,
+    redactor: Option<Redactor>,
+    minhash: Option<MinHasher>,
+    eval: Option<EvalIndex>,
+}
+
+impl Stages {
+    fn process(&self, record: Record) -> Processed {
+        let raw_bytes = record.len() as u64;
+        let (text, doc_type) = match record.parse(&self.cfg.read) {
+            Ok(d) => (d.text, d.doc_type),
+            Err((skip, doc_type)) => {
+                return Processed {
+                    doc_type,
+                    raw_bytes,
+                    outcome: Err(skip),
+                }
+            }
+        };
+        let mut cleaned = false;
+        let text = if self.cfg.clean {
+            let c = clean(&text);
+            cleaned = c != text;
+            c
+        } else {
+            text
+        };
+        let (text, redaction) = match &self.redactor {
+            Some(r) => r.redact(&text),
+            None => (text, Redaction::default()),
+        };
+        if text.trim().is_empty() {
+            return Processed {
+                doc_type,
+                raw_bytes,
+                outcome: Err(Skip::Empty),
+            };
+        }
+        let tokens = self.tokenizer.encode(&text);
+        let doc = Doc {
+            non_alnum: if self.cfg.max_non_alnum.is_some() {
+                non_alnum_fraction(&text)
+            } else {
+                0.0
+            },
+            exact: if self.cfg.dedup { exact_key(&text) } else { 0 },
+            signature: self.minhash.as_ref().and_then(|m| m.signature(&text)),
+            eval_grams: self.eval.as_ref().map_or(Vec::new(), |e| e.doc_grams(&text)),
+            val: match self.cfg.split {
+                Split::ValFraction(f) => is_val(&text, self.cfg.seed, f),
+                Split::Chars { .. } => false,
+            },
+            text: matches!(self.cfg.split, Split::Chars { .. }).then_some(text),
+            tokens,
+            redaction,
+            cleaned,
+        };
+        Processed {
+            doc_type,
+            raw_bytes,
+            outcome: Ok(doc),
+        }
+    }
+}
+
+/// The filters in pipeline order, with what each removed.
+struct Decisions {
+    input: ByType,
+    skips: Vec<(Skip, ByType)>,
+    non_alnum: ByType,
+    min_tokens: ByType,
+    exact: ByType,
+    near: ByType,
+    decontam: ByType,
+    decontam_examples: Vec<String>,
+    kept: ByType,
+    train: ByType,
+    val: ByType,
+    cleaned: ByType,
+    redacted_docs: ByType,
+    redacted: std::collections::BTreeMap<&'static str, u64>,
+    truncated: ByType,
+    dedup: DedupIndex,
+}
+
+pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
+    let start = Instant::now();
+    validate(&cfg)?;
+    let sources = discover(&cfg.inputs)?;
+    let tokenizer = Tokenizer::load(&cfg.tokenizer)?;
+    let eval = if cfg.decontaminate.is_empty() {
+        None
+    } else {
+        Some(EvalIndex::load(&cfg.decontaminate, cfg.decontam_threshold)?)
+    };
+    let dir = &cfg.output_dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--output-dir {}: cannot create it", dir.display()))?;
+    start_over(dir)?;
+
+    let dtype = TokenDtype::for_vocab(tokenizer.vocab_size());
+    let mut train = TokenWriter::create(&dir.join("train.bin"), dtype)?;
+    let mut val = TokenWriter::create(&dir.join("val.bin"), dtype)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.workers.max(1))
+        .build()?;
+    let stages = Stages {
+        redactor: cfg.redact.then(|| Redactor::new(cfg.anchor_date)),
+        minhash: cfg.dedup.then(|| MinHasher::new(cfg.seed)),
+        eval,
+        tokenizer,
+        cfg: cfg.clone(),
+    };
+    let mut d = Decisions {
+        input: ByType::default(),
+        skips: Skip::ALL.iter().map(|s| (*s, ByType::default())).collect(),
+        non_alnum: ByType::default(),
+        min_tokens: ByType::default(),
+        exact: ByType::default(),
+        near: ByType::default(),
+        decontam: ByType::default(),
+        decontam_examples: Vec::new(),
+        kept: ByType::default(),
+        train: ByType::default(),
+        val: ByType::default(),
+        cleaned: ByType::default(),
+        redacted_docs: ByType::default(),
+        redacted: Default::default(),
+        truncated: ByType::default(),
+        dedup: DedupIndex::new(cfg.near_dup_threshold),
+    };
+    let total_bytes: u64 = sources.iter().map(|s| s.bytes).sum();
+    let bar = progress_bar(total_bytes, cfg.progress);
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let mut text_bytes = 0u64;
+    let mut char_split_docs: Vec<(String, String)> = Vec::new();
+
+    let (tx, rx) = sync_channel::<Vec<Record>>(2);
+    let stats: Vec<SourceStats> = std::thread::scope(|scope| -> Result<Vec<SourceStats>> {
+        // Owned here: an early return drops it, which stops the reader instead of blocking it.
+        let rx = rx;
+        let reader = {
+            let (sources, opts, bytes_read) = (&sources, &cfg.read, bytes_read.clone());
+            scope.spawn(move || read_all(sources, opts, &bytes_read, tx))
+        };
+        for chunk in rx.iter() {
+            let processed: Vec<Processed> =
+                pool.install(|| chunk.into_par_iter().map(|r| stages.process(r)).collect());
+            for p in processed {
+                text_bytes += p.raw_bytes;
+                decide(&stages, &mut d, p, &mut train, &mut val, &mut char_split_docs)?;
+            }
+            bar.set_position(bytes_read.load(Ordering::Relaxed));
+            let secs = start.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!(
+                "{} docs kept, text {:.1} MB/s",
+                d.kept.total().docs,
+                text_bytes as f64 / 1e6 / secs
+            ));
+        }
+        // The reader stops early (dropping the channel) only on error: report that error.
+        reader.join().expect("reader thread panicked")
+    })?;
+    bar.finish_and_clear();
+
+    if let Split::Chars { train_fraction } = cfg.split {
+        write_char_split(&stages.tokenizer, &char_split_docs, train_fraction, &mut train, &mut val, &mut d)?;
+    }
+    let report = removal_reports(&cfg, &d);
+    let kept = d.kept.total();
+    if d.train.total().tokens == 0 {
+        bail!(
+            "no training tokens: {} of {} documents were removed or skipped ({}); check --text-field and the filters",
+            d.input.total().docs - kept.docs,
+            d.input.total().docs,
+            report
+                .iter()
+                .filter(|f| f.removed.total().docs > 0)
+                .map(|f| format!("{} {}", f.name, f.removed.total().docs))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if d.val.total().tokens == 0 {
+        bail!(
+            "val.bin would be empty ({} documents kept); raise --val-fraction (now {:?})",
+            kept.docs,
+            cfg.split
+        );
+    }
+    let mut files = std::collections::BTreeMap::new();
+    files.insert("train.bin".to_string(), train.finish()?);
+    files.insert("val.bin".to_string(), val.finish()?);
+    let meta = Meta {
+        tokenizer: stages.tokenizer.name().to_string(),
+        vocab_size: stages.tokenizer.vocab_size(),
+        eot_token: stages.tokenizer.eot(),
+        dtype,
+        files,
+        sources: sources
+            .iter()
+            .zip(&stats)
+            .map(|(s, st)| source_json(s, st))
+            .collect(),
+        filters: filters_json(&cfg, &d, &report),
+    };
+    meta.save(dir)?;
+    Ok(PrepareOutcome {
+        meta,
+        report: table(&d.input, &report, &d.kept),
+        text_bytes,
+        elapsed: start.elapsed(),
+    })
+}
+
+fn validate(cfg: &PrepareConfig) -> Result<()> {
+    match cfg.split {
+        Split::ValFraction(f) if !(0.0..1.0).contains(&f) || f == 0.0 => {
+            bail!("--val-fraction {f}: must be in (0, 1)")
+        }
+        Split::Chars { train_fraction: f } if !(0.0..1.0).contains(&f) || f == 0.0 => {
+            bail!("--split chars:{f}: the train fraction must be in (0, 1)")
+        }
+        _ => {}
+    }
+    if cfg.workers == 0 {
+        bail!("--workers 0: need at least one worker");
+    }
+    Ok(())
+}
+
+/// Removes meta.json (the directory is incomplete until it is rewritten) and temp files
+/// left by a killed run.
+fn start_over(dir: &Path) -> Result<()> {
+    let meta = dir.join("meta.json");
+    if meta.exists() {
+        std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if [".train.bin.tmp-", ".val.bin.tmp-", ".meta.json.tmp-"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
+            let _ = std::fs::remove_file(dir.join(&name));
+        }
+    }
+    Ok(())
+}
+
+fn read_all(
+    sources: &[Source],
+    opts: &ReadOptions,
+    bytes_read: &Arc<AtomicU64>,
+    tx: std::sync::mpsc::SyncSender<Vec<Record>>,
+) -> Result<Vec<SourceStats>> {
+    let mut chunk = Vec::new();
+    let mut chunk_bytes = 0usize;
+    let mut stats = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        let st = read_source(i as u32, source, opts, bytes_read, &mut |record| {
+            chunk_bytes += record.len();
+            chunk.push(record);
+            if chunk_bytes >= CHUNK_BYTES || chunk.len() >= CHUNK_RECORDS {
+                chunk_bytes = 0;
+                // The consumer only hangs up after an error of its own, reported by it.
+                tx.send(std::mem::take(&mut chunk))
+                    .map_err(|_| anyhow::anyhow!("prepare stopped"))?;
+            }
+            Ok(())
+        })?;
+        stats.push(st);
+    }
+    if !chunk.is_empty() {
+        let _ = tx.send(chunk);
+    }
+    Ok(stats)
+}
+
+fn decide(
+    stages: &Stages,
+    d: &mut Decisions,
+    p: Processed,
+    train: &mut TokenWriter,
+    val: &mut TokenWriter,
+    char_split_docs: &mut Vec<(String, String)>,
+) -> Result<()> {
+    let cfg = &stages.cfg;
+    let ty = p.doc_type.as_str();
+    let doc = match p.outcome {
+        Err(skip) => {
+            d.input.add(ty, 0, p.raw_bytes);
+            let slot = d.skips.iter_mut().find(|(s, _)| *s == skip).unwrap();
+            slot.1.add(ty, 0, p.raw_bytes);
+            return Ok(());
+        }
+        Ok(doc) => doc,
+    };
+    let n = doc.tokens.len() as u64;
+    let b = p.raw_bytes;
+    d.input.add(ty, n, b);
+    if doc.cleaned {
+        d.cleaned.add(ty, n, b);
+    }
+    if !doc.redaction.replaced.is_empty() {
+        d.redacted_docs.add(ty, n, b);
+        for (k, v) in &doc.redaction.replaced {
+            *d.redacted.entry(k).or_default() += v;
+        }
+    }
+    if doc.redaction.truncated_bytes > 0 {
+        d.truncated.add(ty, n, b);
+    }
+    if cfg.max_non_alnum.is_some_and(|max| doc.non_alnum > max) {
+        d.non_alnum.add(ty, n, b);
+        return Ok(());
+    }
+    if cfg.min_tokens.is_some_and(|min| n < min) {
+        d.min_tokens.add(ty, n, b);
+        return Ok(());
+    }
+    if cfg.dedup {
+        match d.dedup.check(doc.exact, doc.signature.as_deref()) {
+            Verdict::ExactDuplicate => {
+                d.exact.add(ty, n, b);
+                return Ok(());
+            }
+            Verdict::NearDuplicate => {
+                d.near.add(ty, n, b);
+                return Ok(());
+            }
+            Verdict::Unique => {}
+        }
+    }
+    if let Some(eval) = &stages.eval {
+        if let Some((file, line)) = eval.contaminated(&doc.eval_grams) {
+            d.decontam.add(ty, n, b);
+            if d.decontam_examples.len() < 20 {
+                d.decontam_examples.push(format!("{}:{line}", file.display()));
+            }
+            return Ok(());
+        }
+    }
+    d.kept.add(ty, n, b);
+    match cfg.split {
+        Split::Chars { .. } => {
+            char_split_docs.push((doc.text.expect("kept for the char split"), p.doc_type));
+        }
+        Split::ValFraction(_) => {
+            let (writer, counts) = if doc.val {
+                (val, &mut d.val)
+            } else {
+                (train, &mut d.train)
+            };
+            writer.write(&doc.tokens)?;
+            writer.write(&[stages.tokenizer.eot()])?;
+            counts.add(ty, n + 1, b);
+        }
+    }
+    Ok(())
+}
+
+/// nanoGPT's shakespeare_char/shakespeare prepare: the first `train_fraction` of the
+/// characters to train, the rest to val, no end-of-text tokens.
+fn write_char_split(
+    tokenizer: &Tokenizer,
+    docs: &[(String, String)],
+    train_fraction: f64,
+    train: &mut TokenWriter,
+    val: &mut TokenWriter,
+    d: &mut Decisions,
+) -> Result<()> {
+    let [(text, ty)] = docs else {
+        bail!(
+            "--split chars needs exactly one document (a plain-text file), got {}; use --val-fraction for document corpora",
+            docs.len()
+        );
+    };
+    let n_chars = text.chars().count();
+    let cut = text
+        .char_indices()
+        .nth((n_chars as f64 * train_fraction) as usize)
+        .map_or(text.len(), |(i, _)| i);
+    let (a, b) = (tokenizer.encode(&text[..cut]), tokenizer.encode(&text[cut..]));
+    train.write(&a)?;
+    val.write(&b)?;
+    d.train.add(ty, a.len() as u64, cut as u64);
+    d.val.add(ty, b.len() as u64, (text.len() - cut) as u64);
+    Ok(())
+}
+
+fn removal_reports(cfg: &PrepareConfig, d: &Decisions) -> Vec<FilterReport> {
+    let mut out = Vec::new();
+    for (skip, by) in &d.skips {
+        if by.total().docs > 0 {
+            out.push(FilterReport {
+                name: skip.name().into(),
+                settings: serde_json::json!({"max_doc_bytes": cfg.read.max_doc_bytes}),
+                removed: by.clone(),
+            });
+        }
+    }
+    let mut push = |on: bool, name: &str, settings: serde_json::Value, by: &ByType| {
+        if on {
+            out.push(FilterReport {
+                name: name.into(),
+                settings,
+                removed: by.clone(),
+            });
+        }
+    };
+    push(
+        cfg.max_non_alnum.is_some(),
+        "quality-non-alnum",
+        serde_json::json!({"max_fraction": cfg.max_non_alnum}),
+        &d.non_alnum,
+    );
+    push(
+        cfg.min_tokens.is_some(),
+        "quality-min-tokens",
+        serde_json::json!({"min_tokens": cfg.min_tokens}),
+        &d.min_tokens,
+    );
+    push(cfg.dedup, "dedup-exact", serde_json::json!({"hash": "xxh3-128"}), &d.exact);
+    push(
+        cfg.dedup,
+        "dedup-near",
+        serde_json::json!({
+            "method": "minhash-lsh", "jaccard": cfg.near_dup_threshold,
+            "shingle_words": crate::dedup::SHINGLE_WORDS, "permutations": crate::dedup::NUM_PERM,
+            "bands": crate::dedup::BANDS, "seed": cfg.seed,
+        }),
+        &d.near,
+    );
+    push(
+        !cfg.decontaminate.is_empty(),
+        "decontaminate",
+        serde_json::json!({
+            "eval_sets": cfg.decontaminate.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+            "ngram": crate::decontam::NGRAM, "min_overlap": cfg.decontam_threshold,
+            "examples": d.decontam_examples,
+        }),
+        &d.decontam,
+    );
+    out
+}
+
+fn by_type_json(by: &ByType) -> serde_json::Value {
+    serde_json::to_value(&by.0).expect("counts serialise")
+}
+
+fn filters_json(cfg: &PrepareConfig, d: &Decisions, reports: &[FilterReport]) -> Vec<serde_json::Value> {
+    let mut out = vec![serde_json::json!({
+        "name": "read",
+        "text_field": cfg.read.text_field,
+        "type_field": cfg.read.type_field,
+        "input_by_type": by_type_json(&d.input),
+    })];
+    if cfg.clean {
+        out.push(serde_json::json!({
+            "name": "clean",
+            "steps": ["nfc", "drop-control-chars", "collapse-whitespace", "collapse-blank-lines"],
+            "changed_by_type": by_type_json(&d.cleaned),
+        }));
+    }
+    if cfg.redact {
+        out.push(serde_json::json!({
+            "name": "redact-phi",
+            "anchor_date": cfg.anchor_date.map(|(y, m, dd)| format!("{y:04}-{m:02}-{dd:02}")),
+            "replaced": d.redacted,
+            "changed_by_type": by_type_json(&d.redacted_docs),
+            "truncated_after_anchor_by_type": by_type_json(&d.truncated),
+        }));
+    }
+    out.extend(reports.iter().map(FilterReport::to_json));
+    out.push(match cfg.split {
+        Split::ValFraction(f) => serde_json::json!({
+            "name": "split", "mode": "documents", "val_fraction": f, "seed": cfg.seed,
+            "eot_after_each_document": true,
+            "train_by_type": by_type_json(&d.train), "val_by_type": by_type_json(&d.val),
+        }),
+        Split::Chars { train_fraction } => serde_json::json!({
+            "name": "split", "mode": "chars", "train_fraction": train_fraction,
+        }),
+    });
+    out
+}
+
+fn source_json(s: &Source, st: &SourceStats) -> serde_json::Value {
+    serde_json::json!({
+        "path": s.path.display().to_string(),
+        "format": format!("{:?}{}", s.format, if s.zstd { "+zstd" } else { "" }).to_lowercase(),
+        "bytes": s.bytes,
+        "sha256": st.sha256,
+        "records": st.records,
+    })
+}
+
+fn progress_bar(total: u64, show: bool) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(
+        Some(total),
+        if show {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template(
+            "prepare [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
