@@ -3,6 +3,7 @@
 //! hashed (sha256 over a canonical JSON form) so every checkpoint and export can say exactly
 //! which configuration produced it.
 
+pub mod budget;
 pub mod hardware;
 pub mod model;
 pub mod train;
@@ -13,6 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use budget::{BudgetConfig, BudgetProvider};
 pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
 pub use train::{Precision, TrainConfig};
@@ -27,6 +29,9 @@ pub struct LabConfig {
     pub train: TrainConfig,
     #[serde(default)]
     pub hardware: Hardware,
+    /// `[budget]`: cap, alert and billing provider; absent means no guard unless flags give a cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetConfig>,
 }
 
 impl LabConfig {
@@ -54,6 +59,9 @@ impl LabConfig {
         self.model.validate()?;
         self.train.validate()?;
         self.hardware.validate()?;
+        if let Some(b) = &self.budget {
+            b.validate()?;
+        }
         Ok(())
     }
 

@@ -1,0 +1,317 @@
+//! The guard as `lab train` uses it: flags, the pre-launch check, periodic checks with alerts
+//! and events, and terminate-on-exit. The trainer calls [`RunGuard::prelaunch`] before the
+//! first step, [`RunGuard::check`] when [`RunGuard::due`] and at every checkpoint, and
+//! [`EndOfRun::terminate`] (from [`RunGuard::end_of_run`]) at the end.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use lab_config::{BudgetConfig, BudgetProvider};
+use serde_json::json;
+
+use crate::clock::{format_utc, now_unix};
+use crate::file::{read_budget, BudgetFile, BudgetUri, Reading};
+use crate::guard::{Decision, Guard, GuardSettings, Verdict};
+use crate::meter::Meter;
+use crate::notify::{append_event, post_webhook};
+use crate::prelaunch::{prelaunch, PlannedRun, Report};
+use crate::provider::EndAction;
+use crate::secret::Secret;
+use crate::setup::{build_provider, ProviderSettings};
+use crate::sidecar::Sidecar;
+use crate::status::Progress;
+use crate::terminate::end_and_confirm;
+
+/// Budget flags of `lab train` (flatten into its clap `Args`).
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct BudgetFlags {
+    /// Hard cap in USD (overrides budget.cap_usd); turns the budget guard on.
+    #[arg(long, value_name = "USD")]
+    pub budget_cap_usd: Option<f64>,
+    /// Alert threshold in USD (overrides budget.alert_usd).
+    #[arg(long, value_name = "USD")]
+    pub budget_alert_usd: Option<f64>,
+    /// budget.json written by `lab budget sidecar` (a path, file:// or http(s)://); without
+    /// it the built-in meter (budget.rate_usd_per_hr × wall clock) writes RUN/budget.json.
+    #[arg(long, value_name = "URI")]
+    pub budget_curr_cost_uri: Option<String>,
+    /// Print the budget decision table for the planned run and exit (0 launch, 4 refuse).
+    #[arg(long)]
+    pub dry_run_budget: bool,
+    /// Refuse to launch when the current price is above this (overrides the config).
+    #[arg(long, value_name = "USD")]
+    pub max_price_usd_per_hr: Option<f64>,
+    /// At the end of the run, terminate the instance and write RUN/termination.json.
+    #[arg(long)]
+    pub terminate_on_exit: bool,
+}
+
+enum Source {
+    File(BudgetUri),
+    /// In-process meter writing RUN/budget.json at every check.
+    Meter(Box<Sidecar>, PathBuf),
+}
+
+pub struct RunGuard {
+    guard: Guard,
+    source: Source,
+    run_dir: PathBuf,
+    config: BudgetConfig,
+    webhook: Option<Secret>,
+    terminate_on_exit: bool,
+    dry_run: bool,
+    warned: bool,
+}
+
+fn check_usd(flag: &str, v: Option<f64>) -> Result<()> {
+    if let Some(v) = v {
+        if !(v.is_finite() && v >= 0.0) {
+            bail!("{flag} ({v}) must be a finite number >= 0");
+        }
+    }
+    Ok(())
+}
+
+impl RunGuard {
+    /// `None` when no cap is set (no flag, no `[budget]`): the run is unguarded.
+    pub fn new(
+        flags: &BudgetFlags,
+        config: Option<&BudgetConfig>,
+        run_dir: &Path,
+        resume: bool,
+    ) -> Result<Option<RunGuard>> {
+        check_usd("--budget-cap-usd", flags.budget_cap_usd)?;
+        check_usd("--budget-alert-usd", flags.budget_alert_usd)?;
+        check_usd("--max-price-usd-per-hr", flags.max_price_usd_per_hr)?;
+        let mut c = match (config, flags.budget_cap_usd) {
+            (Some(c), _) => c.clone(),
+            (None, Some(cap)) => BudgetConfig {
+                cap_usd: cap,
+                alert_usd: None,
+                max_price_usd_per_hr: None,
+                ..BudgetConfig::course_default()
+            },
+            (None, None) => {
+                let needs_cap = [
+                    (
+                        flags.budget_curr_cost_uri.is_some(),
+                        "--budget-curr-cost-uri",
+                    ),
+                    (flags.dry_run_budget, "--dry-run-budget"),
+                    (
+                        flags.max_price_usd_per_hr.is_some(),
+                        "--max-price-usd-per-hr",
+                    ),
+                    (flags.budget_alert_usd.is_some(), "--budget-alert-usd"),
+                    (flags.terminate_on_exit, "--terminate-on-exit"),
+                ];
+                if let Some((_, flag)) = needs_cap.iter().find(|(set, _)| *set) {
+                    bail!("{flag} needs a budget: pass --budget-cap-usd or add [budget] cap_usd to the config");
+                }
+                return Ok(None);
+            }
+        };
+        if let Some(cap) = flags.budget_cap_usd {
+            c.cap_usd = cap;
+        }
+        if let Some(a) = flags.budget_alert_usd {
+            c.alert_usd = Some(a);
+        }
+        if let Some(m) = flags.max_price_usd_per_hr {
+            c.max_price_usd_per_hr = Some(m);
+        }
+        c.validate()?;
+        std::fs::create_dir_all(run_dir)
+            .with_context(|| format!("cannot create run folder {}", run_dir.display()))?;
+        let source = match &flags.budget_curr_cost_uri {
+            Some(uri) => Source::File(BudgetUri::parse(uri)?),
+            None => {
+                if c.provider != BudgetProvider::Meter {
+                    bail!(
+                        "budget.provider is {} but no --budget-curr-cost-uri was given; run \
+                         `lab budget sidecar` and pass its budget.json",
+                        c.provider.as_str()
+                    );
+                }
+                let out = run_dir.join("budget.json");
+                // A resumed run's meter starts from what the run already spent.
+                let before = std::fs::read_to_string(&out)
+                    .ok()
+                    .filter(|_| resume)
+                    .and_then(|t| serde_json::from_str::<BudgetFile>(&t).ok())
+                    .filter(|f| f.provider.as_deref() == Some("meter"))
+                    .map(|f| f.spent_usd)
+                    .unwrap_or(0.0);
+                let meter = Meter::new(c.rate_usd_per_hr, c.prior_spend_usd + before, now_unix());
+                let sidecar = Sidecar::new(Box::new(meter), out.clone(), None, c.poll_interval_s);
+                Source::Meter(Box::new(sidecar), out)
+            }
+        };
+        let webhook = match &c.webhook_url_env {
+            Some(var) => Some(Secret::from_env_or_file(var, None).with_context(|| {
+                format!("budget.webhook_url_env names {var}, which holds no webhook URL")
+            })?),
+            None => None,
+        };
+        Ok(Some(RunGuard {
+            guard: Guard::new(GuardSettings::from_config(&c)),
+            source,
+            run_dir: run_dir.to_path_buf(),
+            config: c,
+            webhook,
+            terminate_on_exit: flags.terminate_on_exit,
+            dry_run: flags.dry_run_budget,
+            warned: false,
+        }))
+    }
+
+    pub fn dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    pub fn config(&self) -> &BudgetConfig {
+        &self.config
+    }
+
+    fn source_name(&self) -> String {
+        match &self.source {
+            Source::File(u) => u.to_string(),
+            Source::Meter(_, p) => format!("{} (built-in meter)", p.display()),
+        }
+    }
+
+    fn read(&mut self, now: f64) -> Reading {
+        let poll = self.config.poll_interval_s;
+        match &mut self.source {
+            Source::File(uri) => read_budget(uri, now, poll),
+            Source::Meter(sidecar, out) => {
+                sidecar.poll_once(now);
+                read_budget(&BudgetUri::File(out.clone()), now, poll)
+            }
+        }
+    }
+
+    /// The pre-launch decision for `plan` (the caller prints [`Report::render`] when it
+    /// refuses or on `--dry-run-budget`, and exits with [`Report::exit_code`]).
+    pub fn prelaunch(&mut self, plan: &PlannedRun) -> Report {
+        let mut plan = *plan;
+        if plan.planned_hours.is_none() {
+            plan.planned_hours = self.config.planned_hours;
+        }
+        let now = now_unix();
+        let reading = self.read(now);
+        self.guard.mark_checked(now);
+        let report = prelaunch(self.guard.settings(), &reading, &plan, &self.source_name());
+        if let Some(why) = &report.refusal {
+            if !self.dry_run {
+                self.event(plan.start_step, "budget_refused", json!({ "reason": why }));
+            }
+        }
+        report
+    }
+
+    /// True when the interval since the last check has passed (or budget.json is bad and the
+    /// grace period is ending).
+    pub fn due(&self) -> bool {
+        self.guard.due(now_unix())
+    }
+
+    /// Runs the guard now and reports the decision (stdout, events.jsonl, webhook).
+    pub fn check(&mut self, progress: &Progress) -> Decision {
+        let now = now_unix();
+        let reading = self.read(now);
+        let d = self.guard.evaluate(&reading, Some(progress), now);
+        let fields = json!({
+            "spent_usd": d.spent_usd,
+            "projected_usd": d.projected_usd,
+            "rate_usd_per_hr": d.rate_usd_per_hr,
+            "cap_usd": self.config.cap_usd,
+            "reason": d.reason,
+        });
+        match d.verdict {
+            Verdict::Continue => self.warned = false,
+            Verdict::Warn => {
+                eprintln!("budget warning: {}", d.reason);
+                if !self.warned {
+                    self.warned = true;
+                    self.event(progress.step, "budget_degraded", fields);
+                }
+            }
+            Verdict::Alert => {
+                println!("budget alert: {}", d.reason);
+                let mut e = fields;
+                e["alert_usd"] = json!(self.config.alert_usd);
+                self.event(progress.step, "budget_alert", e);
+                if let Some(url) = &self.webhook {
+                    let text = format!(
+                        "lab budget alert ({}): {}",
+                        self.run_dir.display(),
+                        d.reason
+                    );
+                    if let Err(err) = post_webhook(url, &text, Duration::from_secs(10)) {
+                        eprintln!("budget warning: alert webhook failed: {err:#}");
+                    }
+                }
+            }
+            Verdict::StopGraceful | Verdict::StopImmediate => {
+                eprintln!(
+                    "budget guard: {} (exit {})",
+                    d.reason,
+                    d.verdict.exit_code().unwrap_or(1)
+                );
+                let kind = if d.verdict == Verdict::StopGraceful {
+                    "budget_stop_graceful"
+                } else {
+                    "budget_stop_immediate"
+                };
+                let mut e = fields;
+                e["exit_code"] = json!(d.verdict.exit_code());
+                self.event(progress.step, kind, e);
+            }
+        }
+        d
+    }
+
+    /// With `--terminate-on-exit`: what ends the instance once the run is over (taken before
+    /// the guard moves into the trainer).
+    pub fn end_of_run(&self) -> Option<EndOfRun> {
+        self.terminate_on_exit.then(|| EndOfRun {
+            config: self.config.clone(),
+            run_dir: self.run_dir.clone(),
+        })
+    }
+
+    /// Appends `{time_utc, step, kind, ...fields}` to events.jsonl, the trainer's format.
+    fn event(&self, step: u64, kind: &str, fields: serde_json::Value) {
+        let mut e = json!({ "time_utc": format_utc(now_unix()), "step": step, "kind": kind });
+        if let (Some(obj), serde_json::Value::Object(extra)) = (e.as_object_mut(), fields) {
+            obj.extend(extra);
+        }
+        if let Err(err) = append_event(&self.run_dir, &e) {
+            eprintln!("budget warning: {err:#}");
+        }
+    }
+}
+
+/// `--terminate-on-exit`, run after training ends (completed or stopped by the guard).
+pub struct EndOfRun {
+    config: BudgetConfig,
+    run_dir: PathBuf,
+}
+
+impl EndOfRun {
+    /// Terminates the instance, confirms it is gone, writes RUN/termination.json.
+    pub fn terminate(self) -> Result<()> {
+        let mut provider =
+            build_provider(&ProviderSettings::from_config(&self.config), now_unix())?;
+        let out = self.run_dir.join("termination.json");
+        end_and_confirm(provider.as_mut(), EndAction::Terminate, &out, 5.0, 600.0)?;
+        println!(
+            "budget: {} instance end confirmed; proof in {}",
+            provider.name(),
+            out.display()
+        );
+        Ok(())
+    }
+}
