@@ -61,15 +61,21 @@ pub fn prepare_text(text: &str, source: &str, train_fraction: f64, dir: &Path) -
 pub fn ensure_tinyshakespeare(dir: &Path) -> Result<Meta> {
     let sha = lab_fsio::sha256_bytes(crate::TINYSHAKESPEARE.as_bytes());
     if let Ok(meta) = Meta::load(dir) {
-        let same_text = meta.sources.first().and_then(|s| s.get("sha256")) == Some(&sha.clone().into());
-        let complete = ["train.bin", "val.bin"].iter().all(|f| {
-            crate::TokenFile::open(dir, f, &meta).is_ok()
-        });
+        let same_text =
+            meta.sources.first().and_then(|s| s.get("sha256")) == Some(&sha.clone().into());
+        let complete = ["train.bin", "val.bin"]
+            .iter()
+            .all(|f| crate::TokenFile::open(dir, f, &meta).is_ok());
         if same_text && complete {
             return Ok(meta);
         }
     }
-    prepare_text(crate::TINYSHAKESPEARE, "tinyshakespeare (bundled)", 0.9, dir)
+    prepare_text(
+        crate::TINYSHAKESPEARE,
+        "tinyshakespeare (bundled)",
+        0.9,
+        dir,
+    )
 }
 
 #[cfg(test)]
@@ -80,7 +86,8 @@ mod tests {
     #[test]
     fn tinyshakespeare_gives_nanogpt_token_counts() {
         let dir = tempfile::tempdir().unwrap();
-        let meta = prepare_text(crate::TINYSHAKESPEARE, "tinyshakespeare", 0.9, dir.path()).unwrap();
+        let meta =
+            prepare_text(crate::TINYSHAKESPEARE, "tinyshakespeare", 0.9, dir.path()).unwrap();
         assert_eq!(meta.file("train.bin").unwrap().tokens, 301_966);
         assert_eq!(meta.file("val.bin").unwrap().tokens, 36_059);
         let reloaded = Meta::load(dir.path()).unwrap();
@@ -103,7 +110,9 @@ mod tests {
         let train = dir.path().join("train.bin");
         let bytes = std::fs::read(&train).unwrap();
         std::fs::write(&train, &bytes[..bytes.len() - 1]).unwrap();
-        let e = TokenFile::open(dir.path(), "train.bin", &meta).err().unwrap();
+        let e = TokenFile::open(dir.path(), "train.bin", &meta)
+            .err()
+            .unwrap();
         assert!(format!("{e:#}").contains("truncated"), "{e:#}");
 
         let mut small = meta.clone();

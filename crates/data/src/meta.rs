@@ -71,8 +71,7 @@ impl Meta {
         })?;
         let meta: Meta = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a valid meta.json", path.display()))?;
-        if TokenDtype::for_vocab(meta.vocab_size) != meta.dtype
-            && meta.dtype == TokenDtype::Uint16
+        if TokenDtype::for_vocab(meta.vocab_size) != meta.dtype && meta.dtype == TokenDtype::Uint16
         {
             bail!(
                 "{}: vocab_size {} does not fit dtype uint16; re-prepare with uint32",

@@ -65,7 +65,13 @@ impl Sampler {
 
 /// Evenly spaced, seed-independent windows of a validation file: the same every evaluation,
 /// so eval losses are comparable across steps and runs.
-pub fn eval_batch(file: &TokenFile, seq_len: usize, batch: usize, rows: usize, n_batches: usize) -> Result<Batch> {
+pub fn eval_batch(
+    file: &TokenFile,
+    seq_len: usize,
+    batch: usize,
+    rows: usize,
+    n_batches: usize,
+) -> Result<Batch> {
     let total = rows * n_batches;
     if file.len() < seq_len + 1 {
         bail!(
@@ -77,7 +83,13 @@ pub fn eval_batch(file: &TokenFile, seq_len: usize, batch: usize, rows: usize, n
     }
     let span = file.len() - seq_len - 1;
     let offsets: Vec<usize> = (batch * rows..(batch + 1) * rows)
-        .map(|i| if total <= 1 { 0 } else { span * i / (total - 1) })
+        .map(|i| {
+            if total <= 1 {
+                0
+            } else {
+                span * i / (total - 1)
+            }
+        })
         .collect();
     read_windows(file, &offsets, seq_len)
 }

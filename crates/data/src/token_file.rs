@@ -103,7 +103,8 @@ pub struct TokenWriter {
 impl TokenWriter {
     pub fn create(path: &Path, dtype: TokenDtype) -> Result<Self> {
         let tmp = lab_fsio::temp_sibling(path);
-        let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        let file =
+            File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
         Ok(Self {
             path: path.to_path_buf(),
             tmp,

@@ -21,12 +21,7 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    pub fn new(
-        cfg: &lab_config::ModelConfig,
-        seed: u64,
-        path: &str,
-        device: &B::Device,
-    ) -> Self {
+    pub fn new(cfg: &lab_config::ModelConfig, seed: u64, path: &str, device: &B::Device) -> Self {
         let (d, hd, std) = (cfg.d_model, cfg.head_dim(), cfg.init_std);
         let lin = |name: &str, d_in, d_out| {
             Linear::new(seed, &format!("{path}.{name}"), d_in, d_out, std, device)
@@ -51,9 +46,8 @@ impl<B: Backend> Attention<B> {
         let group = h / kv;
 
         // Project and split into heads: [B, heads, T, hd].
-        let heads = |y: Tensor<B, 2>, n_heads: usize| {
-            y.reshape([batch, t, n_heads, hd]).swap_dims(1, 2)
-        };
+        let heads =
+            |y: Tensor<B, 2>, n_heads: usize| y.reshape([batch, t, n_heads, hd]).swap_dims(1, 2);
         let q = rope.apply(heads(self.wq.forward(x.clone()), h));
         let k = rope.apply(heads(self.wk.forward(x.clone()), kv));
         let v = heads(self.wv.forward(x), kv);

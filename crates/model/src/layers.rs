@@ -12,7 +12,14 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    pub fn new(seed: u64, path: &str, d_in: usize, d_out: usize, std: f64, device: &B::Device) -> Self {
+    pub fn new(
+        seed: u64,
+        path: &str,
+        d_in: usize,
+        d_out: usize,
+        std: f64,
+        device: &B::Device,
+    ) -> Self {
         Self {
             weight: init::normal(seed, &format!("{path}.weight"), [d_in, d_out], std, device),
         }
@@ -79,7 +86,10 @@ impl<B: Backend> Rope<B> {
     /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [_, _, t, hd] = x.dims();
-        let (a, b) = (x.clone().narrow(3, 0, hd / 2), x.clone().narrow(3, hd / 2, hd / 2));
+        let (a, b) = (
+            x.clone().narrow(3, 0, hd / 2),
+            x.clone().narrow(3, hd / 2, hd / 2),
+        );
         let rotated = Tensor::cat(vec![b.neg(), a], 3);
         let cos = self.cos.clone().narrow(0, 0, t).unsqueeze::<4>();
         let sin = self.sin.clone().narrow(0, 0, t).unsqueeze::<4>();

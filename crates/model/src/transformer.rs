@@ -82,8 +82,7 @@ impl<B: Backend> Llama<B> {
             embed: init::normal(seed, "embed", [v, d], std, device),
             blocks,
             norm: RmsNorm::new(d, cfg.norm_eps, device),
-            lm_head: (!cfg.tie_embeddings)
-                .then(|| Linear::new(seed, "lm_head", d, v, std, device)),
+            lm_head: (!cfg.tie_embeddings).then(|| Linear::new(seed, "lm_head", d, v, std, device)),
             seq_len: cfg.seq_len,
             head_dim: cfg.head_dim(),
             rope_base: cfg.rope_base,
@@ -93,7 +92,11 @@ impl<B: Backend> Llama<B> {
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm).
     pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
         let [batch, t] = tokens.dims();
-        assert!(t <= self.seq_len, "sequence of {t} tokens exceeds seq_len {}", self.seq_len);
+        assert!(
+            t <= self.seq_len,
+            "sequence of {t} tokens exceeds seq_len {}",
+            self.seq_len
+        );
         let device = tokens.device();
         let rope = Rope::new(t, self.head_dim, self.rope_base, &device);
         let x = burn::tensor::module::embedding(self.embed.val(), tokens);
@@ -124,6 +127,10 @@ impl<B: Backend> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];
-        crate::loss::lm_head_loss(self.hidden(tokens), self.head_weight(), targets.reshape([n]))
+        crate::loss::lm_head_loss(
+            self.hidden(tokens),
+            self.head_weight(),
+            targets.reshape([n]),
+        )
     }
 }

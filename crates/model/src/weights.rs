@@ -29,7 +29,10 @@ impl HostTensor {
     }
 
     pub fn to_tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
-        Tensor::from_data(TensorData::new(self.data.clone(), self.shape.clone()), device)
+        Tensor::from_data(
+            TensorData::new(self.data.clone(), self.shape.clone()),
+            device,
+        )
     }
 }
 
@@ -163,7 +166,10 @@ pub fn save_safetensors(
     let views = bytes
         .iter()
         .map(|(name, raw, shape)| {
-            Ok((name.as_str(), TensorView::new(Dtype::F32, shape.clone(), raw)?))
+            Ok((
+                name.as_str(),
+                TensorView::new(Dtype::F32, shape.clone(), raw)?,
+            ))
         })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
     let out = safetensors::serialize(views, &Some(metadata))?;
@@ -172,8 +178,7 @@ pub fn save_safetensors(
 
 /// Reads an fp32 safetensors file written by [`save_safetensors`] (or any tool).
 pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, String>)> {
-    let bytes =
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
     let (_, header) = SafeTensors::read_metadata(&bytes)?;
@@ -181,7 +186,11 @@ pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, Strin
     let mut out = TensorMap::new();
     for (name, view) in file.tensors() {
         if view.dtype() != Dtype::F32 {
-            bail!("{}: tensor {name} is {:?}, expected F32", path.display(), view.dtype());
+            bail!(
+                "{}: tensor {name} is {:?}, expected F32",
+                path.display(),
+                view.dtype()
+            );
         }
         let data = view
             .data()

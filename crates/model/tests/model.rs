@@ -58,8 +58,16 @@ fn attention_is_causal() {
     let a: Vec<i64> = (0..16).map(|i| (i * 7) % 97).collect();
     let mut b = a.clone();
     b[10] = 3;
-    let la = model.logits(tokens(&[a])).into_data().into_vec::<f32>().unwrap();
-    let lb = model.logits(tokens(&[b])).into_data().into_vec::<f32>().unwrap();
+    let la = model
+        .logits(tokens(&[a]))
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap();
+    let lb = model
+        .logits(tokens(&[b]))
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap();
     let per_pos = 97;
     assert_eq!(la[..10 * per_pos], lb[..10 * per_pos]);
     assert_ne!(la[10 * per_pos..], lb[10 * per_pos..]);

@@ -105,4 +105,3 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             / cfg.hardware.peak_flops(cfg.train.precision),
     })
 }
-

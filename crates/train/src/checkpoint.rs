@@ -71,7 +71,9 @@ pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     if !run_dir.exists() {
         return Ok(out);
     }
-    for entry in fs::read_dir(run_dir).with_context(|| format!("cannot list {}", run_dir.display()))? {
+    for entry in
+        fs::read_dir(run_dir).with_context(|| format!("cannot list {}", run_dir.display()))?
+    {
         let entry = entry?;
         if let Some(step) = parse_step(&entry.file_name().to_string_lossy()) {
             out.push((step, entry.path()));
@@ -215,7 +217,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         save(dir.path(), state(10), &tensors(1.0), &tensors(2.0)).unwrap();
         save(dir.path(), state(20), &tensors(3.0), &tensors(4.0)).unwrap();
-        assert_eq!(fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(), "step-00000020");
+        assert_eq!(
+            fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(),
+            "step-00000020"
+        );
         let l = load(&dir.path().join("step-00000020")).unwrap();
         assert_eq!(l.model, tensors(3.0));
         assert_eq!(l.state.samples_consumed, 80);
@@ -227,7 +232,9 @@ mod tests {
         bytes[last] ^= 1;
         fs::write(&f, bytes).unwrap();
         let mut warnings = Vec::new();
-        let l = load_latest_good(dir.path(), &mut |w| warnings.push(w)).unwrap().unwrap();
+        let l = load_latest_good(dir.path(), &mut |w| warnings.push(w))
+            .unwrap()
+            .unwrap();
         assert_eq!(l.state.step, 10);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("sha256"), "{}", warnings[0]);
@@ -240,7 +247,11 @@ mod tests {
             save(dir.path(), state(step), &tensors(0.0), &tensors(0.0)).unwrap();
             prune(dir.path(), 5, 10, 10).unwrap();
         }
-        let mut kept: Vec<u64> = list(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+        let mut kept: Vec<u64> = list(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
         kept.sort();
         assert_eq!(kept, vec![100, 200, 210, 220, 230, 240, 250]);
     }

@@ -113,7 +113,12 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// Restores moments written by [`AdamW::state`].
-    pub fn load_state(&mut self, state: &TensorMap, updates: u64, device: &B::Device) -> Result<()> {
+    pub fn load_state(
+        &mut self,
+        state: &TensorMap,
+        updates: u64,
+        device: &B::Device,
+    ) -> Result<()> {
         let mut moments = BTreeMap::new();
         for (key, m) in state {
             let Some(path) = key.strip_prefix("m.") else {
@@ -208,7 +213,10 @@ where
                 mo.v * opt.beta2 + g.square() * (1.0 - opt.beta2),
             ),
             // First step: the moments start at zero.
-            None => (g.clone() * (1.0 - opt.beta1), g.square() * (1.0 - opt.beta2)),
+            None => (
+                g.clone() * (1.0 - opt.beta1),
+                g.square() * (1.0 - opt.beta2),
+            ),
         };
         let update = (m.clone() / self.bias1) / ((v.clone() / self.bias2).sqrt() + opt.eps);
         let p = p * (1.0 - self.lr * decay) - update * self.lr;

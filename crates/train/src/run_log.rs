@@ -63,7 +63,10 @@ pub fn truncate_after_step(path: &Path, step: u64) -> Result<()> {
         let Ok(v) = serde_json::from_str::<Value>(&line) else {
             continue; // a torn last line from a kill -9
         };
-        if v.get("step").and_then(Value::as_u64).is_some_and(|s| s <= step) {
+        if v.get("step")
+            .and_then(Value::as_u64)
+            .is_some_and(|s| s <= step)
+        {
             kept.push_str(&line);
             kept.push('\n');
         }

@@ -39,6 +39,8 @@ pub struct TrainOptions {
     pub resume: bool,
     /// Draw a progress bar (off in tests and when stderr is not a terminal).
     pub progress: bool,
+    /// The budget guard (lab-budget), consulted at its interval and at every checkpoint.
+    pub budget: Option<lab_budget::RunGuard>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -50,6 +52,12 @@ pub enum Outcome {
     },
     /// Stopped by a signal after an emergency checkpoint at `step`.
     Interrupted { signal: i32, step: u64 },
+    /// Stopped by the budget guard: exit 3 after a checkpoint at `step`, or 4 with none.
+    BudgetStopped {
+        exit_code: u8,
+        step: u64,
+        reason: String,
+    },
 }
 
 impl OnBackend for TrainOptions {
@@ -60,7 +68,8 @@ impl OnBackend for TrainOptions {
 }
 
 /// Trains on backend `B` until `total_steps`, or until stopped.
-pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<Outcome> {
+pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Result<Outcome> {
+    let mut budget = opts.budget.take();
     let cfg = &opts.config;
     let tc = &cfg.train;
     let run_dir = &opts.run_dir;
@@ -110,7 +119,12 @@ pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<O
             step = ck.state.step;
             run_log::truncate_after_step(&run_dir.join(run_log::METRICS), step)?;
             metrics = JsonLines::open(&run_dir.join(run_log::METRICS))?;
-            run_log::event(&mut events, step, "resume", json!({ "from": ck.dir.file_name().map(|n| n.to_string_lossy().into_owned()) }))?;
+            run_log::event(
+                &mut events,
+                step,
+                "resume",
+                json!({ "from": ck.dir.file_name().map(|n| n.to_string_lossy().into_owned()) }),
+            )?;
             println!("resumed from {} (step {step})", ck.dir.display());
         } else {
             println!("no checkpoint in {}: starting fresh", run_dir.display());
@@ -122,6 +136,7 @@ pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<O
     let flops_per_token = cfg.model.train_flops_per_token();
     let peak_flops = cfg.hardware.peak_flops(tc.precision);
     let started = Instant::now();
+    let start_step = step;
     let started_utc = run_log::now_utc();
     let bar = progress_bar(opts.progress, step, total);
     let say = |line: String| {
@@ -139,8 +154,15 @@ pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<O
     while step < total {
         if let Some(signal) = stop.received() {
             save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
-            run_log::event(&mut events, step, "interrupted", json!({ "signal": signal, "emergency_checkpoint": checkpoint::step_dir_name(step) }))?;
-            say(format!("signal {signal}: emergency checkpoint at step {step}"));
+            run_log::event(
+                &mut events,
+                step,
+                "interrupted",
+                json!({ "signal": signal, "emergency_checkpoint": checkpoint::step_dir_name(step) }),
+            )?;
+            say(format!(
+                "signal {signal}: emergency checkpoint at step {step}"
+            ));
             bar.abandon();
             return Ok(Outcome::Interrupted { signal, step });
         }
@@ -233,6 +255,30 @@ pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<O
         }
         // BUDGET-GUARD-HOOK: the budget guard is consulted here, after the step's logs and
         // checkpoint, at its configured interval.
+        if let Some(guard) = budget.as_mut() {
+            let at_ckpt = step % tc.ckpt_every as u64 == 0;
+            if step < total && (at_ckpt || guard.due()) {
+                let secs = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
+                let progress = lab_budget::Progress {
+                    step,
+                    total_steps: total,
+                    sec_per_step: Some(secs),
+                };
+                let d = guard.check(&progress);
+                if let Some(exit_code) = d.verdict.exit_code() {
+                    if d.verdict == lab_budget::Verdict::StopGraceful && !at_ckpt {
+                        let dir = save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
+                        run_log::event(&mut events, step, "checkpoint", json!({ "dir": dir }))?;
+                    }
+                    bar.abandon();
+                    return Ok(Outcome::BudgetStopped {
+                        exit_code,
+                        step,
+                        reason: d.reason,
+                    });
+                }
+            }
+        }
     }
 
     bar.finish_and_clear();
@@ -306,7 +352,12 @@ fn save_checkpoint<B: TrainBackend>(
         lab_version: env!("CARGO_PKG_VERSION").into(),
         files: Default::default(),
     };
-    let dir = checkpoint::save(&opts.run_dir, state, &weights::tensor_map(model), &opt_state)?;
+    let dir = checkpoint::save(
+        &opts.run_dir,
+        state,
+        &weights::tensor_map(model),
+        &opt_state,
+    )?;
     checkpoint::prune(&opts.run_dir, tc.keep_last, tc.ckpt_every, tc.keep_every)?;
     Ok(dir)
 }
@@ -324,7 +375,10 @@ pub fn evaluate<B: Backend>(model: &Llama<B>, val: &TokenFile, cfg: &LabConfig) 
 }
 
 /// Token ids as `[rows, seq_len]` int tensors.
-pub fn to_tensors<B: Backend>(batch: &Batch, device: &B::Device) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+pub fn to_tensors<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
     let shape = [batch.rows, batch.seq_len];
     let ids = |v: &[u32]| {
         let data: Vec<i32> = v.iter().map(|&t| t as i32).collect();
@@ -339,8 +393,10 @@ fn progress_bar(enabled: bool, step: u64, total: u64) -> ProgressBar {
     }
     let bar = ProgressBar::new(total).with_position(step);
     bar.set_style(
-        ProgressStyle::with_template("{spinner} train [{elapsed_precise}] {bar:30} {pos}/{len} steps, ETA {eta} {msg}")
-            .expect("valid template"),
+        ProgressStyle::with_template(
+            "{spinner} train [{elapsed_precise}] {bar:30} {pos}/{len} steps, ETA {eta} {msg}",
+        )
+        .expect("valid template"),
     );
     bar
 }

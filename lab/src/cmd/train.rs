@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lab_config::LabConfig;
 use lab_train::{signals, BackendKind, Outcome, TrainOptions};
 
@@ -39,6 +39,8 @@ pub struct Args {
     /// cpu (default), cuda or wgpu (the last two need a build with that feature).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    #[command(flatten)]
+    pub budget: lab_budget::BudgetFlags,
 }
 
 /// Loads `--config` (or the embedded default) and applies the command-line overrides.
@@ -69,7 +71,9 @@ pub fn options(args: &Args) -> Result<TrainOptions> {
         t.seed = v;
     }
     // Flags name themselves in errors: the validated fields are the flags' targets.
-    config.validate().map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
 
     let run_dir = args
         .ckpt_dir
@@ -90,18 +94,25 @@ pub fn options(args: &Args) -> Result<TrainOptions> {
             dir
         }
     };
+    let budget = lab_budget::RunGuard::new(
+        &args.budget,
+        config.budget.as_ref(),
+        &run_dir,
+        args.resume_from_latest,
+    )?;
     Ok(TrainOptions {
         config,
         data_dir,
         run_dir,
         resume: args.resume_from_latest,
         progress: std::io::stderr().is_terminal(),
+        budget,
     })
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let backend: BackendKind = args.backend.parse()?;
-    let opts = options(&args)?;
+    let mut opts = options(&args)?;
     let p = opts.config.model.param_count();
     println!(
         "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
@@ -111,7 +122,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
         backend.name(),
         opts.run_dir.display()
     );
-    match backend.dispatch(opts)? {
+    if let Some(code) = budget_prelaunch(&mut opts) {
+        return Ok(code);
+    }
+    let end_of_run = opts.budget.as_ref().and_then(|g| g.end_of_run());
+    let outcome = backend.dispatch(opts)?;
+    if let (Some(end), Outcome::Completed { .. } | Outcome::BudgetStopped { .. }) =
+        (end_of_run, &outcome)
+    {
+        end.terminate().context("--terminate-on-exit")?;
+    }
+    match outcome {
         Outcome::Completed {
             step,
             train_loss,
@@ -119,7 +140,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         } => {
             println!(
                 "done: step {step}, train loss {train_loss:.4}{}",
-                val_loss.map(|v| format!(", val loss {v:.4}")).unwrap_or_default()
+                val_loss
+                    .map(|v| format!(", val loss {v:.4}"))
+                    .unwrap_or_default()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -127,5 +150,42 @@ pub fn run(args: Args) -> Result<ExitCode> {
             eprintln!("interrupted by signal {signal}: emergency checkpoint at step {step}");
             Ok(ExitCode::from(signals::exit_code(signal)))
         }
+        Outcome::BudgetStopped {
+            exit_code, step, ..
+        } => {
+            let ckpt = if exit_code == 3 {
+                "after a checkpoint"
+            } else {
+                "with no checkpoint"
+            };
+            eprintln!("stopped by the budget guard at step {step} {ckpt} (exit {exit_code})");
+            Ok(ExitCode::from(exit_code))
+        }
     }
+}
+
+/// The budget guard before any step: `Some(exit code)` when the launch is refused (4) or
+/// this is `--dry-run-budget` (the decision table, 0 or 4).
+fn budget_prelaunch(opts: &mut TrainOptions) -> Option<ExitCode> {
+    let guard = opts.budget.as_mut()?;
+    // Resuming: the previous attempt's status.json knows the step reached and the step time.
+    let status = opts
+        .resume
+        .then(|| lab_budget::status::read_status(&opts.run_dir.join("status.json")).ok())
+        .flatten();
+    let plan = lab_budget::PlannedRun {
+        total_steps: opts.config.train.total_steps as u64,
+        start_step: status.map(|s| s.step).unwrap_or(0),
+        sec_per_step: status.and_then(|s| s.sec_per_step),
+        planned_hours: None,
+    };
+    let report = guard.prelaunch(&plan);
+    if guard.dry_run() {
+        print!("{}", report.render());
+        return Some(ExitCode::from(report.exit_code()));
+    }
+    let why = report.refusal.as_ref()?;
+    eprint!("{}", report.render());
+    eprintln!("budget guard: refusing to launch: {why}");
+    Some(ExitCode::from(report.exit_code()))
 }

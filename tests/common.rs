@@ -1,0 +1,89 @@
+//! Shared helpers for the end-to-end tests that drive the real `lab` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn lab() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_lab"))
+}
+
+/// A config small enough to train in tens of milliseconds per step on the GPT-2 vocabulary.
+pub fn micro_config(dir: &Path) -> PathBuf {
+    let path = dir.join("micro.toml");
+    std::fs::write(
+        &path,
+        r#"name = "micro"
+[model]
+vocab_size = 50257
+n_layer = 2
+d_model = 32
+n_head = 4
+n_kv_head = 2
+d_ff = 64
+seq_len = 32
+[train]
+micro_batch = 4
+grad_accum = 2
+total_steps = 60
+warmup_steps = 10
+peak_lr = 3e-3
+min_lr = 3e-4
+log_every = 5
+eval_every = 30
+eval_batches = 2
+ckpt_every = 10
+"#,
+    )
+    .unwrap();
+    path
+}
+
+/// Prepares the bundled corpus once per test binary and returns its folder.
+pub fn data_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lab-test-data-{}", std::process::id()));
+        lab_data::gpt2::ensure_tinyshakespeare(&dir).unwrap();
+        dir
+    })
+    .clone()
+}
+
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?} failed with {:?}\nstdout:\n{}\nstderr:\n{}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The `loss` of every line of metrics.jsonl, as exact bit patterns.
+pub fn losses(run: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap().to_bits(),
+            )
+        })
+        .collect()
+}
+
+pub fn sha256(path: &Path) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+pub fn final_weights(run: &Path, step: u64) -> PathBuf {
+    run.join(format!("step-{step:08}"))
+        .join("model.safetensors")
+}

@@ -1,0 +1,268 @@
+//! `lab train` end to end on the real binary: determinism, crash-safe resume, signals, and
+//! one-line errors for user mistakes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn train(cfg: &Path, run: &Path) -> Command {
+    let mut c = lab();
+    c.arg("train")
+        .arg("--config")
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(run);
+    c
+}
+
+#[test]
+fn same_seed_is_bit_identical_and_another_seed_is_not() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let (a, b, c) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("c"),
+    );
+    run_ok(&mut train(&cfg, &a));
+    run_ok(&mut train(&cfg, &b));
+    run_ok(train(&cfg, &c).args(["--seed", "7"]));
+
+    let la = losses(&a);
+    assert_eq!(la.len(), 12, "a loss every 5 of 60 steps");
+    assert_eq!(la, losses(&b));
+    assert_ne!(la, losses(&c));
+    let (wa, wb, wc) = (
+        sha256(&final_weights(&a, 60)),
+        sha256(&final_weights(&b, 60)),
+        sha256(&final_weights(&c, 60)),
+    );
+    assert_eq!(wa, wb);
+    assert_ne!(wa, wc);
+    // It learned something: the loss fell from ~ln(50257).
+    let first = f64::from_bits(la[0].1);
+    let last = f64::from_bits(la.last().unwrap().1);
+    assert!(first > 9.5 && last < first - 2.0, "loss {first} → {last}");
+}
+
+#[test]
+fn kill_9_at_a_random_step_then_resume_matches_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let reference = tmp.path().join("reference");
+    run_ok(train(&cfg, &reference).args(["--ckpt-every", "5"]));
+
+    // Kill -9 once the run has checkpointed at least step `target` (10..=45, varies per run).
+    let target =
+        10 + (std::process::id() as u64 ^ Instant::now().elapsed().subsec_nanos() as u64) % 36;
+    let run = tmp.path().join("killed");
+    let mut child = train(&cfg, &run)
+        .args(["--ckpt-every", "5"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let latest = std::fs::read_to_string(run.join("latest")).unwrap_or_default();
+        let step: u64 = latest
+            .trim()
+            .trim_start_matches("step-")
+            .parse()
+            .unwrap_or(0);
+        if step >= target {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "run ended before step {target}"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at step {target} in time"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(!final_weights(&run, 60).exists(), "killed before the end");
+
+    run_ok(train(&cfg, &run).args(["--ckpt-every", "5", "--resume-from-latest"]));
+    assert_eq!(
+        sha256(&final_weights(&run, 60)),
+        sha256(&final_weights(&reference, 60)),
+        "killed at ≥ step {target}"
+    );
+    assert_eq!(losses(&run), losses(&reference));
+}
+
+#[test]
+fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let flags = [
+        "--total-steps",
+        "40",
+        "--ckpt-every",
+        "1000",
+        "--log-every",
+        "1",
+    ];
+    let reference = tmp.path().join("reference");
+    run_ok(train(&cfg, &reference).args(flags));
+
+    let run = tmp.path().join("run");
+    let mut child = train(&cfg, &run)
+        .args(flags)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+    let step: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();
+    assert!(
+        (3..40).contains(&step),
+        "emergency checkpoint at step {step}"
+    );
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("\"interrupted\"") && events.contains("\"signal\":15"),
+        "{events}"
+    );
+
+    // The emergency checkpoint resumes to the same final weights as the uninterrupted run.
+    run_ok(train(&cfg, &run).args(flags).arg("--resume-from-latest"));
+    assert_eq!(
+        sha256(&final_weights(&run, 40)),
+        sha256(&final_weights(&reference, 40))
+    );
+}
+
+/// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
+fn expect_one_line_error(cmd: &mut Command, needle: &str) {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains(needle), "expected {needle:?} in {stderr}");
+}
+
+fn no_checkpoint(run: &Path) -> bool {
+    !run.exists()
+        || std::fs::read_dir(run).unwrap().all(|e| {
+            !e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("step-")
+        })
+}
+
+#[test]
+fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+
+    // A bad config field.
+    let bad = tmp.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("n_kv_head = 2", "n_kv_head = 3"),
+    )
+    .unwrap();
+    expect_one_line_error(
+        train(&bad, &run).arg("--total-steps").arg("5"),
+        "model.n_kv_head",
+    );
+    let typo = tmp.path().join("typo.toml");
+    std::fs::write(
+        &typo,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("d_ff = 64", "dff = 64"),
+    )
+    .unwrap();
+    expect_one_line_error(&mut train(&typo, &run), "dff");
+    expect_one_line_error(
+        &mut train(&tmp.path().join("missing.toml"), &run),
+        "missing.toml",
+    );
+
+    // A missing data dir.
+    expect_one_line_error(
+        lab()
+            .args(["train", "--data-dir", "/nonexistent/data", "--ckpt-dir"])
+            .arg(&run)
+            .arg("--config")
+            .arg(&cfg),
+        "/nonexistent/data",
+    );
+
+    // A truncated .bin.
+    let data = tmp.path().join("data");
+    lab_data::gpt2::ensure_tinyshakespeare(&data).unwrap();
+    let train_bin = data.join("train.bin");
+    let bytes = std::fs::read(&train_bin).unwrap();
+    std::fs::write(&train_bin, &bytes[..bytes.len() - 100]).unwrap();
+    let mut c = lab();
+    c.args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--ckpt-dir")
+        .arg(&run);
+    expect_one_line_error(&mut c, "truncated");
+
+    // Token ids ≥ vocab (a .bin written with another tokenizer), consistent with its meta.
+    let ids: Vec<u8> = (0..bytes.len() / 2)
+        .flat_map(|_| 60_000u16.to_le_bytes())
+        .collect();
+    std::fs::write(&train_bin, &ids).unwrap();
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("meta.json")).unwrap()).unwrap();
+    meta["files"]["train.bin"]["sha256"] = sha256(&train_bin).into();
+    std::fs::write(data.join("meta.json"), meta.to_string()).unwrap();
+    expect_one_line_error(&mut c, ">= vocab_size 50257");
+
+    // An unwritable run folder (a path through a regular file).
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    expect_one_line_error(&mut train(&cfg, &file.join("run")), "--ckpt-dir");
+
+    assert!(no_checkpoint(&run), "a failed start left a checkpoint");
+
+    // Restarting over an existing run without --resume-from-latest is refused, not overwritten.
+    run_ok(train(&cfg, &run).args(["--total-steps", "10"]));
+    let before = sha256(&final_weights(&run, 10));
+    expect_one_line_error(
+        train(&cfg, &run).args(["--total-steps", "10"]),
+        "--resume-from-latest",
+    );
+    assert_eq!(sha256(&final_weights(&run, 10)), before);
+}
