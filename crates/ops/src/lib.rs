@@ -22,6 +22,7 @@ use burn::tensor::{
 };
 
 mod autodiff;
+mod flex;
 mod generic;
 
 /// Rows of logits computed at once when the caller does not choose.
@@ -72,8 +73,6 @@ pub trait FusedLoss: Backend {
         generic::backward::<Self>(hidden, weight, targets, lse, grad_loss, chunk_rows)
     }
 }
-
-impl FusedLoss for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
 impl FusedLoss for burn::backend::Cuda {}

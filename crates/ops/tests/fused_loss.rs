@@ -186,3 +186,50 @@ fn uniform_logits_give_log_v() {
     assert!(gh.iter().all(|&g| g == 0.0));
     assert!(gw.iter().any(|&g| g != 0.0));
 }
+
+#[test]
+fn transposed_weight_view_matches_unfused() {
+    // Tied embeddings hand the op `embed.transpose()`: a strided [d, V] view of a [V, d] matrix.
+    let c = case(40, 8, 90, 4.0, 21);
+    let dev = Default::default();
+    let grads_of = |fused: bool| {
+        let hidden = Tensor::<B, 2>::from_data(TensorData::new(c.hidden.clone(), [c.n, c.d]), &dev)
+            .require_grad();
+        // Same values as `c.weight`, stored as [V, d].
+        let mut wt = vec![0f32; c.d * c.v];
+        for k in 0..c.d {
+            for j in 0..c.v {
+                wt[j * c.d + k] = c.weight[k * c.v + j];
+            }
+        }
+        let embed = Tensor::<B, 2>::from_data(TensorData::new(wt, [c.v, c.d]), &dev).require_grad();
+        let targets =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(c.targets.clone(), [c.n]), &dev);
+        let loss = if fused {
+            lm_head_loss_chunked(hidden.clone(), embed.clone().transpose(), targets, 16)
+        } else {
+            lm_head_loss_unfused(hidden.clone(), embed.clone().transpose(), targets)
+        };
+        let grads = loss.clone().backward();
+        (
+            loss.into_scalar(),
+            hidden
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap(),
+            embed
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap(),
+        )
+    };
+    let (lf, ghf, gef) = grads_of(true);
+    let (lu, ghu, geu) = grads_of(false);
+    assert!(((lf - lu) / lu).abs() <= 1e-5, "{lf} vs {lu}");
+    assert!(rel_err(&ghf, &ghu) <= 1e-5);
+    assert!(rel_err(&gef, &geu) <= 1e-5);
+}
