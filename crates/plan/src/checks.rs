@@ -260,14 +260,32 @@ pub fn review(plan: &Plan, inputs: &PlanInputs) -> (Vec<Warning>, Vec<String>) {
             .find(|f| f.convention.key == "full")
             .map(|f| f.convention.flops_per_token)
             .unwrap_or_default();
+        let m = &inputs.model;
+        let attention_term = 12.0 * (m.n_layer * m.seq_len * m.d_attn()) as f64;
+        // The input embedding is a lookup, not a matmul; norms are elementwise.
+        let not_matmul = 6.0 * (plan.params.embedding + plan.params.norms) as f64;
+        let tied_head = if m.tie_embeddings {
+            6.0 * (m.vocab_size * m.d_model) as f64
+        } else {
+            0.0
+        };
         notes.push(format!(
-            "planning with --params {} ({:+.1}% vs the exact {}): 6N = {} FLOPs/token; the exact count with LM head and attention gives {} ({:+.1}%)",
+            "planning with --params {} ({:+.1}% vs the exact {}): 6N = {} FLOPs/token; the exact count gives {} ({:+.1}%) = 6 × {} ({}) − {} for the embedding lookup and norms{} + {} for attention scores (12·L·T·d_attn)",
             si(n),
             (n / exact - 1.0) * 100.0,
             si(exact),
             si(6.0 * n),
             si(full),
-            (full / (6.0 * n) - 1.0) * 100.0
+            (full / (6.0 * n) - 1.0) * 100.0,
+            si(exact),
+            si(6.0 * exact),
+            si(not_matmul),
+            if tied_head > 0.0 {
+                format!(" + {} for the tied head's matmul", si(tied_head))
+            } else {
+                String::new()
+            },
+            si(attention_term)
         ));
     }
     let c = &plan.chinchilla;

@@ -95,6 +95,14 @@ fn med_7b_with_the_case_study_assumptions_reproduces_its_figures() {
         .notes
         .iter()
         .any(|n| n.contains("--params 6.70B is LLaMA-7B's 6,738,415,616 rounded")));
+    // The 4.6% between 6 × 6.7B and the exact count, term by term.
+    assert!(
+        p.notes.iter().any(|n| n.contains(
+            "the exact count gives 42.0B (+4.6%) = 6 × 6.20B (37.2B) − 1.57B for the embedding lookup and norms + 6.44B for attention scores"
+        )),
+        "{:#?}",
+        p.notes
+    );
     // 4e6 tokens is not a whole number of 4,096-token sequences over 256 replicas.
     assert!(p.warnings.iter().any(|w| w.kind == "batch"));
 }
