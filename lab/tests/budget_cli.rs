@@ -1,0 +1,545 @@
+//! The budget guard end to end on the real binary with the meter provider: alert, graceful
+//! stop (exit 3, loadable checkpoint), immediate stop (exit 4, no checkpoint; before launch no
+//! step either), the fail-safe on a stale or malformed budget.json, the dry-run table, and
+//! that no API key ever reaches output or files.
+
+#[path = "../../crates/budget/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{Reply, Server, PLANTED_KEY};
+use serde_json::Value;
+
+/// tinyshakespeare prepared once for every test of this file.
+fn data_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lab-budget-cli-data-{}", std::process::id()));
+        lab_data::gpt2::ensure_tinyshakespeare(&dir).unwrap();
+        dir
+    })
+}
+
+/// A model that trains in milliseconds per step, plus a `[budget]` section.
+fn write_config(dir: &Path, total_steps: u64, budget: &str) -> PathBuf {
+    let text = format!(
+        r#"name = "budget-tiny"
+[model]
+vocab_size = 50257
+n_layer = 1
+d_model = 32
+n_head = 2
+n_kv_head = 1
+d_ff = 64
+seq_len = 16
+[train]
+micro_batch = 2
+total_steps = {total_steps}
+warmup_steps = 1
+peak_lr = 1e-3
+min_lr = 1e-4
+log_every = 5
+eval_every = {total_steps}
+eval_batches = 1
+ckpt_every = {total_steps}
+[budget]
+{budget}
+"#
+    );
+    let path = dir.join("config.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn lab() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lab"));
+    c.env_remove("LAMBDA_API_KEY").env_remove("RUNPOD_API_KEY");
+    c
+}
+
+fn train(config: &Path, run: &Path, extra: &[&str]) -> Output {
+    let mut c = lab();
+    c.arg("train")
+        .arg("--config")
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(run)
+        .args(extra);
+    let out = c.output().unwrap();
+    eprintln!(
+        "--- stdout\n{}--- stderr\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn events(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn kinds(run: &Path, kind: &str) -> Vec<Value> {
+    events(run)
+        .into_iter()
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
+fn steps_logged(run: &Path) -> usize {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+fn checkpoints(run: &Path) -> Vec<(u64, PathBuf)> {
+    lab_train::checkpoint::list(run).unwrap_or_default()
+}
+
+#[test]
+fn alert_threshold_reports_once_and_the_run_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cfg = write_config(
+        dir.path(),
+        20,
+        "cap_usd = 1000\nalert_usd = 1\nprior_spend_usd = 2\nrate_usd_per_hr = 3.6\ncheck_interval_s = 0.01",
+    );
+    let out = train(&cfg, &run, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let all = text(&out);
+    assert_eq!(
+        all.matches("budget alert: spent $2.00 is past the alert $1.00")
+            .count(),
+        1,
+        "{all}"
+    );
+    let alerts = kinds(&run, "budget_alert");
+    assert_eq!(alerts.len(), 1, "{:?}", events(&run));
+    assert!(alerts[0]["spent_usd"].as_f64().unwrap() >= 2.0);
+    assert_eq!(alerts[0]["alert_usd"], 1.0);
+    let budget: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("budget.json")).unwrap()).unwrap();
+    assert_eq!(budget["provider"], "meter");
+    assert!(kinds(&run, "done").len() == 1);
+}
+
+#[test]
+fn projected_over_cap_checkpoints_and_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // $1/s; the plan says 0.36 s ($0.36, launch ok); measured steps project far past $5.
+    let cfg = write_config(
+        dir.path(),
+        100_000,
+        "cap_usd = 5\nrate_usd_per_hr = 3600\nplanned_hours = 0.0001\ncheck_interval_s = 0.3",
+    );
+    let t = Instant::now();
+    let out = train(&cfg, &run, &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(t.elapsed() < Duration::from_secs(60));
+    let all = text(&out);
+    assert!(
+        all.contains("projected total $") && all.contains("exceeds the cap $5.00"),
+        "{all}"
+    );
+    let stops = kinds(&run, "budget_stop_graceful");
+    assert_eq!(stops.len(), 1);
+    let step = stops[0]["step"].as_u64().unwrap();
+    assert!(step > 0);
+    assert!(stops[0]["spent_usd"].as_f64().unwrap() <= 5.0);
+    // The checkpoint of the stop step is there, verifies and loads.
+    let cks = checkpoints(&run);
+    assert_eq!(cks.iter().map(|c| c.0).collect::<Vec<_>>(), vec![step]);
+    let loaded = lab_train::checkpoint::load_latest_good(&run, &mut |w| panic!("{w}"))
+        .unwrap()
+        .expect("a loadable checkpoint");
+    assert_eq!(loaded.state.step, step);
+    assert!(kinds(&run, "checkpoint").len() == 1);
+}
+
+#[test]
+fn started_over_cap_exits_4_with_no_step_and_no_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cfg = write_config(
+        dir.path(),
+        50,
+        "cap_usd = 35\nalert_usd = 30\nprior_spend_usd = 40",
+    );
+    let out = train(&cfg, &run, &[]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("the cap is already reached: spent $40.00 >= cap $35.00"));
+    assert_eq!(steps_logged(&run), 0);
+    assert!(checkpoints(&run).is_empty());
+    assert!(!run.join("latest").exists());
+    assert!(!run.join("status.json").exists());
+    assert_eq!(kinds(&run, "budget_refused").len(), 1);
+}
+
+#[test]
+fn spend_crossing_the_cap_mid_run_exits_4_without_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // $10/s, first check after 0.3 s: spent > $2 already. No planned hours: launch allowed.
+    let cfg = write_config(
+        dir.path(),
+        100_000,
+        "cap_usd = 2\nrate_usd_per_hr = 36000\ncheck_interval_s = 0.3",
+    );
+    let out = train(&cfg, &run, &[]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(
+        text(&out).contains("exceeds the cap $2.00"),
+        "{}",
+        text(&out)
+    );
+    let stops = kinds(&run, "budget_stop_immediate");
+    assert_eq!(stops.len(), 1);
+    assert!(stops[0]["step"].as_u64().unwrap() > 0, "it did train");
+    assert!(
+        checkpoints(&run).is_empty(),
+        "no checkpoint on an immediate stop"
+    );
+}
+
+fn fresh_budget_json(path: &Path, spent: f64, rate: f64, poll: f64) {
+    let now = lab_budget::clock::now_unix();
+    let f = lab_budget::BudgetFile {
+        spent_usd: spent,
+        rate_usd_per_hr: rate,
+        hours_elapsed: 1.0,
+        projected_total_usd: spent,
+        last_update_utc: lab_budget::clock::format_utc(now),
+        provider: Some("lambda".into()),
+        instance_id: Some("i-1".into()),
+        method: None,
+        remaining_hours: None,
+        poll_interval_s: Some(poll),
+        stale: false,
+        error: None,
+        consecutive_failures: 0,
+        written_utc: None,
+    };
+    f.write(path).unwrap();
+}
+
+#[test]
+fn dry_run_prints_the_decision_table_and_trains_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let budget = dir.path().join("budget.json");
+    fresh_budget_json(&budget, 3.0, 1.29, 300.0);
+    let cfg = write_config(
+        dir.path(),
+        50,
+        "cap_usd = 35\nalert_usd = 30\nplanned_hours = 24",
+    );
+    let uri = budget.to_str().unwrap();
+    let out = train(
+        &cfg,
+        &run,
+        &["--budget-curr-cost-uri", uri, "--dry-run-budget"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let all = text(&out);
+    for want in [
+        "spent so far",
+        "$3.00",
+        "projected total",
+        "$33.96",
+        "decision: launch (exit 0)",
+    ] {
+        assert!(all.contains(want), "{want}: {all}");
+    }
+    // Price above the maximum: refuse, exit 4, still nothing trained.
+    let out = train(
+        &cfg,
+        &run,
+        &[
+            "--budget-curr-cost-uri",
+            uri,
+            "--dry-run-budget",
+            "--max-price-usd-per-hr",
+            "1.0",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4));
+    assert!(text(&out).contains("above --max-price-usd-per-hr $1.00/h"));
+    assert_eq!(steps_logged(&run), 0);
+    assert!(checkpoints(&run).is_empty());
+    // Same table from `lab budget check`.
+    let out = lab()
+        .args(["budget", "check", "--uri", uri, "--budget-cap-usd", "2.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("cap is already reached"));
+    let out = lab()
+        .args([
+            "budget",
+            "check",
+            "--uri",
+            uri,
+            "--budget-cap-usd",
+            "35",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["launch"], true);
+}
+
+#[test]
+fn malformed_budget_json_mid_run_stops_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let budget = dir.path().join("budget.json");
+    fresh_budget_json(&budget, 1.0, 1.0, 3600.0);
+    let cfg = write_config(
+        dir.path(),
+        1_000_000,
+        "cap_usd = 100\npoll_interval_s = 3600\ncheck_interval_s = 0.05\ngrace_s = 1.0",
+    );
+    let child: Child = lab()
+        .args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .args(["--budget-curr-cost-uri", budget.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it is training, the file turns to garbage.
+    let t = Instant::now();
+    while steps_logged(&run) == 0 && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&budget, "{\"spent_usd\": 1.0, \"rate_").unwrap();
+    let broke = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let blind = broke.elapsed();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let all = text(&out);
+    assert!(
+        all.contains("malformed") && all.contains("grace period"),
+        "{all}"
+    );
+    assert!(blind >= Duration::from_millis(900), "{blind:?}");
+    assert!(blind < Duration::from_secs(30), "{blind:?}");
+    assert_eq!(kinds(&run, "budget_degraded").len(), 1);
+    assert_eq!(checkpoints(&run).len(), 1);
+}
+
+#[test]
+fn stale_sidecar_file_stops_the_run_after_the_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let budget = dir.path().join("budget.json");
+    // A meter sidecar polling every 0.1 s for ~1.5 s, then gone: its file goes stale.
+    let sidecar = lab()
+        .args([
+            "budget",
+            "sidecar",
+            "--provider",
+            "meter",
+            "--rate-usd-per-hr",
+            "1",
+        ])
+        .args(["--poll-interval-s", "0.1", "--max-polls", "15", "--out"])
+        .arg(&budget)
+        .arg("--run")
+        .arg(&run)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    while !budget.exists() && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let cfg = write_config(
+        dir.path(),
+        1_000_000,
+        "cap_usd = 100\npoll_interval_s = 0.1\ncheck_interval_s = 0.05\ngrace_s = 1.0",
+    );
+    let out = train(
+        &cfg,
+        &run,
+        &["--budget-curr-cost-uri", budget.to_str().unwrap()],
+    );
+    let side = sidecar.wait_with_output().unwrap();
+    assert!(side.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&side.stdout)
+            .matches("budget: meter spent")
+            .count(),
+        15
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let all = text(&out);
+    assert!(
+        all.contains("is stale") && all.contains("grace period"),
+        "{all}"
+    );
+    assert_eq!(checkpoints(&run).len(), 1);
+    // The sidecar read the trainer's status.json: its projection covered the planned run.
+    let f: Value = serde_json::from_str(&std::fs::read_to_string(&budget).unwrap()).unwrap();
+    assert!(f["remaining_hours"].as_f64().is_some(), "{f}");
+}
+
+#[test]
+fn planted_api_key_appears_in_no_output_or_file() {
+    let server = Server::start();
+    server.script(
+        "GET /api/v1/instances",
+        vec![
+            Reply::Body(
+                200,
+                r#"{"data":[{"id":"i-1","status":"active","instance_type":{"price_cents_per_hour":129}}]}"#.into(),
+            ),
+            Reply::EchoAuth,
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let budget = dir.path().join("budget.json");
+    let out = lab()
+        .env("LAMBDA_API_KEY", PLANTED_KEY)
+        .args([
+            "budget",
+            "sidecar",
+            "--provider",
+            "lambda",
+            "--instance-id",
+            "i-1",
+        ])
+        .args([
+            "--api-base-url",
+            &server.url(),
+            "--poll-interval-s",
+            "0.05",
+            "--max-polls",
+            "3",
+        ])
+        .args(["--started-at", "2026-01-01T00:00:00Z", "--out"])
+        .arg(&budget)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let all = text(&out);
+    assert!(all.contains("<redacted>"), "the server echoed it: {all}");
+    assert!(!all.contains(PLANTED_KEY), "{all}");
+    let file = std::fs::read_to_string(&budget).unwrap();
+    assert!(
+        file.contains("\"stale\": true") && !file.contains(PLANTED_KEY),
+        "{file}"
+    );
+    assert!(server
+        .requests()
+        .iter()
+        .all(|r| r.head.contains(PLANTED_KEY)));
+
+    // From a key file, the terminate path: errors and termination.json are clean too.
+    let key_file = dir.path().join("lambda.key");
+    std::fs::write(&key_file, format!("{PLANTED_KEY}\n")).unwrap();
+    server.script(
+        "POST /api/v1/instance-operations/terminate",
+        vec![Reply::EchoAuth],
+    );
+    let proof = dir.path().join("termination.json");
+    let out = lab()
+        .args([
+            "budget",
+            "terminate",
+            "--provider",
+            "lambda",
+            "--instance-id",
+            "i-1",
+        ])
+        .args([
+            "--api-base-url",
+            &server.url(),
+            "--api-key-env",
+            "LAB_TEST_NO_SUCH_VAR",
+        ])
+        .arg("--api-key-file")
+        .arg(&key_file)
+        .arg("--out")
+        .arg(&proof)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.starts_with("error: lambda: POST") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!text(&out).contains(PLANTED_KEY), "{}", text(&out));
+    assert!(!std::fs::read_to_string(&proof)
+        .unwrap()
+        .contains(PLANTED_KEY));
+}
+
+#[test]
+fn bad_input_is_one_line_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cfg = write_config(dir.path(), 10, "cap_usd = 35\nalert_usd = 40");
+    let out = train(&cfg, &run, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("budget.alert_usd") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    let cfg = write_config(dir.path(), 10, "cap_usd = 35");
+    let out = train(&cfg, &run, &["--budget-cap-usd=-3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--budget-cap-usd"));
+
+    let out = lab()
+        .args(["budget", "sidecar", "--provider", "runpod", "--out"])
+        .arg(dir.path().join("b.json"))
+        .env_remove("RUNPOD_POD_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("pod id") && err.lines().count() == 1, "{err}");
+
+    let out = lab()
+        .args(["budget", "sidecar", "--provider", "lambda", "--out"])
+        .arg(dir.path().join("b.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("LAMBDA_API_KEY") && err.lines().count() == 1,
+        "{err}"
+    );
+}
