@@ -387,6 +387,20 @@ impl PlanInputs {
             ),
         );
 
+        let states = match precision {
+            Precision::Bf16 => {
+                "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam m, v 8 = 16 B/param"
+            }
+            Precision::Fp32 => "fp32 weights 4 + grads 4 + Adam m, v 8 = 16 B/param",
+        };
+        note(
+            "memory model",
+            format!(
+                "{states}, sharded by ZeRO stage; activations per layer (4h + 2·d_attn + 2·kv + 3·d_ff) × {} B/token, split over TP (sequence parallel), pp micro-batches in flight; logits + fp32 copy; comm buffers 2 × one block at 4 B/param",
+                if precision == Precision::Bf16 { 2 } else { 4 }
+            ),
+            "ZeRO paper (Rajbhandari et al. 2020); Korthikanti et al. 2022 re-derived for RMSNorm/GQA/SwiGLU with FlashAttention".into(),
+        );
         let deadline_hours = req.hours.map(|h| positive("--hours", h)).transpose()?;
         if let Some(h) = deadline_hours {
             note("deadline", crate::units::hours(h), "--hours".into());
