@@ -116,8 +116,8 @@ min_lr = 1e-4
     #[test]
     fn hash_ignores_formatting_but_not_values() {
         let a = LabConfig::from_toml(TINY).unwrap();
-        let b = LabConfig::from_toml(&format!("# a comment\n{}", TINY.replace(" = ", "=")))
-            .unwrap();
+        let b =
+            LabConfig::from_toml(&format!("# a comment\n{}", TINY.replace(" = ", "="))).unwrap();
         assert_eq!(a.sha256(), b.sha256());
         let c = LabConfig::from_toml(&TINY.replace("seq_len = 32", "seq_len = 64")).unwrap();
         assert_ne!(a.sha256(), c.sha256());
@@ -130,7 +130,10 @@ min_lr = 1e-4
     #[test]
     fn errors_name_the_bad_field() {
         let e = err(&TINY.replace("n_kv_head = 2", "n_kv_head = 3"));
-        assert!(e.contains("model.n_head") && e.contains("model.n_kv_head"), "{e}");
+        assert!(
+            e.contains("model.n_head") && e.contains("model.n_kv_head"),
+            "{e}"
+        );
         let e = err(&TINY.replace("d_model = 64", "d_model = 66"));
         assert!(e.contains("model.d_model"), "{e}");
         let e = err(&TINY.replace("warmup_steps = 2", "warmup_steps = 20"));
@@ -148,7 +151,9 @@ mod presets {
     use super::*;
 
     fn preset(name: &str) -> LabConfig {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(name);
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../configs")
+            .join(name);
         LabConfig::load(&path).unwrap()
     }
 
@@ -159,6 +164,9 @@ mod presets {
         assert_eq!(x1.model.head_dim(), 64);
         assert_eq!(x1.model.param_count().total(), 127_539_456);
         assert_eq!(x1.train.precision, Precision::Bf16);
+        let budget = x1.budget.as_ref().expect("x1 carries the course budget");
+        assert_eq!((budget.cap_usd, budget.alert_usd), (35.0, Some(30.0)));
+        assert_eq!(budget.max_price_usd_per_hr, Some(1.40));
         assert_eq!(preset("tiny-cpu.toml").model.d_model, 128);
         assert_eq!(
             preset("med-7b-256xa100.toml").model.param_count().total(),
