@@ -11,4 +11,5 @@ pub mod loss;
 pub mod transformer;
 pub mod weights;
 
+pub use lab_ops::FusedLoss;
 pub use transformer::Llama;

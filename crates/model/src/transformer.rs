@@ -4,6 +4,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{activation::silu, backend::Backend, Int, Tensor};
 use lab_config::ModelConfig;
+use lab_ops::FusedLoss;
 
 use crate::attention::Attention;
 use crate::init;
@@ -123,7 +124,10 @@ impl<B: Backend> Llama<B> {
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
     }
+}
 
+/// The loss needs a backend with the fused LM-head cross-entropy (`lab-ops`).
+impl<B: FusedLoss> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];

@@ -3,10 +3,12 @@
 
 use anyhow::{bail, Result};
 use burn::tensor::backend::AutodiffBackend;
+use lab_model::FusedLoss;
 
-/// What the trainer needs of a backend: automatic differentiation over some inner backend.
-pub trait TrainBackend: AutodiffBackend {}
-impl<B: AutodiffBackend> TrainBackend for B {}
+/// What the trainer needs of a backend: automatic differentiation over some inner backend,
+/// and the fused LM-head loss on both (the inner one serves evaluation).
+pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedLoss> + FusedLoss {}
+impl<B: AutodiffBackend<InnerBackend: FusedLoss> + FusedLoss> TrainBackend for B {}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;

@@ -20,7 +20,7 @@ use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData}
 use indicatif::{ProgressBar, ProgressStyle};
 use lab_config::LabConfig;
 use lab_data::{sampler, Batch, Meta, Sampler, TokenFile};
-use lab_model::{weights, Llama};
+use lab_model::{weights, FusedLoss, Llama};
 use serde_json::json;
 
 use crate::backend::{OnBackend, TrainBackend};
@@ -363,7 +363,7 @@ fn save_checkpoint<B: TrainBackend>(
 }
 
 /// Mean loss over the fixed validation batches.
-pub fn evaluate<B: Backend>(model: &Llama<B>, val: &TokenFile, cfg: &LabConfig) -> Result<f64> {
+pub fn evaluate<B: FusedLoss>(model: &Llama<B>, val: &TokenFile, cfg: &LabConfig) -> Result<f64> {
     let (rows, n) = (cfg.train.micro_batch, cfg.train.eval_batches);
     let mut total = 0.0;
     for b in 0..n {

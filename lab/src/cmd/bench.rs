@@ -23,6 +23,10 @@ pub struct Args {
     pub threads: Option<usize>,
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// LM-head loss: `fused` (lab-ops, what training uses) or `unfused` (the plain
+    /// log_softmax composition, for before/after comparisons). Sets LAB_LOSS.
+    #[arg(long, default_value = "fused", value_parser = ["fused", "unfused"])]
+    pub loss: String,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -33,6 +37,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         // Read by rayon's global pool, which flex builds on first use (below).
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
+    // Read by lab-model's loss hook on first use.
+    std::env::set_var("LAB_LOSS", &args.loss);
     let backend: BackendKind = args.backend.parse()?;
     let config = super::train::load_config(args.config.as_ref())?;
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
@@ -49,12 +55,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut v = serde_json::to_value(&r)?;
         v["backend"] = backend.name().into();
         v["threads"] = threads.into();
+        v["loss"] = args.loss.clone().into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} on {} ({threads} threads): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
+            "{} on {} ({threads} threads, {} loss): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
             r.config,
             backend.name(),
+            args.loss,
             r.tokens_per_s,
             r.ms_per_step,
             r.tokens_per_step,
