@@ -91,6 +91,15 @@ pub struct DeadlineReport {
     /// What the deadline buys, per MFU.
     pub buys: Vec<Buys>,
     pub met: Vec<bool>,
+    /// Renting the whole cluster for the deadline, per price.
+    pub rental: Vec<Rental>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Rental {
+    pub price: String,
+    pub usd_per_gpu_hour: f64,
+    pub usd: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -183,6 +192,15 @@ pub fn plan(inputs: &PlanInputs) -> Plan {
             .map(|&m| timing.buys(m, h, format!("deadline {}", units::hours(h))))
             .collect(),
         met: scenarios.iter().map(|s| s.wall_clock_hours <= h).collect(),
+        rental: inputs
+            .prices
+            .iter()
+            .map(|p| Rental {
+                price: p.name.clone(),
+                usd_per_gpu_hour: p.usd_per_gpu_hour,
+                usd: h * inputs.layout.gpus as f64 * p.usd_per_gpu_hour,
+            })
+            .collect(),
     });
     let budget = inputs.budget_usd.map(|usd| BudgetReport {
         usd,

@@ -299,6 +299,17 @@ pub fn render(plan: &Plan) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        let _ = writeln!(
+            w,
+            "  renting {} GPUs for {}: {}",
+            plan.gpus,
+            hours(d.hours),
+            d.rental
+                .iter()
+                .map(|r| format!("{} {}", r.price, usd(r.usd)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     if let Some(bud) = &plan.budget {
         for b in &bud.buys {

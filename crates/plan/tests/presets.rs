@@ -214,6 +214,12 @@ fn medgemma_27b_zero_3_on_320_h200_and_the_quote() {
     assert_eq!(q.readings[0].total_usd, 42_000.0);
     assert_eq!(q.readings[2].total_usd, 13_440_000.0);
     assert_eq!(q.consistent, vec!["per 8-GPU node".to_string()]);
+    // Two weeks of 320 H200s at the table's GPU-cloud $3.50: $376,320.
+    let d = p.deadline.as_ref().unwrap();
+    let cloud = d.rental.iter().find(|r| r.price == "gpu-cloud").unwrap();
+    assert!((cloud.usd - 376_320.0).abs() < 1e-6);
+    // The config's 157B tokens take ~66 h; two weeks would buy ~5× that.
+    assert!(d.met[0] && d.buys[0].tokens > 4.0 * p.scenarios[0].tokens);
     assert!(p.warnings.iter().any(|w| w.kind == "quote"));
 }
 
