@@ -116,14 +116,32 @@ fn checkpoints(run: &Path) -> Vec<(u64, PathBuf)> {
 
 #[test]
 fn alert_threshold_reports_once_and_the_run_completes() {
+    let hook = Server::start();
+    hook.script(
+        "POST /services/T0/B0/hook-secret",
+        vec![Reply::Body(200, "ok".into())],
+    );
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let cfg = write_config(
         dir.path(),
         20,
-        "cap_usd = 1000\nalert_usd = 1\nprior_spend_usd = 2\nrate_usd_per_hr = 3.6\ncheck_interval_s = 0.01",
+        "cap_usd = 1000\nalert_usd = 1\nprior_spend_usd = 2\nrate_usd_per_hr = 3.6\ncheck_interval_s = 0.01\nwebhook_url_env = \"LAB_TEST_WEBHOOK\"",
     );
-    let out = train(&cfg, &run, &[]);
+    let out = lab()
+        .arg("train")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .env(
+            "LAB_TEST_WEBHOOK",
+            format!("{}/services/T0/B0/hook-secret", hook.url()),
+        )
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let all = text(&out);
     assert_eq!(
@@ -140,6 +158,86 @@ fn alert_threshold_reports_once_and_the_run_completes() {
         serde_json::from_str(&std::fs::read_to_string(run.join("budget.json")).unwrap()).unwrap();
     assert_eq!(budget["provider"], "meter");
     assert!(kinds(&run, "done").len() == 1);
+    // The webhook got one Slack-style message; its secret URL is printed nowhere.
+    let posts: Vec<_> = hook
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(posts.len(), 1);
+    let body: Value = serde_json::from_str(&posts[0].body).unwrap();
+    assert!(
+        body["text"].as_str().unwrap().contains("budget alert"),
+        "{body}"
+    );
+    assert!(!all.contains("hook-secret"));
+}
+
+#[test]
+fn terminate_on_exit_ends_the_instance_and_writes_the_proof() {
+    let server = Server::start();
+    server.script(
+        "POST /api/v1/instance-operations/terminate",
+        vec![Reply::Body(
+            200,
+            r#"{"data":{"terminated_instances":[{"id":"i-1"}]}}"#.into(),
+        )],
+    );
+    server.script(
+        "GET /api/v1/instances",
+        vec![
+            Reply::Body(200, r#"{"data":[{"id":"i-1","status":"active","instance_type":{"price_cents_per_hour":129}}]}"#.into()),
+            Reply::Body(200, r#"{"data":[]}"#.into()),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let budget = dir.path().join("budget.json");
+    fresh_budget_json(&budget, 1.0, 1.29, 300.0);
+    let cfg = write_config(
+        dir.path(),
+        5,
+        &format!(
+            "cap_usd = 35\nprovider = \"lambda\"\ninstance_id = \"i-1\"\napi_base_url = \"{}\"\napi_key_env = \"LAB_TEST_LAMBDA_KEY\"",
+            server.url()
+        ),
+    );
+    let out = lab()
+        .arg("train")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .args([
+            "--budget-curr-cost-uri",
+            budget.to_str().unwrap(),
+            "--terminate-on-exit",
+        ])
+        .env("LAB_TEST_LAMBDA_KEY", PLANTED_KEY)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("instance end confirmed"),
+        "{}",
+        text(&out)
+    );
+    let proof = std::fs::read_to_string(run.join("termination.json")).unwrap();
+    let v: Value = serde_json::from_str(&proof).unwrap();
+    assert_eq!(v["confirmed_gone"], true);
+    assert_eq!(
+        v["response"]["data"]["terminated_instances"][0]["id"],
+        "i-1"
+    );
+    assert!(!proof.contains(PLANTED_KEY) && !text(&out).contains(PLANTED_KEY));
+    let post = server
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST")
+        .unwrap();
+    assert_eq!(post.body, r#"{"instance_ids":["i-1"]}"#);
 }
 
 #[test]
