@@ -102,6 +102,6 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         backward_ms: bwd / n * 1e3,
         optimizer_ms: opt / n * 1e3,
         mfu: tokens_per_s * cfg.model.train_flops_per_token()
-            / cfg.hardware.peak_flops(cfg.train.precision),
+            / cfg.hardware.peak_flops(lab_config::Precision::Fp32),
     })
 }

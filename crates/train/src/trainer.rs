@@ -18,7 +18,7 @@ use burn::module::{AutodiffModule, Module};
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressStyle};
-use lab_config::LabConfig;
+use lab_config::{LabConfig, Precision};
 use lab_data::{sampler, Batch, Meta, Sampler, TokenFile};
 use lab_model::{weights, FusedLoss, Llama};
 use serde_json::json;
@@ -134,7 +134,14 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let total = tc.total_steps as u64;
     let tokens_per_step = cfg.tokens_per_step() as f64;
     let flops_per_token = cfg.model.train_flops_per_token();
-    let peak_flops = cfg.hardware.peak_flops(tc.precision);
+    // burn 0.21 has no autocast: every backend computes in fp32 here. Say so rather than
+    // report MFU against a bf16 peak the run never uses.
+    if tc.precision == Precision::Bf16 {
+        let msg = "train.precision = \"bf16\" requested, but this build computes in fp32 (burn 0.21 has no autocast); MFU is reported against the fp32 peak";
+        eprintln!("warning: {msg}");
+        run_log::event(&mut events, step, "precision", json!({ "requested": "bf16", "effective": "fp32", "note": msg }))?;
+    }
+    let peak_flops = cfg.hardware.peak_flops(Precision::Fp32);
     let started = Instant::now();
     let start_step = step;
     let started_utc = run_log::now_utc();
