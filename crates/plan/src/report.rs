@@ -301,8 +301,9 @@ pub fn render(plan: &Plan) -> String {
         );
         let _ = writeln!(
             w,
-            "  renting {} GPUs for {}: {}",
+            "  renting {} × {} for {}: {}",
             plan.gpus,
+            plan.device,
             hours(d.hours),
             d.rental
                 .iter()
