@@ -217,9 +217,11 @@ pub fn judge(uri: &BudgetUri, text: &str, now: f64, poll_interval_s: f64) -> Rea
         return Reading::Bad {
             problem: Problem::Stale,
             reason: format!(
-                "budget file {uri} is stale: last update {} is {:.0} s old, more than 3 polls \
-                 ({:.0} s){why}",
-                file.last_update_utc, age_s, stale_after
+                "budget file {uri} is stale: last update {} is {} s old, more than 3 polls \
+                 ({} s){why}",
+                file.last_update_utc,
+                secs(age_s),
+                secs(stale_after)
             ),
             file: Some(file),
         };
@@ -227,6 +229,15 @@ pub fn judge(uri: &BudgetUri, text: &str, now: f64, poll_interval_s: f64) -> Rea
     Reading::Fresh {
         file,
         age_s: age_s.max(0.0),
+    }
+}
+
+/// Seconds for messages: whole above 10, one decimal below (test intervals are sub-second).
+fn secs(s: f64) -> String {
+    if s.abs() >= 10.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s:.1}")
     }
 }
 

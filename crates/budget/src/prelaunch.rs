@@ -120,11 +120,7 @@ impl Report {
             };
             out.push_str(&format!(
                 "{:w0$}  {:w1$}  {:w2$}  {res}\n",
-                r.check,
-                r.value,
-                r.limit,
-                w1 = w1 + r.value.len() - r.value.chars().count(),
-                w2 = w2 + r.limit.len() - r.limit.chars().count(),
+                r.check, r.value, r.limit,
             ));
         }
         match &self.refusal {

@@ -259,6 +259,24 @@ fn prelaunch_refuses_for_each_reason_and_prints_the_table() {
         "{table}"
     );
     assert!(table.contains("decision: launch (exit 0)"), "{table}");
+    // Columns line up, multi-byte text ("×") included.
+    let lines: Vec<&str> = table.lines().collect();
+    let col = lines[1].chars().count() - "result".len();
+    for line in &lines[2..lines.len() - 1] {
+        let tail: String = line.chars().skip(col).collect();
+        assert!(["ok", "note", "REFUSE"].contains(&tail.as_str()), "{table}");
+    }
+    let planned = PlannedRun {
+        sec_per_step: None,
+        planned_hours: Some(24.0),
+        ..plan
+    };
+    let table = prelaunch(&s, &read(&file(0.0, 1.29, NOW), NOW), &planned, "b.json").render();
+    assert!(table.contains("24 × 1000/1000 steps left"), "{table}");
+    let col = table.lines().nth(1).unwrap().chars().count() - "result".len();
+    assert!(table
+        .lines()
+        .all(|l| !l.contains('×') || l.chars().skip(col).collect::<String>() == "ok"));
 
     let cases = [
         (file(35.0, 1.29, NOW), plan, "cap is already reached"),
