@@ -113,10 +113,7 @@ impl ModelConfig {
             );
         }
         if self.head_dim() % 2 != 0 {
-            bail!(
-                "model head_dim ({}) must be even for RoPE",
-                self.head_dim()
-            );
+            bail!("model head_dim ({}) must be even for RoPE", self.head_dim());
         }
         if self.rope_base.is_nan() || self.rope_base <= 1.0 {
             bail!("model.rope_base ({}) must be > 1", self.rope_base);
@@ -166,15 +163,7 @@ impl ModelConfig {
 mod tests {
     use super::*;
 
-    fn cfg(
-        v: usize,
-        l: usize,
-        d: usize,
-        h: usize,
-        kv: usize,
-        ff: usize,
-        t: usize,
-    ) -> ModelConfig {
+    fn cfg(v: usize, l: usize, d: usize, h: usize, kv: usize, ff: usize, t: usize) -> ModelConfig {
         ModelConfig {
             vocab_size: v,
             n_layer: l,
