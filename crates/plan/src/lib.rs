@@ -123,7 +123,7 @@ pub struct MemoryReport {
 pub struct CheckpointReport {
     /// fp32 weights (or master weights) + Adam's two moments: 12 bytes per parameter.
     pub resumable_bytes: f64,
-    /// Weights alone in the training precision (what `lab export` ships).
+    /// fp32 weights alone (an fp32 safetensors export; half that in bf16).
     pub weights_bytes: f64,
     pub storage_bytes_per_s: f64,
     pub write_seconds: f64,

@@ -440,7 +440,7 @@ pub fn render(plan: &Plan) -> String {
             (
                 "resumable".into(),
                 format!(
-                    "{} GB (fp32 weights + Adam m, v: 12 bytes/parameter); weights alone {} GB",
+                    "{} GB (fp32 weights + Adam m, v: 12 bytes/parameter); fp32 weights alone {} GB",
                     format_count(ck.resumable_bytes / 1e9),
                     format_count(ck.weights_bytes / 1e9)
                 ),
