@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::hash::{ngram_hashes, words};
+use crate::hash::{ngram_hashes, word_hashes};
 
 pub const NGRAM: usize = 13;
 pub const MIN_ITEM_WORDS: usize = 8;
@@ -26,7 +26,9 @@ pub struct EvalIndex {
 /// The text of one eval item: `text`, or a question with its choices and answer.
 fn item_text(v: &serde_json::Value) -> String {
     let mut parts = Vec::new();
-    for key in ["text", "question", "prompt", "context", "passage", "choices", "answer", "options"] {
+    for key in [
+        "text", "question", "prompt", "context", "passage", "choices", "answer", "options",
+    ] {
         match &v[key] {
             serde_json::Value::String(s) => parts.push(s.clone()),
             serde_json::Value::Array(a) => {
@@ -49,14 +51,30 @@ impl EvalIndex {
         };
         for (fi, file) in files.iter().enumerate() {
             let text = std::fs::read_to_string(file).with_context(|| {
-                format!("--decontaminate {}: cannot read the eval set (JSONL, UTF-8)", file.display())
+                format!(
+                    "--decontaminate {}: cannot read the eval set (JSONL, UTF-8)",
+                    file.display()
+                )
             })?;
             let before = index.items.len();
-            for (li, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            for (li, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
                 let v: serde_json::Value = serde_json::from_str(line).with_context(|| {
-                    format!("--decontaminate {}:{}: not a JSON object", file.display(), li + 1)
+                    format!(
+                        "--decontaminate {}:{}: not a JSON object",
+                        file.display(),
+                        li + 1
+                    )
                 })?;
-                index.add(&item_text(&v), (fi as u32, li as u64 + 1));
+                let at = (fi as u32, li as u64 + 1);
+                index.add(&item_text(&v), at);
+                // A leaked question without its choices is contamination too.
+                if let Some(q) = v["question"].as_str() {
+                    index.add(q, at);
+                }
             }
             if index.items.len() == before {
                 bail!(
@@ -69,7 +87,7 @@ impl EvalIndex {
     }
 
     fn add(&mut self, text: &str, at: (u32, u64)) {
-        let ws: Vec<String> = words(text).collect();
+        let ws = word_hashes(text);
         if ws.len() < MIN_ITEM_WORDS {
             return;
         }
@@ -92,7 +110,7 @@ impl EvalIndex {
 
     /// The n-gram hashes of a training document that could match (computed on workers).
     pub fn doc_grams(&self, text: &str) -> Vec<u64> {
-        let ws: Vec<String> = words(text).collect();
+        let ws = word_hashes(text);
         let mut hits: Vec<u64> = ngram_hashes(&ws, NGRAM)
             .into_iter()
             .filter(|g| self.grams.contains_key(g))
@@ -100,7 +118,11 @@ impl EvalIndex {
         // Short items are whole-item grams: look for them inside longer documents too.
         if ws.len() >= NGRAM {
             for n in MIN_ITEM_WORDS..NGRAM {
-                hits.extend(ngram_hashes(&ws, n).into_iter().filter(|g| self.grams.contains_key(g)));
+                hits.extend(
+                    ngram_hashes(&ws, n)
+                        .into_iter()
+                        .filter(|g| self.grams.contains_key(g)),
+                );
             }
         }
         hits.sort_unstable();
@@ -144,7 +166,7 @@ mod tests {
         )
         .unwrap();
         let idx = EvalIndex::load(&[eval], 0.7).unwrap();
-        assert_eq!(idx.len(), 1);
+        assert_eq!(idx.len(), 2, "the item, and its question alone");
         let doc = "Notes. Which nerve innervates the muscles of facial expression in the adult human head and neck region? facial trigeminal vagus hypoglossal. More notes.";
         assert_eq!(idx.contaminated(&idx.doc_grams(doc)).map(|x| x.1), Some(1));
         let clean = "The facial nerve innervates the muscles of facial expression, and the trigeminal nerve carries sensation.";

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 
 use rustc_hash::FxHashMap;
 
-use crate::hash::{hash128, hash64, ngram_hashes, words};
+use crate::hash::{hash128, hash64, ngram_hashes, word_hashes};
 
 pub const NUM_PERM: usize = 128;
 pub const BANDS: usize = 16;
@@ -39,8 +39,9 @@ impl MinHasher {
 
     /// None for documents without words (nothing to compare).
     pub fn signature(&self, text: &str) -> Option<Box<Signature>> {
-        let words: Vec<String> = words(text).collect();
-        let shingles: HashSet<u64> = ngram_hashes(&words, SHINGLE_WORDS).into_iter().collect();
+        let mut shingles = ngram_hashes(&word_hashes(text), SHINGLE_WORDS);
+        shingles.sort_unstable();
+        shingles.dedup();
         if shingles.is_empty() {
             return None;
         }
@@ -110,7 +111,9 @@ impl DedupIndex {
         let mut seen = HashSet::new();
         for key in &keys {
             for &id in self.bands.get(key).into_iter().flatten() {
-                if seen.insert(id) && estimated_jaccard(&self.kept[id as usize], sig) >= self.threshold {
+                if seen.insert(id)
+                    && estimated_jaccard(&self.kept[id as usize], sig) >= self.threshold
+                {
                     return Verdict::NearDuplicate;
                 }
             }
@@ -141,10 +144,22 @@ mod tests {
         let edited = format!("{}{}", text(295, 0), text(5, 10_000));
         let other = text(300, 5_000);
         let sig = |t: &str| h.signature(t).unwrap();
-        assert_eq!(index.check(exact_key(&base), Some(&sig(&base))), Verdict::Unique);
-        assert_eq!(index.check(exact_key(&base), Some(&sig(&base))), Verdict::ExactDuplicate);
-        assert_eq!(index.check(exact_key(&edited), Some(&sig(&edited))), Verdict::NearDuplicate);
-        assert_eq!(index.check(exact_key(&other), Some(&sig(&other))), Verdict::Unique);
+        assert_eq!(
+            index.check(exact_key(&base), Some(&sig(&base))),
+            Verdict::Unique
+        );
+        assert_eq!(
+            index.check(exact_key(&base), Some(&sig(&base))),
+            Verdict::ExactDuplicate
+        );
+        assert_eq!(
+            index.check(exact_key(&edited), Some(&sig(&edited))),
+            Verdict::NearDuplicate
+        );
+        assert_eq!(
+            index.check(exact_key(&other), Some(&sig(&other))),
+            Verdict::Unique
+        );
     }
 
     #[test]
@@ -156,6 +171,9 @@ mod tests {
         assert!((0.2..0.5).contains(&j), "estimate {j}");
         let mut index = DedupIndex::new(0.8);
         index.check(exact_key(&a), Some(&h.signature(&a).unwrap()));
-        assert_eq!(index.check(exact_key(&b), Some(&h.signature(&b).unwrap())), Verdict::Unique);
+        assert_eq!(
+            index.check(exact_key(&b), Some(&h.signature(&b).unwrap())),
+            Verdict::Unique
+        );
     }
 }

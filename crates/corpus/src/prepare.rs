@@ -171,7 +171,10 @@ impl Stages {
             },
             exact: if self.cfg.dedup { exact_key(&text) } else { 0 },
             signature: self.minhash.as_ref().and_then(|m| m.signature(&text)),
-            eval_grams: self.eval.as_ref().map_or(Vec::new(), |e| e.doc_grams(&text)),
+            eval_grams: self
+                .eval
+                .as_ref()
+                .map_or(Vec::new(), |e| e.doc_grams(&text)),
             val: match self.cfg.split {
                 Split::ValFraction(f) => is_val(&text, self.cfg.seed, f),
                 Split::Chars { .. } => false,
@@ -274,7 +277,14 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
                 pool.install(|| chunk.into_par_iter().map(|r| stages.process(r)).collect());
             for p in processed {
                 text_bytes += p.raw_bytes;
-                decide(&stages, &mut d, p, &mut train, &mut val, &mut char_split_docs)?;
+                decide(
+                    &stages,
+                    &mut d,
+                    p,
+                    &mut train,
+                    &mut val,
+                    &mut char_split_docs,
+                )?;
             }
             bar.set_position(bytes_read.load(Ordering::Relaxed));
             let secs = start.elapsed().as_secs_f64().max(1e-9);
@@ -290,13 +300,20 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     bar.finish_and_clear();
 
     if let Split::Chars { train_fraction } = cfg.split {
-        write_char_split(&stages.tokenizer, &char_split_docs, train_fraction, &mut train, &mut val, &mut d)?;
+        write_char_split(
+            &stages.tokenizer,
+            &char_split_docs,
+            train_fraction,
+            &mut train,
+            &mut val,
+            &mut d,
+        )?;
     }
     let report = removal_reports(&cfg, &d);
     let kept = d.kept.total();
     if d.train.total().tokens == 0 {
         bail!(
-            "no training tokens: {} of {} documents were removed or skipped ({}); check --text-field and the filters",
+            "no training tokens: {} of {} documents were removed or skipped ({}); check --text-field, --max-doc-bytes and the filters",
             d.input.total().docs - kept.docs,
             d.input.total().docs,
             report
@@ -462,7 +479,8 @@ fn decide(
         if let Some((file, line)) = eval.contaminated(&doc.eval_grams) {
             d.decontam.add(ty, n, b);
             if d.decontam_examples.len() < 20 {
-                d.decontam_examples.push(format!("{}:{line}", file.display()));
+                d.decontam_examples
+                    .push(format!("{}:{line}", file.display()));
             }
             return Ok(());
         }
@@ -507,7 +525,10 @@ fn write_char_split(
         .char_indices()
         .nth((n_chars as f64 * train_fraction) as usize)
         .map_or(text.len(), |(i, _)| i);
-    let (a, b) = (tokenizer.encode(&text[..cut]), tokenizer.encode(&text[cut..]));
+    let (a, b) = (
+        tokenizer.encode(&text[..cut]),
+        tokenizer.encode(&text[cut..]),
+    );
     train.write(&a)?;
     val.write(&b)?;
     d.train.add(ty, a.len() as u64, cut as u64);
@@ -547,7 +568,12 @@ fn removal_reports(cfg: &PrepareConfig, d: &Decisions) -> Vec<FilterReport> {
         serde_json::json!({"min_tokens": cfg.min_tokens}),
         &d.min_tokens,
     );
-    push(cfg.dedup, "dedup-exact", serde_json::json!({"hash": "xxh3-128"}), &d.exact);
+    push(
+        cfg.dedup,
+        "dedup-exact",
+        serde_json::json!({"hash": "xxh3-128"}),
+        &d.exact,
+    );
     push(
         cfg.dedup,
         "dedup-near",
@@ -575,7 +601,11 @@ fn by_type_json(by: &ByType) -> serde_json::Value {
     serde_json::to_value(&by.0).expect("counts serialise")
 }
 
-fn filters_json(cfg: &PrepareConfig, d: &Decisions, reports: &[FilterReport]) -> Vec<serde_json::Value> {
+fn filters_json(
+    cfg: &PrepareConfig,
+    d: &Decisions,
+    reports: &[FilterReport],
+) -> Vec<serde_json::Value> {
     let mut out = vec![serde_json::json!({
         "name": "read",
         "text_field": cfg.read.text_field,

@@ -104,9 +104,19 @@ pub struct Document {
 }
 
 pub enum Record {
-    Json { line: Vec<u8>, at: Location },
-    Text { text: String, doc_type: String },
-    Skipped { skip: Skip, doc_type: String, at: Location },
+    Json {
+        line: Vec<u8>,
+        at: Location,
+    },
+    Text {
+        text: String,
+        doc_type: String,
+    },
+    Skipped {
+        skip: Skip,
+        doc_type: String,
+        at: Location,
+    },
 }
 
 impl Record {
@@ -404,7 +414,11 @@ enum LineRead {
 
 /// Reads one `\n`-terminated line into `buf`, keeping at most `max` bytes: a longer line is
 /// consumed and dropped without ever being held in memory.
-fn read_line_bounded(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<LineRead> {
+fn read_line_bounded(
+    r: &mut dyn BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<LineRead> {
     let mut seen = 0usize;
     let mut any = false;
     loop {
@@ -421,7 +435,11 @@ fn read_line_bounded(r: &mut dyn BufRead, buf: &mut Vec<u8>, max: usize) -> std:
             Some(i) => (i + 1, true),
             None => (chunk.len(), false),
         };
-        let content = if done { &chunk[..take - 1] } else { &chunk[..take] };
+        let content = if done {
+            &chunk[..take - 1]
+        } else {
+            &chunk[..take]
+        };
         seen += content.len();
         if seen <= max {
             buf.extend_from_slice(content);
@@ -458,8 +476,18 @@ fn read_parquet(
     let reader = SerializedFileReader::new(file)
         .with_context(|| format!("{}: not a readable parquet file", path.display()))?;
     let schema = reader.metadata().file_metadata().schema();
-    let columns: Vec<String> = schema.get_fields().iter().map(|f| f.name().to_string()).collect();
-    let pick = |name: &str| schema.get_fields().iter().find(|f| f.name() == name).cloned();
+    let columns: Vec<String> = schema
+        .get_fields()
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect();
+    let pick = |name: &str| {
+        schema
+            .get_fields()
+            .iter()
+            .find(|f| f.name() == name)
+            .cloned()
+    };
     let Some(text_col) = pick(&opts.text_field) else {
         bail!(
             "{}: parquet has no column `{}` (columns: {}); choose one with --text-field",
@@ -479,7 +507,9 @@ fn read_parquet(
             ),
         }
     }
-    let projection = Type::group_type_builder("schema").with_fields(fields).build()?;
+    let projection = Type::group_type_builder("schema")
+        .with_fields(fields)
+        .build()?;
     let rows = reader
         .get_row_iter(Some(projection))
         .with_context(|| format!("{}: cannot read rows", path.display()))?;
@@ -491,7 +521,12 @@ fn read_parquet(
         };
         let row = row.with_context(|| format!("{}: corrupt row {}", path.display(), i + 1))?;
         let mut text = None;
-        let mut doc_type = if opts.type_field.is_some() { "unknown" } else { "all" }.to_string();
+        let mut doc_type = if opts.type_field.is_some() {
+            "unknown"
+        } else {
+            "all"
+        }
+        .to_string();
         for (name, field) in row.get_column_iter() {
             let value = match field {
                 Field::Str(s) => Some(s.clone()),
@@ -551,17 +586,34 @@ mod tests {
             ..Default::default()
         };
         let at = Location { source: 0, line: 1 };
-        let rec = |s: &[u8]| Record::Json { line: s.to_vec(), at };
+        let rec = |s: &[u8]| Record::Json {
+            line: s.to_vec(),
+            at,
+        };
         assert_eq!(
-            rec(br#"{"text":"hi","source":"GHR"}"#).parse(&opts).unwrap(),
+            rec(br#"{"text":"hi","source":"GHR"}"#)
+                .parse(&opts)
+                .unwrap(),
             Document {
                 text: "hi".into(),
                 doc_type: "GHR".into()
             }
         );
-        assert_eq!(rec(br#"{"body":"hi"}"#).parse(&opts).unwrap_err().0, Skip::MissingField);
-        assert_eq!(rec(b"{not json").parse(&opts).unwrap_err().0, Skip::InvalidJson);
-        assert_eq!(rec(b"{\"text\":\"\xff\"}").parse(&opts).unwrap_err().0, Skip::InvalidUtf8);
-        assert_eq!(rec(br#"{"text":"  "}"#).parse(&opts).unwrap_err().0, Skip::Empty);
+        assert_eq!(
+            rec(br#"{"body":"hi"}"#).parse(&opts).unwrap_err().0,
+            Skip::MissingField
+        );
+        assert_eq!(
+            rec(b"{not json").parse(&opts).unwrap_err().0,
+            Skip::InvalidJson
+        );
+        assert_eq!(
+            rec(b"{\"text\":\"\xff\"}").parse(&opts).unwrap_err().0,
+            Skip::InvalidUtf8
+        );
+        assert_eq!(
+            rec(br#"{"text":"  "}"#).parse(&opts).unwrap_err().0,
+            Skip::Empty
+        );
     }
 }

@@ -61,21 +61,33 @@ impl Redactor {
     pub fn new(anchor: Option<Ymd>) -> Self {
         let re = |s: &str| Regex::new(s).expect("redaction pattern compiles");
         let rules = vec![
-            (Phi::Email, re(r"(?i)\b[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}\b")),
+            (
+                Phi::Email,
+                re(r"(?i)\b[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}\b"),
+            ),
             (Phi::Url, re(r#"(?i)\b(?:https?://|www\.)[^\s<>"'\])]+"#)),
             (
                 Phi::Mrn,
-                re(r"(?i)(\b(?:mrn|medical\s+record(?:\s+(?:number|no\.?|#))?|record\s+(?:number|no\.?|#)|patient\s+id|chart\s+(?:number|no\.?|#))\s*[:#]?\s*)[a-z]{0,3}-?\d{4,12}\b"),
+                re(
+                    r"(?i)(\b(?:mrn|medical\s+record(?:\s+(?:number|no\.?|#))?|record\s+(?:number|no\.?|#)|patient\s+id|chart\s+(?:number|no\.?|#))\s*[:#]?\s*)[a-z]{0,3}-?\d{4,12}\b",
+                ),
             ),
-            (Phi::Ssn, re(r"(?i)\b\d{3}-\d{2}-\d{4}\b|(\bssn\s*[:#]?\s*)\d{9}\b")),
+            (
+                Phi::Ssn,
+                re(r"(?i)\b\d{3}-\d{2}-\d{4}\b|(\bssn\s*[:#]?\s*)\d{9}\b"),
+            ),
             (
                 Phi::Fax,
-                re(&format!(r"(?i)(\b(?:fax|facsimile)(?:\s*(?:number|no\.?|#))?\s*[:.]?\s*){PHONE}")),
+                re(&format!(
+                    r"(?i)(\b(?:fax|facsimile)(?:\s*(?:number|no\.?|#))?\s*[:.]?\s*){PHONE}"
+                )),
             ),
             (Phi::Phone, re(PHONE)),
             (
                 Phi::Name,
-                re(r"(\b(?:Dr|Mr|Mrs|Ms|Miss|Mx|Prof|Doctor|Nurse)\.?\s+)[A-Z][A-Za-z'-]+(?:\s+[A-Z]\.)?(?:\s+[A-Z][A-Za-z'-]+)?|(\b(?i:patient\s+name|patient|name|pt)\s*:\s*)[A-Z][A-Za-z'-]+(?:\s+[A-Z]\.)?(?:\s+[A-Z][A-Za-z'-]+)?"),
+                re(
+                    r"(\b(?:Dr|Mr|Mrs|Ms|Miss|Mx|Prof|Doctor|Nurse)\.?\s+)[A-Z][A-Za-z'-]+(?:\s+[A-Z]\.)?(?:\s+[A-Z][A-Za-z'-]+)?|(\b(?i:patient\s+name|patient|name|pt)\s*:\s*)[A-Z][A-Za-z'-]+(?:\s+[A-Z]\.)?(?:\s+[A-Z][A-Za-z'-]+)?",
+                ),
             ),
         ];
         let dates = vec![
@@ -84,9 +96,13 @@ impl Redactor {
             // 03/04/2021, 3-4-21 (US month first)
             re(r"\b(\d{1,2})[/.-](\d{1,2})[/.-](\d{4}|\d{2})\b"),
             // March 4, 2021 / Mar. 4th 2021
-            re(&format!(r"(?i)\b({MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b")),
+            re(&format!(
+                r"(?i)\b({MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?,?\s+(\d{{4}})\b"
+            )),
             // 4 March 2021
-            re(&format!(r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({MONTH})\.?,?\s+(\d{{4}})\b")),
+            re(&format!(
+                r"(?i)\b(\d{{1,2}})(?:st|nd|rd|th)?\s+({MONTH})\.?,?\s+(\d{{4}})\b"
+            )),
             // March 2021
             re(&format!(r"(?i)\b({MONTH})\.?,?\s+(\d{{4}})\b")),
         ];
@@ -192,7 +208,8 @@ fn parse_date(kind: usize, c: &Captures) -> Option<Ymd> {
         3 => (num(3)?, month_number(&c[2])?, num(1)?),
         _ => (num(2)?, month_number(&c[1])?, 1),
     };
-    ((1800..=2200).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d)).then_some((y, m, d))
+    ((1800..=2200).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d))
+        .then_some((y, m, d))
 }
 
 fn url_has_identifier(url: &str) -> bool {
@@ -244,7 +261,8 @@ mod tests {
     #[test]
     fn anchor_mode_drops_text_after_a_later_date() {
         let r = Redactor::new(parse_anchor("2021-06-30"));
-        let (out, rep) = r.redact("Admitted 2021-06-01 with pneumonia. Follow-up on July 4, 2021: improved.");
+        let (out, rep) =
+            r.redact("Admitted 2021-06-01 with pneumonia. Follow-up on July 4, 2021: improved.");
         assert_eq!(out, "Admitted [DATE] with pneumonia. Follow-up on ");
         assert!(rep.truncated_bytes > 0);
     }

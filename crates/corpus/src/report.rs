@@ -70,7 +70,11 @@ impl FilterReport {
 pub fn table(input: &ByType, filters: &[FilterReport], kept: &ByType) -> String {
     let mut out = String::new();
     let line = |out: &mut String, stage: &str, ty: &str, c: Count, of: Count| {
-        let pct = if of.docs == 0 { 0.0 } else { 100.0 * c.docs as f64 / of.docs as f64 };
+        let pct = if of.docs == 0 {
+            0.0
+        } else {
+            100.0 * c.docs as f64 / of.docs as f64
+        };
         out.push_str(&format!(
             "{stage:<26} {ty:<20} {:>10} {:>7.2}% {:>13}\n",
             c.docs, pct, c.tokens
@@ -89,7 +93,13 @@ pub fn table(input: &ByType, filters: &[FilterReport], kept: &ByType) -> String 
         for (ty, c) in &f.removed.0 {
             line(&mut out, &format!("- {}", f.name), ty, *c, of(ty));
         }
-        line(&mut out, &format!("- {}", f.name), "(all)", f.removed.total(), input.total());
+        line(
+            &mut out,
+            &format!("- {}", f.name),
+            "(all)",
+            f.removed.total(),
+            input.total(),
+        );
     }
     for (ty, c) in &kept.0 {
         line(&mut out, "= kept", ty, *c, of(ty));

@@ -28,7 +28,13 @@ mod tests {
         let share = |seed| docs.iter().filter(|d| is_val(d, seed, 0.1)).count();
         let (a, b) = (share(1), share(2));
         assert!((1_800..2_200).contains(&a), "{a}");
-        let same = docs.iter().filter(|d| is_val(d, 1, 0.1) && is_val(d, 2, 0.1)).count();
-        assert!(same < a / 4, "seeds 1 and 2 pick {same} of the same val docs ({a}, {b})");
+        let same = docs
+            .iter()
+            .filter(|d| is_val(d, 1, 0.1) && is_val(d, 2, 0.1))
+            .count();
+        assert!(
+            same < a / 4,
+            "seeds 1 and 2 pick {same} of the same val docs ({a}, {b})"
+        );
     }
 }

@@ -131,13 +131,7 @@ impl Tokenizer {
                 )
             })?;
         let vocab_size = max_id as usize + 1;
-        Self::from_ranks(
-            path.display().to_string(),
-            ranks,
-            specials,
-            vocab_size,
-            eot,
-        )
+        Self::from_ranks(path.display().to_string(), ranks, specials, vocab_size, eot)
     }
 
     fn from_ranks(
@@ -193,7 +187,12 @@ impl Tokenizer {
         let mut last = 0;
         for m in pattern.find_iter(text) {
             self.encode_ordinary_into(&text[last..m.start()], out);
-            let id = self.specials.iter().find(|(s, _)| s == m.as_str()).unwrap().1;
+            let id = self
+                .specials
+                .iter()
+                .find(|(s, _)| s == m.as_str())
+                .unwrap()
+                .1;
             out.push(id);
             last = m.end();
         }
@@ -245,7 +244,7 @@ impl Tokenizer {
             self.specials.iter().cloned().collect(),
             TIKTOKEN_GPT2_PATTERN,
         )
-            .map_err(|e| anyhow::anyhow!("cannot build tiktoken encoder: {e}"))
+        .map_err(|e| anyhow::anyhow!("cannot build tiktoken encoder: {e}"))
     }
 }
 

@@ -16,7 +16,12 @@ fn medquad_texts(limit: usize) -> Vec<String> {
         .unwrap()
         .lines()
         .take(limit)
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["text"].as_str().unwrap().to_string())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect()
 }
 
@@ -26,8 +31,17 @@ fn mmlu_texts() -> Vec<String> {
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let choices: Vec<&str> = v["choices"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
-            format!("{}\n{}", v["question"].as_str().unwrap(), choices.join("\n"))
+            let choices: Vec<&str> = v["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap())
+                .collect();
+            format!(
+                "{}\n{}",
+                v["question"].as_str().unwrap(),
+                choices.join("\n")
+            )
         })
         .collect()
 }
@@ -55,7 +69,10 @@ fn ranks_file(tok: &Tokenizer) -> String {
     let mut out = String::new();
     for (id, bytes) in tok.token_bytes().into_iter().enumerate().take(50_256) {
         let b = bytes.expect("every GPT-2 rank has bytes");
-        out.push_str(&format!("{} {id}\n", base64::engine::general_purpose::STANDARD.encode(b)));
+        out.push_str(&format!(
+            "{} {id}\n",
+            base64::engine::general_purpose::STANDARD.encode(b)
+        ));
     }
     out
 }
@@ -80,12 +97,20 @@ fn golden_token_counts() {
         tok.encode(&shakespeare).len(),
         count(&medquad_texts(usize::MAX)),
         count(&mmlu_texts()),
-        adversarial().iter().map(|t| tok.encode(t).len()).collect::<Vec<_>>(),
+        adversarial()
+            .iter()
+            .map(|t| tok.encode(t).len())
+            .collect::<Vec<_>>(),
     );
     println!("golden counts: {got:?}");
     assert_eq!(
         got,
-        (GOLDEN_SHAKESPEARE, GOLDEN_MEDQUAD, GOLDEN_MMLU, GOLDEN_ADVERSARIAL.to_vec())
+        (
+            GOLDEN_SHAKESPEARE,
+            GOLDEN_MEDQUAD,
+            GOLDEN_MMLU,
+            GOLDEN_ADVERSARIAL.to_vec()
+        )
     );
     assert_eq!(&tok.encode(&shakespeare)[..4], &[5962, 22307, 25, 198]);
 }
@@ -105,12 +130,21 @@ fn identical_to_tiktoken_rs_on_corpora_and_adversarial_text() {
     texts.extend(medquad_texts(2_000));
     texts.extend(mmlu_texts());
     for t in &texts {
-        assert_eq!(tok.encode(t), reference.encode_ordinary(t), "text starting {:?}", &t.chars().take(40).collect::<String>());
+        assert_eq!(
+            tok.encode(t),
+            reference.encode_ordinary(t),
+            "text starting {:?}",
+            &t.chars().take(40).collect::<String>()
+        );
     }
 }
 
-static GPT2: LazyLock<(Tokenizer, tiktoken_rs::CoreBPE)> =
-    LazyLock::new(|| (Tokenizer::gpt2().unwrap(), tiktoken_rs::r50k_base().unwrap()));
+static GPT2: LazyLock<(Tokenizer, tiktoken_rs::CoreBPE)> = LazyLock::new(|| {
+    (
+        Tokenizer::gpt2().unwrap(),
+        tiktoken_rs::r50k_base().unwrap(),
+    )
+});
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
@@ -123,9 +157,13 @@ proptest! {
 
 #[test]
 fn identical_to_python_tiktoken() {
-    let probe = Command::new("python3").args(["-c", "import tiktoken"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import tiktoken"])
+        .output();
     if !probe.map(|o| o.status.success()).unwrap_or(false) {
-        println!("skipping: Python tiktoken is not installed (pip install tiktoken to run this check)");
+        println!(
+            "skipping: Python tiktoken is not installed (pip install tiktoken to run this check)"
+        );
         return;
     }
     let tok = Tokenizer::gpt2().unwrap();
@@ -155,8 +193,16 @@ fn identical_to_python_tiktoken() {
     assert_eq!(expected.len(), texts.len());
     let mut total = 0;
     for (t, want) in texts.iter().zip(&expected) {
-        assert_eq!(&tok.encode(t), want, "text starting {:?}", &t.chars().take(40).collect::<String>());
+        assert_eq!(
+            &tok.encode(t),
+            want,
+            "text starting {:?}",
+            &t.chars().take(40).collect::<String>()
+        );
         total += want.len();
     }
-    println!("byte-identical to Python tiktoken on {} texts, {total} tokens", texts.len());
+    println!(
+        "byte-identical to Python tiktoken on {} texts, {total} tokens",
+        texts.len()
+    );
 }
