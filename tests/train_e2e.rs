@@ -266,3 +266,29 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
     );
     assert_eq!(sha256(&final_weights(&run, 10)), before);
 }
+
+#[test]
+fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    let flags = ["--total-steps", "20", "--ckpt-every", "5"];
+    run_ok(train(&cfg, &run).args(flags));
+    let good = sha256(&final_weights(&run, 20));
+
+    // Damage the newest checkpoint: resuming must fall back to step 15 and redo steps 16..20.
+    let newest = final_weights(&run, 20);
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&newest, bytes).unwrap();
+
+    let out = run_ok(train(&cfg, &run).args(flags).arg("--resume-from-latest"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: skipping checkpoint") && stderr.contains("step-00000020"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(step 15)"));
+    assert_eq!(sha256(&final_weights(&run, 20)), good);
+}
