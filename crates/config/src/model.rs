@@ -98,21 +98,21 @@ impl ModelConfig {
         if self.head_dim == Some(0) {
             bail!("model.head_dim must be > 0");
         }
-        if self.head_dim.is_none() && self.d_model % self.n_head != 0 {
+        if self.head_dim.is_none() && !self.d_model.is_multiple_of(self.n_head) {
             bail!(
                 "model.d_model ({}) must be divisible by model.n_head ({})",
                 self.d_model,
                 self.n_head
             );
         }
-        if self.n_head % self.n_kv_head != 0 {
+        if !self.n_head.is_multiple_of(self.n_kv_head) {
             bail!(
                 "model.n_head ({}) must be divisible by model.n_kv_head ({}) for grouped-query attention",
                 self.n_head,
                 self.n_kv_head
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             bail!("model head_dim ({}) must be even for RoPE", self.head_dim());
         }
         if self.rope_base.is_nan() || self.rope_base <= 1.0 {

@@ -140,13 +140,13 @@ impl TrainConfig {
                 bail!("train.{name} ({b}) must be in [0, 1)");
             }
         }
-        if !(self.eps > 0.0) {
+        if self.eps.is_nan() || self.eps <= 0.0 {
             bail!("train.eps ({}) must be > 0", self.eps);
         }
-        if !(self.weight_decay >= 0.0) {
+        if self.weight_decay.is_nan() || self.weight_decay < 0.0 {
             bail!("train.weight_decay ({}) must be >= 0", self.weight_decay);
         }
-        if !(self.grad_clip >= 0.0) {
+        if self.grad_clip.is_nan() || self.grad_clip < 0.0 {
             bail!(
                 "train.grad_clip ({}) must be >= 0 (0 disables clipping)",
                 self.grad_clip

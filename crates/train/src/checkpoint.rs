@@ -79,7 +79,7 @@ pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
             out.push((step, entry.path()));
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
     Ok(out)
 }
 

@@ -139,7 +139,12 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     if tc.precision == Precision::Bf16 {
         let msg = "train.precision = \"bf16\" requested, but this build computes in fp32 (burn 0.21 has no autocast); MFU is reported against the fp32 peak";
         eprintln!("warning: {msg}");
-        run_log::event(&mut events, step, "precision", json!({ "requested": "bf16", "effective": "fp32", "note": msg }))?;
+        run_log::event(
+            &mut events,
+            step,
+            "precision",
+            json!({ "requested": "bf16", "effective": "fp32", "note": msg }),
+        )?;
     }
     let peak_flops = cfg.hardware.peak_flops(Precision::Fp32);
     let started = Instant::now();
@@ -200,7 +205,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         }
         bar.set_position(step);
 
-        let eval_now = step % tc.eval_every as u64 == 0 || step == total;
+        let eval_now = step.is_multiple_of(tc.eval_every as u64) || step == total;
         let val_loss = if eval_now {
             Some(evaluate(&model.valid(), &val_file, cfg)?)
         } else {
@@ -210,7 +215,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             last_val = val_loss;
         }
 
-        if step % tc.log_every as u64 == 0 || step == total || val_loss.is_some() {
+        if step.is_multiple_of(tc.log_every as u64) || step == total || val_loss.is_some() {
             let secs_per_step = step_secs / steps_timed.max(1) as f64;
             (step_secs, steps_timed) = (0.0, 0);
             let tokens_per_s = tokens_per_step / secs_per_step;
@@ -256,14 +261,14 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             .write(run_dir)?;
         }
 
-        if step % tc.ckpt_every as u64 == 0 || step == total {
+        if step.is_multiple_of(tc.ckpt_every as u64) || step == total {
             let dir = save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
             run_log::event(&mut events, step, "checkpoint", json!({ "dir": dir }))?;
         }
         // BUDGET-GUARD-HOOK: the budget guard is consulted here, after the step's logs and
         // checkpoint, at its configured interval.
         if let Some(guard) = budget.as_mut() {
-            let at_ckpt = step % tc.ckpt_every as u64 == 0;
+            let at_ckpt = step.is_multiple_of(tc.ckpt_every as u64);
             if step < total && (at_ckpt || guard.due()) {
                 let secs = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
                 let progress = lab_budget::Progress {
