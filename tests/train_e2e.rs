@@ -292,3 +292,63 @@ fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("(step 15)"));
     assert_eq!(sha256(&final_weights(&run, 20)), good);
 }
+
+#[test]
+fn a_diverging_run_stops_with_exit_5_and_keeps_its_last_good_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("hot.toml");
+    // An absurd learning rate with clipping off: the loss overflows within a few steps.
+    let text = std::fs::read_to_string(micro_config(tmp.path()))
+        .unwrap()
+        .replace("peak_lr = 3e-3", "peak_lr = 1e6\ngrad_clip = 0.0")
+        .replace("warmup_steps = 10", "warmup_steps = 1");
+    std::fs::write(&cfg, text).unwrap();
+    let run = tmp.path().join("run");
+    let out = train(&cfg, &run)
+        .args(["--log-every", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(stderr.contains("stability policy"), "{stderr}");
+
+    // The kept checkpoint holds finite weights: no non-finite update was ever applied.
+    let latest = std::fs::read_to_string(run.join("latest")).unwrap();
+    let weights = run.join(latest.trim()).join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert!(bytes[8 + header..]
+        .chunks_exact(4)
+        .all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite()));
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    assert!(events.contains("nonfinite_loss"), "{events}");
+    let status = std::fs::read_to_string(run.join("status.json")).unwrap();
+    assert!(status.contains("\"unstable\""), "{status}");
+}
+
+#[test]
+fn a_second_trainer_on_the_same_run_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    let mut first = train(&cfg, &run)
+        .args(["--total-steps", "100000", "--log-every", "1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !run.join("metrics.jsonl").exists()
+        || std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .is_empty()
+    {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    expect_one_line_error(
+        train(&cfg, &run).args(["--total-steps", "100000", "--resume-from-latest"]),
+        "in use by another lab train",
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+}

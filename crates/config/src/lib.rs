@@ -76,6 +76,18 @@ impl LabConfig {
         hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
     }
 
+    /// sha256 of what decides the numbers a run produces: the model and the optimization
+    /// recipe. Cadence (log, eval and checkpoint intervals, retention), hardware and budget are
+    /// left out, so a run may resume with a new `--log-every` or budget cap, never with a new
+    /// learning rate or batch.
+    pub fn training_sha256(&self) -> String {
+        let mut t = self.train.clone();
+        (t.log_every, t.eval_every, t.eval_batches, t.ckpt_every) = (0, 0, 0, 0);
+        (t.keep_last, t.keep_every) = (0, 0);
+        let json = serde_json::to_string(&(&self.model, &t)).expect("config serializes");
+        hex::encode(Sha256::digest(json.as_bytes()))
+    }
+
     /// Tokens consumed by one optimizer step on one data-parallel replica.
     pub fn tokens_per_step(&self) -> usize {
         self.train.micro_batch * self.train.grad_accum * self.model.seq_len
@@ -121,6 +133,13 @@ min_lr = 1e-4
         assert_eq!(a.sha256(), b.sha256());
         let c = LabConfig::from_toml(&TINY.replace("seq_len = 32", "seq_len = 64")).unwrap();
         assert_ne!(a.sha256(), c.sha256());
+        assert_ne!(a.training_sha256(), c.training_sha256());
+        // Cadence changes the full hash but not the training hash that resume checks.
+        let d =
+            LabConfig::from_toml(&TINY.replace("min_lr = 1e-4", "min_lr = 1e-4\nlog_every = 3"))
+                .unwrap();
+        assert_ne!(a.sha256(), d.sha256());
+        assert_eq!(a.training_sha256(), d.training_sha256());
     }
 
     fn err(text: &str) -> String {

@@ -45,6 +45,24 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Takes an exclusive advisory lock on `path` (created if missing) without waiting. The lock
+/// lasts as long as the returned file stays open, and the kernel drops it if the process dies.
+pub fn lock_exclusive(path: &Path) -> Result<File> {
+    use std::os::fd::AsRawFd;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("cannot open lock file {}", path.display()))?;
+    // Safety: flock on a file descriptor we own; no memory is shared with the kernel.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        anyhow::bail!("{} is locked", path.display());
+    }
+    Ok(file)
+}
+
 /// sha256 (hex) of a file's contents, streamed.
 pub fn sha256_file(path: &Path) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
@@ -80,6 +98,16 @@ mod tests {
         assert_eq!(fs::read(&p).unwrap(), b"new contents");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
         assert_eq!(sha256_file(&p).unwrap(), sha256_bytes(b"new contents"));
+    }
+
+    #[test]
+    fn a_second_lock_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(".lock");
+        let first = lock_exclusive(&p).unwrap();
+        assert!(lock_exclusive(&p).is_err());
+        drop(first);
+        assert!(lock_exclusive(&p).is_ok());
     }
 
     #[test]

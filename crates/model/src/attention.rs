@@ -37,12 +37,17 @@ impl<B: Backend> Attention<B> {
         }
     }
 
-    /// `x: [B·T, d]` → `[B·T, d]`.
-    pub fn forward(&self, x: Tensor<B, 2>, batch: usize, rope: &Rope<B>) -> Tensor<B, 2> {
+    /// `x: [B·T, d]` → `[B·T, d]`; `future` is [`causal_mask`] for this `T` and group size.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        rope: &Rope<B>,
+        future: &Tensor<B, 2, Bool>,
+    ) -> Tensor<B, 2> {
         let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
         let n = x.dims()[0];
         let t = n / batch;
-        let device = x.device();
         let group = h / kv;
 
         // Project and split into heads: [B, heads, T, hd].
@@ -55,7 +60,10 @@ impl<B: Backend> Attention<B> {
         // Stack each group's query heads along the sequence: [B, KV, group·T, hd].
         let q = q.reshape([batch, kv, group * t, hd]);
         let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
-        let future = causal_mask::<B>(t, group, batch, kv, &device);
+        let future = future
+            .clone()
+            .unsqueeze::<4>()
+            .expand([batch, kv, group * t, t]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let probs = softmax(scores, 3);
         let out = probs.matmul(v); // [B, KV, group·T, hd]
@@ -69,20 +77,13 @@ impl<B: Backend> Attention<B> {
     }
 }
 
-/// True where a query may not see a key (the key lies in its future), for the stacked layout:
-/// row `g·T + i` is query position `i` of group member `g`.
-fn causal_mask<B: Backend>(
-    t: usize,
-    group: usize,
-    batch: usize,
-    kv: usize,
-    device: &B::Device,
-) -> Tensor<B, 4, Bool> {
+/// True where a query may not see a key (the key lies in its future), `[group·T, T]` for the
+/// stacked layout: row `g·T + i` is query position `i` of group member `g`. Built once per
+/// forward pass and shared by every layer.
+pub fn causal_mask<B: Backend>(t: usize, group: usize, device: &B::Device) -> Tensor<B, 2, Bool> {
     // tril_mask marks everything above the diagonal: exactly the future keys.
-    let mask = Tensor::<B, 2, Bool>::tril_mask([t, t], 0, device);
-    mask.unsqueeze::<3>()
+    Tensor::<B, 2, Bool>::tril_mask([t, t], 0, device)
+        .unsqueeze::<3>()
         .repeat_dim(0, group)
         .reshape([group * t, t])
-        .unsqueeze::<4>()
-        .expand([batch, kv, group * t, t])
 }

@@ -2,7 +2,7 @@
 //! residuals → final RMSNorm → LM head.
 
 use burn::module::{Module, Param};
-use burn::tensor::{activation::silu, backend::Backend, Int, Tensor};
+use burn::tensor::{activation::silu, backend::Backend, Bool, Int, Tensor};
 use lab_config::ModelConfig;
 use lab_ops::FusedLoss;
 
@@ -44,8 +44,17 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: Backend> Block<B> {
-    fn forward(&self, x: Tensor<B, 2>, batch: usize, rope: &Rope<B>) -> Tensor<B, 2> {
-        let x = x.clone() + self.attn.forward(self.attn_norm.forward(x), batch, rope);
+    fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        rope: &Rope<B>,
+        future: &Tensor<B, 2, Bool>,
+    ) -> Tensor<B, 2> {
+        let x = x.clone()
+            + self
+                .attn
+                .forward(self.attn_norm.forward(x), batch, rope, future);
         x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
     }
 }
@@ -61,6 +70,8 @@ pub struct Llama<B: Backend> {
     seq_len: usize,
     head_dim: usize,
     rope_base: f64,
+    /// Query heads per key/value head.
+    group: usize,
 }
 
 impl<B: Backend> Llama<B> {
@@ -87,6 +98,7 @@ impl<B: Backend> Llama<B> {
             seq_len: cfg.seq_len,
             head_dim: cfg.head_dim(),
             rope_base: cfg.rope_base,
+            group: cfg.group_size(),
         }
     }
 
@@ -99,12 +111,14 @@ impl<B: Backend> Llama<B> {
             self.seq_len
         );
         let device = tokens.device();
+        // Position tables, built once per forward and shared by every layer.
         let rope = Rope::new(t, self.head_dim, self.rope_base, &device);
+        let future = crate::attention::causal_mask::<B>(t, self.group, &device);
         let x = burn::tensor::module::embedding(self.embed.val(), tokens);
         let d = x.dims()[2];
         let mut x = x.reshape([batch * t, d]);
         for block in &self.blocks {
-            x = block.forward(x, batch, &rope);
+            x = block.forward(x, batch, &rope, &future);
         }
         self.norm.forward(x)
     }

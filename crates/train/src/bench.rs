@@ -45,12 +45,21 @@ impl OnBackend for BenchOptions {
 fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
     let cfg = &opts.config;
     let (rows, t) = (cfg.train.micro_batch, cfg.model.seq_len);
+    if opts.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
     if cfg.model.vocab_size < lab_data::gpt2::GPT2_VOCAB {
         bail!("lab bench feeds GPT-2 tokens: model.vocab_size must be >= 50257");
     }
     // Enough real text for every window of the run.
     let text: String = lab_data::TINYSHAKESPEARE.chars().take(400_000).collect();
     let tokens = lab_data::gpt2::encoder().encode_ordinary(&text);
+    if tokens.len() < 2 * (t + 1) {
+        bail!(
+            "model.seq_len {t} is too long for the bench's {} tokens of text",
+            tokens.len()
+        );
+    }
     let batch_at = |i: usize| {
         let mut b = Batch {
             inputs: Vec::with_capacity(rows * t),

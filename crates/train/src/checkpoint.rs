@@ -43,6 +43,9 @@ pub struct TrainState {
     /// Learning rate the next step will use.
     pub next_lr: f64,
     pub config_sha256: String,
+    /// The hash resume checks: model and optimization recipe only (see
+    /// `LabConfig::training_sha256`).
+    pub training_sha256: String,
     pub created_utc: String,
     pub lab_version: String,
     /// sha256 of each file in the checkpoint folder (this file excepted).
@@ -108,14 +111,20 @@ pub fn save(
     let json = serde_json::to_string_pretty(&state)? + "\n";
     lab_fsio::write_atomic(&tmp.join(STATE), json.as_bytes())?;
 
-    if final_dir.exists() {
-        // A checkpoint of this step from an earlier attempt: the new one replaces it.
-        fs::remove_dir_all(&final_dir)
-            .with_context(|| format!("cannot replace {}", final_dir.display()))?;
+    // A checkpoint of this step from an earlier attempt is moved aside, not deleted, until
+    // the new one is in place: a crash in between leaves one of them under a loadable name.
+    let old = run_dir.join(format!(".{name}.old-{}", std::process::id()));
+    let replacing = final_dir.exists();
+    if replacing {
+        fs::rename(&final_dir, &old)
+            .with_context(|| format!("cannot move aside {}", final_dir.display()))?;
     }
     fs::rename(&tmp, &final_dir)
         .with_context(|| format!("cannot rename checkpoint into {}", final_dir.display()))?;
     lab_fsio::sync_parent(&final_dir)?;
+    if replacing {
+        fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+    }
     lab_fsio::write_atomic(&run_dir.join(LATEST), format!("{name}\n").as_bytes())?;
     Ok(final_dir)
 }
@@ -127,6 +136,14 @@ pub fn load(dir: &Path) -> Result<Loaded> {
         .with_context(|| format!("cannot read {}", state_path.display()))?;
     let state: TrainState = serde_json::from_str(&text)
         .with_context(|| format!("{} is not a valid state.json", state_path.display()))?;
+    let dir_name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    if dir_name.as_deref().and_then(parse_step) != Some(state.step) {
+        bail!(
+            "{} says step {}, which does not match its folder name",
+            state_path.display(),
+            state.step
+        );
+    }
     for file in [MODEL, OPTIMIZER] {
         let expected = state
             .files
@@ -150,23 +167,43 @@ pub fn load(dir: &Path) -> Result<Loaded> {
     })
 }
 
-/// The newest checkpoint that verifies, with a warning for each newer one skipped.
+/// The newest checkpoint that verifies, with a warning for each newer one skipped. Skipped
+/// folders are renamed `step-N.corrupt` (kept for inspection, out of retention's and the next
+/// resume's way).
 pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<Option<Loaded>> {
     for (_, dir) in list(run_dir)? {
         match load(&dir) {
             Ok(loaded) => return Ok(Some(loaded)),
-            Err(e) => warn(format!("skipping checkpoint {}: {e:#}", dir.display())),
+            Err(e) => {
+                let mut quarantine = dir.clone().into_os_string();
+                quarantine.push(".corrupt");
+                fs::rename(&dir, &quarantine)
+                    .with_context(|| format!("cannot set aside {}", dir.display()))?;
+                warn(format!(
+                    "skipping checkpoint {}: {e:#} (kept as {})",
+                    dir.display(),
+                    Path::new(&quarantine).display()
+                ));
+            }
         }
     }
     Ok(None)
 }
 
 /// Retention: keep the newest `keep_last` checkpoints plus every checkpoint whose step is a
-/// multiple of `ckpt_every × keep_every`; delete the rest and stale temporary folders.
-pub fn prune(run_dir: &Path, keep_last: usize, ckpt_every: usize, keep_every: usize) -> Result<()> {
+/// multiple of `ckpt_every × keep_every`; delete the rest and stale temporary folders. The
+/// checkpoint just written (`protect`) is never deleted.
+pub fn prune(
+    run_dir: &Path,
+    protect: u64,
+    keep_last: usize,
+    ckpt_every: usize,
+    keep_every: usize,
+) -> Result<()> {
     let milestone = (ckpt_every * keep_every) as u64;
     for (i, (step, dir)) in list(run_dir)?.into_iter().enumerate() {
-        let keep = i < keep_last || (milestone > 0 && step % milestone == 0);
+        let keep =
+            step == protect || i < keep_last || (milestone > 0 && step.is_multiple_of(milestone));
         if !keep {
             fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
         }
@@ -175,7 +212,8 @@ pub fn prune(run_dir: &Path, keep_last: usize, ckpt_every: usize, keep_every: us
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = format!(".tmp-{}", std::process::id());
-        if name.starts_with(".step-") && name.contains(".tmp-") && !name.ends_with(&ours) {
+        let temporary = name.contains(".tmp-") || name.contains(".old-");
+        if name.starts_with(".step-") && temporary && !name.ends_with(&ours) {
             let _ = fs::remove_dir_all(entry.path());
         }
     }
@@ -196,6 +234,7 @@ mod tests {
             rng: "stateless".into(),
             next_lr: 1e-3,
             config_sha256: "abc".into(),
+            training_sha256: "def".into(),
             created_utc: "now".into(),
             lab_version: "0".into(),
             files: BTreeMap::new(),
@@ -238,6 +277,17 @@ mod tests {
         assert_eq!(l.state.step, 10);
         assert_eq!(warnings.len(), 1);
         assert!(warnings[0].contains("sha256"), "{}", warnings[0]);
+        assert!(dir.path().join("step-00000020.corrupt").exists());
+        assert_eq!(list(dir.path()).unwrap().len(), 1);
+
+        // Retention never deletes the checkpoint just written, even with keep_last = 0.
+        prune(dir.path(), 10, 0, 10, 10).unwrap();
+        assert_eq!(list(dir.path()).unwrap().len(), 1);
+
+        // A state.json that disagrees with its folder is refused.
+        let moved = dir.path().join("step-00000011");
+        fs::rename(dir.path().join("step-00000010"), &moved).unwrap();
+        assert!(format!("{:#}", load(&moved).err().unwrap()).contains("folder name"));
     }
 
     #[test]
@@ -245,7 +295,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for step in (10..=250).step_by(10) {
             save(dir.path(), state(step), &tensors(0.0), &tensors(0.0)).unwrap();
-            prune(dir.path(), 5, 10, 10).unwrap();
+            prune(dir.path(), step, 5, 10, 10).unwrap();
         }
         let mut kept: Vec<u64> = list(dir.path())
             .unwrap()
@@ -262,7 +312,7 @@ mod tests {
         fs::create_dir(dir.path().join(".step-00000030.tmp-999999")).unwrap();
         save(dir.path(), state(10), &tensors(0.0), &tensors(0.0)).unwrap();
         assert_eq!(list(dir.path()).unwrap().len(), 1);
-        prune(dir.path(), 5, 10, 10).unwrap();
+        prune(dir.path(), 10, 5, 10, 10).unwrap();
         assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
     }
 }

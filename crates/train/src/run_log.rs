@@ -106,6 +106,21 @@ pub struct Status {
 }
 
 impl Status {
+    /// Sets the state and step, stamps the time and rewrites status.json.
+    pub fn finish(
+        &mut self,
+        state: &'static str,
+        step: u64,
+        started: std::time::Instant,
+        run_dir: &Path,
+    ) -> Result<()> {
+        self.state = state;
+        self.step = step;
+        self.elapsed_s = started.elapsed().as_secs_f64();
+        self.updated_utc = now_utc();
+        self.write(run_dir)
+    }
+
     pub fn write(&self, run_dir: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(self)? + "\n";
         lab_fsio::write_atomic(&run_dir.join(STATUS), json.as_bytes())

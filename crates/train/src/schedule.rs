@@ -1,5 +1,5 @@
-//! Learning-rate schedule: linear warmup to the peak, then cosine decay to the minimum at the
-//! last step (nanoGPT's `get_lr`).
+//! Learning-rate schedule: linear warmup to the peak, then cosine decay that reaches the
+//! minimum at `total_steps` (nanoGPT's `get_lr`; the last step taken is `total_steps - 1`).
 
 use lab_config::TrainConfig;
 

@@ -6,6 +6,7 @@
 //!     lr = warmup-cosine(step)
 //!     for each micro-batch:                 windows (seed, step, micro) from train.bin
 //!         loss = model(x, y) / grad_accum;  grads += ∂loss
+//!     loss not finite?                      → checkpoint of the last good weights, exit 5
 //!     model = AdamW(model, clip_global(grads), lr)
 //!     log / eval / checkpoint at their cadence
 //! ```
@@ -52,6 +53,9 @@ pub enum Outcome {
     },
     /// Stopped by a signal after an emergency checkpoint at `step`.
     Interrupted { signal: i32, step: u64 },
+    /// Stopped by the stability policy (exit 5): the loss of step `step + 1` was not finite;
+    /// the weights after `step` (the last good ones) are checkpointed.
+    Unstable { step: u64, loss: f64 },
     /// Stopped by the budget guard: exit 3 after a checkpoint at `step`, or 4 with none.
     BudgetStopped {
         exit_code: u8,
@@ -74,6 +78,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let tc = &cfg.train;
     let run_dir = &opts.run_dir;
     let config_sha = cfg.sha256();
+    let training_sha = cfg.training_sha256();
 
     // Fail early, before any compute: data readable, run folder writable, no silent overwrite.
     let meta = Meta::load(&opts.data_dir)?;
@@ -89,7 +94,16 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let val_file = TokenFile::open(&opts.data_dir, "val.bin", &meta)?;
     let sampler = Sampler::new(train_file.len(), cfg.model.seq_len, tc.seed)
         .with_context(|| train_file.path().display().to_string())?;
-    prepare_run_dir(&opts)?;
+    if val_file.len() < cfg.model.seq_len + 1 {
+        bail!(
+            "{} has {} tokens, fewer than model.seq_len + 1 = {}: prepare a larger validation split",
+            val_file.path().display(),
+            val_file.len(),
+            cfg.model.seq_len + 1
+        );
+    }
+    // Held until the run ends: a second `lab train` on the same folder is refused.
+    let _lock = prepare_run_dir(&opts)?;
     let stop = StopSignal::install()?;
 
     let mut metrics = JsonLines::open(&run_dir.join(run_log::METRICS))?;
@@ -105,12 +119,13 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             let _ = run_log::event(&mut events, 0, "checkpoint_skipped", json!({ "reason": w }));
         };
         if let Some(ck) = checkpoint::load_latest_good(run_dir, &mut warn)? {
-            if ck.state.config_sha256 != config_sha {
+            if ck.state.training_sha256 != training_sha {
+                let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
                 bail!(
-                    "{} was written by config sha256 {} but this run's config is {}; resume with the same config and flags, or use a new --ckpt-dir",
+                    "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
                     ck.dir.display(),
-                    &ck.state.config_sha256[..12],
-                    &config_sha[..12]
+                    short(&ck.state.training_sha256),
+                    short(&training_sha)
                 );
             }
             model = weights::load_tensor_map(model, &ck.model)
@@ -128,6 +143,9 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             println!("resumed from {} (step {step})", ck.dir.display());
         } else {
             println!("no checkpoint in {}: starting fresh", run_dir.display());
+            // Lines of an attempt that never checkpointed are not part of this run.
+            run_log::truncate_after_step(&run_dir.join(run_log::METRICS), 0)?;
+            metrics = JsonLines::open(&run_dir.join(run_log::METRICS))?;
         }
     }
 
@@ -149,7 +167,21 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let peak_flops = cfg.hardware.peak_flops(Precision::Fp32);
     let started = Instant::now();
     let start_step = step;
-    let started_utc = run_log::now_utc();
+    let mut status = Status {
+        state: "running",
+        step,
+        total_steps: total,
+        loss: None,
+        val_loss: None,
+        tokens_per_s: None,
+        secs_per_step: None,
+        mfu: None,
+        elapsed_s: 0.0,
+        eta_s: None,
+        config_sha256: config_sha.clone(),
+        started_utc: run_log::now_utc(),
+        updated_utc: run_log::now_utc(),
+    };
     let bar = progress_bar(opts.progress, step, total);
     let say = |line: String| {
         if bar.is_hidden() {
@@ -165,7 +197,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
 
     while step < total {
         if let Some(signal) = stop.received() {
-            save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
+            save_checkpoint(&opts, &model, &optim, step, &config_sha, &training_sha)?;
             run_log::event(
                 &mut events,
                 step,
@@ -176,6 +208,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
                 "signal {signal}: emergency checkpoint at step {step}"
             ));
             bar.abandon();
+            status.finish("interrupted", step, started, run_dir)?;
             return Ok(Outcome::Interrupted { signal, step });
         }
 
@@ -193,16 +226,28 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             let grads = (loss / tc.grad_accum as f64).backward();
             accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
         }
+        let loss = loss_sum / tc.grad_accum as f64;
+        if !loss.is_finite() {
+            // Stability policy: never apply a non-finite update. The weights are still those
+            // after `step`, the last good ones; keep them and stop.
+            save_checkpoint(&opts, &model, &optim, step, &config_sha, &training_sha)?;
+            run_log::event(
+                &mut events,
+                step,
+                "nonfinite_loss",
+                json!({ "loss": loss.to_string(), "lr": lr }),
+            )?;
+            say(format!("loss of step {} is {loss}: checkpoint of step {step} kept, stopping (lower train.peak_lr?)", step + 1));
+            bar.abandon();
+            status.finish("unstable", step, started, run_dir)?;
+            return Ok(Outcome::Unstable { step, loss });
+        }
         let (next, stats) = optim.step(model, accum.grads(), lr);
         model = next;
         step += 1;
         step_secs += step_started.elapsed().as_secs_f64();
         steps_timed += 1;
-        last_loss = loss_sum / tc.grad_accum as f64;
-        if !last_loss.is_finite() {
-            save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
-            bail!("loss became {last_loss} at step {step}; checkpoint kept for inspection (lower train.peak_lr?)");
-        }
+        last_loss = loss;
         bar.set_position(step);
 
         let eval_now = step.is_multiple_of(tc.eval_every as u64) || step == total;
@@ -243,32 +288,21 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
                 mfu * 100.0
             ));
             bar.set_message(format!("loss {last_loss:.3}"));
-            Status {
-                state: "running",
-                step,
-                total_steps: total,
-                loss: Some(last_loss),
-                val_loss: last_val,
-                tokens_per_s: Some(tokens_per_s),
-                secs_per_step: Some(secs_per_step),
-                mfu: Some(mfu),
-                elapsed_s: started.elapsed().as_secs_f64(),
-                eta_s: Some(secs_per_step * (total - step) as f64),
-                config_sha256: config_sha.clone(),
-                started_utc: started_utc.clone(),
-                updated_utc: run_log::now_utc(),
-            }
-            .write(run_dir)?;
+            status.step = step;
+            status.loss = Some(last_loss);
+            status.val_loss = last_val;
+            status.tokens_per_s = Some(tokens_per_s);
+            status.secs_per_step = Some(secs_per_step);
+            status.mfu = Some(mfu);
+            status.eta_s = Some(secs_per_step * (total - step) as f64);
+            status.finish("running", step, started, run_dir)?;
         }
 
-        if step.is_multiple_of(tc.ckpt_every as u64) || step == total {
-            let dir = save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
-            run_log::event(&mut events, step, "checkpoint", json!({ "dir": dir }))?;
-        }
-        // BUDGET-GUARD-HOOK: the budget guard is consulted here, after the step's logs and
-        // checkpoint, at its configured interval.
+        let at_ckpt = step.is_multiple_of(tc.ckpt_every as u64) || step == total;
+        // BUDGET-GUARD-HOOK: the budget guard is consulted at its interval and at every
+        // checkpoint step, before the checkpoint: spent > cap stops with none (exit 4),
+        // projected > cap checkpoints and stops (exit 3).
         if let Some(guard) = budget.as_mut() {
-            let at_ckpt = step.is_multiple_of(tc.ckpt_every as u64);
             if step < total && (at_ckpt || guard.due()) {
                 let secs = started.elapsed().as_secs_f64() / (step - start_step).max(1) as f64;
                 let progress = lab_budget::Progress {
@@ -278,11 +312,19 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
                 };
                 let d = guard.check(&progress);
                 if let Some(exit_code) = d.verdict.exit_code() {
-                    if d.verdict == lab_budget::Verdict::StopGraceful && !at_ckpt {
-                        let dir = save_checkpoint(&opts, &model, &optim, step, &config_sha)?;
+                    if d.verdict == lab_budget::Verdict::StopGraceful {
+                        let dir = save_checkpoint(
+                            &opts,
+                            &model,
+                            &optim,
+                            step,
+                            &config_sha,
+                            &training_sha,
+                        )?;
                         run_log::event(&mut events, step, "checkpoint", json!({ "dir": dir }))?;
                     }
                     bar.abandon();
+                    status.finish("budget_stopped", step, started, run_dir)?;
                     return Ok(Outcome::BudgetStopped {
                         exit_code,
                         step,
@@ -291,25 +333,17 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
                 }
             }
         }
+        if at_ckpt {
+            let dir = save_checkpoint(&opts, &model, &optim, step, &config_sha, &training_sha)?;
+            run_log::event(&mut events, step, "checkpoint", json!({ "dir": dir }))?;
+        }
     }
 
     bar.finish_and_clear();
-    Status {
-        state: "done",
-        step,
-        total_steps: total,
-        loss: Some(last_loss),
-        val_loss: last_val,
-        tokens_per_s: None,
-        secs_per_step: None,
-        mfu: None,
-        elapsed_s: started.elapsed().as_secs_f64(),
-        eta_s: Some(0.0),
-        config_sha256: config_sha,
-        started_utc,
-        updated_utc: run_log::now_utc(),
-    }
-    .write(run_dir)?;
+    status.loss = Some(last_loss);
+    status.val_loss = last_val;
+    status.eta_s = Some(0.0);
+    status.finish("done", step, started, run_dir)?;
     run_log::event(&mut events, step, "done", json!({}))?;
     Ok(Outcome::Completed {
         step,
@@ -318,12 +352,18 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     })
 }
 
-/// Creates the run folder and proves it writable; refuses to silently restart over an
-/// existing run.
-fn prepare_run_dir(opts: &TrainOptions) -> Result<()> {
+/// Creates the run folder, proves it writable and takes its lock; refuses to silently restart
+/// over an existing run.
+fn prepare_run_dir(opts: &TrainOptions) -> Result<std::fs::File> {
     let dir = &opts.run_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create --ckpt-dir {}", dir.display()))?;
+    let lock = lab_fsio::lock_exclusive(&dir.join(".lock")).with_context(|| {
+        format!(
+            "--ckpt-dir {} is in use by another lab train",
+            dir.display()
+        )
+    })?;
     let probe = dir.join(".write-test");
     std::fs::write(&probe, b"ok")
         .with_context(|| format!("--ckpt-dir {} is not writable", dir.display()))?;
@@ -340,7 +380,7 @@ fn prepare_run_dir(opts: &TrainOptions) -> Result<()> {
             let _ = std::fs::remove_file(dir.join(f));
         }
     }
-    Ok(())
+    Ok(lock)
 }
 
 fn save_checkpoint<B: TrainBackend>(
@@ -349,6 +389,7 @@ fn save_checkpoint<B: TrainBackend>(
     optim: &AdamW<B::InnerBackend>,
     step: u64,
     config_sha: &str,
+    training_sha: &str,
 ) -> Result<PathBuf> {
     let tc = &opts.config.train;
     let (opt_state, updates) = optim.state();
@@ -360,6 +401,7 @@ fn save_checkpoint<B: TrainBackend>(
         rng: "stateless: init = f(seed, parameter path), data order = f(seed, window index)".into(),
         next_lr: learning_rate(tc, step as usize),
         config_sha256: config_sha.to_string(),
+        training_sha256: training_sha.to_string(),
         created_utc: run_log::now_utc(),
         lab_version: env!("CARGO_PKG_VERSION").into(),
         files: Default::default(),
@@ -370,7 +412,13 @@ fn save_checkpoint<B: TrainBackend>(
         &weights::tensor_map(model),
         &opt_state,
     )?;
-    checkpoint::prune(&opts.run_dir, tc.keep_last, tc.ckpt_every, tc.keep_every)?;
+    checkpoint::prune(
+        &opts.run_dir,
+        step,
+        tc.keep_last,
+        tc.ckpt_every,
+        tc.keep_every,
+    )?;
     Ok(dir)
 }
 

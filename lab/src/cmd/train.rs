@@ -126,12 +126,23 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return Ok(code);
     }
     let end_of_run = opts.budget.as_ref().and_then(|g| g.end_of_run());
-    let outcome = backend.dispatch(opts)?;
-    if let (Some(end), Outcome::Completed { .. } | Outcome::BudgetStopped { .. }) =
-        (end_of_run, &outcome)
-    {
-        end.terminate().context("--terminate-on-exit")?;
+    let result = backend.dispatch(opts);
+    // --terminate-on-exit: a finished, budget-stopped or failed run stops paying; an
+    // interrupted one (someone pressed Ctrl-C, or the provider preempts) is left to its owner.
+    if let Some(end) = end_of_run {
+        if !matches!(result, Ok(Outcome::Interrupted { .. })) {
+            let terminated = end.terminate().context("--terminate-on-exit");
+            if let Err(e) = &terminated {
+                if result.is_err() {
+                    eprintln!("error: {e:#}");
+                }
+            }
+            if result.is_ok() {
+                terminated?;
+            }
+        }
     }
+    let outcome = result?;
     match outcome {
         Outcome::Completed {
             step,
@@ -145,6 +156,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     .unwrap_or_default()
             );
             Ok(ExitCode::SUCCESS)
+        }
+        Outcome::Unstable { step, loss } => {
+            eprintln!("stopped by the stability policy: loss {loss} after step {step}; checkpoint of step {step} kept");
+            Ok(ExitCode::from(5))
         }
         Outcome::Interrupted { signal, step } => {
             eprintln!("interrupted by signal {signal}: emergency checkpoint at step {step}");
