@@ -39,11 +39,12 @@ ckpt_every = 10
     path
 }
 
-/// Prepares the bundled corpus once per test binary and returns its folder.
+/// The bundled corpus, prepared once under cargo's per-build temporary folder and reused by
+/// every test (preparation is atomic, so concurrent test binaries are safe).
 pub fn data_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lab-test-data-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tinyshakespeare-gpt2");
         lab_data::gpt2::ensure_tinyshakespeare(&dir).unwrap();
         dir
     })
@@ -79,8 +80,7 @@ pub fn losses(run: &Path) -> Vec<(u64, u64)> {
 }
 
 pub fn sha256(path: &Path) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+    lab_fsio::sha256_file(path).unwrap()
 }
 
 pub fn final_weights(run: &Path, step: u64) -> PathBuf {

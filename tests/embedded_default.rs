@@ -27,5 +27,8 @@ fn default_lab_train_takes_the_loss_from_ln_vocab_to_below_6_5() {
     let status: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
     assert_eq!(status["state"], "done");
-    assert!(cwd.path().join("runs/data/tinyshakespeare-gpt2/meta.json").exists());
+    assert!(cwd
+        .path()
+        .join("runs/data/tinyshakespeare-gpt2/meta.json")
+        .exists());
 }

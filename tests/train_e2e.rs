@@ -59,8 +59,10 @@ fn kill_9_at_a_random_step_then_resume_matches_an_uninterrupted_run() {
     run_ok(train(&cfg, &reference).args(["--ckpt-every", "5"]));
 
     // Kill -9 once the run has checkpointed at least step `target` (10..=45, varies per run).
-    let target =
-        10 + (std::process::id() as u64 ^ Instant::now().elapsed().subsec_nanos() as u64) % 36;
+    let target = {
+        use std::hash::{BuildHasher, RandomState};
+        10 + RandomState::new().hash_one(std::process::id()) % 36
+    };
     let run = tmp.path().join("killed");
     let mut child = train(&cfg, &run)
         .args(["--ckpt-every", "5"])

@@ -122,8 +122,46 @@ impl std::fmt::Display for BudgetUri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BudgetUri::File(p) => write!(f, "{}", p.display()),
-            BudgetUri::Http(u) => f.write_str(u),
+            BudgetUri::Http(u) => f.write_str(&redact_url(u)),
         }
+    }
+}
+
+/// A URL as it may be shown: credentials (`user:pass@`) and the query string (`?token=…`)
+/// replaced by `…`, so a budget URI never leaks a secret into logs or events.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let userinfo = if host.len() < authority.len() {
+        "…@"
+    } else {
+        ""
+    };
+    let path = match path.split_once('?') {
+        Some((p, _)) => format!("{p}?…"),
+        None => path.to_string(),
+    };
+    let scheme = if scheme.is_empty() {
+        String::new()
+    } else {
+        format!("{scheme}://")
+    };
+    format!("{scheme}{userinfo}{host}{path}")
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn credentials_and_query_never_show() {
+        let shown = redact_url("https://bob:s3cret@billing.example/v1/budget.json?token=abc123");
+        assert_eq!(shown, "https://…@billing.example/v1/budget.json?…");
+        assert_eq!(
+            redact_url("http://127.0.0.1:8080/b.json"),
+            "http://127.0.0.1:8080/b.json"
+        );
     }
 }
 

@@ -23,14 +23,9 @@ impl Progress {
     }
 }
 
-/// Names the trainer may use for the measured step time.
-const SEC_PER_STEP_KEYS: &[&str] = &[
-    "secs_per_step",
-    "sec_per_step",
-    "seconds_per_step",
-    "step_time_s",
-    "s_per_step",
-];
+/// The key under which the trainer (`lab_train::run_log::Status`) publishes the measured
+/// seconds per step.
+const SECS_PER_STEP: &str = "secs_per_step";
 
 /// Reads `status.json` (tolerant of extra fields; strict about the ones it needs).
 pub fn read_status(path: &Path) -> Result<Progress> {
@@ -49,9 +44,9 @@ pub fn parse_status(text: &str) -> Result<Progress> {
     };
     let step = int("step")?;
     let total_steps = int("total_steps")?;
-    let sec_per_step = SEC_PER_STEP_KEYS
-        .iter()
-        .find_map(|k| v.get(*k).and_then(Value::as_f64))
+    let sec_per_step = v
+        .get(SECS_PER_STEP)
+        .and_then(Value::as_f64)
         .filter(|s| s.is_finite() && *s >= 0.0);
     Ok(Progress {
         step,
@@ -66,7 +61,7 @@ mod tests {
 
     #[test]
     fn parses_and_projects() {
-        let p = parse_status(r#"{"step": 100, "total_steps": 1100, "sec_per_step": 3.6, "x": 1}"#)
+        let p = parse_status(r#"{"step": 100, "total_steps": 1100, "secs_per_step": 3.6, "x": 1}"#)
             .unwrap();
         assert!((p.remaining_hours().unwrap() - 1.0).abs() < 1e-12);
         let p = parse_status(r#"{"step": 0, "total_steps": 10}"#).unwrap();

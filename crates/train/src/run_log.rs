@@ -5,7 +5,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -15,9 +14,10 @@ pub const METRICS: &str = "metrics.jsonl";
 pub const EVENTS: &str = "events.jsonl";
 pub const STATUS: &str = "status.json";
 
-/// RFC 3339 UTC timestamp, seconds precision.
+/// RFC 3339 UTC timestamp, the one format of every `time_utc` in a run folder (the budget
+/// guard writes events to the same events.jsonl).
 pub fn now_utc() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+    lab_budget::clock::format_utc(lab_budget::clock::now_unix())
 }
 
 /// An append-only JSON-lines file; each line is flushed and fsynced so a kill loses nothing
