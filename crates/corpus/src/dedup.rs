@@ -71,7 +71,7 @@ pub fn exact_key(text: &str) -> u128 {
 pub struct DedupIndex {
     exact: HashSet<u128>,
     bands: FxHashMap<u64, Vec<u32>>,
-    kept: Vec<Box<Signature>>,
+    kept: Vec<Signature>,
     threshold: f64,
 }
 
@@ -119,7 +119,7 @@ impl DedupIndex {
             }
         }
         let id = self.kept.len() as u32;
-        self.kept.push(Box::new(*sig));
+        self.kept.push(*sig);
         for key in keys {
             self.bands.entry(key).or_default().push(id);
         }

@@ -65,7 +65,7 @@ pub fn plan(req: &ShardRequest) -> Result<ShardPlan> {
     }
     let ranks = req.nodes * req.gpus_per_node;
     let per_step = ranks * req.seq_len;
-    if req.global_batch_tokens % per_step != 0 {
+    if !req.global_batch_tokens.is_multiple_of(per_step) {
         let lower = (req.global_batch_tokens / per_step).max(1) * per_step;
         bail!(
             "--global-batch-tokens {} is not a multiple of ranks × seq_len = {ranks} × {} = {per_step}; use {lower} or {}",

@@ -43,9 +43,11 @@ pub struct Tokenizer {
     cache_key: u64,
 }
 
+/// Tokens of recently seen words, tagged with the tokenizer they belong to.
+type WordCache = (u64, FxHashMap<Box<[u8]>, Box<[u32]>>);
+
 thread_local! {
-    static WORD_CACHE: RefCell<(u64, FxHashMap<Box<[u8]>, Box<[u32]>>)> =
-        RefCell::new((0, FxHashMap::default()));
+    static WORD_CACHE: RefCell<WordCache> = RefCell::new((0, FxHashMap::default()));
 }
 const WORD_CACHE_MAX_ENTRIES: usize = 1 << 18;
 const WORD_CACHE_MAX_BYTES: usize = 48;

@@ -27,10 +27,11 @@ fn error_of(cfg: PrepareConfig) -> String {
         "no meta.json after a failure"
     );
     if out.exists() {
-        for entry in std::fs::read_dir(&out).unwrap() {
-            let name = entry.unwrap().file_name();
-            panic!("left {name:?} behind after: {e}");
-        }
+        let left: Vec<_> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "left {left:?} behind after: {e}");
     }
     e
 }
