@@ -11,7 +11,9 @@
 //! A checkpoint is written into a hidden temporary folder, every file fsynced, then the folder
 //! is renamed into place and `latest` updated: a crash at any instant leaves either the old
 //! checkpoint set or the new one. `state.json` records the sha256 of every file; loading
-//! verifies them, and resuming falls back to the newest checkpoint that verifies.
+//! verifies them, and resuming falls back to the newest checkpoint that verifies. `latest` is
+//! for people and tools; resume itself verifies the folders newest first, so a crash between
+//! the rename and the pointer update can never mislead it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

@@ -216,16 +216,22 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         let step_started = Instant::now();
         let lr = learning_rate(tc, step as usize);
         let mut accum = GradientsAccumulator::<Llama<B>>::new();
-        let mut loss_sum = 0.0;
+        // Micro-batch losses are summed on the device: one host sync per step, not per micro.
+        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
         for micro in 0..tc.grad_accum {
             let first = (step * tc.grad_accum as u64 + micro as u64) * tc.micro_batch as u64;
             let batch = sampler.batch(&train_file, first, tc.micro_batch)?;
             let (x, y) = to_tensors::<B>(&batch, &device);
             let loss = model.loss(x, y);
-            loss_sum += loss.clone().into_scalar().elem::<f64>();
+            let value = loss.clone().inner();
+            loss_sum = Some(match loss_sum {
+                Some(sum) => sum + value,
+                None => value,
+            });
             let grads = (loss / tc.grad_accum as f64).backward();
             accum.accumulate(&model, GradientsParams::from_grads(grads, &model));
         }
+        let loss_sum: f64 = loss_sum.expect("grad_accum >= 1").into_scalar().elem();
         let loss = loss_sum / tc.grad_accum as f64;
         if !loss.is_finite() {
             // Stability policy: never apply a non-finite update. The weights are still those
