@@ -28,6 +28,10 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Billing sidecar (writes budget.json), one-shot guard check, instance termination.
     Budget(cmd::budget::Args),
+    /// Prepare token data (read, clean, dedup, redact, decontaminate, tokenize) and plan shards.
+    Data(cmd::data::Args),
+    /// Train a byte-level BPE tokenizer; fertility report per document type.
+    Tokenizer(cmd::tokenizer::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +41,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Budget(args) => cmd::budget::run(args),
+        Command::Data(args) => cmd::data::run(args),
+        Command::Tokenizer(args) => cmd::tokenizer::run(args),
     };
     match result {
         Ok(code) => code,

@@ -182,7 +182,7 @@ pub fn discover(inputs: &[PathBuf]) -> Result<Vec<Source>> {
     let mut sources = Vec::new();
     for input in inputs {
         let meta = std::fs::metadata(input)
-            .with_context(|| format!("--input {}: no such file or directory", input.display()))?;
+            .map_err(|e| anyhow::anyhow!("--input {}: {e}", input.display()))?;
         if meta.is_dir() {
             let mut files = Vec::new();
             walk(input, &mut files)?;

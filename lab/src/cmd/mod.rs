@@ -2,5 +2,7 @@
 
 pub mod bench;
 pub mod budget;
+pub mod data;
 pub mod plan;
+pub mod tokenizer;
 pub mod train;

@@ -1,0 +1,208 @@
+//! `lab data prepare` (corpus → train.bin / val.bin / meta.json) and `lab data shards`
+//! (shard plan for N nodes × G GPUs). The work is in lab-corpus.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use lab_corpus::prepare::{prepare, PrepareConfig, Split};
+use lab_corpus::reader::ReadOptions;
+use lab_corpus::shards::{plan, ShardRequest};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: DataCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum DataCommand {
+    /// Corpus → clean/dedup/redact/decontaminate → tokenize → train.bin / val.bin + meta.json.
+    Prepare(PrepareArgs),
+    /// Shard plan of a prepared data dir for N nodes × G GPUs and a global batch.
+    Shards(ShardsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    lab data prepare --input crates/data/corpora/tinyshakespeare.txt --split chars:0.9 --output-dir data/shakespeare\n  \
+    lab data prepare --input crates/corpus/corpora/medquad.jsonl.zst --type-field source --all-filters \\\n    \
+    --decontaminate crates/corpus/corpora/mmlu-medical.jsonl --val-fraction 0.01 --workers 2 --output-dir data/medquad\n  \
+    lab data prepare --input fineweb-edu/sample/10BT --tokenizer gpt2 --val-fraction 0.001 --workers 16 --output-dir data/fineweb")]
+pub struct PrepareArgs {
+    /// Input file or directory (.txt, .jsonl, .jsonl.zst, .parquet); repeatable.
+    #[arg(long, short, required = true, value_name = "PATH")]
+    pub input: Vec<PathBuf>,
+    /// Where train.bin, val.bin and meta.json go.
+    #[arg(long, short, value_name = "DIR")]
+    pub output_dir: PathBuf,
+    /// `gpt2` (tiktoken's GPT-2 BPE) or a tokenizer.json from `lab tokenizer train`.
+    #[arg(long, default_value = "gpt2")]
+    pub tokenizer: String,
+    /// JSON key / parquet column holding the text.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// JSON key / parquet column naming the document type (per-type report).
+    #[arg(long)]
+    pub type_field: Option<String>,
+    /// Fraction of documents (seeded, by content) that go to val.bin.
+    #[arg(long, default_value_t = 0.001, conflicts_with = "split")]
+    pub val_fraction: f64,
+    /// `chars:F`: nanoGPT's split of one plain-text document at fraction F of its characters
+    /// (no end-of-text tokens), e.g. chars:0.9 for tinyshakespeare.
+    #[arg(long, value_name = "chars:F")]
+    pub split: Option<String>,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Tokenizer threads (the output is identical for any count) [default: all cores].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Unicode NFC, control characters dropped, whitespace normalised.
+    #[arg(long)]
+    pub clean: bool,
+    /// Drop documents under N tokens.
+    #[arg(long, value_name = "N")]
+    pub min_tokens: Option<u64>,
+    /// Drop documents whose visible characters are more than F non-alphanumeric.
+    #[arg(long, value_name = "F")]
+    pub max_non_alnum: Option<f64>,
+    /// Exact (hash) and MinHash near-duplicate removal.
+    #[arg(long)]
+    pub dedup: bool,
+    /// Jaccard similarity at which a document is a near-duplicate.
+    #[arg(long, default_value_t = 0.8)]
+    pub near_dup_threshold: f64,
+    /// Replace PHI (MRN, SSN, phone, fax, e-mail, URLs with ids, dates, names) by typed
+    /// placeholders.
+    #[arg(long)]
+    pub redact: bool,
+    /// With --redact: cut each document at its first date after YYYY-MM-DD.
+    #[arg(long, value_name = "YYYY-MM-DD", requires = "redact")]
+    pub anchor_date: Option<String>,
+    /// Eval set (JSONL) to decontaminate against (13-gram overlap ≥ 70%); repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub decontaminate: Vec<PathBuf>,
+    /// --clean --redact --dedup --min-tokens 50 --max-non-alnum 0.5 (the medical pipeline).
+    #[arg(long)]
+    pub all_filters: bool,
+    /// Larger documents / JSON lines are skipped and counted.
+    #[arg(long, default_value_t = 32 << 20, value_name = "BYTES")]
+    pub max_doc_bytes: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Example:\n  lab data shards --data-dir data/fineweb --nodes 128 --gpus-per-node 8 --global-batch-tokens 4194304 --seq-len 4096"
+)]
+pub struct ShardsArgs {
+    /// A prepared data dir (meta.json + train.bin).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    #[arg(long)]
+    pub nodes: u64,
+    #[arg(long)]
+    pub gpus_per_node: u64,
+    /// Tokens per optimizer step across all ranks.
+    #[arg(long)]
+    pub global_batch_tokens: u64,
+    #[arg(long, default_value_t = 1024)]
+    pub seq_len: u64,
+    /// Shards per rank [default: enough that none exceeds 100M tokens].
+    #[arg(long)]
+    pub shards_per_rank: Option<u64>,
+    /// Where the plan (JSON) goes [default: DATA_DIR/shards.json].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    match args.command {
+        DataCommand::Prepare(a) => run_prepare(a),
+        DataCommand::Shards(a) => run_shards(a),
+    }
+}
+
+fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
+    let split = match &a.split {
+        None => Split::ValFraction(a.val_fraction),
+        Some(s) => match s.strip_prefix("chars:").map(str::parse::<f64>) {
+            Some(Ok(f)) => Split::Chars { train_fraction: f },
+            _ => bail!("--split {s}: expected chars:F with F the train fraction, e.g. chars:0.9"),
+        },
+    };
+    let anchor_date = match &a.anchor_date {
+        None => None,
+        Some(s) => Some(
+            lab_corpus::redact::parse_anchor(s)
+                .with_context(|| format!("--anchor-date {s}: expected YYYY-MM-DD"))?,
+        ),
+    };
+    let workers = a
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cfg = PrepareConfig {
+        inputs: a.input,
+        output_dir: a.output_dir.clone(),
+        read: ReadOptions {
+            text_field: a.text_field,
+            type_field: a.type_field,
+            max_doc_bytes: a.max_doc_bytes,
+        },
+        tokenizer: a.tokenizer,
+        split,
+        seed: a.seed,
+        workers,
+        clean: a.clean || a.all_filters,
+        min_tokens: a.min_tokens.or(a.all_filters.then_some(50)),
+        max_non_alnum: a.max_non_alnum.or(a.all_filters.then_some(0.5)),
+        dedup: a.dedup || a.all_filters,
+        near_dup_threshold: a.near_dup_threshold,
+        redact: a.redact || a.all_filters,
+        anchor_date,
+        decontaminate: a.decontaminate,
+        decontam_threshold: 0.7,
+        progress: !a.quiet,
+    };
+    let out = prepare(cfg)?;
+    print!("{}", out.report);
+    let f = |n: &str| out.meta.files[n].tokens;
+    println!(
+        "\nwrote {}: train.bin {} tokens, val.bin {} tokens ({:?}, vocab {}); {:.1} MB of text in {:.1} s = {:.1} MB/s with {workers} workers",
+        a.output_dir.display(),
+        f("train.bin"),
+        f("val.bin"),
+        out.meta.dtype,
+        out.meta.vocab_size,
+        out.text_bytes as f64 / 1e6,
+        out.elapsed.as_secs_f64(),
+        out.mb_per_s(),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_shards(a: ShardsArgs) -> Result<ExitCode> {
+    let meta = lab_data::Meta::load(&a.data_dir)?;
+    let train = meta.file("train.bin")?;
+    let p = plan(&ShardRequest {
+        train_tokens: train.tokens,
+        nodes: a.nodes,
+        gpus_per_node: a.gpus_per_node,
+        global_batch_tokens: a.global_batch_tokens,
+        seq_len: a.seq_len,
+        shards_per_rank: a.shards_per_rank,
+        target_shard_tokens: 100_000_000,
+    })?;
+    let out = a.output.unwrap_or_else(|| a.data_dir.join("shards.json"));
+    let mut json = serde_json::to_value(&p)?;
+    json["train_bin_sha256"] = train.sha256.clone().into();
+    lab_fsio::write_atomic(
+        &out,
+        (serde_json::to_string_pretty(&json)? + "\n").as_bytes(),
+    )?;
+    print!("{}", p.table());
+    println!("\nplan written to {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
