@@ -50,7 +50,7 @@ pub fn fertility_chart(report: &FertilityReport, path: &Path) -> Result<()> {
         let mut chart = ChartBuilder::on(&root)
             .caption("Tokenizer fertility (tokens per word)", ("sans-serif", 22))
             .margin(12)
-            .x_label_area_size(90)
+            .x_label_area_size(40)
             .y_label_area_size(56)
             .build_cartesian_2d(0.0..rows.len() as f64, 0.0..max.max(0.1))
             .map_err(|e| anyhow!("{e}"))?;
@@ -67,11 +67,6 @@ pub fn fertility_chart(report: &FertilityReport, path: &Path) -> Result<()> {
                     String::new()
                 }
             })
-            .x_label_style(
-                ("sans-serif", 13)
-                    .into_font()
-                    .transform(FontTransform::Rotate90),
-            )
             .y_desc("tokens / word")
             .label_style(("sans-serif", 14))
             .draw()

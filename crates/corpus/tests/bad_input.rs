@@ -192,7 +192,10 @@ fn an_empty_directory_and_a_missing_path_are_errors() {
         vec![dir.path().join("nope")],
         &dir.path().join("out"),
     ));
-    assert!(e.contains("nope") && e.to_lowercase().contains("no such file"), "{e}");
+    assert!(
+        e.contains("nope") && e.to_lowercase().contains("no such file"),
+        "{e}"
+    );
 }
 
 #[test]
