@@ -31,6 +31,8 @@ mod generic;
 /// 206 MB full logits of the tiny config (8× less), yet tall enough that the weight-gradient
 /// product `hidden[chunk]^T @ g` (inner dimension = chunk rows) runs at full matmul speed and
 /// the `[d, V]` weight gradient is read and rewritten only N / 128 times per step.
+/// Measured on the tiny config (Flex, 2 threads, forward + backward of the op alone):
+/// 64 rows ≈ 553 ms, 128 ≈ 440 ms, 256 ≈ 455 ms.
 pub const DEFAULT_CHUNK_ROWS: usize = 128;
 
 /// A backend that can compute the fused LM-head cross-entropy.
