@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "lab", version, about = "Reproducible LLM pretraining lab harness")]
+#[command(
+    name = "lab",
+    version,
+    about = "Reproducible LLM pretraining lab harness"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
