@@ -161,22 +161,47 @@ fn target_ids(targets: &FlexTensor, n: usize, v: usize) -> Vec<usize> {
 
 /// `dst[m, n] (+)= lhs[m, k] @ rhs[k, n]`, all row-major-ish strided views given by
 /// (pointer, row stride, column stride). `accumulate` adds to what `dst` holds.
-#[allow(clippy::too_many_arguments)]
 fn matmul(
     dst: &mut [f32],
-    (m, n, k): (usize, usize, usize),
+    dims: (usize, usize, usize),
     dst_rs: usize,
     lhs: (*const f32, isize, isize),
     rhs: (*const f32, isize, isize),
     accumulate: bool,
 ) {
-    assert!(m == 0 || dst.len() >= (m - 1) * dst_rs + n);
+    let (m, n, k) = dims;
     // Same threshold Flex uses: below ~7 MFLOP threads cost more than they save.
     let parallelism = if m * n * k >= 192 * 192 * 192 {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
+    gemm_into(dst, dims, dst_rs, lhs, rhs, accumulate, parallelism);
+}
+
+/// [`matmul`] on the calling thread only (`dst = lhs @ rhs`).
+fn matmul_serial(
+    dst: &mut [f32],
+    dims: (usize, usize, usize),
+    dst_rs: usize,
+    lhs: (*const f32, isize, isize),
+    rhs: (*const f32, isize, isize),
+) {
+    gemm_into(dst, dims, dst_rs, lhs, rhs, false, gemm::Parallelism::None);
+}
+
+/// The one call into `gemm` behind [`matmul`] and [`matmul_serial`].
+#[allow(clippy::too_many_arguments)]
+fn gemm_into(
+    dst: &mut [f32],
+    (m, n, k): (usize, usize, usize),
+    dst_rs: usize,
+    lhs: (*const f32, isize, isize),
+    rhs: (*const f32, isize, isize),
+    accumulate: bool,
+    parallelism: gemm::Parallelism,
+) {
+    assert!(m == 0 || dst.len() >= (m - 1) * dst_rs + n);
     // SAFETY: dst holds m rows of n at stride dst_rs (checked above); the callers build lhs
     // and rhs from `Mat` views whose layouts cover [m, k] and [k, n].
     unsafe {
@@ -200,41 +225,6 @@ fn matmul(
             false,
             false,
             parallelism,
-        );
-    }
-}
-
-/// [`matmul`] on the calling thread only (`dst = lhs @ rhs`).
-fn matmul_serial(
-    dst: &mut [f32],
-    (m, n, k): (usize, usize, usize),
-    dst_rs: usize,
-    lhs: (*const f32, isize, isize),
-    rhs: (*const f32, isize, isize),
-) {
-    assert!(m == 0 || dst.len() >= (m - 1) * dst_rs + n);
-    // SAFETY: as in `matmul`.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            dst_rs as isize,
-            false,
-            lhs.0,
-            lhs.2,
-            lhs.1,
-            rhs.0,
-            rhs.2,
-            rhs.1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
         );
     }
 }
