@@ -43,23 +43,34 @@ pub trait OnBackend {
 }
 
 impl BackendKind {
-    /// Runs `work` on this backend, or says which build feature it needs.
-    pub fn dispatch<W: OnBackend>(self, work: W) -> Result<W::Output> {
+    /// Fails, before any work is prepared, when this build or machine lacks the backend.
+    pub fn ensure_available(self) -> Result<()> {
         match self {
-            Self::Cpu => work.run::<Cpu>(Default::default()),
+            Self::Cpu => Ok(()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => {
-                cuda_available()?;
-                work.run::<Cuda>(Default::default())
-            }
+            Self::Cuda => cuda_available(),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => work.run::<Wgpu>(Default::default()),
+            Self::Wgpu => Ok(()),
             #[allow(unreachable_patterns)]
             other => bail!(
                 "--backend {} needs a lab built with `--features {}`",
                 other.name(),
                 other.name()
             ),
+        }
+    }
+
+    /// Runs `work` on this backend, or says why it cannot.
+    pub fn dispatch<W: OnBackend>(self, work: W) -> Result<W::Output> {
+        self.ensure_available()?;
+        match self {
+            Self::Cpu => work.run::<Cpu>(Default::default()),
+            #[cfg(feature = "cuda")]
+            Self::Cuda => work.run::<Cuda>(Default::default()),
+            #[cfg(feature = "wgpu")]
+            Self::Wgpu => work.run::<Wgpu>(Default::default()),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("ensure_available refused it"),
         }
     }
 

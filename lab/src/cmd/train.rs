@@ -112,6 +112,7 @@ pub fn options(args: &Args) -> Result<TrainOptions> {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let backend: BackendKind = args.backend.parse()?;
+    backend.ensure_available()?;
     let mut opts = options(&args)?;
     let p = opts.config.model.param_count();
     println!(
