@@ -361,3 +361,48 @@ fn tokenizer_train_then_fertility_writes_table_and_chart() {
     ]));
     assert!(e.contains("nope.json"), "{e}");
 }
+
+#[test]
+fn out_of_range_filter_settings_and_huge_shard_plans_are_one_line_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out").display().to_string();
+    let input = repo("crates/data/corpora/tinyshakespeare.txt");
+    for (flag, value, needle) in [
+        ("--near-dup-threshold", "2", "--near-dup-threshold 2"),
+        ("--near-dup-threshold", "0", "--near-dup-threshold 0"),
+        ("--max-non-alnum", "1.5", "--max-non-alnum 1.5"),
+    ] {
+        let o = lab(&[
+            "data", "prepare", "-i", &input, "-o", &out, "--dedup", flag, value,
+        ]);
+        let line = one_line_error(&o);
+        assert!(line.contains(needle), "{line}");
+        assert!(!tmp.path().join("out/meta.json").exists());
+    }
+    let data = tmp.path().join("data").display().to_string();
+    let o = lab(&[
+        "data",
+        "prepare",
+        "-i",
+        &input,
+        "-o",
+        &data,
+        "--split",
+        "chars:0.9",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let huge = u64::MAX.to_string();
+    let o = lab(&[
+        "data",
+        "shards",
+        "--data-dir",
+        &data,
+        "--nodes",
+        &huge,
+        "--gpus-per-node",
+        &huge,
+        "--global-batch-tokens",
+        "1024",
+    ]);
+    assert!(one_line_error(&o).contains("overflows"));
+}

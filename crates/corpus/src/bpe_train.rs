@@ -161,14 +161,20 @@ pub fn train(cfg: &TrainConfig) -> Result<TrainOutcome> {
     if let Some(dir) = cfg.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = lab_fsio::temp_sibling(&cfg.output);
-    tokenizer
-        .save(&tmp, true)
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", cfg.output.display()))?;
-    std::fs::rename(&tmp, &cfg.output)?;
+    let tiktoken_ranks = cfg.output.with_extension("tiktoken");
+    if tiktoken_ranks == cfg.output {
+        bail!(
+            "--output {} would be overwritten by the .tiktoken ranks file; name it tokenizer.json",
+            cfg.output.display()
+        );
+    }
+    let json = tokenizer
+        .to_string(true)
+        .map_err(|e| anyhow::anyhow!("cannot serialize the tokenizer: {e}"))?;
+    let fast = crate::tokenize::Tokenizer::from_json_str(&json, &cfg.output)?;
 
-    // The same vocabulary as tiktoken ranks ("base64 rank" per line).
-    let fast = crate::tokenize::Tokenizer::from_file(&cfg.output)?;
+    // The same vocabulary as tiktoken ranks ("base64 rank" per line), written before
+    // tokenizer.json: a run killed in between never pairs a new tokenizer with old ranks.
     let mut ranks = String::new();
     for (id, bytes) in fast.token_bytes().iter().enumerate() {
         if let Some(b) = bytes {
@@ -180,8 +186,8 @@ pub fn train(cfg: &TrainConfig) -> Result<TrainOutcome> {
             }
         }
     }
-    let tiktoken_ranks = cfg.output.with_extension("tiktoken");
     lab_fsio::write_atomic(&tiktoken_ranks, ranks.as_bytes())?;
+    lab_fsio::write_atomic(&cfg.output, json.as_bytes())?;
     Ok(TrainOutcome {
         vocab_size: fast.vocab_size(),
         sampled,

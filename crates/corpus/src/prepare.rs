@@ -369,6 +369,16 @@ fn validate(cfg: &PrepareConfig) -> Result<()> {
     if cfg.workers == 0 {
         bail!("--workers 0: need at least one worker");
     }
+    let t = cfg.near_dup_threshold;
+    if t.is_nan() || t <= 0.0 || t > 1.0 {
+        bail!("--near-dup-threshold {t}: a Jaccard similarity must be in (0, 1]");
+    }
+    if let Some(m) = cfg
+        .max_non_alnum
+        .filter(|m| m.is_nan() || !(0.0..=1.0).contains(m))
+    {
+        bail!("--max-non-alnum {m}: a fraction must be in [0, 1]");
+    }
     Ok(())
 }
 

@@ -383,7 +383,7 @@ fn read_text(
     };
     let mut bytes = Vec::new();
     reader
-        .take(opts.max_doc_bytes as u64 + 1)
+        .take((opts.max_doc_bytes as u64).saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| corrupt(e, 1))?;
     let record = if bytes.len() > opts.max_doc_bytes {

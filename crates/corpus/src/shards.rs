@@ -63,8 +63,12 @@ pub fn plan(req: &ShardRequest) -> Result<ShardPlan> {
             bail!("{flag} must be at least 1");
         }
     }
-    let ranks = req.nodes * req.gpus_per_node;
-    let per_step = ranks * req.seq_len;
+    let too_big = || anyhow::anyhow!("--nodes × --gpus-per-node × --seq-len overflows");
+    let ranks = req
+        .nodes
+        .checked_mul(req.gpus_per_node)
+        .ok_or_else(too_big)?;
+    let per_step = ranks.checked_mul(req.seq_len).ok_or_else(too_big)?;
     if !req.global_batch_tokens.is_multiple_of(per_step) {
         let lower = (req.global_batch_tokens / per_step).max(1) * per_step;
         bail!(

@@ -80,7 +80,12 @@ impl Tokenizer {
                 path.display()
             )
         })?;
-        let json: serde_json::Value = serde_json::from_str(&text)
+        Self::from_json_str(&text, path)
+    }
+
+    /// Builds the encoder from tokenizer.json text; `path` names it in errors.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
+        let json: serde_json::Value = serde_json::from_str(text)
             .with_context(|| format!("{} is not a tokenizer.json", path.display()))?;
         let model = &json["model"];
         if model["type"] != "BPE" {
@@ -113,6 +118,9 @@ impl Tokenizer {
             let (Some(content), Some(id)) = (t["content"].as_str(), t["id"].as_u64()) else {
                 continue;
             };
+            if content.is_empty() {
+                continue; // an empty special would match between every two characters
+            }
             max_id = max_id.max(id as u32);
             ranks.remove(content.as_bytes());
             specials.push((content.to_string(), id as u32));

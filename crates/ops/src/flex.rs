@@ -230,7 +230,19 @@ fn gemm_into(
 }
 
 /// Loss and per-row log-sum-exp. Buffers: one `[c, V]` logits block, `lse [N]`.
+/// The shape contract every raw-pointer matmul below relies on (the safe public methods can be
+/// called without `lm_head_loss`'s own checks, so it is enforced here too).
+fn check_shapes(h: &Mat, w: &Mat, targets: &[usize], chunk_rows: usize) {
+    assert_eq!(
+        h.cols, w.rows,
+        "hidden [N, d] and weight [d, V] disagree on d"
+    );
+    assert_eq!(targets.len(), h.rows, "one target per hidden row");
+    assert!(chunk_rows > 0, "chunk_rows must be > 0");
+}
+
 fn forward(h: &Mat, w: &Mat, targets: &[usize], chunk_rows: usize) -> (f32, Vec<f32>) {
+    check_shapes(h, w, targets, chunk_rows);
     let (n, d, v) = (h.rows, h.cols, w.cols);
     let mut logits = vec![0f32; chunk_rows.min(n) * v]; // [c, V], reused by every chunk
     let mut lse = vec![0f32; n]; // [N]
@@ -270,6 +282,7 @@ fn backward(
     grad_loss: f32,
     chunk_rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    check_shapes(h, w, targets, chunk_rows);
     let (n, d, v) = (h.rows, h.cols, w.cols);
     let scale = grad_loss / n as f32; // d loss / d logits = (softmax − onehot) · scale
     let mut block_buf = vec![0f32; chunk_rows.min(n) * v]; // [c, V]
