@@ -225,13 +225,6 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     let dir = &cfg.output_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("--output-dir {}: cannot create it", dir.display()))?;
-    // Held until the prepare ends: two prepares into one folder would mix their files.
-    let _lock = lab_fsio::lock_exclusive(&dir.join(".lock")).with_context(|| {
-        format!(
-            "--output-dir {} is in use by another lab data prepare",
-            dir.display()
-        )
-    })?;
     start_over(dir)?;
 
     let dtype = TokenDtype::for_vocab(tokenizer.vocab_size());
