@@ -20,6 +20,22 @@ pub struct PlannedRun {
 }
 
 impl PlannedRun {
+    /// The run from its planned length and, when there is one, the step it starts at and the
+    /// step time a previous attempt measured (its status.json).
+    pub fn new(
+        total_steps: u64,
+        start_step: u64,
+        previous: Option<crate::status::Progress>,
+        planned_hours: Option<f64>,
+    ) -> Self {
+        Self {
+            total_steps,
+            start_step,
+            sec_per_step: previous.and_then(|s| s.sec_per_step),
+            planned_hours,
+        }
+    }
+
     /// Hours still to run, and how that number was obtained.
     pub fn hours(&self) -> Option<(f64, String)> {
         let left = self.total_steps.saturating_sub(self.start_step);

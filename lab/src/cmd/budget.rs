@@ -276,12 +276,8 @@ fn check(a: CheckArgs) -> Result<ExitCode> {
         .or(status.map(|s| s.total_steps))
         .or(lab_cfg.map(|l| l.train.total_steps as u64))
         .unwrap_or(0);
-    let plan = PlannedRun {
-        total_steps,
-        start_step: status.map(|s| s.step).unwrap_or(0),
-        sec_per_step: status.and_then(|s| s.sec_per_step),
-        planned_hours: c.planned_hours,
-    };
+    let start_step = status.map(|s| s.step).unwrap_or(0);
+    let plan = PlannedRun::new(total_steps, start_step, status, c.planned_hours);
     let reading = read_budget(&uri, now_unix(), c.poll_interval_s);
     let report = prelaunch(
         &GuardSettings::from_config(&c),

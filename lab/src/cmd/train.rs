@@ -184,17 +184,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
 /// this is `--dry-run-budget` (the decision table, 0 or 4).
 fn budget_prelaunch(opts: &mut TrainOptions) -> Option<ExitCode> {
     let guard = opts.budget.as_mut()?;
-    // Resuming: the previous attempt's status.json knows the step reached and the step time.
-    let status = opts
-        .resume
-        .then(|| lab_budget::status::read_status(&opts.run_dir.join("status.json")).ok())
-        .flatten();
-    let plan = lab_budget::PlannedRun {
-        total_steps: opts.config.train.total_steps as u64,
-        start_step: status.map(|s| s.step).unwrap_or(0),
-        sec_per_step: status.and_then(|s| s.sec_per_step),
-        planned_hours: None,
+    // Resuming: the run restarts at its newest checkpoint (status.json may be further on, by
+    // up to a checkpoint interval, which would under-project), and the previous attempt's
+    // status.json knows the step time.
+    let (start_step, status) = if opts.resume {
+        // An unreadable folder counts as step 0: the whole run is projected (fail safe).
+        let newest = lab_train::checkpoint::list(&opts.run_dir).unwrap_or_default();
+        let status = lab_budget::status::read_status(&opts.run_dir.join("status.json")).ok();
+        (newest.first().map_or(0, |(step, _)| *step), status)
+    } else {
+        (0, None)
     };
+    let total_steps = opts.config.train.total_steps as u64;
+    let plan = lab_budget::PlannedRun::new(total_steps, start_step, status, None);
     let report = guard.prelaunch(&plan);
     if guard.dry_run() {
         print!("{}", report.render());
