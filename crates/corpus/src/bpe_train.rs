@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use base64::Engine;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::normalizers::NormalizerWrapper;
@@ -49,14 +49,7 @@ pub struct TrainOutcome {
 
 /// Reads special tokens from a file: one per line, `#` comments and blank lines ignored.
 pub fn read_special_tokens(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("--special-tokens {}: cannot read it", path.display()))?;
-    Ok(text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect())
+    crate::reader::read_line_list(path, "--special-tokens")
 }
 
 /// Streams the documents of `sources` (parsed, cleaned) to `f`, with their types.

@@ -42,8 +42,9 @@ pub fn fertility_chart(report: &FertilityReport, path: &Path) -> Result<()> {
         .flat_map(|r| (0..n_tok).map(|i| r.fertility(i)))
         .fold(0.0f64, f64::max)
         * 1.15;
+    // plotters writes to a path: draw into a temporary sibling, then persist it atomically.
     let tmp = lab_fsio::temp_sibling(path).with_extension("png");
-    {
+    let drawn = (|| -> Result<()> {
         let width = (160 + rows.len() * (40 + 28 * n_tok)).max(640) as u32;
         let root = BitMapBackend::new(&tmp, (width, 520)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
@@ -101,7 +102,13 @@ pub fn fertility_chart(report: &FertilityReport, path: &Path) -> Result<()> {
             .map_err(|e| anyhow!("{e}"))?;
         root.present()
             .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+        Ok(())
+    })();
+    match drawn {
+        Ok(()) => lab_fsio::persist(&tmp, path),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
     }
-    std::fs::rename(&tmp, path)?;
-    Ok(())
 }

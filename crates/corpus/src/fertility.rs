@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -117,14 +117,7 @@ pub fn fertility(
     let terms = match terms {
         None => None,
         Some(path) => {
-            let list = std::fs::read_to_string(path).with_context(|| {
-                format!("--terms {}: cannot read the term list", path.display())
-            })?;
-            let list: Vec<&str> = list
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty() && !l.starts_with('#'))
-                .collect();
+            let list = crate::reader::read_line_list(path, "--terms")?;
             if list.is_empty() {
                 bail!("--terms {}: no terms (one per line)", path.display());
             }

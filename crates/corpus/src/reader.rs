@@ -559,6 +559,19 @@ fn read_parquet(
     Ok(records)
 }
 
+/// A list file given by `flag` (special tokens, terms …): one entry per line, trimmed, with
+/// blank lines and `#` comments skipped.
+pub fn read_line_list(path: &Path, flag: &str) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{flag} {}: cannot read it", path.display()))?;
+    Ok(text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,15 +23,26 @@ pub fn temp_sibling(path: &Path) -> PathBuf {
 /// Writes `bytes` to `path` atomically (temp name, fsync, rename, fsync dir).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_sibling(path);
+    let written = File::create(&tmp).and_then(|mut f| f.write_all(bytes));
+    match written {
+        Ok(()) => persist(&tmp, path),
+        Err(e) => {
+            let _ = fs::remove_file(&tmp);
+            Err(e).with_context(|| format!("cannot write {}", path.display()))
+        }
+    }
+}
+
+/// Makes a finished temporary file `tmp` (written by a library that wants a path, say) the
+/// file at `path`: fsync, rename, fsync dir. The temporary file is removed if that fails.
+pub fn persist(tmp: &Path, path: &Path) -> Result<()> {
     let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
+        File::open(tmp)?.sync_all()?;
+        fs::rename(tmp, path)?;
         sync_parent(path)
     })();
     if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+        let _ = fs::remove_file(tmp);
     }
     result.with_context(|| format!("cannot write {}", path.display()))
 }
