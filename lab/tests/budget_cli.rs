@@ -251,10 +251,8 @@ fn projected_over_cap_checkpoints_and_exits_3() {
         1_000_000,
         "cap_usd = 5\nrate_usd_per_hr = 360\nplanned_hours = 0.0001\ncheck_interval_s = 0.3",
     );
-    let t = Instant::now();
     let out = train(&cfg, &run, &[]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert!(t.elapsed() < Duration::from_secs(60));
     let all = text(&out);
     assert!(
         all.contains("projected total $") && all.contains("exceeds the cap $5.00"),
@@ -263,7 +261,8 @@ fn projected_over_cap_checkpoints_and_exits_3() {
     let stops = kinds(&run, "budget_stop_graceful");
     assert_eq!(stops.len(), 1);
     let step = stops[0]["step"].as_u64().unwrap();
-    assert!(step > 0);
+    // Stopped at its first checks, not after a long run: counted in steps, not seconds.
+    assert!(step > 0 && step < 10_000, "stopped at step {step}");
     assert!(stops[0]["spent_usd"].as_f64().unwrap() <= 5.0);
     // The checkpoint of the stop step is there, verifies and loads.
     let cks = checkpoints(&run);
@@ -439,18 +438,21 @@ fn malformed_budget_json_mid_run_stops_after_the_grace_period() {
         std::thread::sleep(Duration::from_millis(20));
     }
     std::fs::write(&budget, "{\"spent_usd\": 1.0, \"rate_").unwrap();
-    let broke = Instant::now();
     let out = child.wait_with_output().unwrap();
-    let blind = broke.elapsed();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let all = text(&out);
     assert!(
         all.contains("malformed") && all.contains("grace period"),
         "{all}"
     );
-    assert!(blind >= Duration::from_millis(900), "{blind:?}");
-    assert!(blind < Duration::from_secs(30), "{blind:?}");
-    assert_eq!(kinds(&run, "budget_degraded").len(), 1);
+    // The guard's own record: it stopped no sooner than grace_s (1 s) after it first saw the
+    // bad file, and kept training in between.
+    let degraded = kinds(&run, "budget_degraded");
+    assert_eq!(degraded.len(), 1);
+    let stop = &kinds(&run, "budget_stop_graceful")[0];
+    let at = |e: &Value| lab_run::clock::parse_utc(e["time_utc"].as_str().unwrap()).unwrap();
+    assert!(at(stop) - at(&degraded[0]) >= 0.99, "{degraded:?} {stop:?}");
+    assert!(stop["step"].as_u64() > degraded[0]["step"].as_u64());
     assert_eq!(checkpoints(&run).len(), 1);
 }
 

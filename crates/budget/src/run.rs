@@ -10,11 +10,11 @@ use anyhow::{bail, Context, Result};
 use lab_config::{BudgetConfig, BudgetProvider};
 use serde_json::json;
 
-use crate::clock::{format_utc, now_unix};
+use crate::clock::{now_unix, SystemClock};
 use crate::file::{read_budget, BudgetFile, BudgetUri, Reading};
 use crate::guard::{Decision, Guard, GuardSettings, Verdict};
 use crate::meter::Meter;
-use crate::notify::{append_event, post_webhook};
+use crate::notify::post_webhook;
 use crate::prelaunch::{prelaunch, PlannedRun, Report};
 use crate::provider::EndAction;
 use crate::secret::Secret;
@@ -174,6 +174,12 @@ impl RunGuard {
         &self.config
     }
 
+    /// Where alerts go: the Slack-compatible webhook of `budget.webhook_url_env`, if any. The
+    /// trainer sends spike, rollback and stop alerts there too.
+    pub fn webhook(&self) -> Option<Secret> {
+        self.webhook.clone()
+    }
+
     fn source_name(&self) -> String {
         match &self.source {
             Source::File(u) => u.to_string(),
@@ -282,13 +288,9 @@ impl RunGuard {
         })
     }
 
-    /// Appends `{time_utc, step, kind, ...fields}` to events.jsonl, the trainer's format.
+    /// Appends `{time_utc, step, kind, ...fields}` to the run's events.jsonl.
     fn event(&self, step: u64, kind: &str, fields: serde_json::Value) {
-        let mut e = json!({ "time_utc": format_utc(now_unix()), "step": step, "kind": kind });
-        if let (Some(obj), serde_json::Value::Object(extra)) = (e.as_object_mut(), fields) {
-            obj.extend(extra);
-        }
-        if let Err(err) = append_event(&self.run_dir, &e) {
+        if let Err(err) = lab_run::append_event(&self.run_dir, step, kind, fields) {
             eprintln!("budget warning: {err:#}");
         }
     }
@@ -306,7 +308,14 @@ impl EndOfRun {
         let mut provider =
             build_provider(&ProviderSettings::from_config(&self.config), now_unix())?;
         let out = self.run_dir.join("termination.json");
-        end_and_confirm(provider.as_mut(), EndAction::Terminate, &out, 5.0, 600.0)?;
+        end_and_confirm(
+            provider.as_mut(),
+            EndAction::Terminate,
+            &out,
+            5.0,
+            600.0,
+            &SystemClock,
+        )?;
         println!(
             "budget: {} instance end confirmed; proof in {}",
             provider.name(),

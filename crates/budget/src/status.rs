@@ -1,10 +1,10 @@
-//! The trainer's `status.json` as the budget code needs it: where the run stands and how long
-//! a step takes, for the projection spent + rate × remaining hours.
+//! The trainer's `status.json` (lab-run's [`Status`]) as the budget code needs it: where the run
+//! stands and how long a step takes, for the projection spent + rate × remaining hours.
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use anyhow::{Context, Result};
+use lab_run::Status;
 
 /// Step counts and measured step time of a run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -21,38 +21,24 @@ impl Progress {
         let s = self.sec_per_step.filter(|s| s.is_finite() && *s >= 0.0)?;
         Some(self.total_steps.saturating_sub(self.step) as f64 * s / 3600.0)
     }
+
+    fn of(status: &Status) -> Progress {
+        Progress {
+            step: status.step,
+            total_steps: status.total_steps,
+            sec_per_step: status.secs_per_step.filter(|s| s.is_finite() && *s >= 0.0),
+        }
+    }
 }
 
-/// The key under which the trainer (`lab_train::run_log::Status`) publishes the measured
-/// seconds per step.
-const SECS_PER_STEP: &str = "secs_per_step";
-
-/// Reads `status.json` (tolerant of extra fields; strict about the ones it needs).
+/// Reads a `status.json` (tolerant of extra fields; strict about `step` and `total_steps`).
 pub fn read_status(path: &Path) -> Result<Progress> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read run status {}", path.display()))?;
-    parse_status(&text).with_context(|| format!("run status {}", path.display()))
+    Ok(Progress::of(&Status::read_file(path)?))
 }
 
 pub fn parse_status(text: &str) -> Result<Progress> {
-    let v: Value = serde_json::from_str(text).context("not valid JSON")?;
-    let int = |k: &str| -> Result<u64> {
-        match v.get(k).and_then(Value::as_u64) {
-            Some(n) => Ok(n),
-            None => bail!("`{k}` is missing or not a non-negative integer"),
-        }
-    };
-    let step = int("step")?;
-    let total_steps = int("total_steps")?;
-    let sec_per_step = v
-        .get(SECS_PER_STEP)
-        .and_then(Value::as_f64)
-        .filter(|s| s.is_finite() && *s >= 0.0);
-    Ok(Progress {
-        step,
-        total_steps,
-        sec_per_step,
-    })
+    let status: Status = serde_json::from_str(text).context("not a valid status.json")?;
+    Ok(Progress::of(&status))
 }
 
 #[cfg(test)]
@@ -70,6 +56,8 @@ mod tests {
             "{:#}",
             parse_status(r#"{"step": "1", "total_steps": 10}"#).unwrap_err()
         );
+        assert!(e.contains("invalid type"), "{e}");
+        let e = format!("{:#}", parse_status(r#"{"total_steps": 10}"#).unwrap_err());
         assert!(e.contains("`step`"), "{e}");
     }
 }

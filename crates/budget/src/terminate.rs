@@ -4,24 +4,24 @@
 //! (or run `lab budget terminate` from another machine).
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use crate::clock::{format_utc, now_unix};
+use crate::clock::{format_utc, Clock};
 use crate::provider::{EndAction, Provider};
 
 /// Ends the instance and confirms it is gone; writes `out` whatever happens.
-/// `poll_s` between listings, at most `max_wait_s` in all.
+/// `poll_s` between listings, at most `max_wait_s` in all, on `clock`.
 pub fn end_and_confirm(
     provider: &mut dyn Provider,
     action: EndAction,
     out: &Path,
     poll_s: f64,
     max_wait_s: f64,
+    clock: &dyn Clock,
 ) -> Result<Value> {
-    let started = now_unix();
+    let started = clock.now();
     let mut record = json!({
         "provider": provider.name(),
         "instance_id": provider.instance_id(),
@@ -52,7 +52,7 @@ pub fn end_and_confirm(
     let mut listings = Vec::new();
     let mut confirmed = None;
     loop {
-        let now = now_unix();
+        let now = clock.now();
         match provider.instance_status(action) {
             Ok(None) => {
                 listings.push(json!({ "utc": format_utc(now), "status": "gone" }));
@@ -65,7 +65,7 @@ pub fn end_and_confirm(
         if now - started >= max_wait_s {
             break;
         }
-        std::thread::sleep(Duration::from_secs_f64(poll_s.max(0.0)));
+        clock.sleep(poll_s);
     }
     record["listings"] = json!(listings);
     record["confirmed_gone"] = json!(confirmed.is_some());

@@ -6,9 +6,10 @@ mod common;
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Reply, Server, PLANTED_KEY};
+use lab_budget::clock::Clock;
 use lab_budget::clock::{format_utc, parse_utc};
 use lab_budget::file::{judge, BudgetUri, Problem, Reading};
 use lab_budget::lambda::Lambda;
@@ -94,14 +95,10 @@ fn lambda_sidecar_keeps_last_good_numbers_through_every_failure() {
     ];
     for (i, want) in expected.iter().enumerate() {
         let now = t0 + 300.0 * (i + 1) as f64;
-        let started_poll = Instant::now();
+        // A hung server ends as "timed out" (the client's timeout fired), not as an answer.
         let Poll::Failed { error, kept } = sidecar.poll_once(now) else {
             panic!("poll {i} should fail ({want})")
         };
-        assert!(
-            started_poll.elapsed() < Duration::from_secs(2),
-            "timeouts are bounded"
-        );
         assert!(error.contains(want), "poll {i}: {error}");
         assert!(!error.contains('\n'));
         let kept = kept.expect("the last good numbers are kept");
@@ -282,11 +279,9 @@ fn sidecar_loop_never_crashes_and_writes_nothing_before_good_numbers() {
     let lambda = Lambda::new(&server.url(), key(), None, 0.0, TIMEOUT).unwrap();
     let mut s = Sidecar::new(Box::new(lambda), out.clone(), None, 0.01);
     let mut lines = Vec::new();
-    let t = Instant::now();
     s.run(Some(8), &AtomicBool::new(false), &mut |l| {
         lines.push(l.to_string())
     });
-    assert!(t.elapsed() < Duration::from_secs(5));
     assert_eq!(lines.len(), 8, "{lines:#?}");
     assert!(
         lines[..4].iter().all(|l| l.contains("nothing written")),
@@ -330,7 +325,15 @@ fn terminate_lambda_relists_until_gone_and_writes_the_answer() {
         TIMEOUT,
     )
     .unwrap();
-    let rec = end_and_confirm(&mut lambda, EndAction::Terminate, &out, 0.01, 5.0).unwrap();
+    let rec = end_and_confirm(
+        &mut lambda,
+        EndAction::Terminate,
+        &out,
+        0.01,
+        5.0,
+        &FakeClock::default(),
+    )
+    .unwrap();
     let on_disk: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(rec, on_disk);
@@ -374,7 +377,15 @@ fn runpod_stop_confirms_exited_and_gives_up_in_bounded_time() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("termination.json");
     let mut rp = Runpod::new(&server.url(), key(), "pod1".into(), TIMEOUT).unwrap();
-    end_and_confirm(&mut rp, EndAction::Stop, &out, 0.01, 5.0).unwrap();
+    end_and_confirm(
+        &mut rp,
+        EndAction::Stop,
+        &out,
+        0.01,
+        5.0,
+        &FakeClock::default(),
+    )
+    .unwrap();
     let post = server
         .requests()
         .into_iter()
@@ -384,14 +395,15 @@ fn runpod_stop_confirms_exited_and_gives_up_in_bounded_time() {
 
     // Terminate, but the pod never goes: an error after max_wait, with the listings on disk.
     server.script("GET /v2/pods", vec![Reply::Body(200, runpod_pods("0.79"))]);
-    let t = Instant::now();
-    let e = end_and_confirm(&mut rp, EndAction::Terminate, &out, 0.02, 0.2).unwrap_err();
-    assert!(t.elapsed() < Duration::from_secs(3));
+    // On a fake clock: a listing at 0, 0.5, …, 5 s, then the error; no real waiting.
+    let clock = FakeClock::default();
+    let e = end_and_confirm(&mut rp, EndAction::Terminate, &out, 0.5, 5.0, &clock).unwrap_err();
     assert!(format!("{e:#}").contains("still listed"), "{e:#}");
     let on_disk: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(on_disk["confirmed_gone"], false);
-    assert!(on_disk["listings"].as_array().unwrap().len() >= 2);
+    assert_eq!(on_disk["listings"].as_array().unwrap().len(), 11);
+    assert_eq!(clock.now(), 5.0);
 }
 
 #[test]
@@ -415,7 +427,15 @@ fn an_echoed_key_never_reaches_errors_or_files() {
     assert!(server.requests().len() > raw);
     assert!(e.contains("<redacted>") && !e.contains(PLANTED_KEY), "{e}");
     let term = dir.path().join("termination.json");
-    let e = end_and_confirm(&mut lambda, EndAction::Terminate, &term, 0.01, 0.1).unwrap_err();
+    let e = end_and_confirm(
+        &mut lambda,
+        EndAction::Terminate,
+        &term,
+        0.01,
+        0.1,
+        &FakeClock::default(),
+    )
+    .unwrap_err();
     assert!(!format!("{e:#} {e:?}").contains(PLANTED_KEY));
     let mut s = Sidecar::new(Box::new(lambda), out.clone(), None, 300.0);
     let Poll::Failed { error, .. } = s.poll_once(1.0) else {
@@ -427,4 +447,17 @@ fn an_echoed_key_never_reaches_errors_or_files() {
         assert!(!text.contains(PLANTED_KEY), "{text}");
     }
     assert!(!format!("{:?} {}", key(), key()).contains(PLANTED_KEY));
+}
+
+/// A clock that only moves when slept on.
+#[derive(Default)]
+struct FakeClock(std::cell::Cell<f64>);
+
+impl Clock for FakeClock {
+    fn now(&self) -> f64 {
+        self.0.get()
+    }
+    fn sleep(&self, secs: f64) {
+        self.0.set(self.0.get() + secs);
+    }
 }

@@ -307,6 +307,7 @@ fn terminate(a: TerminateArgs) -> Result<ExitCode> {
         &a.out,
         a.poll_s.max(0.0),
         a.max_wait_s.max(0.0),
+        &lab_budget::clock::SystemClock,
     )?;
     println!(
         "{}: instance gone; proof in {}",
