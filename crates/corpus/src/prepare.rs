@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use lab_data::{Meta, TokenDtype, TokenWriter};
 use rayon::prelude::*;
 
@@ -530,11 +530,7 @@ fn write_char_split(
             docs.len()
         );
     };
-    let n_chars = text.chars().count();
-    let cut = text
-        .char_indices()
-        .nth((n_chars as f64 * train_fraction) as usize)
-        .map_or(text.len(), |(i, _)| i);
+    let cut = lab_data::gpt2::char_split(text, train_fraction);
     let (a, b) = (
         tokenizer.encode(&text[..cut]),
         tokenizer.encode(&text[cut..]),
@@ -663,21 +659,10 @@ fn source_json(s: &Source, st: &SourceStats) -> serde_json::Value {
 }
 
 fn progress_bar(total: u64, show: bool) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(
-        Some(total),
-        if show {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    bar.set_style(
-        ProgressStyle::with_template(
-            "prepare [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar.enable_steady_tick(Duration::from_millis(250));
-    bar
+    lab_plot::progress_bar(
+        "prepare",
+        "{bytes}/{total_bytes} {bytes_per_sec}",
+        total,
+        show,
+    )
 }

@@ -17,16 +17,19 @@ pub fn encoder() -> tiktoken_rs::CoreBPE {
     tiktoken_rs::r50k_base().expect("tiktoken-rs embeds the GPT-2 ranks")
 }
 
+/// nanoGPT's split: the byte index where the first `train_fraction` of the characters ends.
+pub fn char_split(text: &str, train_fraction: f64) -> usize {
+    let n_chars = text.chars().count();
+    text.char_indices()
+        .nth((n_chars as f64 * train_fraction) as usize)
+        .map_or(text.len(), |(i, _)| i)
+}
+
 /// Prepares `text` into `dir` with a character split at `train_fraction`.
 pub fn prepare_text(text: &str, source: &str, train_fraction: f64, dir: &Path) -> Result<Meta> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create data dir {}", dir.display()))?;
-    let n_chars = text.chars().count();
-    let split_chars = (n_chars as f64 * train_fraction) as usize;
-    let split = text
-        .char_indices()
-        .nth(split_chars)
-        .map_or(text.len(), |(i, _)| i);
+    let split = char_split(text, train_fraction);
     let enc = encoder();
     let dtype = TokenDtype::for_vocab(GPT2_VOCAB);
     let mut files = std::collections::BTreeMap::new();

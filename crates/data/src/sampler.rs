@@ -94,7 +94,8 @@ pub fn eval_batch(
     read_windows(file, &offsets, seq_len)
 }
 
-fn read_windows(file: &TokenFile, offsets: &[usize], seq_len: usize) -> Result<Batch> {
+/// Reads the windows of `seq_len + 1` tokens starting at `offsets` into a batch.
+pub fn read_windows(file: &TokenFile, offsets: &[usize], seq_len: usize) -> Result<Batch> {
     let mut inputs = Vec::with_capacity(offsets.len() * seq_len);
     let mut targets = Vec::with_capacity(offsets.len() * seq_len);
     let mut window = Vec::with_capacity(seq_len + 1);
