@@ -6,6 +6,7 @@
 pub mod budget;
 pub mod hardware;
 pub mod model;
+pub mod stability;
 pub mod train;
 
 use std::path::Path;
@@ -17,7 +18,8 @@ use sha2::{Digest, Sha256};
 pub use budget::{BudgetConfig, BudgetProvider};
 pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
-pub use train::{Precision, TrainConfig};
+pub use stability::{Escalation, SpikeConfig, SpikeKind, SpikePolicy, Stability, StabilityConfig};
+pub use train::{LmHeadLoss, Precision, TrainConfig};
 
 /// One `configs/*.toml` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,6 +34,12 @@ pub struct LabConfig {
     /// `[budget]`: cap, alert and billing provider; absent means no guard unless flags give a cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
+    /// `[stability]`: spike detection and response; absent means the documented defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stability: Option<StabilityConfig>,
+    /// `[spike]`: a seeded loss spike injected on purpose (also `--inject-spike-at-step`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spike: Option<SpikeConfig>,
 }
 
 impl LabConfig {
@@ -62,7 +70,27 @@ impl LabConfig {
         if let Some(b) = &self.budget {
             b.validate()?;
         }
+        if let Some(s) = &self.stability {
+            s.validate()?;
+        }
+        if let Some(s) = &self.spike {
+            s.validate(self.train.total_steps)?;
+        }
         Ok(())
+    }
+
+    /// The stability settings this run uses: the config's (or the defaults), windows left out
+    /// scaled to its length.
+    pub fn stability(&self) -> Stability {
+        self.stability
+            .clone()
+            .unwrap_or_default()
+            .resolve(self.train.total_steps)
+    }
+
+    /// The effective config as TOML (what a run folder's config.toml holds).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes to TOML")
     }
 
     /// Canonical serialization: JSON with fields in declaration order, no whitespace.
@@ -76,15 +104,16 @@ impl LabConfig {
         hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
     }
 
-    /// sha256 of what decides the numbers a run produces: the model and the optimization
-    /// recipe. Cadence (log, eval and checkpoint intervals, retention), hardware and budget are
-    /// left out, so a run may resume with a new `--log-every` or budget cap, never with a new
-    /// learning rate or batch.
+    /// sha256 of what decides the numbers a run produces: the model, the optimization recipe,
+    /// the stability policy and any injected spike. Cadence (log, eval and checkpoint
+    /// intervals, retention), hardware and budget are left out, so a run may resume with a new
+    /// `--log-every` or budget cap, never with a new learning rate or batch.
     pub fn training_sha256(&self) -> String {
         let mut t = self.train.clone();
         (t.log_every, t.eval_every, t.eval_batches, t.ckpt_every) = (0, 0, 0, 0);
         (t.keep_last, t.keep_every) = (0, 0);
-        let json = serde_json::to_string(&(&self.model, &t)).expect("config serializes");
+        let decides = (&self.model, &t, &self.stability(), &self.spike);
+        let json = serde_json::to_string(&decides).expect("config serializes");
         hex::encode(Sha256::digest(json.as_bytes()))
     }
 

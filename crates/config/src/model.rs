@@ -31,6 +31,16 @@ pub struct ModelConfig {
     /// Share the input embedding with the LM head (Gemma does; the lab-00 recipe does not).
     #[serde(default)]
     pub tie_embeddings: bool,
+    /// Draw the residual output projections (attention `wo`, feed-forward `down`) with
+    /// std `init_std / sqrt(2 · n_layer)`, as GPT-2, nanoGPT and torchtitan do, so the residual
+    /// stream's variance does not grow with depth. Off by default: the lab-00 recipe is plain
+    /// normal(0, 0.02), and its weight hashes stay.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub init_depth_scaled: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_rope_base() -> f64 {
@@ -67,6 +77,15 @@ impl ParamCount {
 }
 
 impl ModelConfig {
+    /// Init std of the residual output projections (see `init_depth_scaled`).
+    pub fn init_std_residual(&self) -> f64 {
+        if self.init_depth_scaled {
+            self.init_std / (2.0 * self.n_layer as f64).sqrt()
+        } else {
+            self.init_std
+        }
+    }
+
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.d_model / self.n_head)
     }
@@ -177,6 +196,7 @@ mod tests {
             init_std: 0.02,
             head_dim: None,
             tie_embeddings: false,
+            init_depth_scaled: false,
         }
     }
 

@@ -13,6 +13,26 @@ pub enum Precision {
     Bf16,
 }
 
+/// How the LM head's cross-entropy is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LmHeadLoss {
+    /// lab-ops' fused, chunked op: logits never held whole (the default).
+    #[default]
+    Fused,
+    /// The plain composition (full logits, log_softmax, gather), for before/after comparisons.
+    Unfused,
+}
+
+impl LmHeadLoss {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fused => "fused",
+            Self::Unfused => "unfused",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
@@ -42,6 +62,9 @@ pub struct TrainConfig {
     pub grad_clip: f64,
     #[serde(default = "default_precision")]
     pub precision: Precision,
+    /// `fused` (default) or `unfused`; recorded in the run's config.toml.
+    #[serde(default, skip_serializing_if = "is_fused")]
+    pub lm_head_loss: LmHeadLoss,
     #[serde(default = "default_log_every")]
     pub log_every: usize,
     #[serde(default = "default_eval_every")]
@@ -56,6 +79,10 @@ pub struct TrainConfig {
     pub keep_last: usize,
     #[serde(default = "default_keep_every")]
     pub keep_every: usize,
+}
+
+fn is_fused(l: &LmHeadLoss) -> bool {
+    *l == LmHeadLoss::Fused
 }
 
 fn default_seed() -> u64 {

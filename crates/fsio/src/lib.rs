@@ -59,16 +59,13 @@ pub fn sync_parent(path: &Path) -> std::io::Result<()> {
 /// Takes an exclusive advisory lock on `path` (created if missing) without waiting. The lock
 /// lasts as long as the returned file stays open, and the kernel drops it if the process dies.
 pub fn lock_exclusive(path: &Path) -> Result<File> {
-    use std::os::fd::AsRawFd;
     let file = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
         .with_context(|| format!("cannot open lock file {}", path.display()))?;
-    // Safety: flock on a file descriptor we own; no memory is shared with the kernel.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
+    if file.try_lock().is_err() {
         anyhow::bail!("{} is locked", path.display());
     }
     Ok(file)

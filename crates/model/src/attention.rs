@@ -23,14 +23,15 @@ pub struct Attention<B: Backend> {
 impl<B: Backend> Attention<B> {
     pub fn new(cfg: &lab_config::ModelConfig, seed: u64, path: &str, device: &B::Device) -> Self {
         let (d, hd, std) = (cfg.d_model, cfg.head_dim(), cfg.init_std);
-        let lin = |name: &str, d_in, d_out| {
+        let lin = |name: &str, d_in, d_out, std| {
             Linear::new(seed, &format!("{path}.{name}"), d_in, d_out, std, device)
         };
         Self {
-            wq: lin("wq", d, cfg.n_head * hd),
-            wk: lin("wk", d, cfg.n_kv_head * hd),
-            wv: lin("wv", d, cfg.n_kv_head * hd),
-            wo: lin("wo", cfg.n_head * hd, d),
+            wq: lin("wq", d, cfg.n_head * hd, std),
+            wk: lin("wk", d, cfg.n_kv_head * hd, std),
+            wv: lin("wv", d, cfg.n_kv_head * hd, std),
+            // Writes into the residual stream: depth-scaled when the config asks.
+            wo: lin("wo", cfg.n_head * hd, d, cfg.init_std_residual()),
             n_head: cfg.n_head,
             n_kv_head: cfg.n_kv_head,
             head_dim: hd,

@@ -3,7 +3,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{activation::silu, backend::Backend, Bool, Int, Tensor};
-use lab_config::ModelConfig;
+use lab_config::{LmHeadLoss, ModelConfig};
 use lab_ops::FusedLoss;
 
 use crate::attention::Attention;
@@ -24,7 +24,15 @@ impl<B: Backend> FeedForward<B> {
         Self {
             gate: Linear::new(seed, &format!("{path}.gate"), d, ff, std, device),
             up: Linear::new(seed, &format!("{path}.up"), d, ff, std, device),
-            down: Linear::new(seed, &format!("{path}.down"), ff, d, std, device),
+            // Writes into the residual stream: depth-scaled when the config asks.
+            down: Linear::new(
+                seed,
+                &format!("{path}.down"),
+                ff,
+                d,
+                cfg.init_std_residual(),
+                device,
+            ),
         }
     }
 
@@ -72,6 +80,8 @@ pub struct Llama<B: Backend> {
     rope_base: f64,
     /// Query heads per key/value head.
     group: usize,
+    /// The plain LM-head loss instead of the fused one (`train.lm_head_loss = "unfused"`).
+    unfused_loss: bool,
 }
 
 impl<B: Backend> Llama<B> {
@@ -99,7 +109,14 @@ impl<B: Backend> Llama<B> {
             head_dim: cfg.head_dim(),
             rope_base: cfg.rope_base,
             group: cfg.group_size(),
+            unfused_loss: false,
         }
+    }
+
+    /// Chooses how [`Llama::loss`] computes the LM-head cross-entropy.
+    pub fn with_lm_head_loss(mut self, kind: LmHeadLoss) -> Self {
+        self.unfused_loss = kind == LmHeadLoss::Unfused;
+        self
     }
 
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm).
@@ -145,10 +162,16 @@ impl<B: FusedLoss> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];
+        let kind = if self.unfused_loss {
+            LmHeadLoss::Unfused
+        } else {
+            LmHeadLoss::Fused
+        };
         crate::loss::lm_head_loss(
             self.hidden(tokens),
             self.head_weight(),
             targets.reshape([n]),
+            kind,
         )
     }
 }

@@ -22,6 +22,7 @@ fn cfg() -> ModelConfig {
         init_std: 0.02,
         head_dim: None,
         tie_embeddings: false,
+        init_depth_scaled: false,
     }
 }
 
@@ -106,4 +107,35 @@ fn safetensors_round_trip_restores_identical_outputs() {
     other.d_ff = 64;
     let err = weights::load_tensor_map(Llama::<B>::new(&other, 2, &dev), &map).unwrap_err();
     assert!(err.to_string().contains("ffn.gate.weight"), "{err}");
+}
+
+#[test]
+fn depth_scaled_init_shrinks_only_the_residual_output_projections() {
+    let std_of = |m: &weights::TensorMap, path: &str| {
+        let d = &m[path].data;
+        (d.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / d.len() as f64).sqrt()
+    };
+    let plain = weights::tensor_map(&Llama::<B>::new(&cfg(), 42, &Default::default()));
+    let mut c = cfg();
+    c.init_depth_scaled = true;
+    let scaled = weights::tensor_map(&Llama::<B>::new(&c, 42, &Default::default()));
+    // 0.02 / sqrt(2 · n_layer) = 0.01 for the 2-layer config.
+    for path in ["blocks.1.attn.wo.weight", "blocks.0.ffn.down.weight"] {
+        let s = std_of(&scaled, path);
+        assert!((s - 0.01).abs() < 0.0015, "{path}: std {s}");
+    }
+    // Everything else is drawn exactly as without the option (same seed, same stream).
+    assert_eq!(
+        plain["blocks.1.attn.wq.weight"],
+        scaled["blocks.1.attn.wq.weight"]
+    );
+    assert_eq!(plain["embed"], scaled["embed"]);
+    assert!((std_of(&plain, "blocks.1.attn.wo.weight") - 0.02).abs() < 0.003);
+    // The option is off in the recipe: its config hash does not mention it.
+    assert!(
+        !lab_config::LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml"))
+            .unwrap()
+            .canonical_json()
+            .contains("init_depth_scaled")
+    );
 }

@@ -141,6 +141,7 @@ fn reference_models() -> Vec<(&'static str, ModelConfig)> {
         init_std: 0.02,
         head_dim: None,
         tie_embeddings: false,
+        init_depth_scaled: false,
     };
     vec![
         // Touvron et al. 2023, table 2: 6.7B ("7B"); multi-head attention, 32K SentencePiece.

@@ -242,6 +242,7 @@ mod tests {
             init_std: 0.02,
             head_dim: None,
             tie_embeddings: false,
+            init_depth_scaled: false,
         }
     }
 

@@ -65,6 +65,7 @@ prop_compose! {
             init_std: 0.02,
             head_dim: None,
             tie_embeddings: tie,
+            init_depth_scaled: false,
         }
     }
 }
