@@ -89,19 +89,10 @@ impl BackendKind {
 fn cuda_available() -> Result<()> {
     let found = ["libcuda.so.1", "libcuda.so"].iter().any(|lib| {
         // Safety: loading the driver library runs its initializers only.
-        unsafe { libloading_probe(lib) }
+        unsafe { libloading::Library::new(lib) }.is_ok()
     });
     if !found {
         bail!("--backend cuda: no CUDA driver (libcuda.so) found on this machine; use --backend cpu or run on a GPU host");
     }
     Ok(())
-}
-
-#[cfg(feature = "cuda")]
-unsafe fn libloading_probe(name: &str) -> bool {
-    extern "C" {
-        fn dlopen(filename: *const std::ffi::c_char, flag: i32) -> *mut std::ffi::c_void;
-    }
-    let c = std::ffi::CString::new(name).expect("no NUL");
-    !dlopen(c.as_ptr(), 1).is_null()
 }

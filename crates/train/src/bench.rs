@@ -1,19 +1,18 @@
 //! Timing of whole training steps, split into forward, backward and optimizer, on real text
-//! (the bundled corpus, GPT-2 tokenized in memory). Speed is measured here, never in tests.
+//! (the bundled corpus, GPT-2 tokenized in memory), through the trainer's own step function
+//! and MFU formula. Speed is measured here, never in tests.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use burn::optim::GradientsParams;
-use burn::tensor::ElementConversion;
 use lab_config::LabConfig;
 use lab_data::Batch;
-use lab_model::Llama;
 use serde::Serialize;
 
 use crate::backend::{OnBackend, TrainBackend};
-use crate::optim::AdamW;
-use crate::trainer::to_tensors;
+use crate::optim::grad_norm;
+use crate::state::TrainingState;
+use crate::step::{forward_backward, mfu, PhaseTimes};
 
 pub struct BenchOptions {
     pub config: LabConfig,
@@ -25,6 +24,7 @@ pub struct BenchOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub config: String,
+    pub lm_head_loss: String,
     pub tokens_per_step: usize,
     pub steps: usize,
     pub tokens_per_s: f64,
@@ -42,9 +42,31 @@ impl OnBackend for BenchOptions {
     }
 }
 
+/// `grad_accum` micro-batches of real text for step `i`.
+fn batches(cfg: &LabConfig, tokens: &[u32], i: usize) -> Vec<Batch> {
+    let (rows, t) = (cfg.train.micro_batch, cfg.model.seq_len);
+    (0..cfg.train.grad_accum)
+        .map(|m| {
+            let mut b = Batch {
+                inputs: Vec::with_capacity(rows * t),
+                targets: Vec::with_capacity(rows * t),
+                rows,
+                seq_len: t,
+            };
+            for r in 0..rows {
+                let k = (i * cfg.train.grad_accum + m) * rows + r;
+                let o = (k * t) % (tokens.len() - t - 1);
+                b.inputs.extend_from_slice(&tokens[o..o + t]);
+                b.targets.extend_from_slice(&tokens[o + 1..o + t + 1]);
+            }
+            b
+        })
+        .collect()
+}
+
 fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
     let cfg = &opts.config;
-    let (rows, t) = (cfg.train.micro_batch, cfg.model.seq_len);
+    let t = cfg.model.seq_len;
     if opts.steps == 0 {
         bail!("--steps must be at least 1");
     }
@@ -60,57 +82,38 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             tokens.len()
         );
     }
-    let batch_at = |i: usize| {
-        let mut b = Batch {
-            inputs: Vec::with_capacity(rows * t),
-            targets: Vec::with_capacity(rows * t),
-            rows,
-            seq_len: t,
-        };
-        for r in 0..rows {
-            let o = ((i * rows + r) * t) % (tokens.len() - t - 1);
-            b.inputs.extend_from_slice(&tokens[o..o + t]);
-            b.targets.extend_from_slice(&tokens[o + 1..o + t + 1]);
-        }
-        b
-    };
 
-    let mut model = Llama::<B>::new(&cfg.model, cfg.train.seed, &device);
-    let mut optim = AdamW::<B::InnerBackend>::new(&cfg.train);
-    let (mut fwd, mut bwd, mut opt) = (0.0, 0.0, 0.0);
+    let mut state = TrainingState::<B>::fresh(cfg, &device);
+    let (mut phases, mut opt_s) = (PhaseTimes::default(), 0.0);
     for i in 0..opts.warmup + opts.steps {
-        let (x, y) = to_tensors::<B>(&batch_at(i), &device);
+        let micro = batches(cfg, &tokens, i);
+        let mut times = PhaseTimes::default();
+        let (grads, _loss) = forward_backward(&state.model, &micro, &device, Some(&mut times));
         let t0 = Instant::now();
-        let loss = model.loss(x, y);
-        let _: f64 = loss.clone().into_scalar().elem();
-        let t1 = Instant::now();
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let norm = grad_norm(&state.model, &grads);
+        let scale = state.optim.clip_scale(norm);
+        state = state.apply(grads, 1e-4, scale);
         B::sync(&device).ok();
-        let t2 = Instant::now();
-        let (next, _) = optim.step(model, grads, 1e-4);
-        model = next;
-        B::sync(&device).ok();
-        let t3 = Instant::now();
         if i >= opts.warmup {
-            fwd += (t1 - t0).as_secs_f64();
-            bwd += (t2 - t1).as_secs_f64();
-            opt += (t3 - t2).as_secs_f64();
+            phases.forward_s += times.forward_s;
+            phases.backward_s += times.backward_s;
+            opt_s += t0.elapsed().as_secs_f64();
         }
     }
-    let n = opts.steps.max(1) as f64;
-    let ms_per_step = (fwd + bwd + opt) / n * 1e3;
-    let tokens_per_step = rows * t;
+    let n = opts.steps as f64;
+    let ms_per_step = (phases.forward_s + phases.backward_s + opt_s) / n * 1e3;
+    let tokens_per_step = cfg.tokens_per_step();
     let tokens_per_s = tokens_per_step as f64 / (ms_per_step / 1e3);
     Ok(BenchReport {
         config: cfg.name.clone(),
+        lm_head_loss: cfg.train.lm_head_loss.as_str().into(),
         tokens_per_step,
         steps: opts.steps,
         tokens_per_s,
         ms_per_step,
-        forward_ms: fwd / n * 1e3,
-        backward_ms: bwd / n * 1e3,
-        optimizer_ms: opt / n * 1e3,
-        mfu: tokens_per_s * cfg.model.train_flops_per_token()
-            / cfg.hardware.peak_flops(lab_config::Precision::Fp32),
+        forward_ms: phases.forward_s / n * 1e3,
+        backward_ms: phases.backward_s / n * 1e3,
+        optimizer_ms: opt_s / n * 1e3,
+        mfu: mfu(cfg, tokens_per_s),
     })
 }

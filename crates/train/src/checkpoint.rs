@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use lab_model::weights::{self, TensorMap};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::stream::DataCursor;
 
 pub const LATEST: &str = "latest";
 const MODEL: &str = "model.safetensors";
@@ -35,9 +38,20 @@ pub struct TrainState {
     pub step: u64,
     /// AdamW updates applied (bias-correction `t`).
     pub optimizer_updates: u64,
-    /// Training windows consumed: the data cursor. The order itself is a pure function of
-    /// (seed, window index), so the cursor is all the loader needs.
-    pub samples_consumed: u64,
+    /// The data cursor: training windows and spike samples consumed or skipped, and the
+    /// ranges a rollback ruled out. The order itself is a pure function of (seed, index), so
+    /// this is all the loader needs.
+    #[serde(flatten)]
+    pub cursor: DataCursor,
+    /// Rollbacks so far in this run (bounded by `stability.max_rollbacks`).
+    #[serde(default)]
+    pub rollbacks: u32,
+    /// State of the step policies (the spike detector's window …), by policy name.
+    #[serde(default)]
+    pub policies: BTreeMap<String, Value>,
+    /// sha256 of the data's meta.json: a resume on other data is refused.
+    #[serde(default)]
+    pub data_sha256: String,
     pub seed: u64,
     /// Every random choice is a stateless function of the seed and a position (init: seed ×
     /// parameter path; data: seed × window index), so no generator state needs saving.
@@ -173,7 +187,17 @@ pub fn load(dir: &Path) -> Result<Loaded> {
 /// folders are renamed `step-N.corrupt` (kept for inspection, out of retention's and the next
 /// resume's way).
 pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<Option<Loaded>> {
-    for (_, dir) in list(run_dir)? {
+    load_newest_good_at_most(run_dir, u64::MAX, warn)
+}
+
+/// As [`load_latest_good`], among the checkpoints of at most `max_step` steps (a rollback's
+/// target: the last good state before a spike).
+pub fn load_newest_good_at_most(
+    run_dir: &Path,
+    max_step: u64,
+    warn: &mut dyn FnMut(String),
+) -> Result<Option<Loaded>> {
+    for (_, dir) in list(run_dir)?.into_iter().filter(|(s, _)| *s <= max_step) {
         match load(&dir) {
             Ok(loaded) => return Ok(Some(loaded)),
             Err(e) => {
@@ -190,6 +214,17 @@ pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<
         }
     }
     Ok(None)
+}
+
+/// Deletes the checkpoints of more than `step` steps: after a rollback they belong to an
+/// abandoned timeline, which a later resume must never pick up.
+pub fn remove_after(run_dir: &Path, step: u64) -> Result<()> {
+    for (s, dir) in list(run_dir)? {
+        if s > step {
+            fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Retention: keep the newest `keep_last` checkpoints plus every checkpoint whose step is a
@@ -231,7 +266,13 @@ mod tests {
         TrainState {
             step,
             optimizer_updates: step,
-            samples_consumed: step * 4,
+            cursor: DataCursor {
+                samples_consumed: step * 4,
+                ..Default::default()
+            },
+            rollbacks: 0,
+            policies: BTreeMap::new(),
+            data_sha256: String::new(),
             seed: 42,
             rng: "stateless".into(),
             next_lr: 1e-3,
@@ -264,7 +305,7 @@ mod tests {
         );
         let l = load(&dir.path().join("step-00000020")).unwrap();
         assert_eq!(l.model, tensors(3.0));
-        assert_eq!(l.state.samples_consumed, 80);
+        assert_eq!(l.state.cursor.samples_consumed, 80);
 
         // Flip one byte of the newest model file: resume must skip it, with a warning.
         let f = dir.path().join("step-00000020").join(MODEL);

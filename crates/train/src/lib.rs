@@ -1,14 +1,25 @@
-//! Training: the loop, its optimizer and schedule, checkpoints that survive anything, and the
-//! run folder's logs (`metrics.jsonl`, `events.jsonl`, `status.json`).
+//! Training: the loop, its step and optimizer, the policies that may stop, skip or rewind a
+//! step (signals, non-finite steps, spikes, and the budget guard the binary plugs in), the data
+//! stream with its cursor and spike injection, and checkpoints that survive anything.
 
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
+pub mod detect;
+pub mod eval;
+pub mod forensics;
+pub mod inject;
 pub mod optim;
-pub mod run_log;
+pub mod policy;
+pub mod run;
 pub mod schedule;
 pub mod signals;
+pub mod stability;
+pub mod state;
+pub mod step;
+pub mod stream;
 pub mod trainer;
 
 pub use backend::{BackendKind, TrainBackend};
-pub use trainer::{train, Outcome, TrainOptions};
+pub use policy::{Decision, Journal, StepPolicy, StepView, Stop};
+pub use trainer::{train, AlertSink, Outcome, TrainOptions};

@@ -1,8 +1,10 @@
-//! AdamW with global-norm gradient clipping, written out so every step is visible:
+//! AdamW with global-norm gradient clipping, written out so every step is visible, in two
+//! halves so the step policies see the gradient norm before anything is applied:
 //!
-//! 1. `norm = sqrt(Σ_p ‖g_p‖²)` over all parameters (burn's `GradientClipping::Norm` clips each
-//!    parameter on its own, which is not the recipe), `scale = min(1, clip / norm)`;
-//! 2. per parameter: `g ← scale·g`, `m ← β1·m + (1-β1)·g`, `v ← β2·v + (1-β2)·g²`,
+//! 1. [`grad_norm`]: `norm = sqrt(Σ_p ‖g_p‖²)` over all parameters (burn's
+//!    `GradientClipping::Norm` clips each parameter on its own, which is not the recipe), and
+//!    [`AdamW::clip_scale`]: `scale = min(1, clip / norm)`;
+//! 2. [`AdamW::apply`], per parameter: `g ← scale·g`, `m ← β1·m + (1-β1)·g`, `v ← β2·v + (1-β2)·g²`,
 //!    `p ← p·(1 - lr·wd) - lr · (m / (1-β1ᵗ)) / (sqrt(v / (1-β2ᵗ)) + ε)` (decoupled decay,
 //!    as PyTorch's AdamW).
 //!
@@ -15,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
-use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{
     backend::{AutodiffBackend, Backend},
@@ -41,15 +43,6 @@ pub struct AdamW<B: Backend> {
     moments: BTreeMap<String, Moments<B>>,
 }
 
-/// What one step measured.
-#[derive(Debug, Clone, Copy)]
-pub struct StepStats {
-    /// Global L2 norm of the gradient before clipping.
-    pub grad_norm: f64,
-    /// Factor the gradient was multiplied by (1 when not clipped).
-    pub clip_scale: f64,
-}
-
 impl<B: Backend> AdamW<B> {
     pub fn new(cfg: &TrainConfig) -> Self {
         Self {
@@ -67,18 +60,22 @@ impl<B: Backend> AdamW<B> {
         self.updates
     }
 
-    /// Clips the gradient to the global norm and applies one AdamW update at `lr`.
-    pub fn step<AB, M>(&mut self, model: M, grads: GradientsParams, lr: f64) -> (M, StepStats)
+    /// The factor global-norm clipping multiplies a gradient of norm `grad_norm` by.
+    pub fn clip_scale(&self, grad_norm: f64) -> f64 {
+        if self.grad_clip > 0.0 && grad_norm > self.grad_clip {
+            self.grad_clip / grad_norm
+        } else {
+            1.0
+        }
+    }
+
+    /// Applies one AdamW update at `lr` to the gradient scaled by `clip_scale` (see
+    /// [`AdamW::clip_scale`]). The caller has checked the loss and [`grad_norm`] are finite.
+    pub fn apply<AB, M>(&mut self, model: M, grads: GradientsParams, lr: f64, clip_scale: f64) -> M
     where
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
-        let grad_norm = global_grad_norm::<AB, M>(&model, &grads);
-        let clip_scale = if self.grad_clip > 0.0 && grad_norm > self.grad_clip {
-            self.grad_clip / grad_norm
-        } else {
-            1.0
-        };
         self.updates += 1;
         let t = self.updates as i32;
         // Bias corrections depend on t only: computed once per step.
@@ -92,14 +89,7 @@ impl<B: Backend> AdamW<B> {
             bias2,
             path: PathStack::default(),
         };
-        let model = model.map(&mut mapper);
-        (
-            model,
-            StepStats {
-                grad_norm,
-                clip_scale,
-            },
-        )
+        model.map(&mut mapper)
     }
 
     /// The moments as host tensors (`m.<path>`, `v.<path>`), for a checkpoint.
@@ -144,32 +134,55 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
-/// `sqrt(Σ ‖g‖²)` over every parameter that has a gradient, reduced on the device with one
-/// host sync at the end.
-fn global_grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
+/// What a sum of squares runs over: the weights, or their gradients.
+enum Squares<'a> {
+    Weights,
+    Grads(&'a GradientsParams),
+}
+
+/// `Σ ‖x‖²` over every parameter of `model` (or its gradient, where it has one), reduced on the
+/// device with one host sync at the end.
+struct SumSquares<'a, B: Backend> {
+    of: Squares<'a>,
+    total: Option<Tensor<B, 1>>,
+}
+
+impl<B: Backend> ModuleVisitor<B> for SumSquares<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let x = match self.of {
+            Squares::Weights => Some(param.val()),
+            Squares::Grads(grads) => grads.get::<B, D>(param.id),
+        };
+        if let Some(x) = x {
+            let sq = x.square().sum();
+            self.total = Some(match self.total.take() {
+                Some(t) => t + sq,
+                None => sq,
+            });
+        }
+    }
+}
+
+fn l2_norm<B: Backend, M: Module<B>>(model: &M, of: Squares) -> f64 {
+    let mut v = SumSquares::<B> { of, total: None };
+    model.visit(&mut v);
+    v.total
+        .map(|t| t.into_scalar().elem::<f64>().sqrt())
+        .unwrap_or(0.0)
+}
+
+/// Global L2 norm of the gradient, `sqrt(Σ_p ‖g_p‖²)` (before clipping).
+pub fn grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
     model: &M,
     grads: &GradientsParams,
 ) -> f64 {
-    struct SumSquares<'a, B: Backend> {
-        grads: &'a GradientsParams,
-        total: Option<Tensor<B, 1>>,
-    }
-    impl<AB: AutodiffBackend> ModuleVisitor<AB> for SumSquares<'_, AB::InnerBackend> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
-            if let Some(g) = self.grads.get::<AB::InnerBackend, D>(param.id) {
-                let sq = g.square().sum();
-                self.total = Some(match self.total.take() {
-                    Some(t) => t + sq,
-                    None => sq,
-                });
-            }
-        }
-    }
-    let mut v = SumSquares::<AB::InnerBackend> { grads, total: None };
-    model.visit(&mut v);
-    v.total
-        .map(|t| (t.into_scalar().elem::<f64>()).sqrt())
-        .unwrap_or(0.0)
+    // The inner module keeps the parameter ids the gradients are keyed by.
+    l2_norm::<AB::InnerBackend, _>(&model.valid(), Squares::Grads(grads))
+}
+
+/// Global L2 norm of the weights (logged to watch weight growth). Pass the inner model.
+pub fn param_norm<B: Backend, M: Module<B>>(model: &M) -> f64 {
+    l2_norm::<B, _>(model, Squares::Weights)
 }
 
 struct UpdateMapper<'a, B: Backend> {
@@ -225,25 +238,4 @@ where
         let p = Tensor::<AB, D>::from_inner(p.reshape(dims)).require_grad();
         Param::from_mapped_value(id, p, mapper)
     }
-}
-
-/// `sqrt(Σ ‖p‖²)` over all parameters (logged to watch weight growth).
-pub fn param_norm<B: Backend, M: burn::module::Module<B>>(model: &M) -> f64 {
-    struct SumSquares<B: Backend> {
-        total: Option<Tensor<B, 1>>,
-    }
-    impl<B: Backend> ModuleVisitor<B> for SumSquares<B> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            let sq = param.val().square().sum();
-            self.total = Some(match self.total.take() {
-                Some(t) => t + sq,
-                None => sq,
-            });
-        }
-    }
-    let mut v = SumSquares::<B> { total: None };
-    model.visit(&mut v);
-    v.total
-        .map(|t| (t.into_scalar().elem::<f64>()).sqrt())
-        .unwrap_or(0.0)
 }

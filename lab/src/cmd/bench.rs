@@ -24,9 +24,9 @@ pub struct Args {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// LM-head loss: `fused` (lab-ops, what training uses) or `unfused` (the plain
-    /// log_softmax composition, for before/after comparisons). Sets LAB_LOSS.
-    #[arg(long, default_value = "fused", value_parser = ["fused", "unfused"])]
-    pub loss: String,
+    /// log_softmax composition, for before/after comparisons); overrides train.lm_head_loss.
+    #[arg(long, value_parser = ["fused", "unfused"])]
+    pub loss: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -37,10 +37,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         // Read by rayon's global pool, which flex builds on first use (below).
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
-    // Read by lab-model's loss hook on first use.
-    std::env::set_var("LAB_LOSS", &args.loss);
     let backend: BackendKind = args.backend.parse()?;
-    let config = super::train::load_config(args.config.as_ref())?;
+    let mut config = super::train::load_config(args.config.as_ref())?;
+    match args.loss.as_deref() {
+        Some("unfused") => config.train.lm_head_loss = lab_config::LmHeadLoss::Unfused,
+        Some(_) => config.train.lm_head_loss = lab_config::LmHeadLoss::Fused,
+        None => {}
+    }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
         std::thread::available_parallelism()
             .map(|n| n.to_string())
@@ -55,14 +58,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut v = serde_json::to_value(&r)?;
         v["backend"] = backend.name().into();
         v["threads"] = threads.into();
-        v["loss"] = args.loss.clone().into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
             "{} on {} ({threads} threads, {} loss): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
             r.config,
             backend.name(),
-            args.loss,
+            r.lm_head_loss,
             r.tokens_per_s,
             r.ms_per_step,
             r.tokens_per_step,

@@ -1,12 +1,16 @@
-//! `lab train`: flags as in lab 00, mapped onto a validated config and the trainer.
+//! `lab train`: flags as in lab 00, mapped onto a validated config and the trainer. The budget
+//! guard plugs into the trainer here, as one more step policy.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use lab_config::LabConfig;
-use lab_train::{signals, BackendKind, Outcome, TrainOptions};
+use lab_budget::{Progress, RunGuard};
+use lab_config::{LabConfig, SpikeConfig, SpikeKind, SpikePolicy};
+use lab_train::{signals, BackendKind, Decision, Journal, Outcome, StepPolicy, StepView, Stop};
+use lab_train::{AlertSink, TrainOptions};
 
 /// The embedded default config, so `lab train` works from any folder.
 pub const TINY_CPU: &str = include_str!("../../../configs/tiny-cpu.toml");
@@ -40,7 +44,84 @@ pub struct Args {
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     #[command(flatten)]
+    pub spike: SpikeFlags,
+    #[command(flatten)]
     pub budget: lab_budget::BudgetFlags,
+}
+
+/// Loss-spike drill and response (`[spike]` and `[stability]` in the config).
+#[derive(clap::Args, Clone, Default)]
+pub struct SpikeFlags {
+    /// Inject a seeded loss spike: the update of this 0-based step and the next
+    /// `--spike-batches - 1` train on spike batches (the data cursor does not move).
+    #[arg(long, value_name = "STEP")]
+    pub inject_spike_at_step: Option<u64>,
+    /// Spike batches injected (default 5).
+    #[arg(long, value_name = "N")]
+    pub spike_batches: Option<u64>,
+    /// rare-token (default), long-doc or repeated.
+    #[arg(long, value_enum)]
+    pub spike_kind: Option<SpikeKindArg>,
+    /// Response to a detected spike: wait (default), rollback, skip or kill.
+    #[arg(long, value_enum)]
+    pub spike_policy: Option<SpikePolicyArg>,
+    /// Fire drill: make the gradient of this 0-based step non-finite (its loss stays finite);
+    /// the stability policy must never apply it and rolls back instead.
+    #[arg(long, value_name = "STEP")]
+    pub inject_nan_grad_at_step: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
+pub enum SpikeKindArg {
+    RareToken,
+    LongDoc,
+    Repeated,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
+pub enum SpikePolicyArg {
+    Wait,
+    Rollback,
+    Skip,
+    Kill,
+}
+
+impl SpikeFlags {
+    /// Applies the flags to `config` (validated by the caller).
+    fn apply(&self, config: &mut LabConfig) -> Result<()> {
+        if let Some(at) = self.inject_spike_at_step {
+            config.spike = Some(SpikeConfig {
+                at_step: at,
+                ..config.spike.clone().unwrap_or(SpikeConfig::new(at))
+            });
+        }
+        if self.spike_batches.is_some() || self.spike_kind.is_some() {
+            let Some(spike) = config.spike.as_mut() else {
+                bail!("--spike-batches and --spike-kind need --inject-spike-at-step (or [spike] in the config)");
+            };
+            if let Some(n) = self.spike_batches {
+                spike.batches = n;
+            }
+            if let Some(k) = self.spike_kind {
+                spike.kind = match k {
+                    SpikeKindArg::RareToken => SpikeKind::RareToken,
+                    SpikeKindArg::LongDoc => SpikeKind::LongDoc,
+                    SpikeKindArg::Repeated => SpikeKind::Repeated,
+                };
+            }
+        }
+        if let Some(p) = self.spike_policy {
+            let mut s = config.stability.clone().unwrap_or_default();
+            s.policy = match p {
+                SpikePolicyArg::Wait => SpikePolicy::Wait,
+                SpikePolicyArg::Rollback => SpikePolicy::Rollback,
+                SpikePolicyArg::Skip => SpikePolicy::Skip,
+                SpikePolicyArg::Kill => SpikePolicy::Kill,
+            };
+            config.stability = Some(s);
+        }
+        Ok(())
+    }
 }
 
 /// Loads `--config` (or the embedded default) and applies the command-line overrides.
@@ -51,7 +132,7 @@ pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
     }
 }
 
-pub fn options(args: &Args) -> Result<TrainOptions> {
+pub fn options(args: &Args) -> Result<(TrainOptions, Option<RunGuard>)> {
     let mut config = load_config(args.config.as_ref())?;
     let t = &mut config.train;
     if let Some(v) = args.total_steps {
@@ -70,6 +151,7 @@ pub fn options(args: &Args) -> Result<TrainOptions> {
     if let Some(v) = args.seed {
         t.seed = v;
     }
+    args.spike.apply(&mut config)?;
     // Flags name themselves in errors: the validated fields are the flags' targets.
     config
         .validate()
@@ -94,26 +176,66 @@ pub fn options(args: &Args) -> Result<TrainOptions> {
             dir
         }
     };
-    let budget = lab_budget::RunGuard::new(
+    let guard = RunGuard::new(
         &args.budget,
         config.budget.as_ref(),
         &run_dir,
         args.resume_from_latest,
     )?;
-    Ok(TrainOptions {
+    let alert = guard.as_ref().and_then(RunGuard::webhook).map(|url| {
+        let sink: AlertSink = Box::new(move |text: &str| {
+            lab_budget::notify::post_webhook(&url, text, Duration::from_secs(10))
+        });
+        sink
+    });
+    let opts = TrainOptions {
         config,
         data_dir,
         run_dir,
         resume: args.resume_from_latest,
         progress: std::io::stderr().is_terminal(),
-        budget,
-    })
+        policies: Vec::new(),
+        alert,
+        nan_grad_at_step: args.spike.inject_nan_grad_at_step,
+    };
+    Ok((opts, guard))
+}
+
+/// The budget guard as a step policy: consulted at its interval and at every checkpoint step,
+/// before the checkpoint: spent > cap stops with none (exit 4), projected > cap checkpoints and
+/// stops (exit 3).
+struct BudgetPolicy(RunGuard);
+
+impl StepPolicy for BudgetPolicy {
+    fn name(&self) -> &'static str {
+        "budget"
+    }
+
+    fn after_update(&mut self, v: &StepView, _: &mut dyn Journal) -> Decision {
+        let step = v.step + 1;
+        if step >= v.total_steps || !(v.at_checkpoint || self.0.due()) {
+            return Decision::Continue;
+        }
+        let progress = Progress {
+            step,
+            total_steps: v.total_steps,
+            sec_per_step: Some(v.elapsed_s / v.steps_this_session.max(1) as f64),
+        };
+        let d = self.0.check(&progress);
+        match d.verdict.exit_code() {
+            Some(exit_code) => Decision::Stop(Stop::Budget {
+                exit_code,
+                reason: d.reason,
+            }),
+            None => Decision::Continue,
+        }
+    }
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let backend: BackendKind = args.backend.parse()?;
     backend.ensure_available()?;
-    let mut opts = options(&args)?;
+    let (mut opts, mut guard) = options(&args)?;
     let p = opts.config.model.param_count();
     println!(
         "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
@@ -123,10 +245,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         backend.name(),
         opts.run_dir.display()
     );
-    if let Some(code) = budget_prelaunch(&mut opts) {
-        return Ok(code);
+    if let Some(g) = guard.as_mut() {
+        if let Some(code) = budget_prelaunch(g, &opts) {
+            return Ok(code);
+        }
     }
-    let end_of_run = opts.budget.as_ref().and_then(|g| g.end_of_run());
+    let end_of_run = guard.as_ref().and_then(|g| g.end_of_run());
+    if let Some(g) = guard {
+        opts.policies.push(Box::new(BudgetPolicy(g)));
+    }
     let result = backend.dispatch(opts);
     // --terminate-on-exit: a finished, budget-stopped or failed run stops paying; an
     // interrupted one (someone pressed Ctrl-C, or the provider preempts) is left to its owner.
@@ -143,7 +270,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    let outcome = result?;
+    Ok(exit_code(&result?))
+}
+
+/// What the process exits with, after saying how the run ended.
+pub fn exit_code(outcome: &Outcome) -> ExitCode {
     match outcome {
         Outcome::Completed {
             step,
@@ -156,34 +287,33 @@ pub fn run(args: Args) -> Result<ExitCode> {
                     .map(|v| format!(", val loss {v:.4}"))
                     .unwrap_or_default()
             );
-            Ok(ExitCode::SUCCESS)
+            ExitCode::SUCCESS
         }
-        Outcome::Unstable { step, loss } => {
-            eprintln!("stopped by the stability policy: loss {loss} after step {step}; checkpoint of step {step} kept");
-            Ok(ExitCode::from(5))
+        Outcome::Unstable { step, reason } => {
+            eprintln!("stopped by the stability policy at step {step}: {reason}; the last good checkpoint is kept");
+            ExitCode::from(5)
         }
         Outcome::Interrupted { signal, step } => {
             eprintln!("interrupted by signal {signal}: emergency checkpoint at step {step}");
-            Ok(ExitCode::from(signals::exit_code(signal)))
+            ExitCode::from(signals::exit_code(*signal))
         }
         Outcome::BudgetStopped {
             exit_code, step, ..
         } => {
-            let ckpt = if exit_code == 3 {
+            let ckpt = if *exit_code == 3 {
                 "after a checkpoint"
             } else {
                 "with no checkpoint"
             };
             eprintln!("stopped by the budget guard at step {step} {ckpt} (exit {exit_code})");
-            Ok(ExitCode::from(exit_code))
+            ExitCode::from(*exit_code)
         }
     }
 }
 
 /// The budget guard before any step: `Some(exit code)` when the launch is refused (4) or
 /// this is `--dry-run-budget` (the decision table, 0 or 4).
-fn budget_prelaunch(opts: &mut TrainOptions) -> Option<ExitCode> {
-    let guard = opts.budget.as_mut()?;
+fn budget_prelaunch(guard: &mut RunGuard, opts: &TrainOptions) -> Option<ExitCode> {
     // Resuming: the run restarts at its newest checkpoint (status.json may be further on, by
     // up to a checkpoint interval, which would under-project), and the previous attempt's
     // status.json knows the step time.

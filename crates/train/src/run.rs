@@ -1,0 +1,499 @@
+//! The run as the trainer keeps it: the locked run folder and its files (metrics, events,
+//! status, config.toml, data.json), the progress bar, alerts, the checkpoint writer, and the
+//! three ways a run moves in time besides stepping: start (fresh or resume), rollback, stop.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use burn::module::AutodiffModule;
+use indicatif::ProgressBar;
+use lab_config::LabConfig;
+use lab_model::weights;
+use lab_run::{JsonLines, MetricsRow, Status};
+use serde_json::{json, Value};
+
+use crate::backend::TrainBackend;
+use crate::checkpoint::{self, TrainState};
+use crate::eval::evaluate;
+use crate::optim::param_norm;
+use crate::policy::{Journal, Policies, Rollback, StepView, Stop};
+use crate::schedule::learning_rate;
+use crate::state::TrainingState;
+use crate::step::mfu;
+use crate::stream::TrainData;
+use crate::trainer::{AlertSink, Outcome, TrainOptions};
+
+/// Where the data of a run came from (`data.json` in the run folder).
+pub const DATA: &str = "data.json";
+
+pub struct Run {
+    pub dir: PathBuf,
+    cfg: LabConfig,
+    config_sha: String,
+    training_sha: String,
+    data_sha: String,
+    resume: bool,
+    _lock: File,
+    metrics: JsonLines,
+    status: Status,
+    bar: ProgressBar,
+    alert: Option<AlertSink>,
+    started: Instant,
+    /// Steps run by this process (rolled-back ones included): the pace of this session.
+    pub steps_taken: u64,
+    /// Seconds in training steps and steps since the last logged row.
+    interval: (f64, u64),
+    last_loss: f64,
+    last_val: Option<f64>,
+    /// Set by a policy for the step being taken; forces its metrics row.
+    flag: Option<String>,
+}
+
+impl Run {
+    /// Takes the run folder: creates and locks it, refuses to start fresh over a run, writes
+    /// the effective config and the data's identity.
+    pub fn open(opts: &mut TrainOptions, data: &TrainData) -> Result<Run> {
+        let dir = opts.run_dir.clone();
+        let lock = take_folder(&dir, opts.resume)?;
+        let cfg = opts.config.clone();
+        lab_fsio::write_atomic(&dir.join(lab_run::CONFIG), cfg.to_toml().as_bytes())?;
+        let identity = json!({
+            "data_dir": std::path::absolute(&data.dir).unwrap_or(data.dir.clone()),
+            "meta_sha256": data.meta_sha256,
+            "tokenizer": data.meta.tokenizer,
+            "train_tokens": data.train.len(),
+            "val_tokens": data.val.len(),
+        });
+        lab_fsio::write_atomic(
+            &dir.join(DATA),
+            serde_json::to_string_pretty(&identity)?.as_bytes(),
+        )?;
+        let total = cfg.train.total_steps as u64;
+        Ok(Run {
+            metrics: JsonLines::open(&dir.join(lab_run::METRICS))?,
+            status: Status {
+                state: "running".into(),
+                total_steps: total,
+                config_sha256: cfg.sha256(),
+                started_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
+                ..Default::default()
+            },
+            bar: lab_plot::progress_bar("train", "{pos}/{len} steps", total, opts.progress),
+            config_sha: cfg.sha256(),
+            training_sha: cfg.training_sha256(),
+            data_sha: data.meta_sha256.clone(),
+            resume: opts.resume,
+            alert: opts.alert.take(),
+            cfg,
+            dir,
+            _lock: lock,
+            started: Instant::now(),
+            steps_taken: 0,
+            interval: (0.0, 0),
+            last_loss: f64::NAN,
+            last_val: None,
+            flag: None,
+        })
+    }
+
+    /// The state to train from: fresh, or the newest checkpoint that verifies (`--resume`).
+    pub fn start<B: TrainBackend>(
+        &mut self,
+        policies: &mut Policies,
+        device: &B::Device,
+    ) -> Result<TrainingState<B>> {
+        let cfg = self.cfg.clone();
+        let mut fresh = || -> Result<TrainingState<B>> {
+            policies.restore(&Default::default())?;
+            Ok(TrainingState::fresh(&cfg, device))
+        };
+        if !self.resume {
+            return fresh();
+        }
+        let dir = self.dir.clone();
+        let mut skipped = Vec::new();
+        let ck = checkpoint::load_latest_good(&dir, &mut |w| skipped.push(w))?;
+        for w in skipped {
+            eprintln!("warning: {w}");
+            self.event(0, "checkpoint_skipped", json!({ "reason": w }));
+        }
+        let Some(ck) = ck else {
+            println!("no checkpoint in {}: starting fresh", dir.display());
+            // Lines of an attempt that never checkpointed are not part of this run.
+            self.truncate_logs_after(0)?;
+            return fresh();
+        };
+        self.check_same_run(&ck.dir, &ck.state)?;
+        let state = TrainingState::from_checkpoint(&self.cfg, &ck, device)?;
+        policies.restore(&ck.state.policies)?;
+        self.truncate_logs_after(state.step)?;
+        let from = ck.dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        self.event(state.step, "resume", json!({ "from": from }));
+        println!("resumed from {} (step {})", ck.dir.display(), state.step);
+        self.bar.set_position(state.step);
+        Ok(state)
+    }
+
+    /// A checkpoint from another recipe or other data is refused with one line.
+    fn check_same_run(&self, dir: &Path, state: &TrainState) -> Result<()> {
+        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
+        if state.training_sha256 != self.training_sha {
+            bail!(
+                "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
+                dir.display(),
+                short(&state.training_sha256),
+                short(&self.training_sha)
+            );
+        }
+        if !state.data_sha256.is_empty() && state.data_sha256 != self.data_sha {
+            bail!(
+                "{} was trained on other data (meta.json sha256 {} vs {} in --data-dir); resume with the run's --data-dir (see {}), or use a new --ckpt-dir",
+                dir.display(),
+                short(&state.data_sha256),
+                short(&self.data_sha),
+                self.dir.join(DATA).display()
+            );
+        }
+        Ok(())
+    }
+
+    fn truncate_logs_after(&mut self, step: u64) -> Result<()> {
+        let path = self.dir.join(lab_run::METRICS);
+        lab_run::jsonl::split_after_step(&path, step)?;
+        self.metrics = JsonLines::open(&path)?;
+        Ok(())
+    }
+
+    /// After a step: evaluation and the metrics row at their cadence (or when a policy
+    /// flagged the step), status.json and the progress bar.
+    pub fn record_step<B: TrainBackend>(
+        &mut self,
+        state: &TrainingState<B>,
+        view: &StepView,
+        data: &TrainData,
+        secs: f64,
+        update_skipped: bool,
+    ) -> Result<()> {
+        let tc = &self.cfg.train;
+        let (step, total) = (state.step, view.total_steps);
+        self.steps_taken += 1;
+        self.interval = (self.interval.0 + secs, self.interval.1 + 1);
+        self.last_loss = view.loss;
+        self.bar.set_position(step);
+        let val_loss = if step.is_multiple_of(tc.eval_every as u64) || step == total {
+            Some(evaluate(&state.model.valid(), &data.val, &self.cfg)?)
+        } else {
+            None
+        };
+        self.last_val = val_loss.or(self.last_val);
+        let flag = self.flag.take();
+        let log_now = step.is_multiple_of(tc.log_every as u64) || step == total;
+        if !(log_now || val_loss.is_some() || flag.is_some() || update_skipped) {
+            return Ok(());
+        }
+        let secs_per_step = self.interval.0 / self.interval.1.max(1) as f64;
+        self.interval = (0.0, 0);
+        let tokens_per_s = self.cfg.tokens_per_step() as f64 / secs_per_step;
+        let row = MetricsRow {
+            step,
+            loss: view.loss,
+            lr: view.lr,
+            grad_norm: view.grad_norm,
+            clip_scale: view.clip_scale,
+            param_norm: Some(param_norm(&state.model.valid())),
+            tokens: step as f64 * self.cfg.tokens_per_step() as f64,
+            samples: state.cursor.samples_consumed,
+            tokens_per_s,
+            mfu: mfu(&self.cfg, tokens_per_s),
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            val_loss,
+            injected: view.data.injected,
+            update_skipped,
+            flag,
+            extra: Default::default(),
+        };
+        self.metrics.append(&row)?;
+        self.say_row(&row, total);
+        self.status.step = step;
+        self.status.loss = Some(view.loss);
+        self.status.val_loss = self.last_val;
+        self.status.tokens_per_s = Some(tokens_per_s);
+        self.status.secs_per_step = Some(secs_per_step);
+        self.status.mfu = Some(row.mfu);
+        self.status.eta_s = Some(secs_per_step * total.saturating_sub(step) as f64);
+        self.write_status("running", step)
+    }
+
+    fn say_row(&mut self, r: &MetricsRow, total: u64) {
+        let mut line = format!(
+            "step {:>6}/{total} | loss {:.4}{} | lr {:.2e} | grad norm {:.3} | {:.0} tok/s | MFU {:.1}%",
+            r.step,
+            r.loss,
+            r.val_loss.map(|v| format!(" | val {v:.4}")).unwrap_or_default(),
+            r.lr,
+            r.grad_norm,
+            r.tokens_per_s,
+            r.mfu * 100.0
+        );
+        if let Some(f) = &r.flag {
+            line.push_str(&format!(" | {f}"));
+        }
+        if r.injected {
+            line.push_str(" | injected");
+        }
+        self.say(&line);
+        self.bar.set_message(format!("loss {:.3}", r.loss));
+    }
+
+    fn write_status(&mut self, state: &str, step: u64) -> Result<()> {
+        self.status.state = state.into();
+        self.status.step = step;
+        self.status.elapsed_s = self.started.elapsed().as_secs_f64();
+        self.status.updated_utc = lab_run::clock::format_utc(lab_run::clock::now_unix());
+        self.status.write(&self.dir)
+    }
+
+    /// Writes a checkpoint of `state`, applies retention, records the event.
+    pub fn checkpoint<B: TrainBackend>(
+        &mut self,
+        state: &TrainingState<B>,
+        policies: &Policies,
+    ) -> Result<PathBuf> {
+        let tc = &self.cfg.train;
+        let (opt_state, updates) = state.optim.state();
+        let train_state = TrainState {
+            step: state.step,
+            optimizer_updates: updates,
+            cursor: state.cursor.clone(),
+            rollbacks: state.rollbacks,
+            policies: policies.save(),
+            data_sha256: self.data_sha.clone(),
+            seed: tc.seed,
+            rng: "stateless: init = f(seed, parameter path), data order = f(seed, window index), spikes = f(seed, spike sample)".into(),
+            next_lr: learning_rate(tc, state.step as usize),
+            config_sha256: self.config_sha.clone(),
+            training_sha256: self.training_sha.clone(),
+            created_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
+            lab_version: env!("CARGO_PKG_VERSION").into(),
+            files: Default::default(),
+        };
+        let dir = checkpoint::save(
+            &self.dir,
+            train_state,
+            &weights::tensor_map(&state.model),
+            &opt_state,
+        )?;
+        checkpoint::prune(
+            &self.dir,
+            state.step,
+            tc.keep_last,
+            tc.ckpt_every,
+            tc.keep_every,
+        )?;
+        self.event(state.step, "checkpoint", json!({ "dir": dir }));
+        Ok(dir)
+    }
+
+    /// Undoes the run back to the newest good checkpoint at or before `plan.to_step` (step 0
+    /// when there is none), rules out `plan.skip`, deletes the abandoned checkpoints, moves the
+    /// abandoned metrics rows aside and writes the restored state back as a checkpoint, so a
+    /// kill at any point resumes on the same path.
+    pub fn rollback<B: TrainBackend>(
+        &mut self,
+        failed: TrainingState<B>,
+        plan: Rollback,
+        policies: &mut Policies,
+        device: &B::Device,
+    ) -> Result<TrainingState<B>> {
+        let from = failed.step;
+        let rollbacks = failed.rollbacks + 1;
+        drop(failed);
+        let dir = self.dir.clone();
+        let mut warnings = Vec::new();
+        let ck =
+            checkpoint::load_newest_good_at_most(&dir, plan.to_step, &mut |w| warnings.push(w))?;
+        for w in warnings {
+            self.event(from, "checkpoint_skipped", json!({ "reason": w }));
+        }
+        let mut state = match &ck {
+            Some(ck) => {
+                self.check_same_run(&ck.dir, &ck.state)?;
+                policies.restore(&ck.state.policies)?;
+                TrainingState::from_checkpoint(&self.cfg, ck, device)?
+            }
+            None => {
+                policies.restore(&Default::default())?;
+                TrainingState::fresh(&self.cfg, device)
+            }
+        };
+        state.cursor.skip(&plan.skip, from + 1, &plan.reason);
+        state.rollbacks = rollbacks;
+        checkpoint::remove_after(&dir, state.step)?;
+        self.abandon_rows_after(state.step, rollbacks)?;
+        self.checkpoint(&state, policies)?;
+        let text = format!(
+            "rollback {rollbacks}: step {} → {} ({}); skipping {} sample range(s)",
+            from + 1,
+            state.step,
+            plan.reason,
+            plan.skip.len()
+        );
+        self.event(
+            from + 1,
+            "rollback",
+            json!({ "from_step": from + 1, "to_step": state.step, "rollbacks": rollbacks,
+                    "skipped": plan.skip, "reason": plan.reason }),
+        );
+        self.say(&text);
+        self.alert(&format!("lab {}: {text}", self.dir.display()));
+        self.bar.set_position(state.step);
+        Ok(state)
+    }
+
+    /// Moves metrics rows after `step` into metrics-abandoned.jsonl, tagged with the rollback.
+    fn abandon_rows_after(&mut self, step: u64, rollback: u32) -> Result<()> {
+        let path = self.dir.join(lab_run::METRICS);
+        let later = lab_run::jsonl::split_after_step(&path, step)?;
+        let mut aside = JsonLines::open(&self.dir.join(lab_run::ABANDONED_METRICS))?;
+        for line in later {
+            let mut v: Value = serde_json::from_str(&line)?;
+            v["rollback"] = json!(rollback);
+            aside.append(&v)?;
+        }
+        self.metrics = JsonLines::open(&path)?;
+        Ok(())
+    }
+
+    /// The one stop sequence: checkpoint when the stop keeps one, event, alert, status.
+    pub fn stop<B: TrainBackend>(
+        &mut self,
+        stop: Stop,
+        state: &TrainingState<B>,
+        policies: &Policies,
+    ) -> Result<Outcome> {
+        let checkpoint = if stop.checkpoints() {
+            Some(self.checkpoint(state, policies)?)
+        } else {
+            None
+        };
+        let step = state.step;
+        let (text, mut fields, outcome) = match &stop {
+            Stop::Interrupted { signal } => (
+                format!("signal {signal}: emergency checkpoint at step {step}"),
+                json!({ "signal": signal }),
+                Outcome::Interrupted {
+                    signal: *signal,
+                    step,
+                },
+            ),
+            Stop::Unstable { reason } => (
+                format!("stopped by the stability policy at step {step}: {reason}"),
+                json!({ "reason": reason }),
+                Outcome::Unstable {
+                    step,
+                    reason: reason.clone(),
+                },
+            ),
+            Stop::Budget { exit_code, reason } => (
+                format!("stopped by the budget guard at step {step}: {reason}"),
+                json!({ "reason": reason, "exit_code": exit_code }),
+                Outcome::BudgetStopped {
+                    exit_code: *exit_code,
+                    step,
+                    reason: reason.clone(),
+                },
+            ),
+        };
+        fields["checkpoint"] = json!(checkpoint.map(|_| checkpoint::step_dir_name(step)));
+        self.event(step, stop.state(), fields);
+        self.say(&text);
+        self.alert(&format!("lab {}: {text}", self.dir.display()));
+        self.bar.abandon();
+        self.status.loss = self.last_loss.is_finite().then_some(self.last_loss);
+        self.write_status(stop.state(), step)?;
+        Ok(outcome)
+    }
+
+    /// The run reached `total_steps`.
+    pub fn finish<B: TrainBackend>(&mut self, state: &TrainingState<B>) -> Result<Outcome> {
+        self.bar.finish_and_clear();
+        self.status.loss = Some(self.last_loss);
+        self.status.val_loss = self.last_val;
+        self.status.eta_s = Some(0.0);
+        self.write_status("done", state.step)?;
+        self.event(state.step, "done", json!({}));
+        Ok(Outcome::Completed {
+            step: state.step,
+            train_loss: self.last_loss,
+            val_loss: self.last_val,
+        })
+    }
+
+    pub fn elapsed_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+impl Journal for Run {
+    fn event(&mut self, step: u64, kind: &str, fields: Value) {
+        if let Err(e) = lab_run::append_event(&self.dir, step, kind, fields) {
+            eprintln!("warning: {e:#}");
+        }
+    }
+
+    fn alert(&mut self, text: &str) {
+        if let Some(send) = &self.alert {
+            if let Err(e) = send(text) {
+                eprintln!("warning: alert webhook failed: {e:#}");
+            }
+        }
+    }
+
+    fn say(&mut self, line: &str) {
+        if self.bar.is_hidden() {
+            println!("{line}");
+        } else {
+            self.bar.println(line);
+        }
+    }
+
+    fn flag_step(&mut self, flag: &str) {
+        self.flag = Some(flag.to_string());
+    }
+}
+
+/// Creates the run folder, proves it writable and takes its lock; refuses to silently restart
+/// over an existing run. A fresh run starts fresh logs.
+fn take_folder(dir: &Path, resume: bool) -> Result<File> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create --ckpt-dir {}", dir.display()))?;
+    let lock = lab_fsio::lock_exclusive(&dir.join(".lock")).with_context(|| {
+        format!(
+            "--ckpt-dir {} is in use by another lab train",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(".write-test");
+    std::fs::write(&probe, b"ok")
+        .with_context(|| format!("--ckpt-dir {} is not writable", dir.display()))?;
+    std::fs::remove_file(&probe)?;
+    if !resume && !checkpoint::list(dir)?.is_empty() {
+        bail!(
+            "--ckpt-dir {} already holds checkpoints; pass --resume-from-latest to continue that run, or choose a new --ckpt-dir",
+            dir.display()
+        );
+    }
+    if !resume {
+        for f in [
+            lab_run::METRICS,
+            lab_run::ABANDONED_METRICS,
+            lab_run::EVENTS,
+            lab_run::STATUS,
+        ] {
+            let _ = std::fs::remove_file(dir.join(f));
+        }
+    }
+    Ok(lock)
+}

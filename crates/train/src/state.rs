@@ -1,0 +1,57 @@
+//! Everything a step changes: the model, the optimizer, the step count, the data cursor and
+//! the rollback count, and how it is built fresh or from a checkpoint.
+
+use anyhow::{Context, Result};
+use burn::optim::GradientsParams;
+use lab_config::LabConfig;
+use lab_model::{weights, Llama};
+
+use crate::backend::TrainBackend;
+use crate::checkpoint::Loaded;
+use crate::optim::AdamW;
+use crate::stream::DataCursor;
+
+pub struct TrainingState<B: TrainBackend> {
+    pub model: Llama<B>,
+    pub optim: AdamW<B::InnerBackend>,
+    /// Optimizer steps completed (the 0-based index of the next step).
+    pub step: u64,
+    pub cursor: DataCursor,
+    pub rollbacks: u32,
+}
+
+impl<B: TrainBackend> TrainingState<B> {
+    /// Step 0: weights drawn from the seed, zero moments, an empty cursor.
+    pub fn fresh(cfg: &LabConfig, device: &B::Device) -> Self {
+        Self {
+            model: Llama::new(&cfg.model, cfg.train.seed, device)
+                .with_lm_head_loss(cfg.train.lm_head_loss),
+            optim: AdamW::new(&cfg.train),
+            step: 0,
+            cursor: DataCursor::default(),
+            rollbacks: 0,
+        }
+    }
+
+    /// The state a verified checkpoint holds.
+    pub fn from_checkpoint(cfg: &LabConfig, ck: &Loaded, device: &B::Device) -> Result<Self> {
+        let fresh = Self::fresh(cfg, device);
+        let model = weights::load_tensor_map(fresh.model, &ck.model)
+            .with_context(|| format!("{}", ck.dir.display()))?;
+        let mut optim = fresh.optim;
+        optim.load_state(&ck.optimizer, ck.state.optimizer_updates, device)?;
+        Ok(Self {
+            model,
+            optim,
+            step: ck.state.step,
+            cursor: ck.state.cursor.clone(),
+            rollbacks: ck.state.rollbacks,
+        })
+    }
+
+    /// Applies one AdamW update (the policies have accepted the step).
+    pub fn apply(mut self, grads: GradientsParams, lr: f64, clip_scale: f64) -> Self {
+        self.model = self.optim.apply(self.model, grads, lr, clip_scale);
+        self
+    }
+}

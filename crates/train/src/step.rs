@@ -1,0 +1,79 @@
+//! One training step's forward and backward, shared by the trainer and `lab bench` (so the
+//! bench times exactly what training runs), and the one MFU formula.
+
+use std::time::Instant;
+
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
+use lab_config::{LabConfig, Precision};
+use lab_data::Batch;
+use lab_model::Llama;
+
+use crate::backend::TrainBackend;
+
+/// Seconds spent in forward and backward (measured only when asked: timing needs a device
+/// sync between the two).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseTimes {
+    pub forward_s: f64,
+    pub backward_s: f64,
+}
+
+/// The gradient of the mean loss over `micro` (summed over micro-batches, each scaled by
+/// 1 / micro-batches) and that mean loss. One host sync for the loss, at the end.
+pub fn forward_backward<B: TrainBackend>(
+    model: &Llama<B>,
+    micro: &[Batch],
+    device: &B::Device,
+    mut times: Option<&mut PhaseTimes>,
+) -> (GradientsParams, f64) {
+    let n = micro.len() as f64;
+    let mut accum = GradientsAccumulator::<Llama<B>>::new();
+    let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
+    for batch in micro {
+        let (x, y) = to_tensors::<B>(batch, device);
+        let t0 = Instant::now();
+        let loss = model.loss(x, y);
+        if times.is_some() {
+            B::sync(device).ok();
+        }
+        let t1 = Instant::now();
+        let value = loss.clone().inner();
+        loss_sum = Some(match loss_sum {
+            Some(sum) => sum + value,
+            None => value,
+        });
+        let grads = (loss / n).backward();
+        accum.accumulate(model, GradientsParams::from_grads(grads, model));
+        if let Some(t) = times.as_deref_mut() {
+            B::sync(device).ok();
+            t.forward_s += (t1 - t0).as_secs_f64();
+            t.backward_s += t1.elapsed().as_secs_f64();
+        }
+    }
+    let loss: f64 = loss_sum
+        .expect("a step has at least one micro-batch")
+        .into_scalar()
+        .elem();
+    (accum.grads(), loss / n)
+}
+
+/// Token ids as `[rows, seq_len]` int tensors.
+pub fn to_tensors<B: Backend>(
+    batch: &Batch,
+    device: &B::Device,
+) -> (Tensor<B, 2, Int>, Tensor<B, 2, Int>) {
+    let shape = [batch.rows, batch.seq_len];
+    let ids = |v: &[u32]| {
+        let data: Vec<i32> = v.iter().map(|&t| t as i32).collect();
+        Tensor::from_data(TensorData::new(data, shape), device)
+    };
+    (ids(&batch.inputs), ids(&batch.targets))
+}
+
+/// Model FLOPs utilisation at `tokens_per_s`: training FLOPs per token (LM head and attention
+/// included) over the device's peak at the precision the run computes in.
+pub fn mfu(cfg: &LabConfig, tokens_per_s: f64) -> f64 {
+    // burn 0.21 has no autocast: every backend computes in fp32 here.
+    tokens_per_s * cfg.model.train_flops_per_token() / cfg.hardware.peak_flops(Precision::Fp32)
+}

@@ -1,0 +1,287 @@
+//! Where each step's tokens come from: the training data, drawn in the sampler's seeded order
+//! from a cursor that skips the ranges a rollback ruled out, or an injected spike batch, which
+//! never moves that cursor.
+//!
+//! Every sample has an index in its source: training window `i` is `Sampler::offset(i)`, spike
+//! sample `i` is a pure function of (seed, i). A step draws `grad_accum × micro_batch` indices
+//! from one source; the ranges it drew are its provenance, which a rollback records as skipped.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use lab_config::LabConfig;
+use lab_data::{Batch, Meta, Sampler, TokenFile};
+use serde::{Deserialize, Serialize};
+
+use crate::forensics::{batch_stats, BatchStats};
+use crate::inject::{RareTokens, SpikeBatches};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// train.bin, in the sampler's order.
+    Train,
+    /// Injected spike samples.
+    Spike,
+}
+
+/// Samples `start..end` of one source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleRange {
+    pub source: Source,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A range ruled out by a rollback, with when and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    #[serde(flatten)]
+    pub range: SampleRange,
+    /// The step whose data this was.
+    pub step: u64,
+    pub reason: String,
+}
+
+/// The data cursor, as state.json stores it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DataCursor {
+    /// Training windows consumed or skipped: the next window drawn is the first index at or
+    /// after this one that no skipped range covers.
+    pub samples_consumed: u64,
+    /// Spike samples consumed or skipped.
+    #[serde(default)]
+    pub spike_samples_consumed: u64,
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+}
+
+impl DataCursor {
+    /// The next index of `source` at or after `from` that no skipped range covers.
+    fn first_unskipped(&self, source: Source, mut from: u64) -> u64 {
+        while let Some(r) = self
+            .skipped
+            .iter()
+            .find(|s| s.range.source == source && s.range.start <= from && from < s.range.end)
+        {
+            from = r.range.end;
+        }
+        from
+    }
+
+    /// Draws `n` indices of `source`, skipping ruled-out ranges; returns them as ranges.
+    fn draw(&mut self, source: Source, n: u64) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let mut next = self.position(source);
+        for _ in 0..n {
+            let at = self.first_unskipped(source, next);
+            next = at + 1;
+            match out.last_mut() {
+                Some(last) if last.1 == at => last.1 = next,
+                _ => out.push((at, next)),
+            }
+        }
+        match source {
+            Source::Train => self.samples_consumed = next,
+            Source::Spike => self.spike_samples_consumed = next,
+        }
+        out
+    }
+
+    fn position(&self, source: Source) -> u64 {
+        match source {
+            Source::Train => self.samples_consumed,
+            Source::Spike => self.spike_samples_consumed,
+        }
+    }
+
+    /// Rules out `ranges` (the data of `step`) for the rest of the run.
+    pub fn skip(&mut self, ranges: &[SampleRange], step: u64, reason: &str) {
+        for r in ranges {
+            let s = Skipped {
+                range: *r,
+                step,
+                reason: reason.to_string(),
+            };
+            if !self.skipped.contains(&s) {
+                self.skipped.push(s);
+            }
+        }
+    }
+}
+
+/// One step's data: its micro-batches and where they came from.
+#[derive(Debug, Clone)]
+pub struct StepData {
+    pub micro: Vec<Batch>,
+    pub ranges: Vec<SampleRange>,
+    pub injected: bool,
+    /// Training-file token offsets of the rows (empty for injected batches).
+    pub offsets: Vec<usize>,
+    pub stats: BatchStats,
+}
+
+/// The run's data: validated files, the sample order, the rare-token set and the spike plan.
+pub struct TrainData {
+    pub dir: PathBuf,
+    pub meta: Meta,
+    /// sha256 of meta.json: the data's identity (it lists the sha256 of every file).
+    pub meta_sha256: String,
+    pub train: TokenFile,
+    pub val: TokenFile,
+    pub rare: RareTokens,
+    sampler: Sampler,
+    spike: Option<(lab_config::SpikeConfig, SpikeBatches)>,
+    micro_batch: usize,
+    grad_accum: usize,
+    seq_len: usize,
+}
+
+impl TrainData {
+    /// Opens and checks a data dir for `cfg` before any compute is spent on it.
+    pub fn open(dir: &Path, cfg: &LabConfig) -> Result<Self> {
+        let meta = Meta::load(dir)?;
+        if meta.vocab_size > cfg.model.vocab_size {
+            bail!(
+                "{}: data vocab_size {} exceeds model.vocab_size {}; use a config for this tokenizer",
+                dir.join("meta.json").display(),
+                meta.vocab_size,
+                cfg.model.vocab_size
+            );
+        }
+        let meta_sha256 = lab_fsio::sha256_file(&dir.join("meta.json"))?;
+        let train = TokenFile::open(dir, "train.bin", &meta)?;
+        let val = TokenFile::open(dir, "val.bin", &meta)?;
+        let seq_len = cfg.model.seq_len;
+        let sampler = Sampler::new(train.len(), seq_len, cfg.train.seed)
+            .with_context(|| train.path().display().to_string())?;
+        if val.len() < seq_len + 1 {
+            bail!(
+                "{} has {} tokens, fewer than model.seq_len + 1 = {}: prepare a larger validation split",
+                val.path().display(),
+                val.len(),
+                seq_len + 1
+            );
+        }
+        let rare = RareTokens::load_or_compute(dir, &meta, &train)?;
+        let spike = match &cfg.spike {
+            Some(s) => Some((
+                s.clone(),
+                SpikeBatches::new(
+                    s.kind,
+                    cfg.train.seed,
+                    seq_len,
+                    &rare,
+                    &train,
+                    meta.eot_token,
+                ),
+            )),
+            None => None,
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            meta,
+            meta_sha256,
+            train,
+            val,
+            rare,
+            sampler,
+            spike,
+            micro_batch: cfg.train.micro_batch,
+            grad_accum: cfg.train.grad_accum,
+            seq_len,
+        })
+    }
+
+    fn rows_per_step(&self) -> u64 {
+        (self.micro_batch * self.grad_accum) as u64
+    }
+
+    /// Whether step `step` trains on an injected batch: inside the spike window, while spike
+    /// samples that no rollback ruled out remain.
+    fn injects(&self, step: u64, cursor: &DataCursor) -> bool {
+        let Some((s, _)) = &self.spike else {
+            return false;
+        };
+        let total = s.batches * self.rows_per_step();
+        step >= s.at_step
+            && cursor.first_unskipped(Source::Spike, cursor.spike_samples_consumed) < total
+    }
+
+    /// Draws step `step`'s micro-batches, advancing `cursor`.
+    pub fn next_step(&self, step: u64, cursor: &mut DataCursor) -> Result<StepData> {
+        let injected = self.injects(step, cursor);
+        let source = if injected {
+            Source::Spike
+        } else {
+            Source::Train
+        };
+        let drawn = cursor.draw(source, self.rows_per_step());
+        let indices: Vec<u64> = drawn.iter().flat_map(|&(a, b)| a..b).collect();
+        let mut micro = Vec::with_capacity(self.grad_accum);
+        let mut offsets = Vec::new();
+        for rows in indices.chunks(self.micro_batch) {
+            let batch = match (&self.spike, injected) {
+                (Some((_, spikes)), true) => spikes.batch(rows, &self.train)?,
+                _ => {
+                    let o: Vec<usize> = rows.iter().map(|&i| self.sampler.offset(i)).collect();
+                    offsets.extend_from_slice(&o);
+                    lab_data::sampler::read_windows(&self.train, &o, self.seq_len)?
+                }
+            };
+            micro.push(batch);
+        }
+        let stats = batch_stats(&micro, self.meta.eot_token, &self.rare);
+        Ok(StepData {
+            micro,
+            ranges: drawn
+                .into_iter()
+                .map(|(start, end)| SampleRange { source, start, end })
+                .collect(),
+            injected,
+            offsets,
+            stats,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn range(source: Source, start: u64, end: u64) -> SampleRange {
+        SampleRange { source, start, end }
+    }
+
+    #[test]
+    fn draws_jump_over_skipped_ranges_and_merge_contiguous_indices() {
+        let mut c = DataCursor::default();
+        c.skip(&[range(Source::Train, 2, 5)], 0, "test");
+        assert_eq!(c.draw(Source::Train, 4), vec![(0, 2), (5, 7)]);
+        assert_eq!(c.samples_consumed, 7);
+        // The spike stream is untouched by training draws and skips.
+        assert_eq!(c.draw(Source::Spike, 3), vec![(0, 3)]);
+        c.skip(&[range(Source::Train, 2, 5)], 0, "test");
+        assert_eq!(c.skipped.len(), 1, "the same skip twice is recorded once");
+    }
+
+    proptest! {
+        /// Drawing with skips yields exactly the indices not skipped, in order.
+        #[test]
+        fn draw_equals_filtering_the_plain_order(
+            skips in proptest::collection::vec((0u64..200, 1u64..20), 0..6), n in 0u64..150
+        ) {
+            let mut c = DataCursor::default();
+            for &(a, len) in &skips {
+                c.skip(&[range(Source::Train, a, a + len)], 0, "p");
+            }
+            let got: Vec<u64> = c.draw(Source::Train, n).into_iter().flat_map(|(a, b)| a..b).collect();
+            let want: Vec<u64> = (0..)
+                .filter(|i| !skips.iter().any(|&(a, len)| a <= *i && *i < a + len))
+                .take(n as usize)
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}
