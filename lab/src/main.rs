@@ -36,6 +36,8 @@ enum Command {
     Data(cmd::data::Args),
     /// Train a byte-level BPE tokenizer; fertility report per document type.
     Tokenizer(cmd::tokenizer::Args),
+    /// Write spike-postmortem.md from a run folder's metrics and events.
+    Postmortem(cmd::postmortem::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Command::Budget(args) => cmd::budget::run(args),
         Command::Data(args) => cmd::data::run(args),
         Command::Tokenizer(args) => cmd::tokenizer::run(args),
+        Command::Postmortem(args) => cmd::postmortem::run(args),
     };
     match result {
         Ok(code) => code,

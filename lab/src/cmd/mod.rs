@@ -4,5 +4,6 @@ pub mod bench;
 pub mod budget;
 pub mod data;
 pub mod plan;
+pub mod postmortem;
 pub mod tokenizer;
 pub mod train;
