@@ -323,7 +323,10 @@ fn a_diverging_run_stops_with_exit_5_and_keeps_its_last_good_weights() {
         .chunks_exact(4)
         .all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite()));
     let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
-    assert!(events.contains("nonfinite_loss"), "{events}");
+    assert!(
+        events.contains("\"nonfinite\"") && events.contains("\"rollback\""),
+        "{events}"
+    );
     let status = std::fs::read_to_string(run.join("status.json")).unwrap();
     assert!(status.contains("\"unstable\""), "{status}");
 }
@@ -353,4 +356,31 @@ fn a_second_trainer_on_the_same_run_folder_is_refused() {
     );
     first.kill().unwrap();
     first.wait().unwrap();
+}
+
+#[test]
+fn resuming_on_other_data_is_refused_with_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    run_ok(train(&cfg, &run).args(["--total-steps", "10"]));
+    // The run folder says what it trained on.
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("name = \"micro\"") && config.contains("total_steps = 10"));
+    let data: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("data.json")).unwrap()).unwrap();
+    assert_eq!(data["meta_sha256"], sha256(&data_dir().join("meta.json")));
+
+    let other = tmp.path().join("other-data");
+    let text: String = lab_data::TINYSHAKESPEARE.chars().take(200_000).collect();
+    lab_data::gpt2::prepare_text(&text, "a slice", 0.9, &other).unwrap();
+    let mut c = lab();
+    c.args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(&other)
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .args(["--total-steps", "10", "--resume-from-latest"]);
+    expect_one_line_error(&mut c, "trained on other data");
 }

@@ -1,0 +1,331 @@
+//! Loss spikes end to end on the real binary: seeded injection, detection, the responses
+//! (wait, rollback, skip, kill), non-finite gradients, and the post-mortem's numbers.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn train(cfg: &Path, run: &Path) -> Command {
+    let mut c = lab();
+    c.arg("train")
+        .arg("--config")
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(run)
+        .args(["--log-every", "1"]);
+    c
+}
+
+fn events(run: &Path, kind: &str) -> Vec<Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
+fn metrics(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn row(rows: &[Value], step: u64) -> &Value {
+    rows.iter()
+        .find(|r| r["step"] == step)
+        .unwrap_or_else(|| panic!("no metrics row for step {step}"))
+}
+
+/// Every float of a safetensors file is finite.
+fn all_finite(path: &Path) -> bool {
+    let bytes = std::fs::read(path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    bytes[8 + header..]
+        .chunks_exact(4)
+        .all(|b| f32::from_le_bytes(b.try_into().unwrap()).is_finite())
+}
+
+fn state(run: &Path, step: u64) -> Value {
+    let p = run.join(format!("step-{step:08}")).join("state.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn an_injected_spike_is_detected_recovers_and_the_postmortem_says_what_metrics_say() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("spiked");
+    run_ok(train(&cfg, &run).args(["--inject-spike-at-step", "30"]));
+
+    // Five injected batches, at steps 31..=35, logged with their statistics.
+    let injected = events(&run, "spike_injected");
+    let steps: Vec<u64> = injected
+        .iter()
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![31, 32, 33, 34, 35]);
+    assert!(injected
+        .iter()
+        .all(|e| e["batch"]["rare_share"] == 1.0 && e["spike_kind"] == "rare-token"));
+    // The detector fires at the spike, and the loss comes back (policy wait).
+    let detected = events(&run, "spike_detected");
+    assert_eq!(detected.len(), 1, "{detected:?}");
+    assert_eq!(detected[0]["step"], 31);
+    assert_eq!(detected[0]["flag"], "loss_spike");
+    let recovered = events(&run, "spike_recovered");
+    assert_eq!(recovered.len(), 1);
+
+    // Recompute the post-mortem's numbers from metrics.jsonl and the detection event.
+    let rows = metrics(&run);
+    let baseline = detected[0]["window_mean"].as_f64().unwrap();
+    let back = rows
+        .iter()
+        .find(|r| {
+            r["step"].as_u64().unwrap() > 31 && r["loss"].as_f64().unwrap() <= baseline * 1.05
+        })
+        .expect("a step back within 5 % of the pre-spike mean");
+    let back_step = back["step"].as_u64().unwrap();
+    let peak = rows
+        .iter()
+        .filter(|r| (31..=back_step).contains(&r["step"].as_u64().unwrap()))
+        .map(|r| r["loss"].as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert!(peak / baseline >= 1.2, "a real spike: {peak} vs {baseline}");
+
+    let out = run_ok(lab().args(["postmortem", "--run"]).arg(&run));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 spike(s)"));
+    let md = std::fs::read_to_string(run.join("spike-postmortem.md")).unwrap();
+    let summary = md
+        .lines()
+        .find(|l| l.starts_with("| 31 |"))
+        .unwrap_or_else(|| panic!("no summary row for the spike at 31:\n{md}"));
+    let cells: Vec<&str> = summary.split('|').map(str::trim).collect();
+    assert_eq!(
+        cells[5],
+        format!("{:.3}", peak / baseline),
+        "peak ratio: {summary}"
+    );
+    assert_eq!(
+        cells[6],
+        (back_step - 31).to_string(),
+        "steps to recover: {summary}"
+    );
+    assert!(md.contains("![loss and gradient norm around step 31](spike-step-31.png)"));
+    let png = run.join("spike-step-31.png");
+    assert!(
+        std::fs::metadata(&png).unwrap().len() > 10_000,
+        "a drawn chart"
+    );
+
+    // A run without spikes gets a report that says so plainly.
+    let calm = tmp.path().join("calm");
+    run_ok(train(&cfg, &calm).args(["--total-steps", "20"]));
+    run_ok(lab().args(["postmortem", "--run"]).arg(&calm));
+    let md = std::fs::read_to_string(calm.join("spike-postmortem.md")).unwrap();
+    assert!(
+        md.contains("No loss spike was detected in this run"),
+        "{md}"
+    );
+}
+
+#[test]
+fn injection_is_reproducible_and_never_moves_the_data_cursor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let (a, b, plain) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("plain"),
+    );
+    for run in [&a, &b] {
+        run_ok(train(&cfg, run).args(["--inject-spike-at-step", "30"]));
+    }
+    run_ok(&mut train(&cfg, &plain));
+    assert_eq!(
+        losses(&a),
+        losses(&b),
+        "the injected run is bit-reproducible"
+    );
+    assert_eq!(
+        sha256(&final_weights(&a, 60)),
+        sha256(&final_weights(&b, 60))
+    );
+
+    // Identical before the spike; after it, the injected run's real-data cursor trails the
+    // plain run's by exactly the five injected steps.
+    let (ra, rp) = (metrics(&a), metrics(&plain));
+    for s in 1..=30 {
+        assert_eq!(row(&ra, s)["loss"], row(&rp, s)["loss"], "step {s}");
+    }
+    for s in 30..=55 {
+        assert_eq!(
+            row(&ra, s + 5)["samples"],
+            row(&rp, s)["samples"],
+            "step {s}"
+        );
+    }
+    assert_eq!(row(&ra, 35)["samples"], row(&ra, 30)["samples"]);
+    assert!(row(&ra, 33)["injected"] == true && row(&ra, 36).get("injected").is_none());
+}
+
+#[test]
+fn a_non_finite_gradient_never_reaches_weights_or_moments_and_the_run_rolls_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    run_ok(train(&cfg, &run).args(["--inject-nan-grad-at-step", "22", "--ckpt-every", "5"]));
+
+    let nonfinite = events(&run, "nonfinite");
+    assert_eq!(nonfinite.len(), 1);
+    assert_eq!(nonfinite[0]["step"], 23);
+    assert_eq!(nonfinite[0]["grad_norm"], "NaN");
+    assert!(nonfinite[0]["loss"]
+        .as_str()
+        .unwrap()
+        .parse::<f64>()
+        .unwrap()
+        .is_finite());
+    let rollback = events(&run, "rollback");
+    assert_eq!(rollback.len(), 1);
+    assert_eq!(
+        rollback[0]["to_step"], 20,
+        "the newest checkpoint before the bad step"
+    );
+    // The skipped data is recorded and survives into the final checkpoint.
+    let skipped = state(&run, 60)["skipped"].clone();
+    assert_eq!(skipped.as_array().unwrap().len(), 1, "{skipped}");
+    assert_eq!(skipped[0]["step"], 23);
+    // No NaN anywhere on disk: every checkpoint's weights and optimizer moments are finite.
+    for entry in std::fs::read_dir(&run).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("step-")
+        {
+            assert!(
+                all_finite(&dir.join("model.safetensors")),
+                "{}",
+                dir.display()
+            );
+            assert!(
+                all_finite(&dir.join("optimizer.safetensors")),
+                "{}",
+                dir.display()
+            );
+        }
+    }
+    let rows = metrics(&run);
+    assert!(rows.iter().all(|r| r["loss"].as_f64().unwrap().is_finite()));
+    assert_eq!(
+        rows.last().unwrap()["step"],
+        60,
+        "the run continued to the end"
+    );
+}
+
+#[test]
+fn rollback_and_skip_is_reproducible_and_survives_a_kill_9() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let flags = [
+        "--inject-spike-at-step",
+        "30",
+        "--spike-batches",
+        "2",
+        "--spike-policy",
+        "rollback",
+        "--ckpt-every",
+        "5",
+    ];
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    run_ok(train(&cfg, &a).args(flags));
+    run_ok(train(&cfg, &b).args(flags));
+    // Each spike batch is flagged, rolled back to step 30 and skipped: two rollbacks.
+    let rollbacks = events(&a, "rollback");
+    assert_eq!(rollbacks.len(), 2, "{rollbacks:?}");
+    assert!(rollbacks.iter().all(|r| r["to_step"] == 30));
+    let skipped = state(&a, 60)["skipped"].clone();
+    assert_eq!(skipped.as_array().unwrap().len(), 2, "{skipped}");
+    assert_eq!(
+        skipped,
+        state(&b, 60)["skipped"],
+        "the same ranges on a rerun"
+    );
+    assert_eq!(skipped[0]["source"], "spike");
+    let want = sha256(&final_weights(&a, 60));
+    assert_eq!(sha256(&final_weights(&b, 60)), want);
+    assert!(
+        metrics(&a).iter().all(|r| r.get("injected").is_none()),
+        "no spike step was kept"
+    );
+
+    // kill -9 as soon as the first rollback is on record, then resume.
+    let killed = tmp.path().join("killed");
+    let mut child = train(&cfg, &killed)
+        .args(flags)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while events(&killed, "rollback").is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ended before any rollback"
+        );
+        assert!(Instant::now() < deadline, "no rollback in time");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    run_ok(train(&cfg, &killed).args(flags).arg("--resume-from-latest"));
+    assert_eq!(sha256(&final_weights(&killed, 60)), want);
+}
+
+#[test]
+fn skip_drops_each_flagged_update_and_kill_stops_with_exit_5() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let skip = tmp.path().join("skip");
+    run_ok(train(&cfg, &skip).args(["--inject-spike-at-step", "30", "--spike-policy", "skip"]));
+    let skipped: Vec<u64> = events(&skip, "update_skipped")
+        .iter()
+        .map(|e| e["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(skipped, vec![31, 32, 33, 34, 35]);
+    let rows = metrics(&skip);
+    assert!(row(&rows, 33)["update_skipped"] == true);
+    // Weights untouched by the skipped steps: step 36 trains from step 30's weights, so the
+    // parameter norm did not move across the spike window.
+    assert_eq!(row(&rows, 35)["param_norm"], row(&rows, 30)["param_norm"]);
+
+    let kill = tmp.path().join("kill");
+    let out = train(&cfg, &kill)
+        .args(["--inject-spike-at-step", "30", "--spike-policy", "kill"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("stability policy") && stderr.contains("loss_spike"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(kill.join("latest")).unwrap().trim(),
+        "step-00000030"
+    );
+    assert!(std::fs::read_to_string(kill.join("status.json"))
+        .unwrap()
+        .contains("\"unstable\""));
+}
