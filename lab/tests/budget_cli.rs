@@ -173,6 +173,67 @@ fn alert_threshold_reports_once_and_the_run_completes() {
     assert!(!all.contains("hook-secret"));
 }
 
+/// The trainer's stability alerts use the budget guard's webhook: a detected spike, each
+/// rollback and the stop that ends a run which keeps rolling back.
+#[test]
+fn spike_rollback_and_stop_alerts_reach_the_budget_webhook() {
+    let hook = Server::start();
+    hook.script(
+        "POST /services/T0/B0/hook-secret",
+        vec![Reply::Body(200, "ok".into())],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cfg = write_config(
+        dir.path(),
+        60,
+        "cap_usd = 1000\nrate_usd_per_hr = 0.01\nwebhook_url_env = \"LAB_TEST_WEBHOOK\"\n\
+         [stability]\ngrad_norm_ratio = 0",
+    );
+    // A learning rate at which this small model learns the text within 30 steps.
+    let fast = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("peak_lr = 1e-3", "peak_lr = 2e-2");
+    std::fs::write(&cfg, fast).unwrap();
+    // Eleven spike batches, each rolled back and skipped: one rollback more than allowed.
+    let out = lab()
+        .args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .args(["--inject-spike-at-step", "30", "--spike-batches", "11"])
+        .args(["--spike-policy", "rollback"])
+        .env(
+            "LAB_TEST_WEBHOOK",
+            format!("{}/services/T0/B0/hook-secret", hook.url()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    let texts: Vec<String> = hook
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| {
+            serde_json::from_str::<Value>(&r.body).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let count = |needle: &str| texts.iter().filter(|t| t.contains(needle)).count();
+    let detected = texts
+        .iter()
+        .filter(|t| t.starts_with("loss_spike at step 31: loss"));
+    assert_eq!(detected.count(), 11, "{texts:#?}");
+    assert_eq!(count(": rollback "), 11, "{texts:#?}");
+    assert_eq!(count("stopped by the stability policy"), 1, "{texts:#?}");
+    assert_eq!(kinds(&run, "rollback").len(), 11);
+    assert!(!text(&out).contains("hook-secret"));
+}
+
 #[test]
 fn terminate_on_exit_ends_the_instance_and_writes_the_proof() {
     let server = Server::start();

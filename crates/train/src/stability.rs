@@ -177,9 +177,17 @@ impl SpikeResponse {
                 "ranges": v.data.ranges, "file_offsets": offsets, "injected": v.data.injected,
             }),
         );
+        let policy = serde_json::to_value(self.cfg.policy).unwrap_or_default();
         let text = format!(
-            "loss spike at step {step}: loss {:.4} is {:.2}× the moving mean {:.4} (z {:.1}); policy {:?}",
-            r.loss, r.ratio, r.mean, r.z, self.cfg.policy
+            "{} at step {step}: loss {:.4} is {:.2}× the moving mean {:.4} (z {:.1}), grad norm {:.3} is {:.1}× its mean; policy {}",
+            flag.as_str(),
+            r.loss,
+            r.ratio,
+            r.mean,
+            r.z,
+            r.grad_norm,
+            r.grad_norm_ratio,
+            policy.as_str().unwrap_or("?")
         );
         j.say(&text);
         j.alert(&text);
