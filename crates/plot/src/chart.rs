@@ -186,9 +186,19 @@ where
             format!("{x:.2}")
         }
     };
+    let tidy = |y: &f64| {
+        if y.abs() >= 100.0 {
+            format!("{y:.0}")
+        } else if y.abs() >= 1.0 {
+            format!("{y:.1}")
+        } else {
+            format!("{y:.3}")
+        }
+    };
     chart
         .configure_mesh()
         .x_label_formatter(&whole)
+        .y_label_formatter(&tidy)
         .x_desc(&panel.x_label)
         .y_desc(&panel.y_label)
         .label_style(("sans-serif", 14))

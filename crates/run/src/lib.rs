@@ -11,11 +11,13 @@
 
 pub mod clock;
 pub mod events;
+pub mod hardware;
 pub mod jsonl;
 pub mod metrics;
 pub mod status;
 
 pub use events::{append_event, read_events, Event};
+pub use hardware::Hardware;
 pub use jsonl::JsonLines;
 pub use metrics::{read_metrics, MetricsRow};
 pub use status::Status;

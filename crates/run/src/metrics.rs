@@ -34,6 +34,10 @@ pub struct MetricsRow {
     pub mfu: f64,
     /// Wall-clock seconds since this attempt started.
     pub elapsed_s: f64,
+    /// When the row was written (RFC 3339 UTC): the wall-clock axis of throughput plots and
+    /// MLflow's metric timestamps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_utc: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
     /// This step trained on injected (spike) batches, not on the data.

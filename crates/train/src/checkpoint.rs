@@ -147,6 +147,25 @@ pub fn save(
 
 /// Loads and verifies one checkpoint folder.
 pub fn load(dir: &Path) -> Result<Loaded> {
+    let state = verify(dir)?;
+    let (model, _) = weights::load_safetensors(&dir.join(MODEL))?;
+    let (optimizer, _) = weights::load_safetensors(&dir.join(OPTIMIZER))?;
+    Ok(Loaded {
+        dir: dir.to_path_buf(),
+        state,
+        model,
+        optimizer,
+    })
+}
+
+/// The model weights file of a checkpoint folder.
+pub fn model_file(dir: &Path) -> PathBuf {
+    dir.join(MODEL)
+}
+
+/// Reads a checkpoint's state.json and checks every file against its sha256, without loading
+/// the tensors.
+pub fn verify(dir: &Path) -> Result<TrainState> {
     let state_path = dir.join(STATE);
     let text = fs::read_to_string(&state_path)
         .with_context(|| format!("cannot read {}", state_path.display()))?;
@@ -173,14 +192,7 @@ pub fn load(dir: &Path) -> Result<Loaded> {
             );
         }
     }
-    let (model, _) = weights::load_safetensors(&dir.join(MODEL))?;
-    let (optimizer, _) = weights::load_safetensors(&dir.join(OPTIMIZER))?;
-    Ok(Loaded {
-        dir: dir.to_path_buf(),
-        state,
-        model,
-        optimizer,
-    })
+    Ok(state)
 }
 
 /// The newest checkpoint that verifies, with a warning for each newer one skipped. Skipped

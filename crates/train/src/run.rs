@@ -62,14 +62,13 @@ impl Run {
         let identity = json!({
             "data_dir": std::path::absolute(&data.dir).unwrap_or(data.dir.clone()),
             "meta_sha256": data.meta_sha256,
-            "tokenizer": data.meta.tokenizer,
-            "train_tokens": data.train.len(),
-            "val_tokens": data.val.len(),
+            "meta": data.meta,
         });
         lab_fsio::write_atomic(
             &dir.join(DATA),
             serde_json::to_string_pretty(&identity)?.as_bytes(),
         )?;
+        lab_run::Hardware::detect(opts.backend.name()).write(&dir)?;
         let total = cfg.train.total_steps as u64;
         Ok(Run {
             metrics: JsonLines::open(&dir.join(lab_run::METRICS))?,
@@ -208,6 +207,7 @@ impl Run {
             tokens_per_s,
             mfu: mfu(&self.cfg, tokens_per_s),
             elapsed_s: self.started.elapsed().as_secs_f64(),
+            time_utc: Some(lab_run::clock::format_utc(lab_run::clock::now_unix())),
             val_loss,
             injected: view.data.injected,
             update_skipped,

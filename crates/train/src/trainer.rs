@@ -32,6 +32,8 @@ pub struct TrainOptions {
     /// The run folder: checkpoints, `latest`, metrics.jsonl, events.jsonl, status.json.
     pub run_dir: PathBuf,
     pub resume: bool,
+    /// The backend the run computes on (recorded in hardware.json).
+    pub backend: crate::BackendKind,
     /// Draw a progress bar (off in tests and when stderr is not a terminal).
     pub progress: bool,
     /// Policies beyond the built-in ones (the binary plugs the budget guard in here).

@@ -1,0 +1,126 @@
+//! `hardware.json`: the machine a run trained on (CPU model, cores, memory, host, GPUs), written
+//! by the trainer when it starts so an export made elsewhere still says where the run ran.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+pub const HARDWARE: &str = "hardware.json";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub name: String,
+    pub memory_mib: Option<u64>,
+    pub driver: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Hardware {
+    pub hostname: String,
+    pub cpu_model: String,
+    pub cpu_cores: usize,
+    pub memory_gib: f64,
+    /// What `nvidia-smi` lists (empty without NVIDIA GPUs).
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    /// The compute backend the run used (`cpu`, `cuda`, `wgpu`).
+    #[serde(default)]
+    pub backend: String,
+}
+
+impl Hardware {
+    /// This machine, as far as Linux and `nvidia-smi` tell.
+    pub fn detect(backend: &str) -> Hardware {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or_else(
+                || std::env::consts::ARCH.to_string(),
+                |m| m.trim().to_string(),
+            );
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mem_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Hardware {
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            cpu_model,
+            cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_gib: (mem_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
+            gpus: nvidia_gpus(),
+            backend: backend.to_string(),
+        }
+    }
+
+    pub fn write(&self, run_dir: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self)? + "\n";
+        lab_fsio::write_atomic(&run_dir.join(HARDWARE), text.as_bytes())
+    }
+
+    pub fn read(run_dir: &Path) -> Result<Hardware> {
+        let path = run_dir.join(HARDWARE);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    /// One line for people: "2 × Intel Xeon … (24 GiB), no GPU".
+    pub fn summary(&self) -> String {
+        let gpus = match self.gpus.first() {
+            None => "no GPU".to_string(),
+            Some(g) => format!("{} × {}", self.gpus.len(), g.name),
+        };
+        format!(
+            "{} cores of {} ({} GiB RAM), {gpus}, backend {}",
+            self.cpu_cores, self.cpu_model, self.memory_gib, self.backend
+        )
+    }
+}
+
+/// `nvidia-smi --query-gpu=name,memory.total,driver_version` (nothing when it is absent).
+fn nvidia_gpus() -> Vec<Gpu> {
+    let out = Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=name,memory.total,driver_version",
+            "--format=csv,noheader,nounits",
+        ])
+        .output();
+    let Some(out) = out.ok().filter(|o| o.status.success()) else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(',').map(str::trim).collect();
+            Some(Gpu {
+                name: f.first()?.to_string(),
+                memory_mib: f.get(1).and_then(|m| m.parse().ok()),
+                driver: f.get(2).map(|d| d.to_string()),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_machine_is_described_and_round_trips() {
+        let h = Hardware::detect("cpu");
+        assert!(h.cpu_cores >= 1 && !h.cpu_model.is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        h.write(dir.path()).unwrap();
+        assert_eq!(Hardware::read(dir.path()).unwrap(), h);
+        assert!(h.summary().contains("backend cpu"));
+    }
+}
