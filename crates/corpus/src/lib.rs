@@ -13,6 +13,7 @@ pub mod decontam;
 pub mod dedup;
 pub mod fertility;
 pub mod hash;
+pub mod hf_tokenizer;
 pub mod prepare;
 pub mod reader;
 pub mod redact;

@@ -235,6 +235,11 @@ impl Tokenizer {
         })
     }
 
+    /// Token bytes → id, special tokens excepted.
+    pub fn ranks(&self) -> &FxHashMap<Vec<u8>, u32> {
+        &self.ranks
+    }
+
     /// The bytes of token `id` (None for special tokens and unknown ids).
     pub fn token_bytes(&self) -> Vec<Option<Vec<u8>>> {
         let mut table = vec![None; self.vocab_size];

@@ -5,6 +5,7 @@
 //! `[batch, heads, seq, head_dim]` only inside attention, so every projection is one 2-D matmul.
 
 pub mod attention;
+pub mod hf;
 pub mod init;
 pub mod layers;
 pub mod loss;
