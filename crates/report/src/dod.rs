@@ -1,0 +1,517 @@
+//! `lab dod check DIR --spec F`: the Definition-of-Done verdict on an exported run. Each check
+//! is declared in the spec with a name, a threshold and why it exists; each result says what
+//! was found and what was expected. Rendered as a table for people, JSON, or JUnit XML for CI.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::export::{read_metrics_csv, FINAL_WEIGHTS};
+use crate::manifest::MANIFEST;
+
+/// A DoD spec file (`configs/dod/<lab>.toml`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub name: String,
+    #[serde(rename = "check")]
+    pub checks: Vec<CheckSpec>,
+}
+
+/// One declared check (unknown keys are refused by its kind).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CheckSpec {
+    pub name: String,
+    #[serde(flatten)]
+    pub kind: Kind,
+    /// Why the check exists (printed with every failure).
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Kind {
+    /// manifest.json exists and holds every dotted field of `require`.
+    Manifest { require: Vec<String> },
+    /// The final validation loss (manifest, confirmed by metrics.csv) lies in [min, max].
+    ValLoss { min: f64, max: f64 },
+    /// final.safetensors has the manifest's sha256, loads into the run's model, and saves
+    /// back to the same bytes.
+    Weights,
+    /// Total spend at most the cap (the spec's, else the run's `[budget] cap_usd`).
+    Spend {
+        #[serde(default)]
+        cap_usd: Option<f64>,
+    },
+    /// spike-postmortem.md names at least one spike, and events.jsonl and metrics confirm
+    /// each: a detection event at the step, and a loss there at least `min_ratio` × the median
+    /// of the 10 logged losses before it.
+    Postmortem {
+        #[serde(default = "default_ratio")]
+        min_ratio: f64,
+    },
+    /// termination.json proves the instance is gone, or the spec records a waiver.
+    Termination {
+        #[serde(default)]
+        waiver: Option<String>,
+    },
+}
+
+fn default_ratio() -> f64 {
+    1.2
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckResult {
+    pub name: String,
+    pub passed: bool,
+    pub found: String,
+    pub expected: String,
+    pub why: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub spec: String,
+    pub dir: PathBuf,
+    pub passed: bool,
+    pub checks: Vec<CheckResult>,
+}
+
+impl Spec {
+    pub fn load(path: &Path) -> Result<Spec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read DoD spec {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("DoD spec {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Spec> {
+        let spec: Spec =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.message().trim()))?;
+        if spec.checks.is_empty() {
+            bail!("declares no [[check]]");
+        }
+        Ok(spec)
+    }
+}
+
+/// Runs every check of `spec` on the export folder `dir`. Checks read the manifest's fields
+/// they need, so one missing field fails one check, not all.
+pub fn check(dir: &Path, spec: &Spec) -> Verdict {
+    let manifest = read_manifest(dir);
+    let checks: Vec<CheckResult> = spec
+        .checks
+        .iter()
+        .map(|c| {
+            let (passed, found, expected) = match run_check(dir, &c.kind, manifest.as_ref()) {
+                Ok(r) => r,
+                Err(e) => (false, format!("{e:#}"), expected_of(&c.kind)),
+            };
+            CheckResult {
+                name: c.name.clone(),
+                passed,
+                found,
+                expected,
+                why: c.why.clone(),
+            }
+        })
+        .collect();
+    Verdict {
+        spec: spec.name.clone(),
+        dir: dir.to_path_buf(),
+        passed: checks.iter().all(|c| c.passed),
+        checks,
+    }
+}
+
+fn expected_of(kind: &Kind) -> String {
+    match kind {
+        Kind::Manifest { require } => format!("manifest.json with {}", require.join(", ")),
+        Kind::ValLoss { min, max } => format!("final val loss in [{min}, {max}]"),
+        Kind::Weights => "final.safetensors matching the manifest, round-tripping".into(),
+        Kind::Spend { cap_usd } => match cap_usd {
+            Some(c) => format!("spend <= ${c:.2}"),
+            None => "spend <= the run's cap".into(),
+        },
+        Kind::Postmortem { min_ratio } => {
+            format!("a post-mortem naming a spike confirmed by events and a loss >= {min_ratio}× the median before it")
+        }
+        Kind::Termination { .. } => {
+            "termination.json confirming the instance is gone, or a waiver".into()
+        }
+    }
+}
+
+type Outcome = (bool, String, String);
+
+fn read_manifest(dir: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST))
+        .with_context(|| format!("no {} in {}", MANIFEST, dir.display()))?;
+    serde_json::from_str(&text).context("manifest.json is not valid JSON")
+}
+
+fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) -> Result<Outcome> {
+    let expected = expected_of(kind);
+    let manifest = || manifest.map_err(|e| anyhow::anyhow!("{e:#}"));
+    Ok(match kind {
+        Kind::Manifest { require } => {
+            let v = manifest()?;
+            let missing: Vec<&str> = require
+                .iter()
+                .filter(|f| {
+                    f.split('.')
+                        .try_fold(v, |v, k| v.get(k))
+                        .is_none_or(Value::is_null)
+                })
+                .map(String::as_str)
+                .collect();
+            if missing.is_empty() {
+                (
+                    true,
+                    format!("all {} fields present", require.len()),
+                    expected,
+                )
+            } else {
+                (false, format!("missing: {}", missing.join(", ")), expected)
+            }
+        }
+        Kind::ValLoss { min, max } => {
+            let Some(val) = manifest()?["final_metrics"]["val_loss"].as_f64() else {
+                return Ok((
+                    false,
+                    "no validation loss in manifest.json".into(),
+                    expected,
+                ));
+            };
+            let csv = read_metrics_csv(&dir.join("metrics.csv"))?;
+            let logged = csv
+                .iter()
+                .rev()
+                .find(|(_, n, _)| n == "val_loss")
+                .map(|r| r.2);
+            if logged != Some(val) {
+                return Ok((
+                    false,
+                    format!("manifest says {val} but metrics.csv's last val_loss is {logged:?}"),
+                    expected,
+                ));
+            }
+            ((*min..=*max).contains(&val), format!("{val:.4}"), expected)
+        }
+        Kind::Weights => weights(dir, manifest()?, expected)?,
+        Kind::Spend { cap_usd } => {
+            let cost = &manifest()?["cost"];
+            let Some(cap) = cap_usd.or(cost["cap_usd"].as_f64()) else {
+                return Ok((
+                    false,
+                    "no cap in the spec or the run's [budget]".into(),
+                    expected,
+                ));
+            };
+            match cost["total_usd"].as_f64() {
+                Some(spent) => (
+                    spent <= cap,
+                    format!("${spent:.4}"),
+                    format!("<= ${cap:.2}"),
+                ),
+                None => (
+                    false,
+                    "no spend on record (manifest cost.total_usd)".into(),
+                    format!("<= ${cap:.2}"),
+                ),
+            }
+        }
+        Kind::Postmortem { min_ratio } => postmortem(dir, *min_ratio, expected)?,
+        Kind::Termination { waiver } => {
+            let proof = std::fs::read_to_string(dir.join("termination.json")).ok();
+            match (proof, waiver) {
+                (Some(text), _) => {
+                    let v: Value = serde_json::from_str(&text)
+                        .context("termination.json is not valid JSON")?;
+                    let gone = v["confirmed_gone"] == true;
+                    let found = format!(
+                        "{} {} {}",
+                        v["provider"].as_str().unwrap_or("?"),
+                        v["instance_id"].as_str().unwrap_or("?"),
+                        if gone {
+                            "confirmed gone"
+                        } else {
+                            "NOT confirmed gone"
+                        }
+                    );
+                    (gone, found, expected)
+                }
+                (None, Some(w)) => (true, format!("waived: {w}"), expected),
+                (None, None) => (false, "no termination.json and no waiver".into(), expected),
+            }
+        }
+    })
+}
+
+fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
+    let path = dir.join(FINAL_WEIGHTS);
+    let actual = lab_fsio::sha256_file(&path)?;
+    let Some(listed) = m["artifacts"][FINAL_WEIGHTS].as_str() else {
+        return Ok((
+            false,
+            "manifest.json lists no sha256 for final.safetensors".into(),
+            expected,
+        ));
+    };
+    if actual != listed {
+        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
+        return Ok((
+            false,
+            format!(
+                "sha256 {} but the manifest says {}",
+                short(&actual),
+                short(listed)
+            ),
+            expected,
+        ));
+    }
+    let (tensors, meta) = lab_model::weights::load_safetensors(&path)?;
+    let cfg: lab_config::LabConfig =
+        serde_json::from_value(m["config"].clone()).context("manifest.json's config")?;
+    let model = lab_model::Llama::<burn::backend::Flex>::new(
+        &cfg.model,
+        cfg.train.seed,
+        &Default::default(),
+    );
+    lab_model::weights::load_tensor_map(model, &tensors)
+        .context("final.safetensors does not fit the run's model")?;
+    let copy = lab_fsio::temp_sibling(&path);
+    lab_model::weights::save_safetensors(&copy, &tensors, meta)?;
+    let same = std::fs::read(&copy)? == std::fs::read(&path)?;
+    let _ = std::fs::remove_file(&copy);
+    if !same {
+        return Ok((
+            false,
+            "loads, but saving it again gives other bytes".into(),
+            expected,
+        ));
+    }
+    Ok((
+        true,
+        format!(
+            "sha256 matches, {} tensors load and round-trip",
+            tensors.len()
+        ),
+        expected,
+    ))
+}
+
+/// Steps named by `## Spike at step N` headings.
+fn named_spikes(md: &str) -> Vec<u64> {
+    md.lines()
+        .filter_map(|l| l.strip_prefix("## Spike at step ")?.trim().parse().ok())
+        .collect()
+}
+
+fn postmortem(dir: &Path, min_ratio: f64, expected: String) -> Result<Outcome> {
+    let md = std::fs::read_to_string(dir.join("spike-postmortem.md"))
+        .with_context(|| format!("no spike-postmortem.md in {}", dir.display()))?;
+    let steps = named_spikes(&md);
+    if steps.is_empty() {
+        return Ok((false, "spike-postmortem.md names no spike".into(), expected));
+    }
+    let events = lab_run::jsonl::read_lines::<lab_run::Event>(&dir.join(lab_run::EVENTS))?;
+    let mut losses = read_metrics_csv(&dir.join("metrics.csv"))?;
+    if dir.join("metrics-abandoned.csv").exists() {
+        losses.extend(read_metrics_csv(&dir.join("metrics-abandoned.csv"))?);
+    }
+    let losses: Vec<(u64, f64)> = losses
+        .into_iter()
+        .filter(|(_, n, _)| n == "loss")
+        .map(|(s, _, v)| (s, v))
+        .collect();
+    let mut confirmed = Vec::new();
+    for step in steps {
+        if !events
+            .iter()
+            .any(|e| e.kind == "spike_detected" && e.step == step)
+        {
+            return Ok((
+                false,
+                format!("names step {step}, but events.jsonl has no spike_detected there"),
+                expected,
+            ));
+        }
+        let Some(&(_, at)) = losses.iter().find(|(s, _)| *s == step) else {
+            return Ok((
+                false,
+                format!("names step {step}, but metrics have no loss there"),
+                expected,
+            ));
+        };
+        let mut before: Vec<f64> = losses
+            .iter()
+            .filter(|(s, _)| *s < step)
+            .map(|p| p.1)
+            .collect();
+        let n = before.len();
+        let mut window = before.split_off(n.saturating_sub(10));
+        if window.is_empty() {
+            return Ok((
+                false,
+                format!("no logged loss before step {step} to compare with"),
+                expected,
+            ));
+        }
+        window.sort_by(f64::total_cmp);
+        let median = window[window.len() / 2];
+        if at < min_ratio * median {
+            return Ok((
+                false,
+                format!(
+                    "step {step}: loss {at:.4} is only {:.2}× the median {median:.4} before it",
+                    at / median
+                ),
+                expected,
+            ));
+        }
+        confirmed.push(format!("step {step} ({:.2}×)", at / median));
+    }
+    Ok((
+        true,
+        format!("confirmed: {}", confirmed.join(", ")),
+        expected,
+    ))
+}
+
+impl Verdict {
+    /// The table for people.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Definition of Done: {} on {}",
+            self.spec,
+            self.dir.display()
+        );
+        let w = self
+            .checks
+            .iter()
+            .map(|c| c.name.len())
+            .max()
+            .unwrap_or(5)
+            .max(5);
+        let _ = writeln!(out, "  {:<w$}  {:<6}  found", "check", "result");
+        for c in &self.checks {
+            let _ = writeln!(
+                out,
+                "  {:<w$}  {:<6}  {}",
+                c.name,
+                if c.passed { "PASS" } else { "FAIL" },
+                c.found
+            );
+            if !c.passed {
+                let _ = writeln!(out, "  {:<w$}          expected: {}", "", c.expected);
+                let _ = writeln!(out, "  {:<w$}          why: {}", "", c.why);
+            }
+        }
+        let failed = self.checks.iter().filter(|c| !c.passed).count();
+        let _ = writeln!(
+            out,
+            "{}: {} of {} checks pass",
+            if self.passed { "PASS" } else { "FAIL" },
+            self.checks.len() - failed,
+            self.checks.len()
+        );
+        out
+    }
+
+    pub fn render_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("verdict serializes") + "\n"
+    }
+
+    /// JUnit XML: one testsuite, one testcase per check, a `<failure>` for each failed one.
+    pub fn render_junit(&self) -> String {
+        let failures = self.checks.iter().filter(|c| !c.passed).count();
+        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        let _ = writeln!(
+            x,
+            "<testsuites name=\"lab dod\" tests=\"{}\" failures=\"{failures}\">\n  <testsuite name=\"dod.{}\" tests=\"{}\" failures=\"{failures}\" errors=\"0\" skipped=\"0\">",
+            self.checks.len(),
+            xml(&self.spec),
+            self.checks.len()
+        );
+        for c in &self.checks {
+            let _ = write!(
+                x,
+                "    <testcase classname=\"dod.{}\" name=\"{}\"",
+                xml(&self.spec),
+                xml(&c.name)
+            );
+            if c.passed {
+                let _ = writeln!(x, "><system-out>{}</system-out></testcase>", xml(&c.found));
+            } else {
+                let _ = writeln!(
+                    x,
+                    ">\n      <failure message=\"{}\" type=\"dod\">found: {}\nexpected: {}\nwhy: {}</failure>\n    </testcase>",
+                    xml(&c.found),
+                    xml(&c.found),
+                    xml(&c.expected),
+                    xml(&c.why)
+                );
+            }
+        }
+        x.push_str("  </testsuite>\n</testsuites>\n");
+        x
+    }
+}
+
+fn xml(s: &str) -> String {
+    s.chars()
+        .filter(|&c| c == '\t' || c == '\n' || c == '\r' || c >= ' ')
+        .map(|c| match c {
+            '&' => "&amp;".to_string(),
+            '<' => "&lt;".to_string(),
+            '>' => "&gt;".to_string(),
+            '"' => "&quot;".to_string(),
+            '\'' => "&apos;".to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_with_their_kinds_and_bad_ones_say_why() {
+        let s = Spec::parse(
+            r#"name = "t"
+[[check]]
+name = "loss"
+kind = "val-loss"
+min = 1.0
+max = 2.0
+why = "the recipe works"
+[[check]]
+name = "term"
+kind = "termination"
+waiver = "local"
+why = "no leftover bills"
+"#,
+        )
+        .unwrap();
+        assert_eq!(s.checks.len(), 2);
+        assert!(matches!(
+            s.checks[1].kind,
+            Kind::Termination { waiver: Some(_) }
+        ));
+        let e = Spec::parse("name = \"t\"\n[[check]]\nname = \"x\"\nkind = \"nope\"\nwhy = \"\"\n")
+            .unwrap_err();
+        assert!(format!("{e}").contains("nope"), "{e}");
+        assert_eq!(
+            named_spikes("# x\n## Spike at step 61\n## Spike at step 7\n"),
+            vec![61, 7]
+        );
+        assert_eq!(xml("a<b & \"c\""), "a&lt;b &amp; &quot;c&quot;");
+    }
+}

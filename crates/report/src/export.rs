@@ -1,0 +1,292 @@
+//! `lab export`: a run folder becomes `experiments/<lab>/<run>/`, written atomically (a
+//! temporary folder, renamed into place): manifest.json, metrics.csv, loss-curve.png,
+//! gradnorm-curve.png, throughput.png, final.safetensors, spike-postmortem.md (when the run
+//! has spikes), MODEL_CARD.md, run-uri.txt, and the run's own config.toml, events.jsonl,
+//! hardware.json, data.json, budget.json and termination.json as evidence.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use lab_run::{Hardware, MetricsRow};
+use lab_train::checkpoint;
+use serde_json::Value;
+
+use crate::manifest::{Cost, FinalMetrics, Manifest, MANIFEST};
+use crate::run_files::RunFiles;
+use crate::versions::Versions;
+use crate::{model_card, plots, postmortem};
+
+/// Which checkpoint's weights become `final.safetensors`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointChoice {
+    /// The newest checkpoint that verifies.
+    Latest,
+    Step(u64),
+}
+
+impl std::str::FromStr for CheckpointChoice {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s == "latest" {
+            return Ok(Self::Latest);
+        }
+        match s.trim_start_matches("step-").parse() {
+            Ok(n) => Ok(Self::Step(n)),
+            Err(_) => bail!("--checkpoint {s:?}: use latest, a step number or step-N"),
+        }
+    }
+}
+
+pub struct ExportOptions {
+    pub run: PathBuf,
+    pub output: PathBuf,
+    pub checkpoint: CheckpointChoice,
+    /// budget.json to take the spend from (default RUN/budget.json).
+    pub budget: Option<PathBuf>,
+}
+
+/// Files copied from the run folder when present.
+const EVIDENCE: &[&str] = &[
+    lab_run::CONFIG,
+    lab_run::EVENTS,
+    lab_run::hardware::HARDWARE,
+    lab_train::run::DATA,
+    "budget.json",
+    "termination.json",
+];
+
+pub const FINAL_WEIGHTS: &str = "final.safetensors";
+
+/// Exports `opts.run` to `opts.output`; returns the manifest written.
+pub fn export(opts: &ExportOptions) -> Result<Manifest> {
+    let files = RunFiles::read(&opts.run)?;
+    let Some(cfg) = files.config.clone() else {
+        bail!(
+            "{} has no config.toml (written by lab train since the spike release): re-run or resume the run with this lab",
+            opts.run.display()
+        );
+    };
+    let ck_dir = choose_checkpoint(&opts.run, opts.checkpoint)?;
+    let ck_state = checkpoint::verify(&ck_dir)?;
+
+    let out = &opts.output;
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    remove_stale_stages(out);
+    let stage = lab_fsio::temp_sibling(out);
+    let _ = fs::remove_dir_all(&stage);
+    fs::create_dir_all(&stage).with_context(|| format!("cannot create {}", stage.display()))?;
+    let written = (|| -> Result<Manifest> {
+        write_metrics_csv(&files.metrics, &stage.join("metrics.csv"))?;
+        if !files.abandoned.is_empty() {
+            write_metrics_csv(&files.abandoned, &stage.join("metrics-abandoned.csv"))?;
+        }
+        plots::loss_curve(&files, &stage.join("loss-curve.png"))?;
+        plots::gradnorm_curve(&files, &stage.join("gradnorm-curve.png"))?;
+        plots::throughput(&files, &stage.join("throughput.png"))?;
+        copy(&checkpoint::model_file(&ck_dir), &stage.join(FINAL_WEIGHTS))?;
+        let spiky = files
+            .events
+            .iter()
+            .any(|e| e.kind == "spike_injected" || e.kind == "spike_detected");
+        if spiky {
+            postmortem::write_postmortem(&opts.run, Some(&stage.join("spike-postmortem.md")))?;
+        }
+        for name in EVIDENCE {
+            let src = match *name {
+                "budget.json" => opts.budget.clone().unwrap_or(opts.run.join(name)),
+                _ => opts.run.join(name),
+            };
+            if src.is_file() {
+                copy(&src, &stage.join(name))?;
+            }
+        }
+        let uri = format!("file://{}\n", std::path::absolute(&opts.run)?.display());
+        lab_fsio::write_atomic(&stage.join("run-uri.txt"), uri.as_bytes())?;
+
+        let mut m = manifest(&files, &cfg, ck_state.step, &stage)?;
+        lab_fsio::write_atomic(
+            &stage.join("MODEL_CARD.md"),
+            model_card::model_card(&m, &cfg).as_bytes(),
+        )?;
+        m.artifacts = hash_files(&stage)?;
+        let text = serde_json::to_string_pretty(&m)? + "\n";
+        lab_fsio::write_atomic(&stage.join(MANIFEST), text.as_bytes())?;
+        Ok(m)
+    })();
+    match written {
+        Ok(m) => {
+            replace_dir(&stage, out)?;
+            Ok(m)
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&stage);
+            Err(e)
+        }
+    }
+}
+
+/// Temporary folders of exports to `out` that a killed process left behind.
+pub(crate) fn remove_stale_stages(out: &Path) {
+    let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
+        return;
+    };
+    let prefix = format!(".{}.tmp-", name.to_string_lossy());
+    let ours = format!(".tmp-{}-", std::process::id());
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
+        let n = entry.file_name().to_string_lossy().into_owned();
+        if n.starts_with(&prefix) && !n.contains(&ours) {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+fn copy(src: &Path, dst: &Path) -> Result<()> {
+    fs::copy(src, dst)
+        .with_context(|| format!("cannot copy {} to {}", src.display(), dst.display()))?;
+    fs::File::open(dst)?.sync_all()?;
+    Ok(())
+}
+
+/// Moves the finished stage into place; an older export is moved aside until the new one is in.
+pub(crate) fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
+    let old = lab_fsio::temp_sibling(out);
+    let replacing = out.exists();
+    if replacing {
+        fs::rename(out, &old).with_context(|| format!("cannot move aside {}", out.display()))?;
+    }
+    fs::rename(stage, out)
+        .with_context(|| format!("cannot rename the export into {}", out.display()))?;
+    lab_fsio::sync_parent(out)?;
+    if replacing {
+        fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn choose_checkpoint(run: &Path, choice: CheckpointChoice) -> Result<PathBuf> {
+    let list = checkpoint::list(run)?;
+    let found = match choice {
+        CheckpointChoice::Latest => list
+            .into_iter()
+            .find(|(_, d)| checkpoint::verify(d).is_ok()),
+        CheckpointChoice::Step(n) => list.into_iter().find(|(s, _)| *s == n),
+    };
+    match (found, choice) {
+        (Some((_, dir)), _) => Ok(dir),
+        (None, CheckpointChoice::Latest) => {
+            bail!("{} holds no checkpoint that verifies: nothing to export", run.display())
+        }
+        (None, CheckpointChoice::Step(n)) => bail!(
+            "{} has no checkpoint of step {n} (retention keeps the last 5 and every 10th); pass --checkpoint latest",
+            run.display()
+        ),
+    }
+}
+
+/// metrics.csv, long format `step,name,value`: every number of every row of metrics.jsonl.
+pub fn write_metrics_csv(rows: &[MetricsRow], path: &Path) -> Result<()> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(["step", "name", "value"])?;
+    for r in rows {
+        let step = r.step.to_string();
+        for (name, value) in r.values() {
+            w.write_record([step.as_str(), name.as_str(), value.to_string().as_str()])?;
+        }
+    }
+    let bytes = w.into_inner().map_err(|e| anyhow::anyhow!("{e}"))?;
+    lab_fsio::write_atomic(path, &bytes)
+}
+
+/// Reads metrics.csv back as (step, name, value) triples.
+pub fn read_metrics_csv(path: &Path) -> Result<Vec<(u64, String, f64)>> {
+    let mut r =
+        csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut out = Vec::new();
+    for rec in r.records() {
+        let rec = rec.with_context(|| format!("{}", path.display()))?;
+        let field = |i: usize| rec.get(i).unwrap_or_default();
+        out.push((
+            field(0)
+                .parse()
+                .with_context(|| format!("{}: bad step {:?}", path.display(), field(0)))?,
+            field(1).to_string(),
+            field(2)
+                .parse()
+                .with_context(|| format!("{}: bad value {:?}", path.display(), field(2)))?,
+        ));
+    }
+    Ok(out)
+}
+
+fn manifest(
+    files: &RunFiles,
+    cfg: &lab_config::LabConfig,
+    step: u64,
+    stage: &Path,
+) -> Result<Manifest> {
+    let read_json = |name: &str| -> Option<Value> {
+        serde_json::from_str(&fs::read_to_string(stage.join(name)).ok()?).ok()
+    };
+    let budget = read_json("budget.json");
+    let status = lab_run::Status::read(&files.dir).ok();
+    let last = files.metrics.last();
+    let count = |kind: &str| files.events.iter().filter(|e| e.kind == kind).count() as u64;
+    Ok(Manifest {
+        name: cfg.name.clone(),
+        seed: cfg.train.seed,
+        versions: Versions::of_this_build(),
+        config_sha256: cfg.sha256(),
+        config: serde_json::to_value(cfg)?,
+        hardware: Hardware::read(&files.dir).unwrap_or_else(|_| Hardware::detect("unknown")),
+        data: read_json(lab_train::run::DATA).unwrap_or(Value::Null),
+        cost: Cost {
+            total_usd: budget.as_ref().and_then(|b| b["spent_usd"].as_f64()),
+            provider: budget
+                .as_ref()
+                .and_then(|b| b["provider"].as_str().map(String::from)),
+            rate_usd_per_hr: budget.as_ref().and_then(|b| b["rate_usd_per_hr"].as_f64()),
+            cap_usd: cfg.budget.as_ref().map(|b| b.cap_usd),
+            source: budget.as_ref().map(|_| "budget.json".to_string()),
+        },
+        started_utc: files.events.first().map(|e| e.time_utc.clone()),
+        ended_utc: files.events.last().map(|e| e.time_utc.clone()),
+        state: status.map_or_else(|| "unknown".into(), |s| s.state),
+        checkpoint_step: step,
+        tokens: step as f64 * cfg.tokens_per_step() as f64,
+        final_metrics: FinalMetrics {
+            step: last.map_or(0, |r| r.step),
+            train_loss: last.map(|r| r.loss),
+            val_loss: files.metrics.iter().rev().find_map(|r| r.val_loss),
+        },
+        stability: BTreeMap::from([
+            ("spikes_injected".into(), count("spike_injected")),
+            ("spikes_detected".into(), count("spike_detected")),
+            ("rollbacks".into(), count("rollback")),
+        ]),
+        artifacts: BTreeMap::new(),
+    })
+}
+
+/// sha256 of every file in `dir` (the manifest itself excepted).
+pub fn hash_files(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != MANIFEST && entry.file_type()?.is_file() {
+            out.insert(name, lab_fsio::sha256_file(&entry.path())?);
+        }
+    }
+    Ok(out)
+}

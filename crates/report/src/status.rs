@@ -1,0 +1,189 @@
+//! `lab status --run DIR`: where a run stands, from status.json, metrics.jsonl, events.jsonl
+//! and budget.json, while it trains or after: progress, loss and its trend, tokens, speed,
+//! MFU, spend and projected spend, ETA, recent alerts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+use lab_run::{Event, MetricsRow, Status};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::run_files::RunFiles;
+
+/// Event kinds worth seeing in a status line.
+const ALERTS: &[&str] = &[
+    "spike_detected",
+    "spike_recovered",
+    "spike_escalated",
+    "rollback",
+    "nonfinite",
+    "update_skipped",
+    "plateau",
+    "budget_alert",
+    "budget_degraded",
+    "budget_stop_graceful",
+    "budget_stop_immediate",
+    "budget_refused",
+    "interrupted",
+    "unstable",
+];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStatus {
+    /// status.json's state; `running` becomes `stopped (process gone)` when no trainer holds
+    /// the run folder.
+    pub state: String,
+    pub step: u64,
+    pub total_steps: u64,
+    pub percent: f64,
+    pub loss: Option<f64>,
+    pub val_loss: Option<f64>,
+    /// Relative change of the mean loss over the last 5 logged steps against the 5 before.
+    pub loss_trend: Option<f64>,
+    pub tokens: Option<f64>,
+    pub tokens_per_s: Option<f64>,
+    pub mfu: Option<f64>,
+    pub spent_usd: Option<f64>,
+    pub projected_usd: Option<f64>,
+    pub cap_usd: Option<f64>,
+    /// Seconds to go at the measured pace, counted from now.
+    pub eta_s: Option<f64>,
+    pub updated_utc: String,
+    pub recent: Vec<Event>,
+}
+
+/// Reads the run's files now.
+pub fn status(run: &Path) -> Result<RunStatus> {
+    let Ok(st) = Status::read(run) else {
+        bail!(
+            "--run {}: no status.json (not a run folder, or the run has not started)",
+            run.display()
+        );
+    };
+    let files = RunFiles::read(run)?;
+    let last = files.metrics.last();
+    let budget: Option<Value> = std::fs::read_to_string(run.join("budget.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let running = st.state == "running";
+    // A live trainer holds the folder's lock; if nobody does, the process is gone.
+    let alive = running && lab_fsio::lock_exclusive(&run.join(".lock")).is_err();
+    let age = lab_run::clock::parse_utc(&st.updated_utc)
+        .map(|t| (lab_run::clock::now_unix() - t).max(0.0))
+        .unwrap_or(0.0);
+    let alerts: Vec<Event> = files
+        .events
+        .iter()
+        .filter(|e| ALERTS.contains(&e.kind.as_str()))
+        .cloned()
+        .collect();
+    let recent = alerts[alerts.len().saturating_sub(5)..].to_vec();
+    Ok(RunStatus {
+        state: match (running, alive) {
+            (true, false) => "stopped (process gone)".into(),
+            _ => st.state.clone(),
+        },
+        step: st.step,
+        total_steps: st.total_steps,
+        percent: 100.0 * st.step as f64 / st.total_steps.max(1) as f64,
+        loss: st.loss,
+        val_loss: st.val_loss,
+        loss_trend: trend(&files.metrics),
+        tokens: last.map(|r| r.tokens),
+        tokens_per_s: st.tokens_per_s,
+        mfu: st.mfu,
+        spent_usd: budget.as_ref().and_then(|b| b["spent_usd"].as_f64()),
+        projected_usd: budget
+            .as_ref()
+            .and_then(|b| b["projected_total_usd"].as_f64()),
+        cap_usd: files
+            .config
+            .as_ref()
+            .and_then(|c| c.budget.as_ref())
+            .map(|b| b.cap_usd),
+        eta_s: if alive {
+            st.eta_s.map(|e| (e - age).max(0.0))
+        } else {
+            None
+        },
+        updated_utc: st.updated_utc,
+        recent,
+    })
+}
+
+fn trend(rows: &[MetricsRow]) -> Option<f64> {
+    let n = rows.len();
+    if n < 10 {
+        return None;
+    }
+    let mean = |r: &[MetricsRow]| r.iter().map(|x| x.loss).sum::<f64>() / r.len() as f64;
+    let (before, now) = (mean(&rows[n - 10..n - 5]), mean(&rows[n - 5..]));
+    Some(now / before - 1.0)
+}
+
+fn hms(s: f64) -> String {
+    let s = s.round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+impl RunStatus {
+    /// The compact table.
+    pub fn render(&self, run: &Path) -> String {
+        let mut o = String::new();
+        let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or("–".into(), f);
+        let _ = writeln!(o, "run      {} ({})", run.display(), self.state);
+        let _ = writeln!(
+            o,
+            "step     {} / {} ({:.1} %), ETA {}",
+            self.step,
+            self.total_steps,
+            self.percent,
+            opt(self.eta_s, &hms)
+        );
+        let trend = opt(self.loss_trend, &|t| {
+            let word = if t < -0.005 {
+                "falling"
+            } else if t > 0.005 {
+                "rising"
+            } else {
+                "flat"
+            };
+            format!("{word} ({:+.1} % over the last 5 logs)", t * 100.0)
+        });
+        let _ = writeln!(
+            o,
+            "loss     {} (val {}), {trend}",
+            opt(self.loss, &|l| format!("{l:.4}")),
+            opt(self.val_loss, &|l| format!("{l:.4}"))
+        );
+        let _ = writeln!(
+            o,
+            "tokens   {} seen, {} tokens/s, MFU {}",
+            opt(self.tokens, &|t| format!("{t:.3e}")),
+            opt(self.tokens_per_s, &|t| format!("{t:.0}")),
+            opt(self.mfu, &|m| format!("{:.1} %", m * 100.0))
+        );
+        let _ = writeln!(
+            o,
+            "spend    {} spent, {} projected, cap {}",
+            opt(self.spent_usd, &|u| format!("${u:.2}")),
+            opt(self.projected_usd, &|u| format!("${u:.2}")),
+            opt(self.cap_usd, &|u| format!("${u:.2}"))
+        );
+        if self.recent.is_empty() {
+            let _ = writeln!(o, "alerts   none");
+        }
+        for e in &self.recent {
+            let what = e.str("reason").or(e.str("flag")).unwrap_or("");
+            let _ = writeln!(
+                o,
+                "alert    {} step {} {} {what}",
+                e.time_utc, e.step, e.kind
+            );
+        }
+        let _ = writeln!(o, "updated  {}", self.updated_utc);
+        o
+    }
+}
