@@ -23,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// The whole lab end to end: prepare → train with a spike → post-mortem → export → DoD.
+    Run(cmd::run::Args),
     /// Train a model from a config (checkpoints, resume, metrics, budget guard).
     Train(cmd::train::Args),
     /// Time training steps of a config: tokens/s and the forward/backward/optimizer split.
@@ -38,11 +40,19 @@ enum Command {
     Tokenizer(cmd::tokenizer::Args),
     /// Write spike-postmortem.md from a run folder's metrics and events.
     Postmortem(cmd::postmortem::Args),
+    /// Export a run: manifest, metrics.csv, plots, final weights, model card; Hugging Face;
+    /// MLflow.
+    Export(cmd::export::Args),
+    /// Definition-of-Done verdict on an export folder (text, JSON or JUnit).
+    Dod(cmd::dod::Args),
+    /// Where a run stands: step, loss trend, tokens/s, MFU, spend, ETA, alerts.
+    Status(cmd::status::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse(); // usage errors exit 2 (clap)
     let result = match cli.command {
+        Command::Run(args) => cmd::run::run(args),
         Command::Train(args) => cmd::train::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Plan(args) => cmd::plan::run(args),
@@ -50,6 +60,9 @@ fn main() -> ExitCode {
         Command::Data(args) => cmd::data::run(args),
         Command::Tokenizer(args) => cmd::tokenizer::run(args),
         Command::Postmortem(args) => cmd::postmortem::run(args),
+        Command::Export(args) => cmd::export::run(args),
+        Command::Dod(args) => cmd::dod::run(args),
+        Command::Status(args) => cmd::status::run(args),
     };
     match result {
         Ok(code) => code,

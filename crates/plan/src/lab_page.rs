@@ -25,9 +25,14 @@ pub struct LabPage {
     pub page: Option<String>,
     /// The config the page runs, relative to this file.
     pub config: PathBuf,
-    pub promises: Promises,
+    /// What the page promises (required by `--check-lab`).
+    #[serde(default)]
+    pub promises: Option<Promises>,
     #[serde(default)]
     pub plan: PlanRequest,
+    /// How `lab run` runs the page (read by the lab binary, not by the planner).
+    #[serde(default)]
+    pub run: Option<toml::Table>,
 }
 
 /// What the page promises a student.
@@ -78,7 +83,7 @@ pub fn load(path: &Path) -> Result<(LabPage, LabConfig, PathBuf)> {
         .with_context(|| format!("cannot read lab page {}", path.display()))?;
     let page: LabPage = toml::from_str(&text).map_err(|e| {
         anyhow::anyhow!(
-            "lab page {}: {} (expected name, config, [promises] and an optional [plan])",
+            "lab page {}: {} (expected name, config, [promises], an optional [plan] and [run])",
             path.display(),
             e.message().trim()
         )
@@ -98,7 +103,12 @@ pub fn load(path: &Path) -> Result<(LabPage, LabConfig, PathBuf)> {
 /// the promises themselves are never overridden.
 pub fn check(path: &Path, overrides: &PlanRequest) -> Result<PageCheck> {
     let (page, cfg, config_path) = load(path)?;
-    let p = &page.promises;
+    let Some(p) = &page.promises else {
+        anyhow::bail!(
+            "lab page {} has no [promises] to check (device, gpus, steps, tokens_per_step, hours, mfu, budget_usd)",
+            path.display()
+        );
+    };
     let mut req = page.plan.clone().merged_with(overrides);
     req.device = Some(p.device.clone());
     req.gpus = Some(p.gpus);

@@ -3,7 +3,11 @@
 pub mod bench;
 pub mod budget;
 pub mod data;
+pub mod dod;
+pub mod export;
 pub mod plan;
 pub mod postmortem;
+pub mod run;
+pub mod status;
 pub mod tokenizer;
 pub mod train;

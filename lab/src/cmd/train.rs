@@ -43,6 +43,9 @@ pub struct Args {
     /// cpu (default), cuda or wgpu (the last two need a build with that feature).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// Also log the run to an MLflow file store (`file:///…/mlruns`) when it ends.
+    #[arg(long, value_name = "URI")]
+    pub mlflow_uri: Option<String>,
     #[command(flatten)]
     pub spike: SpikeFlags,
     #[command(flatten)]
@@ -132,7 +135,7 @@ pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
     }
 }
 
-pub fn options(args: &Args) -> Result<(TrainOptions, Option<RunGuard>)> {
+pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Option<RunGuard>)> {
     let mut config = load_config(args.config.as_ref())?;
     let t = &mut config.train;
     if let Some(v) = args.total_steps {
@@ -182,6 +185,8 @@ pub fn options(args: &Args) -> Result<(TrainOptions, Option<RunGuard>)> {
         &run_dir,
         args.resume_from_latest,
     )?;
+    // The run records the budget it ran under, flags included.
+    config.budget = guard.as_ref().map(|g| g.config().clone());
     let alert = guard.as_ref().and_then(RunGuard::webhook).map(|url| {
         let sink: AlertSink = Box::new(move |text: &str| {
             lab_budget::notify::post_webhook(&url, text, Duration::from_secs(10))
@@ -193,6 +198,7 @@ pub fn options(args: &Args) -> Result<(TrainOptions, Option<RunGuard>)> {
         data_dir,
         run_dir,
         resume: args.resume_from_latest,
+        backend,
         progress: std::io::stderr().is_terminal(),
         policies: Vec::new(),
         alert,
@@ -232,10 +238,24 @@ impl StepPolicy for BudgetPolicy {
     }
 }
 
+/// How `lab train` ended: refused before the first step (with its exit code), or trained.
+pub enum Ended {
+    Refused(ExitCode),
+    Trained(Outcome),
+}
+
 pub fn run(args: Args) -> Result<ExitCode> {
+    Ok(match train(&args)? {
+        Ended::Refused(code) => code,
+        Ended::Trained(outcome) => exit_code(&outcome),
+    })
+}
+
+/// Trains as the flags say (budget guard, terminate-on-exit, MLflow included).
+pub fn train(args: &Args) -> Result<Ended> {
     let backend: BackendKind = args.backend.parse()?;
     backend.ensure_available()?;
-    let (mut opts, mut guard) = options(&args)?;
+    let (mut opts, mut guard) = options(args, backend)?;
     let p = opts.config.model.param_count();
     println!(
         "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
@@ -247,14 +267,18 @@ pub fn run(args: Args) -> Result<ExitCode> {
     );
     if let Some(g) = guard.as_mut() {
         if let Some(code) = budget_prelaunch(g, &opts) {
-            return Ok(code);
+            return Ok(Ended::Refused(code));
         }
     }
     let end_of_run = guard.as_ref().and_then(|g| g.end_of_run());
     if let Some(g) = guard {
         opts.policies.push(Box::new(BudgetPolicy(g)));
     }
+    let run_dir = opts.run_dir.clone();
     let result = backend.dispatch(opts);
+    if let Some(uri) = &args.mlflow_uri {
+        super::export::log_mlflow(uri, &run_dir, None);
+    }
     // --terminate-on-exit: a finished, budget-stopped or failed run stops paying; an
     // interrupted one (someone pressed Ctrl-C, or the provider preempts) is left to its owner.
     if let Some(end) = end_of_run {
@@ -270,7 +294,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
         }
     }
-    Ok(exit_code(&result?))
+    Ok(Ended::Trained(result?))
 }
 
 /// What the process exits with, after saying how the run ended.

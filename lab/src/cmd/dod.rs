@@ -1,0 +1,56 @@
+//! `lab dod check DIR --spec F`: the Definition-of-Done verdict on an export folder.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use lab_report::dod::{self, Spec};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Check an export folder against a DoD spec; exit 0 only when every check passes.
+    Check(CheckArgs),
+}
+
+#[derive(clap::Args)]
+struct CheckArgs {
+    /// The export folder (`lab export --output`).
+    dir: PathBuf,
+    /// The spec: configs/dod/<lab>.toml.
+    #[arg(long)]
+    spec: PathBuf,
+    /// text (a table), json or junit (JUnit XML, one testcase per check).
+    #[arg(long, default_value = "text", value_parser = ["text", "json", "junit"])]
+    format: String,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let Command::Check(a) = args.command;
+    let spec = Spec::load(&a.spec)?;
+    if !a.dir.is_dir() {
+        anyhow::bail!(
+            "{} is not an export folder (run lab export --output first)",
+            a.dir.display()
+        );
+    }
+    let verdict = dod::check(&a.dir, &spec);
+    print!(
+        "{}",
+        match a.format.as_str() {
+            "json" => verdict.render_json(),
+            "junit" => verdict.render_junit(),
+            _ => verdict.render_text(),
+        }
+    );
+    Ok(if verdict.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,87 @@
+//! `lab export`: a run folder → an export folder (manifest, metrics.csv, plots, final weights,
+//! post-mortem, model card), a Hugging Face folder, and/or an MLflow run.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use lab_report::{CheckpointChoice, ExportOptions, RunFiles};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run folder (`lab train --ckpt-dir`).
+    #[arg(long)]
+    pub run: PathBuf,
+    /// The export folder, e.g. experiments/<lab>/<run>/ (replaced atomically).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Also (or only) write a Hugging Face LlamaForCausalLM folder here.
+    #[arg(long, value_name = "DIR")]
+    pub hf: Option<PathBuf>,
+    /// Which checkpoint: latest (default), a step number, or step-N.
+    #[arg(long, default_value = "latest")]
+    pub checkpoint: String,
+    /// budget.json to take the spend from (default RUN/budget.json).
+    #[arg(long)]
+    pub budget: Option<PathBuf>,
+    /// Also log the run, with the export as artifacts, to an MLflow file store.
+    #[arg(long, value_name = "URI")]
+    pub mlflow_uri: Option<String>,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    if args.output.is_none() && args.hf.is_none() {
+        bail!("lab export needs --output DIR (the export folder) and/or --hf DIR (a Hugging Face folder)");
+    }
+    let choice: CheckpointChoice = args.checkpoint.parse()?;
+    if let Some(out) = &args.output {
+        let m = lab_report::export(&ExportOptions {
+            run: args.run.clone(),
+            output: out.clone(),
+            checkpoint: choice,
+            budget: args.budget.clone(),
+        })?;
+        println!(
+            "exported {} (step {}, final val loss {}) to {}:",
+            args.run.display(),
+            m.checkpoint_step,
+            m.final_metrics
+                .val_loss
+                .map_or("–".into(), |v| format!("{v:.4}")),
+            out.display()
+        );
+        for name in m
+            .artifacts
+            .keys()
+            .chain(std::iter::once(&"manifest.json".to_string()))
+        {
+            println!("  {}", out.join(name).display());
+        }
+    }
+    if let Some(hf) = &args.hf {
+        lab_report::hf::export_hf(&args.run, hf, choice)?;
+        println!(
+            "Hugging Face folder: {} (LlamaForCausalLM; check with scripts/reference/hf_parity.py {})",
+            hf.display(),
+            hf.display()
+        );
+    }
+    if let Some(uri) = &args.mlflow_uri {
+        log_mlflow(uri, &args.run, args.output.as_deref());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Logs a run to MLflow; a failure is a warning (the run itself is fine).
+pub fn log_mlflow(uri: &str, run: &Path, artifacts: Option<&Path>) {
+    let logged = RunFiles::read(run).and_then(|f| lab_report::mlflow::log_run(uri, &f, artifacts));
+    match logged {
+        Ok(l) => println!(
+            "mlflow: run {} in experiment {} ({}); view with MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}",
+            l.run_id,
+            l.experiment_id,
+            l.run_dir.display()
+        ),
+        Err(e) => eprintln!("warning: --mlflow-uri {uri}: {e:#}"),
+    }
+}

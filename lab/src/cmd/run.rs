@@ -1,0 +1,385 @@
+//! `lab run [SPEC]`: the whole lab, end to end, from a lab page (`configs/lab/*.toml`; with no
+//! SPEC the embedded CPU lab): prepare → train (seeded spike, billing sidecar as a child
+//! process) → post-mortem → export → Definition of Done. Running it again resumes where it
+//! stopped: each stage knows whether its output is complete.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use lab_budget::BudgetFlags;
+use lab_report::dod::{self, Spec};
+use lab_report::{CheckpointChoice, ExportOptions};
+use serde::Deserialize;
+
+use super::train::{self, Ended, SpikeFlags};
+
+pub const TINY_PAGE: &str = include_str!("../../../configs/lab/tiny-cpu.toml");
+pub const TINY_DOD: &str = include_str!("../../../configs/dod/tiny-cpu.toml");
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A lab page (configs/lab/*.toml with a [run] section). Default: the embedded CPU lab.
+    pub spec: Option<PathBuf>,
+    /// Print the stages and what each would do, and stop.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Also log the run and its export to an MLflow file store (`file:///…/mlruns`).
+    #[arg(long, value_name = "URI")]
+    pub mlflow_uri: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    name: String,
+    #[serde(default)]
+    page: Option<String>,
+    config: PathBuf,
+    #[serde(default)]
+    #[allow(dead_code)]
+    promises: Option<toml::Value>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    plan: Option<toml::Value>,
+    run: RunSection,
+}
+
+/// `[run]` of a lab page.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunSection {
+    /// `tinyshakespeare` (the bundled corpus) or a prepared data dir, relative to the page.
+    data: String,
+    run_dir: PathBuf,
+    export_dir: PathBuf,
+    dod: PathBuf,
+    #[serde(default)]
+    inject_spike_at_step: Option<u64>,
+    #[serde(default)]
+    spike_batches: Option<u64>,
+    #[serde(default = "cpu")]
+    backend: String,
+    #[serde(default)]
+    terminate_on_exit: bool,
+    #[serde(default)]
+    mlflow_uri: Option<String>,
+    budget: Sidecar,
+}
+
+fn cpu() -> String {
+    "cpu".into()
+}
+
+/// `[run.budget]`: the billing sidecar and, when the config has no `[budget]`, the cap.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sidecar {
+    provider: String,
+    #[serde(default)]
+    rate_usd_per_hr: Option<f64>,
+    #[serde(default)]
+    cap_usd: Option<f64>,
+    #[serde(default)]
+    alert_usd: Option<f64>,
+    #[serde(default = "five")]
+    poll_interval_s: f64,
+}
+
+fn five() -> f64 {
+    5.0
+}
+
+/// A page with its files resolved: the config (a path, or the embedded default) and the DoD spec.
+struct Lab {
+    page: Page,
+    /// `None`: the embedded configs/tiny-cpu.toml.
+    config: Option<PathBuf>,
+    data_dir: PathBuf,
+    dod: Spec,
+}
+
+fn load(spec: Option<&Path>) -> Result<Lab> {
+    let Some(path) = spec else {
+        let page: Page = toml::from_str(TINY_PAGE).context("embedded lab page")?;
+        return Ok(Lab {
+            data_dir: PathBuf::from("runs/data/tinyshakespeare-gpt2"),
+            dod: Spec::parse(TINY_DOD)?,
+            config: None,
+            page,
+        });
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read lab page {}", path.display()))?;
+    let page: Page = toml::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "lab page {}: {} (lab run needs name, config and a [run] section with [run.budget])",
+            path.display(),
+            e.message().trim()
+        )
+    })?;
+    let here = path.parent().unwrap_or(Path::new("."));
+    let data_dir = match page.run.data.as_str() {
+        "tinyshakespeare" => PathBuf::from("runs/data/tinyshakespeare-gpt2"),
+        d => here.join(d),
+    };
+    Ok(Lab {
+        config: Some(here.join(&page.config)),
+        dod: Spec::load(&here.join(&page.run.dod))?,
+        data_dir,
+        page,
+    })
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let lab = load(args.spec.as_deref())?;
+    let r = &lab.page.run;
+    println!(
+        "lab run: {}{}",
+        lab.page.name,
+        lab.page
+            .page
+            .as_ref()
+            .map(|p| format!(" ({p})"))
+            .unwrap_or_default()
+    );
+    if args.dry_run {
+        return dry_run(&lab);
+    }
+    stage(
+        "1/5 prepare",
+        &format!("data in {}", lab.data_dir.display()),
+    );
+    prepare(&lab)?;
+    stage("2/5 train", &format!("run folder {}", r.run_dir.display()));
+    if let Some(code) = train_stage(&lab)? {
+        return Ok(code);
+    }
+    stage("3/5 post-mortem", "");
+    let pm = lab_report::write_postmortem(&r.run_dir, None)?;
+    println!("  {}", pm.display());
+    stage("4/5 export", &format!("to {}", r.export_dir.display()));
+    let m = lab_report::export(&ExportOptions {
+        run: r.run_dir.clone(),
+        output: r.export_dir.clone(),
+        checkpoint: CheckpointChoice::Latest,
+        budget: None,
+    })?;
+    for name in m.artifacts.keys() {
+        println!("  {}", r.export_dir.join(name).display());
+    }
+    println!("  {}", r.export_dir.join("manifest.json").display());
+    if let Some(uri) = args.mlflow_uri.as_ref().or(r.mlflow_uri.as_ref()) {
+        super::export::log_mlflow(uri, &r.run_dir, Some(&r.export_dir));
+    }
+    stage("5/5 definition of done", &format!("spec {}", lab.dod.name));
+    let verdict = dod::check(&r.export_dir, &lab.dod);
+    print!("{}", verdict.render_text());
+    lab_fsio::write_atomic(
+        &r.run_dir.join("dod.json"),
+        verdict.render_json().as_bytes(),
+    )?;
+    Ok(if verdict.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn stage(name: &str, what: &str) {
+    println!(
+        "== {name}{}",
+        if what.is_empty() {
+            String::new()
+        } else {
+            format!(": {what}")
+        }
+    );
+}
+
+fn dry_run(lab: &Lab) -> Result<ExitCode> {
+    let r = &lab.page.run;
+    let config = lab
+        .config
+        .as_ref()
+        .map_or("the embedded configs/tiny-cpu.toml".into(), |p| {
+            p.display().to_string()
+        });
+    println!("  1 prepare  {} ({})", lab.data_dir.display(), r.data);
+    println!(
+        "  2 train    {config} on {} into {}{}, sidecar {} every {} s, {}",
+        r.backend,
+        r.run_dir.display(),
+        r.inject_spike_at_step
+            .map(|s| format!(", spike at step {s}"))
+            .unwrap_or_default(),
+        r.budget.provider,
+        r.budget.poll_interval_s,
+        if r.terminate_on_exit {
+            "terminate the instance at the end"
+        } else {
+            "no termination"
+        }
+    );
+    println!(
+        "  3 post-mortem {}",
+        r.run_dir.join("spike-postmortem.md").display()
+    );
+    println!("  4 export   {}", r.export_dir.display());
+    println!(
+        "  5 DoD      {} ({} checks)",
+        lab.dod.name,
+        lab.dod.checks.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn prepare(lab: &Lab) -> Result<()> {
+    if lab.page.run.data == "tinyshakespeare" {
+        let meta = lab_data::gpt2::ensure_tinyshakespeare(&lab.data_dir)?;
+        println!(
+            "  tinyshakespeare: {} train / {} val tokens",
+            meta.file("train.bin")?.tokens,
+            meta.file("val.bin")?.tokens
+        );
+        return Ok(());
+    }
+    let meta = lab_data::Meta::load(&lab.data_dir).with_context(|| {
+        format!(
+            "[run] data = {:?} is not a prepared data dir: prepare it first with `lab data prepare --output-dir {}`",
+            lab.page.run.data,
+            lab.data_dir.display()
+        )
+    })?;
+    for f in ["train.bin", "val.bin"] {
+        lab_data::TokenFile::open(&lab.data_dir, f, &meta)?;
+    }
+    println!(
+        "  {} ({}): complete",
+        lab.data_dir.display(),
+        meta.tokenizer
+    );
+    Ok(())
+}
+
+/// Trains unless the run is already complete; `Some(code)` when training stopped the lab.
+fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
+    let r = &lab.page.run;
+    let status = lab_run::Status::read(&r.run_dir).ok();
+    if let Some(s) = status
+        .as_ref()
+        .filter(|s| s.state == "done" && s.step == s.total_steps)
+    {
+        println!("  complete: step {} of {}", s.step, s.total_steps);
+        return Ok(None);
+    }
+    let resume = !lab_train::checkpoint::list(&r.run_dir)
+        .unwrap_or_default()
+        .is_empty();
+    std::fs::create_dir_all(&r.run_dir)
+        .with_context(|| format!("cannot create {}", r.run_dir.display()))?;
+    let budget_json = r.run_dir.join("budget.json");
+    let mut sidecar = start_sidecar(lab, &budget_json, resume)?;
+    let args = train::Args {
+        config: lab.config.clone(),
+        data_dir: Some(lab.data_dir.clone()),
+        ckpt_dir: Some(r.run_dir.clone()),
+        total_steps: None,
+        ckpt_every: None,
+        eval_every: None,
+        log_every: None,
+        resume_from_latest: resume,
+        seed: None,
+        backend: r.backend.clone(),
+        mlflow_uri: None,
+        spike: SpikeFlags {
+            inject_spike_at_step: r.inject_spike_at_step,
+            spike_batches: r.spike_batches,
+            ..Default::default()
+        },
+        budget: BudgetFlags {
+            budget_cap_usd: r.budget.cap_usd,
+            budget_alert_usd: r.budget.alert_usd,
+            budget_curr_cost_uri: Some(budget_json.display().to_string()),
+            terminate_on_exit: r.terminate_on_exit,
+            ..Default::default()
+        },
+    };
+    let ended = train::train(&args);
+    let _ = sidecar.kill();
+    let _ = sidecar.wait();
+    Ok(match ended? {
+        Ended::Refused(code) => Some(code),
+        Ended::Trained(lab_train::Outcome::Completed { .. }) => None,
+        Ended::Trained(other) => {
+            eprintln!("lab run: training did not finish; run `lab run` again to resume");
+            Some(train::exit_code(&other))
+        }
+    })
+}
+
+/// Starts `lab budget sidecar` writing `out`, as a child that dies with this process, and waits
+/// for its first budget.json (the guard refuses to launch without one).
+fn start_sidecar(lab: &Lab, out: &Path, resume: bool) -> Result<Child> {
+    let b = &lab.page.run.budget;
+    // A resumed meter continues from what the run already spent.
+    let prior = resume
+        .then(|| std::fs::read_to_string(out).ok())
+        .flatten()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v["spent_usd"].as_f64());
+    let before = std::fs::metadata(out).and_then(|m| m.modified()).ok();
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["budget", "sidecar", "--provider", &b.provider])
+        .arg("--out")
+        .arg(out)
+        .arg("--run")
+        .arg(&lab.page.run.run_dir)
+        .args(["--poll-interval-s", &b.poll_interval_s.to_string()])
+        .stdout(std::process::Stdio::null());
+    if let Some(c) = &lab.config {
+        cmd.arg("--config").arg(c);
+    }
+    if let Some(rate) = b.rate_usd_per_hr {
+        cmd.args(["--rate-usd-per-hr", &rate.to_string()]);
+    }
+    if let Some(p) = prior {
+        cmd.args(["--prior-spend-usd", &p.to_string()]);
+    }
+    die_with_parent(&mut cmd);
+    let mut child = cmd.spawn().context("cannot start the budget sidecar")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let fresh = std::fs::metadata(out).and_then(|m| m.modified()).ok();
+        if fresh.is_some() && fresh != before {
+            println!(
+                "  billing sidecar ({}) writing {}",
+                b.provider,
+                out.display()
+            );
+            return Ok(child);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the budget sidecar exited ({status}) before writing {}; run `lab budget sidecar` by hand to see why", out.display());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("the budget sidecar wrote no {} within 60 s", out.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The child gets SIGTERM when this process dies, even by kill -9: no orphan sidecar keeps
+/// billing files fresh for a run nobody trains.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // Safety: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of ours.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,41 @@
+//! `lab status --run DIR`: where a run stands, while it trains or after.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The run folder (`lab train --ckpt-dir`).
+    #[arg(long)]
+    pub run: PathBuf,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh until the run stops running (Ctrl-C to leave).
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between refreshes with --watch.
+    #[arg(long, default_value_t = 5.0)]
+    pub interval: f64,
+}
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    loop {
+        let s = lab_report::status::status(&args.run)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            if args.watch {
+                print!("\x1b[2J\x1b[H"); // clear the screen, cursor home
+            }
+            print!("{}", s.render(&args.run));
+        }
+        if !args.watch || s.state != "running" {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.2)));
+    }
+}
