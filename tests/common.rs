@@ -87,3 +87,49 @@ pub fn final_weights(run: &Path, step: u64) -> PathBuf {
     run.join(format!("step-{step:08}"))
         .join("model.safetensors")
 }
+
+/// A lab page running the micro config end to end (spike at step 30, metered budget), with a
+/// DoD spec banded for it. Returns the page's path.
+pub fn micro_lab(dir: &Path) -> PathBuf {
+    micro_config(dir);
+    let page = dir.join("page.toml");
+    std::fs::write(
+        &page,
+        r#"name = "micro"
+config = "micro.toml"
+[run]
+data = "tinyshakespeare"
+run_dir = "runs/lab-micro"
+export_dir = "experiments/micro/seed-42"
+dod = "dod.toml"
+inject_spike_at_step = 30
+spike_batches = 5
+[run.budget]
+provider = "meter"
+rate_usd_per_hr = 0.5
+cap_usd = 1.0
+poll_interval_s = 1
+"#,
+    )
+    .unwrap();
+    // The embedded lab's spec, banded for the micro model (val loss ~7.5 after 60 steps; its
+    // spike stands 1.1× above the median of the 5-step logs before it).
+    let spec = include_str!("../configs/dod/tiny-cpu.toml")
+        .replace("name = \"tiny-cpu\"", "name = \"micro\"")
+        .replace("min = 5.0", "min = 6.5")
+        .replace("max = 5.7", "max = 8.5")
+        .replace("min_ratio = 1.2", "min_ratio = 1.05");
+    std::fs::write(dir.join("dod.toml"), spec).unwrap();
+    page
+}
+
+/// The share of non-white pixels and the number of distinct colours of a PNG.
+pub fn png_ink(path: &Path) -> (f64, usize) {
+    let img = image::open(path).unwrap().to_rgb8();
+    let colors: std::collections::HashSet<[u8; 3]> = img.pixels().map(|p| p.0).collect();
+    let inked = img.pixels().filter(|p| p.0 != [255, 255, 255]).count();
+    (
+        inked as f64 / (img.width() * img.height()) as f64,
+        colors.len(),
+    )
+}

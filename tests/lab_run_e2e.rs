@@ -1,0 +1,519 @@
+//! `lab run` and what it leaves, on a micro lab page: the export and its evidence, the
+//! Definition-of-Done checker on good and crafted bad runs, Hugging Face and MLflow layouts,
+//! `lab status`, and a kill -9 at each stage followed by a rerun that finishes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const EXPORT: &str = "experiments/micro/seed-42";
+const RUN: &str = "runs/lab-micro";
+
+fn lab_run(dir: &Path) -> Command {
+    let mut c = lab();
+    c.args(["run", "page.toml"]).current_dir(dir);
+    c
+}
+
+/// A finished micro lab in a fresh folder.
+fn finished_lab() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    micro_lab(dir.path());
+    let out = run_ok(&mut lab_run(dir.path()));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("PASS: 6 of 6 checks pass"), "{text}");
+    dir
+}
+
+fn dod(dir: &Path, export: &Path, spec: &Path, format: &str) -> Output {
+    lab()
+        .args(["dod", "check"])
+        .arg(export)
+        .arg("--spec")
+        .arg(spec)
+        .args(["--format", format])
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn the_export_holds_every_artifact_and_metrics_csv_equals_metrics_jsonl() {
+    let lab = finished_lab();
+    let export = lab.path().join(EXPORT);
+    for f in [
+        "manifest.json",
+        "metrics.csv",
+        "loss-curve.png",
+        "gradnorm-curve.png",
+        "throughput.png",
+        "final.safetensors",
+        "spike-postmortem.md",
+        "MODEL_CARD.md",
+        "run-uri.txt",
+        "events.jsonl",
+        "config.toml",
+    ] {
+        assert!(export.join(f).is_file(), "{f} missing");
+    }
+    for png in ["loss-curve.png", "gradnorm-curve.png", "throughput.png"] {
+        let (ink, colors) = png_ink(&export.join(png));
+        assert!(
+            ink > 0.02 && colors > 8,
+            "{png} looks blank: {ink} ink, {colors} colours"
+        );
+    }
+    // Every artifact's sha256 is in the manifest, and right.
+    let m = json(&export.join("manifest.json"));
+    let artifacts = m["artifacts"].as_object().unwrap();
+    assert!(artifacts.len() >= 12);
+    for (name, sha) in artifacts {
+        assert_eq!(&sha256(&export.join(name)), sha.as_str().unwrap(), "{name}");
+    }
+    assert_eq!(m["seed"], 42);
+    assert_eq!(m["stability"]["spikes_detected"], 1);
+    let card = std::fs::read_to_string(export.join("MODEL_CARD.md")).unwrap();
+    assert!(card.contains("not a medical device") && card.contains("tinyshakespeare"));
+
+    // metrics.csv: every number of metrics.jsonl, in order, exactly.
+    let rows: Vec<Value> = std::fs::read_to_string(lab.path().join(RUN).join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut expected = Vec::new();
+    for r in &rows {
+        for (k, v) in r.as_object().unwrap() {
+            if let Some(x) = v.as_f64().filter(|_| k != "step") {
+                expected.push((r["step"].as_u64().unwrap(), k.clone(), x));
+            } else if v == &Value::Bool(true) {
+                expected.push((r["step"].as_u64().unwrap(), k.clone(), 1.0));
+            }
+        }
+    }
+    let mut got: Vec<(u64, String, f64)> = csv_rows(&export.join("metrics.csv"));
+    expected.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    got.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    assert_eq!(got.len(), expected.len());
+    for (g, e) in got.iter().zip(&expected) {
+        assert_eq!(g, e, "metrics.csv differs from metrics.jsonl");
+    }
+}
+
+fn csv_rows(path: &Path) -> Vec<(u64, String, f64)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("step,name,value"));
+    lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                f[0].parse().unwrap(),
+                f[1].to_string(),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn final_weights_reload_byte_for_byte_and_give_identical_logits() {
+    use burn::backend::Flex;
+    use burn::tensor::{Int, Tensor, TensorData};
+    use lab_model::{weights, Llama};
+
+    let lab = finished_lab();
+    let path = lab.path().join(EXPORT).join("final.safetensors");
+    let (tensors, meta) = weights::load_safetensors(&path).unwrap();
+    let again = lab.path().join("again.safetensors");
+    weights::save_safetensors(&again, &tensors, meta).unwrap();
+    assert_eq!(
+        std::fs::read(&again).unwrap(),
+        std::fs::read(&path).unwrap()
+    );
+
+    let cfg = lab_config::LabConfig::load(&lab.path().join("micro.toml")).unwrap();
+    let logits = |file: &Path| {
+        let (t, _) = weights::load_safetensors(file).unwrap();
+        let model =
+            weights::load_tensor_map(Llama::<Flex>::new(&cfg.model, 7, &Default::default()), &t)
+                .unwrap();
+        let ids = Tensor::<Flex, 2, Int>::from_data(
+            TensorData::new((0..32).collect::<Vec<i32>>(), [1, 32]),
+            &Default::default(),
+        );
+        model
+            .logits(ids)
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    let (a, b) = (logits(&path), logits(&again));
+    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    // And they are the trained weights: the last checkpoint's, not an initialization.
+    let ck = lab
+        .path()
+        .join(RUN)
+        .join("step-00000060")
+        .join("model.safetensors");
+    assert_eq!(sha256(&ck), sha256(&path));
+}
+
+#[test]
+fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
+    let lab = finished_lab();
+    let dir = lab.path();
+    let good = dir.join(EXPORT);
+    let spec = dir.join("dod.toml");
+    assert_eq!(dod(dir, &good, &spec, "text").status.code(), Some(0));
+
+    // JUnit XML parses and names every check.
+    let out = dod(dir, &good, &spec, "junit");
+    let xml = String::from_utf8(out.stdout).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let cases: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("testcase"))
+        .map(|n| n.attribute("name").unwrap())
+        .collect();
+    assert_eq!(
+        cases,
+        [
+            "manifest",
+            "final-val-loss",
+            "final-weights",
+            "spend",
+            "spike-postmortem",
+            "termination"
+        ]
+    );
+    assert_eq!(
+        doc.descendants()
+            .filter(|n| n.has_tag_name("failure"))
+            .count(),
+        0
+    );
+
+    let copy = |name: &str| -> PathBuf {
+        let to = dir.join("bad").join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for e in std::fs::read_dir(&good).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+        to
+    };
+    let edit_manifest = |d: &Path, f: &dyn Fn(&mut Value)| {
+        let mut m = json(&d.join("manifest.json"));
+        f(&mut m);
+        std::fs::write(d.join("manifest.json"), m.to_string()).unwrap();
+    };
+    let fails = |d: &Path, spec: &Path, check: &str, needle: &str| {
+        let out = dod(dir, d, spec, "json");
+        assert_eq!(out.status.code(), Some(1), "{check} should fail");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let c = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == check)
+            .unwrap()
+            .clone();
+        assert_eq!(c["passed"], false, "{c}");
+        assert!(
+            c["found"].as_str().unwrap().contains(needle),
+            "{check}: {c}"
+        );
+        assert!(
+            !c["expected"].as_str().unwrap().is_empty() && !c["why"].as_str().unwrap().is_empty()
+        );
+        let passed = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["passed"] == true)
+            .count();
+        assert_eq!(passed, 5, "only {check} fails: {v}");
+    };
+
+    let d = copy("no-seed");
+    edit_manifest(&d, &|m| {
+        m.as_object_mut().unwrap().remove("seed");
+    });
+    fails(&d, &spec, "manifest", "missing: seed");
+
+    let narrow = dir.join("narrow.toml");
+    std::fs::write(
+        &narrow,
+        std::fs::read_to_string(&spec)
+            .unwrap()
+            .replace("min = 6.5", "min = 1.0")
+            .replace("max = 8.5", "max = 2.0"),
+    )
+    .unwrap();
+    fails(&copy("band"), &narrow, "final-val-loss", "7.");
+
+    let d = copy("flipped");
+    let mut bytes = std::fs::read(d.join("final.safetensors")).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0x01;
+    std::fs::write(d.join("final.safetensors"), bytes).unwrap();
+    fails(&d, &spec, "final-weights", "but the manifest says");
+
+    let d = copy("spent");
+    edit_manifest(&d, &|m| m["cost"]["total_usd"] = 1.5.into());
+    fails(&d, &spec, "spend", "$1.5000");
+
+    let d = copy("no-postmortem");
+    std::fs::remove_file(d.join("spike-postmortem.md")).unwrap();
+    fails(&d, &spec, "spike-postmortem", "no spike-postmortem.md");
+
+    let d = copy("wrong-step");
+    let md = std::fs::read_to_string(d.join("spike-postmortem.md")).unwrap();
+    std::fs::write(
+        d.join("spike-postmortem.md"),
+        md.replace("## Spike at step 31", "## Spike at step 12"),
+    )
+    .unwrap();
+    fails(&d, &spec, "spike-postmortem", "step 12");
+}
+
+#[test]
+fn hugging_face_folder_has_llama_config_names_and_shapes() {
+    let done = finished_lab();
+    let hf = done.path().join("hf");
+    run_ok(
+        lab()
+            .args(["export", "--run", RUN, "--hf", "hf"])
+            .current_dir(done.path()),
+    );
+    let c = json(&hf.join("config.json"));
+    assert_eq!(c["architectures"][0], "LlamaForCausalLM");
+    for (k, v) in [
+        ("num_key_value_heads", 2.0),
+        ("num_attention_heads", 4.0),
+        ("head_dim", 8.0),
+        ("hidden_size", 32.0),
+        ("intermediate_size", 64.0),
+        ("rope_theta", 10000.0),
+        ("rms_norm_eps", 1e-5),
+    ] {
+        assert_eq!(c[k].as_f64(), Some(v), "{k}");
+    }
+    assert_eq!(c["tie_word_embeddings"], false);
+    assert_eq!(c["torch_dtype"], "float32");
+    let (tensors, meta) =
+        lab_model::weights::load_safetensors(&hf.join("model.safetensors")).unwrap();
+    assert_eq!(meta.get("format").map(String::as_str), Some("pt"));
+    let shape = |n: &str| tensors[n].shape.clone();
+    assert_eq!(shape("model.embed_tokens.weight"), [50257, 32]);
+    assert_eq!(shape("lm_head.weight"), [50257, 32]);
+    assert_eq!(shape("model.layers.1.self_attn.q_proj.weight"), [32, 32]);
+    assert_eq!(shape("model.layers.1.self_attn.k_proj.weight"), [16, 32]);
+    assert_eq!(shape("model.layers.0.mlp.down_proj.weight"), [32, 64]);
+    assert_eq!(shape("model.layers.0.input_layernorm.weight"), [32]);
+    assert_eq!(shape("model.norm.weight"), [32]);
+    assert_eq!(tensors.len(), 1 + 2 * 9 + 2);
+    for f in [
+        "generation_config.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+        "lab_parity.json",
+    ] {
+        assert!(hf.join(f).is_file(), "{f}");
+    }
+    let parity = json(&hf.join("lab_parity.json"));
+    assert_eq!(parity["greedy_ids"].as_array().unwrap().len(), 20);
+}
+
+#[test]
+fn mlflow_file_store_layout_is_written() {
+    let done = finished_lab();
+    run_ok(
+        lab()
+            .args([
+                "export",
+                "--run",
+                RUN,
+                "--output",
+                "again",
+                "--mlflow-uri",
+                "mlruns",
+            ])
+            .current_dir(done.path()),
+    );
+    let root = done.path().join("mlruns");
+    assert!(root.join(".trash").is_dir() && root.join("0/meta.yaml").is_file());
+    let exp = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            std::fs::read_to_string(p.join("meta.yaml"))
+                .is_ok_and(|m| m.contains("name: \"micro\""))
+        })
+        .expect("experiment micro");
+    let run = std::fs::read_dir(&exp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("meta.yaml").is_file())
+        .unwrap();
+    let meta = std::fs::read_to_string(run.join("meta.yaml")).unwrap();
+    assert!(
+        meta.contains("status: 3") && meta.contains("run_name: \"lab-micro\""),
+        "{meta}"
+    );
+    for sub in ["metrics", "params", "artifacts", "tags"] {
+        assert!(run.join(sub).is_dir(), "{sub}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(run.join("params/train.seed")).unwrap(),
+        "42"
+    );
+    let loss = std::fs::read_to_string(run.join("metrics/loss")).unwrap();
+    let first: Vec<&str> = loss.lines().next().unwrap().split(' ').collect();
+    assert_eq!(first.len(), 3, "<ms> <value> <step>");
+    assert!(first[0].parse::<i64>().unwrap() > 1_700_000_000_000 && first[2] == "5");
+    assert!(run.join("artifacts/manifest.json").is_file());
+}
+
+#[test]
+fn status_reads_a_run_in_progress_and_a_finished_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    let mut child = lab()
+        .args(["train", "--config"])
+        .arg(&cfg)
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(&run)
+        .args(["--total-steps", "100000", "--log-every", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 12
+    {
+        assert!(Instant::now() < deadline, "no progress");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run_ok(lab().args(["status", "--json", "--run"]).arg(&run));
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["state"], "running");
+    assert!(s["step"].as_u64().unwrap() >= 1 && s["total_steps"] == 100000);
+    assert!(s["loss_trend"].is_f64() && s["tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(s["eta_s"].as_f64().unwrap() > 0.0);
+    let text = String::from_utf8(run_ok(lab().args(["status", "--run"]).arg(&run)).stdout).unwrap();
+    assert!(text.contains("(running)") && text.contains("ETA"), "{text}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // Killed: status.json still says running, but nobody holds the run folder.
+    let s: Value =
+        serde_json::from_slice(&run_ok(lab().args(["status", "--json", "--run"]).arg(&run)).stdout)
+            .unwrap();
+    assert_eq!(s["state"], "stopped (process gone)");
+
+    let done = tmp.path().join("done");
+    run_ok(
+        lab()
+            .args(["train", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(data_dir())
+            .arg("--ckpt-dir")
+            .arg(&done)
+            .args(["--inject-spike-at-step", "30"]),
+    );
+    let s: Value = serde_json::from_slice(
+        &run_ok(lab().args(["status", "--json", "--run"]).arg(&done)).stdout,
+    )
+    .unwrap();
+    assert_eq!(s["state"], "done");
+    assert_eq!(
+        (s["step"].as_u64(), s["percent"].as_f64()),
+        (Some(60), Some(100.0))
+    );
+    assert!(s["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "spike_detected"));
+    assert!(s["eta_s"].is_null());
+}
+
+/// Processes whose command line mentions `needle` (orphans would keep billing files fresh).
+fn processes_mentioning(needle: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(needle))
+        .count()
+}
+
+#[test]
+fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
+    let reference = finished_lab();
+    let want = sha256(&reference.path().join(EXPORT).join("final.safetensors"));
+    let dir = tempfile::tempdir().unwrap();
+    micro_lab(dir.path());
+    let run = dir.path().join(RUN);
+    // Kill points: the trainer started (budget.json), a checkpoint mid-run, training done
+    // (post-mortem/export under way).
+    let stages: [(&str, &dyn Fn() -> bool); 3] = [
+        ("training started", &|| run.join("budget.json").exists()),
+        ("checkpoint 30", &|| run.join("step-00000040").exists()),
+        ("training done", &|| {
+            std::fs::read_to_string(run.join("status.json")).is_ok_and(|s| s.contains("\"done\""))
+        }),
+    ];
+    for (what, reached) in stages {
+        let mut child = lab_run(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !reached() {
+            if child.try_wait().unwrap().is_some() {
+                break; // finished before the kill point: the next rerun must still pass
+            }
+            assert!(Instant::now() < deadline, "never reached {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The billing sidecar died with its parent.
+        let mut left = processes_mentioning(&run.join("budget.json").display().to_string());
+        for _ in 0..100 {
+            if left == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            left = processes_mentioning(&run.join("budget.json").display().to_string());
+        }
+        assert_eq!(left, 0, "an orphan sidecar after killing at {what}");
+    }
+    let out = run_ok(&mut lab_run(dir.path()));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS: 6 of 6 checks pass"));
+    assert_eq!(
+        sha256(&dir.path().join(EXPORT).join("final.safetensors")),
+        want,
+        "resumed = uninterrupted"
+    );
+}
