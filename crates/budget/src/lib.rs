@@ -57,6 +57,6 @@ pub use file::{read_budget, BudgetFile, BudgetUri, Problem, Reading};
 pub use guard::{Decision, Guard, GuardSettings, Verdict};
 pub use prelaunch::{PlannedRun, Report};
 pub use provider::{EndAction, Provider, Sample};
-pub use run::{BudgetFlags, RunGuard};
+pub use run::{BudgetFlags, EndOfRun, RunGuard};
 pub use secret::Secret;
 pub use status::Progress;

@@ -303,6 +303,15 @@ pub struct EndOfRun {
 }
 
 impl EndOfRun {
+    /// Ends the instance billed under `config` (the run's `[budget]`), with the proof in
+    /// `run_dir/termination.json`.
+    pub fn new(config: BudgetConfig, run_dir: &Path) -> EndOfRun {
+        EndOfRun {
+            config,
+            run_dir: run_dir.to_path_buf(),
+        }
+    }
+
     /// Terminates the instance, confirms it is gone, writes RUN/termination.json.
     pub fn terminate(self) -> Result<()> {
         let mut provider =

@@ -104,15 +104,16 @@ impl LabConfig {
         hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
     }
 
-    /// sha256 of what decides the numbers a run produces: the model, the optimization recipe,
-    /// the stability policy and any injected spike. Cadence (log, eval and checkpoint
-    /// intervals, retention), hardware and budget are left out, so a run may resume with a new
-    /// `--log-every` or budget cap, never with a new learning rate or batch.
+    /// sha256 of the recipe a run follows: the model, the optimization recipe and any injected
+    /// spike. Cadence (log, eval and checkpoint intervals, retention), hardware, budget and the
+    /// stability policy are left out, so a run may resume with a new `--log-every`, budget cap
+    /// or spike response (a person deciding what to do about a spike; the trainer records the
+    /// change as an event), never with a new learning rate or batch.
     pub fn training_sha256(&self) -> String {
         let mut t = self.train.clone();
         (t.log_every, t.eval_every, t.eval_batches, t.ckpt_every) = (0, 0, 0, 0);
         (t.keep_last, t.keep_every) = (0, 0);
-        let decides = (&self.model, &t, &self.stability(), &self.spike);
+        let decides = (&self.model, &t, &self.spike);
         let json = serde_json::to_string(&decides).expect("config serializes");
         hex::encode(Sha256::digest(json.as_bytes()))
     }

@@ -173,9 +173,9 @@ impl SpikeKind {
     }
 }
 
-/// `[spike]`: inject `batches` spike batches from step `at_step` on (0-based: the update that
-/// takes the run from `at_step` to `at_step + 1` steps is the first). The batches are drawn
-/// from the run seed and do not consume the data cursor.
+/// `[spike]`: inject `batches` spike batches from step `at_step` on (steps counted from 1, as
+/// metrics.jsonl and every log line count them: step `at_step` is the first to train on a
+/// spike batch). The batches are drawn from the run seed and do not consume the data cursor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpikeConfig {
@@ -206,9 +206,9 @@ impl SpikeConfig {
         if self.batches == 0 {
             bail!("spike.batches (--spike-batches) must be > 0");
         }
-        if self.at_step >= total_steps as u64 {
+        if self.at_step == 0 || self.at_step > total_steps as u64 {
             bail!(
-                "spike.at_step (--inject-spike-at-step {}) must be below train.total_steps ({total_steps})",
+                "spike.at_step (--inject-spike-at-step {}) must be a step of the run, 1 to train.total_steps ({total_steps})",
                 self.at_step
             );
         }
@@ -265,7 +265,8 @@ mod tests {
         s.loss_ratio = 1.2;
         s.window = Some(1);
         assert!(format!("{}", s.validate().unwrap_err()).contains("stability.window"));
-        let e = SpikeConfig::new(300).validate(300).unwrap_err();
+        assert!(SpikeConfig::new(300).validate(300).is_ok());
+        let e = SpikeConfig::new(301).validate(300).unwrap_err();
         assert!(format!("{e}").contains("--inject-spike-at-step"), "{e}");
     }
 }

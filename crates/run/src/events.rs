@@ -48,6 +48,27 @@ pub fn append_event(run_dir: &Path, step: u64, kind: &str, fields: Value) -> Res
     jsonl::append_line(&run_dir.join(crate::EVENTS), &event)
 }
 
+/// On resume: the events of `kinds` logged after `step` by the attempt that was cut short are
+/// moved to `events-abandoned.jsonl` (the resumed run logs them again as it replays those
+/// steps); other events (budget alerts, interruptions) stay. Torn lines are dropped.
+pub fn abandon_after(run_dir: &Path, step: u64, kinds: &[&str]) -> Result<()> {
+    let path = run_dir.join(crate::EVENTS);
+    let events: Vec<Event> = jsonl::read_lines(&path)?;
+    let (keep, moved): (Vec<Event>, Vec<Event>) = events
+        .into_iter()
+        .partition(|e| e.step <= step || !kinds.contains(&e.kind.as_str()));
+    let aside = run_dir.join(crate::ABANDONED_EVENTS);
+    for e in &moved {
+        jsonl::append_line(&aside, e)?;
+    }
+    let mut text = String::new();
+    for e in &keep {
+        text.push_str(&serde_json::to_string(e)?);
+        text.push('\n');
+    }
+    lab_fsio::write_atomic(&path, text.as_bytes())
+}
+
 /// Every event of a run, in the order written.
 pub fn read_events(run_dir: &Path) -> Result<Vec<Event>> {
     jsonl::read_lines(&run_dir.join(crate::EVENTS))

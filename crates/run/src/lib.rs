@@ -6,6 +6,7 @@
 //! metrics.jsonl            one MetricsRow per logged step (append-only, fsynced)
 //! metrics-abandoned.jsonl  rows of steps undone by a rollback (kept as evidence)
 //! events.jsonl             one Event per thing that happened (spike, rollback, checkpoint …)
+//! events-abandoned.jsonl   events of steps a resume re-runs (the killed attempt's)
 //! status.json              the Status snapshot, rewritten atomically
 //! ```
 
@@ -25,6 +26,7 @@ pub use status::Status;
 pub const METRICS: &str = "metrics.jsonl";
 pub const ABANDONED_METRICS: &str = "metrics-abandoned.jsonl";
 pub const EVENTS: &str = "events.jsonl";
+pub const ABANDONED_EVENTS: &str = "events-abandoned.jsonl";
 pub const STATUS: &str = "status.json";
 /// The effective config of the run (TOML, overrides applied), written when it starts.
 pub const CONFIG: &str = "config.toml";

@@ -29,6 +29,9 @@ pub struct Status {
     pub started_utc: String,
     #[serde(default)]
     pub updated_utc: String,
+    /// The trainer's process id (`lab status` tells a live run from one whose process died).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
 }
 
 impl Status {

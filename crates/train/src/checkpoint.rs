@@ -52,6 +52,9 @@ pub struct TrainState {
     /// sha256 of the data's meta.json: a resume on other data is refused.
     #[serde(default)]
     pub data_sha256: String,
+    /// The stability settings in force (a resume may change them; the change is an event).
+    #[serde(default)]
+    pub stability: Value,
     pub seed: u64,
     /// Every random choice is a stateless function of the seed and a position (init: seed ×
     /// parameter path; data: seed × window index), so no generator state needs saving.
@@ -84,12 +87,14 @@ fn parse_step(name: &str) -> Option<u64> {
     name.strip_prefix("step-")?.parse().ok()
 }
 
-/// Step folders present in `run_dir`, newest first.
+/// Step folders present in `run_dir`, newest first. A step folder that an interrupted
+/// replace left moved aside (`.step-N.old-PID`, with no `step-N`) is put back first.
 pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     if !run_dir.exists() {
         return Ok(out);
     }
+    recover_moved_aside(run_dir)?;
     for entry in
         fs::read_dir(run_dir).with_context(|| format!("cannot list {}", run_dir.display()))?
     {
@@ -100,6 +105,23 @@ pub fn list(run_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     }
     out.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
     Ok(out)
+}
+
+fn recover_moved_aside(run_dir: &Path) -> Result<()> {
+    for entry in fs::read_dir(run_dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        let Some(step_name) = name.strip_prefix('.').and_then(|n| n.split(".old-").next()) else {
+            continue;
+        };
+        if name.contains(".old-") && parse_step(step_name).is_some() {
+            let target = run_dir.join(step_name);
+            if !target.exists() {
+                fs::rename(run_dir.join(&name), &target)
+                    .with_context(|| format!("cannot restore {}", target.display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes a checkpoint for `state.step` and points `latest` at it. Returns its folder.
@@ -241,18 +263,20 @@ pub fn remove_after(run_dir: &Path, step: u64) -> Result<()> {
 
 /// Retention: keep the newest `keep_last` checkpoints plus every checkpoint whose step is a
 /// multiple of `ckpt_every × keep_every`; delete the rest and stale temporary folders. The
-/// checkpoint just written (`protect`) is never deleted.
+/// checkpoints of `protect` (the one just written, a rollback target, the best) are never
+/// deleted.
 pub fn prune(
     run_dir: &Path,
-    protect: u64,
+    protect: &[u64],
     keep_last: usize,
     ckpt_every: usize,
     keep_every: usize,
 ) -> Result<()> {
     let milestone = (ckpt_every * keep_every) as u64;
     for (i, (step, dir)) in list(run_dir)?.into_iter().enumerate() {
-        let keep =
-            step == protect || i < keep_last || (milestone > 0 && step.is_multiple_of(milestone));
+        let keep = protect.contains(&step)
+            || i < keep_last
+            || (milestone > 0 && step.is_multiple_of(milestone));
         if !keep {
             fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
         }
@@ -261,7 +285,13 @@ pub fn prune(
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let ours = format!(".tmp-{}", std::process::id());
-        let temporary = name.contains(".tmp-") || name.contains(".old-");
+        // A moved-aside folder whose step folder is back in place is stale too.
+        let temporary = name.contains(".tmp-")
+            || (name.contains(".old-")
+                && name
+                    .strip_prefix('.')
+                    .and_then(|n| n.split(".old-").next())
+                    .is_some_and(|n| run_dir.join(n).exists()));
         if name.starts_with(".step-") && temporary && !name.ends_with(&ours) {
             let _ = fs::remove_dir_all(entry.path());
         }
@@ -285,6 +315,7 @@ mod tests {
             rollbacks: 0,
             policies: BTreeMap::new(),
             data_sha256: String::new(),
+            stability: Value::Null,
             seed: 42,
             rng: "stateless".into(),
             next_lr: 1e-3,
@@ -336,7 +367,7 @@ mod tests {
         assert_eq!(list(dir.path()).unwrap().len(), 1);
 
         // Retention never deletes the checkpoint just written, even with keep_last = 0.
-        prune(dir.path(), 10, 0, 10, 10).unwrap();
+        prune(dir.path(), &[10], 0, 10, 10).unwrap();
         assert_eq!(list(dir.path()).unwrap().len(), 1);
 
         // A state.json that disagrees with its folder is refused.
@@ -350,7 +381,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         for step in (10..=250).step_by(10) {
             save(dir.path(), state(step), &tensors(0.0), &tensors(0.0)).unwrap();
-            prune(dir.path(), step, 5, 10, 10).unwrap();
+            prune(dir.path(), &[step], 5, 10, 10).unwrap();
         }
         let mut kept: Vec<u64> = list(dir.path())
             .unwrap()
@@ -367,7 +398,29 @@ mod tests {
         fs::create_dir(dir.path().join(".step-00000030.tmp-999999")).unwrap();
         save(dir.path(), state(10), &tensors(0.0), &tensors(0.0)).unwrap();
         assert_eq!(list(dir.path()).unwrap().len(), 1);
-        prune(dir.path(), 10, 5, 10, 10).unwrap();
+        prune(dir.path(), &[10], 5, 10, 10).unwrap();
         assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
+    }
+
+    #[test]
+    fn a_step_folder_moved_aside_by_an_interrupted_replace_is_put_back() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), state(10), &tensors(1.0), &tensors(2.0)).unwrap();
+        // A kill between moving the old copy aside and renaming the new one in.
+        fs::rename(
+            dir.path().join("step-00000010"),
+            dir.path().join(".step-00000010.old-4242"),
+        )
+        .unwrap();
+        let steps: Vec<u64> = list(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        assert_eq!(steps, vec![10]);
+        assert_eq!(
+            load(&dir.path().join("step-00000010")).unwrap().model,
+            tensors(1.0)
+        );
     }
 }

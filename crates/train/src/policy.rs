@@ -41,12 +41,13 @@ impl Stop {
 }
 
 /// Undo back to the newest good checkpoint at or before `to_step` steps and never train on
-/// `skip` again.
+/// `skip` again; with `then_stop`, stop there (exit 5) and let a person decide.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rollback {
     pub to_step: u64,
     pub skip: Vec<SampleRange>,
     pub reason: String,
+    pub then_stop: bool,
 }
 
 /// A policy's answer, in increasing severity.
@@ -123,6 +124,11 @@ pub trait StepPolicy {
     fn after_update(&mut self, _view: &StepView, _journal: &mut dyn Journal) -> Decision {
         Decision::Continue
     }
+    /// While it may still roll back: the newest checkpoint at or before this step must survive
+    /// retention.
+    fn rollback_target(&self) -> Option<u64> {
+        None
+    }
     /// State to keep in checkpoints, so a resumed run decides exactly as before.
     fn save(&self) -> Option<Value> {
         None
@@ -154,6 +160,11 @@ impl Policies {
         self.0
             .iter_mut()
             .fold(Decision::Continue, |d, p| d.or(p.after_update(view, j)))
+    }
+
+    /// The earliest step a policy may still roll back to.
+    pub fn rollback_target(&self) -> Option<u64> {
+        self.0.iter().filter_map(|p| p.rollback_target()).min()
     }
 
     pub fn save(&self) -> BTreeMap<String, Value> {

@@ -28,6 +28,24 @@ use crate::trainer::{AlertSink, Outcome, TrainOptions};
 /// Where the data of a run came from (`data.json` in the run folder).
 pub const DATA: &str = "data.json";
 
+/// Events the trainer derives from the data and the weights: a replay of the same steps logs
+/// them again.
+const REPLAYED_EVENTS: &[&str] = &[
+    "checkpoint",
+    "spike_injected",
+    "spike_detected",
+    "spike_recovered",
+    "spike_escalated",
+    "update_skipped",
+    "nonfinite",
+    "rollback",
+    "plateau",
+    "eval",
+    "samples",
+    "best",
+    "stopped_early",
+];
+
 pub struct Run {
     pub dir: PathBuf,
     cfg: LabConfig,
@@ -35,6 +53,11 @@ pub struct Run {
     training_sha: String,
     data_sha: String,
     resume: bool,
+    /// data.json's content.
+    identity: Value,
+    backend: &'static str,
+    /// Fire drill: abort inside the first rollback (`--inject-crash-in-rollback`).
+    crash_in_rollback: bool,
     _lock: File,
     metrics: JsonLines,
     status: Status,
@@ -58,23 +81,19 @@ impl Run {
         let dir = opts.run_dir.clone();
         let lock = take_folder(&dir, opts.resume)?;
         let cfg = opts.config.clone();
-        lab_fsio::write_atomic(&dir.join(lab_run::CONFIG), cfg.to_toml().as_bytes())?;
+        // Written once the run is known to be this one (fresh, or a resume that matches).
         let identity = json!({
             "data_dir": std::path::absolute(&data.dir).unwrap_or(data.dir.clone()),
             "meta_sha256": data.meta_sha256,
             "meta": data.meta,
         });
-        lab_fsio::write_atomic(
-            &dir.join(DATA),
-            serde_json::to_string_pretty(&identity)?.as_bytes(),
-        )?;
-        lab_run::Hardware::detect(opts.backend.name()).write(&dir)?;
         let total = cfg.train.total_steps as u64;
         Ok(Run {
             metrics: JsonLines::open(&dir.join(lab_run::METRICS))?,
             status: Status {
                 state: "running".into(),
                 total_steps: total,
+                pid: Some(std::process::id()),
                 config_sha256: cfg.sha256(),
                 started_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
                 ..Default::default()
@@ -84,6 +103,9 @@ impl Run {
             training_sha: cfg.training_sha256(),
             data_sha: data.meta_sha256.clone(),
             resume: opts.resume,
+            identity,
+            backend: opts.backend.name(),
+            crash_in_rollback: opts.crash_in_rollback,
             alert: opts.alert.take(),
             cfg,
             dir,
@@ -109,6 +131,7 @@ impl Run {
             Ok(TrainingState::fresh(&cfg, device))
         };
         if !self.resume {
+            self.record_identity()?;
             return fresh();
         }
         let dir = self.dir.clone();
@@ -122,12 +145,22 @@ impl Run {
             println!("no checkpoint in {}: starting fresh", dir.display());
             // Lines of an attempt that never checkpointed are not part of this run.
             self.truncate_logs_after(0)?;
+            self.record_identity()?;
             return fresh();
         };
         self.check_same_run(&ck.dir, &ck.state)?;
+        self.record_identity()?;
         let state = TrainingState::from_checkpoint(&self.cfg, &ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
+        let now = serde_json::to_value(self.cfg.stability())?;
+        if !ck.state.stability.is_null() && ck.state.stability != now {
+            self.event(
+                state.step,
+                "stability_changed",
+                json!({ "from": ck.state.stability, "to": now }),
+            );
+        }
         let from = ck.dir.file_name().map(|n| n.to_string_lossy().into_owned());
         self.event(state.step, "resume", json!({ "from": from }));
         println!("resumed from {} (step {})", ck.dir.display(), state.step);
@@ -158,11 +191,22 @@ impl Run {
         Ok(())
     }
 
+    /// The run folder's record of what this run is: config.toml, data.json, hardware.json.
+    fn record_identity(&self) -> Result<()> {
+        let dir = &self.dir;
+        lab_fsio::write_atomic(&dir.join(lab_run::CONFIG), self.cfg.to_toml().as_bytes())?;
+        let data = serde_json::to_string_pretty(&self.identity)?;
+        lab_fsio::write_atomic(&dir.join(DATA), data.as_bytes())?;
+        lab_run::Hardware::detect(self.backend).write(dir)
+    }
+
+    /// Lines an interrupted attempt logged after `step` are re-logged by the replay: metrics
+    /// are dropped, replayed events moved to events-abandoned.jsonl.
     fn truncate_logs_after(&mut self, step: u64) -> Result<()> {
         let path = self.dir.join(lab_run::METRICS);
         lab_run::jsonl::split_after_step(&path, step)?;
         self.metrics = JsonLines::open(&path)?;
-        Ok(())
+        lab_run::events::abandon_after(&self.dir, step, REPLAYED_EVENTS)
     }
 
     /// After a step: evaluation and the metrics row at their cadence (or when a policy
@@ -270,6 +314,7 @@ impl Run {
             rollbacks: state.rollbacks,
             policies: policies.save(),
             data_sha256: self.data_sha.clone(),
+            stability: serde_json::to_value(self.cfg.stability())?,
             seed: tc.seed,
             rng: "stateless: init = f(seed, parameter path), data order = f(seed, window index), spikes = f(seed, spike sample)".into(),
             next_lr: learning_rate(tc, state.step as usize),
@@ -285,9 +330,17 @@ impl Run {
             &weights::tensor_map(&state.model),
             &opt_state,
         )?;
+        let mut protect = vec![state.step];
+        if let Some(target) = policies.rollback_target() {
+            // The last good state before an open incident must outlive retention.
+            let before = checkpoint::list(&self.dir)?
+                .into_iter()
+                .find(|(s, _)| *s <= target);
+            protect.extend(before.map(|(s, _)| s));
+        }
         checkpoint::prune(
             &self.dir,
-            state.step,
+            &protect,
             tc.keep_last,
             tc.ckpt_every,
             tc.keep_every,
@@ -330,7 +383,12 @@ impl Run {
         };
         state.cursor.skip(&plan.skip, from + 1, &plan.reason);
         state.rollbacks = rollbacks;
+        self.flag = None; // the flagged step is undone
         checkpoint::remove_after(&dir, state.step)?;
+        if self.crash_in_rollback && rollbacks == 1 {
+            eprintln!("fire drill: crashing in the middle of a rollback");
+            std::process::abort();
+        }
         self.abandon_rows_after(state.step, rollbacks)?;
         self.checkpoint(&state, policies)?;
         let text = format!(
@@ -355,13 +413,18 @@ impl Run {
     /// Moves metrics rows after `step` into metrics-abandoned.jsonl, tagged with the rollback.
     fn abandon_rows_after(&mut self, step: u64, rollback: u32) -> Result<()> {
         let path = self.dir.join(lab_run::METRICS);
-        let later = lab_run::jsonl::split_after_step(&path, step)?;
+        // Copied aside before they leave metrics.jsonl: a kill in between duplicates them in
+        // the aside file rather than losing them.
+        let rows: Vec<Value> = lab_run::jsonl::read_lines(&path)?;
         let mut aside = JsonLines::open(&self.dir.join(lab_run::ABANDONED_METRICS))?;
-        for line in later {
-            let mut v: Value = serde_json::from_str(&line)?;
+        for mut v in rows
+            .into_iter()
+            .filter(|v| v["step"].as_u64().is_some_and(|s| s > step))
+        {
             v["rollback"] = json!(rollback);
             aside.append(&v)?;
         }
+        lab_run::jsonl::split_after_step(&path, step)?;
         self.metrics = JsonLines::open(&path)?;
         Ok(())
     }

@@ -54,6 +54,7 @@ impl StepPolicy for NonFinite {
             to_step: v.step,
             skip: v.data.ranges.clone(),
             reason,
+            then_stop: false,
         })
     }
 }
@@ -136,14 +137,16 @@ impl SpikeResponse {
         e["escalate"] = json!(self.cfg.escalate);
         e["reason"] = json!(reason);
         j.event(step, "spike_escalated", e);
-        match self.cfg.escalate {
-            Escalation::Rollback => Decision::Rollback(Rollback {
-                to_step: inc.onset - 1,
-                skip: inc.ranges,
-                reason,
-            }),
-            Escalation::Kill => Decision::Stop(Stop::Unstable { reason }),
-        }
+        // The weights have taken the spike's updates: either way, back to the last good state.
+        Decision::Rollback(Rollback {
+            to_step: inc.onset - 1,
+            skip: match self.cfg.escalate {
+                Escalation::Rollback => inc.ranges,
+                Escalation::Kill => Vec::new(), // a person decides what to do with the data
+            },
+            reason,
+            then_stop: self.cfg.escalate == Escalation::Kill,
+        })
     }
 
     /// An ordinary step joins the window and the running batch statistics.
@@ -209,6 +212,7 @@ impl SpikeResponse {
                 to_step: v.step,
                 skip: v.data.ranges.clone(),
                 reason,
+                then_stop: false,
             }),
             SpikePolicy::Kill => Decision::Stop(Stop::Unstable { reason }),
         }
@@ -244,6 +248,10 @@ impl StepPolicy for SpikeResponse {
                 Decision::Continue
             }
         }
+    }
+
+    fn rollback_target(&self) -> Option<u64> {
+        self.state.incident.as_ref().map(|i| i.onset - 1)
     }
 
     fn save(&self) -> Option<Value> {

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use lab_config::LabConfig;
+use lab_config::{LabConfig, SpikeKind};
 use lab_data::{Batch, Meta, Sampler, TokenFile};
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +164,17 @@ impl TrainData {
             );
         }
         let rare = RareTokens::load_or_compute(dir, &meta, &train)?;
+        if rare.ids.is_empty()
+            && cfg
+                .spike
+                .as_ref()
+                .is_some_and(|s| s.kind == SpikeKind::RareToken)
+        {
+            bail!(
+                "{} is too small or too uniform to have rare tokens (no token holds under 1 % of it): use --spike-kind long-doc or repeated",
+                train.path().display()
+            );
+        }
         let spike = match &cfg.spike {
             Some(s) => Some((
                 s.clone(),
@@ -197,14 +208,14 @@ impl TrainData {
         (self.micro_batch * self.grad_accum) as u64
     }
 
-    /// Whether step `step` trains on an injected batch: inside the spike window, while spike
-    /// samples that no rollback ruled out remain.
+    /// Whether the step of 0-based index `step` trains on an injected batch: from step
+    /// `at_step` (counted from 1) on, while spike samples that no rollback ruled out remain.
     fn injects(&self, step: u64, cursor: &DataCursor) -> bool {
         let Some((s, _)) = &self.spike else {
             return false;
         };
         let total = s.batches * self.rows_per_step();
-        step >= s.at_step
+        step + 1 >= s.at_step
             && cursor.first_unskipped(Source::Spike, cursor.spike_samples_consumed) < total
     }
 

@@ -39,9 +39,12 @@ pub struct TrainOptions {
     /// Policies beyond the built-in ones (the binary plugs the budget guard in here).
     pub policies: Vec<Box<dyn StepPolicy>>,
     pub alert: Option<AlertSink>,
-    /// Fire drill (`--inject-nan-grad-at-step`): the gradient of this 0-based step is made
-    /// non-finite while its loss stays finite, once, to show the policy never applies it.
+    /// Fire drill (`--inject-nan-grad-at-step`): the gradient of this step (counted from 1) is
+    /// made non-finite while its loss stays finite, once, to show the policy never applies it.
     pub nan_grad_at_step: Option<u64>,
+    /// Fire drill (`--inject-crash-in-rollback`): abort the process inside the first rollback,
+    /// after the abandoned checkpoints are gone and before the restored state is saved.
+    pub crash_in_rollback: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -78,6 +81,10 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
     let mut state = run.start::<B>(&mut policies, &device)?;
     let total = cfg.train.total_steps as u64;
+    if opts.nan_grad_at_step.is_some() || opts.crash_in_rollback {
+        let drill = json!({ "nan_grad_at_step": opts.nan_grad_at_step, "crash_in_rollback": opts.crash_in_rollback });
+        run.event(state.step, "fire_drill", drill);
+    }
 
     while state.step < total {
         if let Decision::Stop(stop) = policies.before_step(state.step, &mut run) {
@@ -105,8 +112,10 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
                 true
             }
             Decision::Rollback(plan) => {
+                let stop_after = plan.then_stop.then(|| plan.reason.clone());
                 state = run.rollback(state, plan, &mut policies, &device)?;
-                match too_many_rollbacks(&cfg, &state) {
+                let stop = stop_after.map(|reason| Stop::Unstable { reason });
+                match stop.or_else(|| too_many_rollbacks(&cfg, &state)) {
                     Some(stop) => return run.stop(stop, &state, &policies),
                     None => continue,
                 }
@@ -171,7 +180,7 @@ fn fire_drill<B: TrainBackend>(
     state: &TrainingState<B>,
     mut grads: GradientsParams,
 ) -> GradientsParams {
-    if opts.nan_grad_at_step == Some(state.step) && state.rollbacks == 0 {
+    if opts.nan_grad_at_step == Some(state.step + 1) && state.rollbacks == 0 {
         let id = state.model.embed.id;
         if let Some(g) = grads.remove::<B::InnerBackend, 2>(id) {
             grads.register(id, g * f64::NAN);

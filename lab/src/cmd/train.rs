@@ -55,7 +55,7 @@ pub struct Args {
 /// Loss-spike drill and response (`[spike]` and `[stability]` in the config).
 #[derive(clap::Args, Clone, Default)]
 pub struct SpikeFlags {
-    /// Inject a seeded loss spike: the update of this 0-based step and the next
+    /// Inject a seeded loss spike: this step (counted from 1, as the logs count) and the next
     /// `--spike-batches - 1` train on spike batches (the data cursor does not move).
     #[arg(long, value_name = "STEP")]
     pub inject_spike_at_step: Option<u64>,
@@ -68,10 +68,14 @@ pub struct SpikeFlags {
     /// Response to a detected spike: wait (default), rollback, skip or kill.
     #[arg(long, value_enum)]
     pub spike_policy: Option<SpikePolicyArg>,
-    /// Fire drill: make the gradient of this 0-based step non-finite (its loss stays finite);
-    /// the stability policy must never apply it and rolls back instead.
+    /// Fire drill: make the gradient of this step (counted from 1) non-finite (its loss stays
+    /// finite); the stability policy must never apply it and rolls back instead.
     #[arg(long, value_name = "STEP")]
     pub inject_nan_grad_at_step: Option<u64>,
+    /// Fire drill: abort the process in the middle of the first rollback (after the abandoned
+    /// checkpoints are removed, before the restored state is saved); resume must recover.
+    #[arg(long)]
+    pub inject_crash_in_rollback: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
@@ -87,6 +91,15 @@ pub enum SpikePolicyArg {
     Rollback,
     Skip,
     Kill,
+}
+
+impl SpikePolicyArg {
+    /// From a lab page's `spike_policy`.
+    pub fn parse(s: &str) -> Result<SpikePolicyArg> {
+        <Self as clap::ValueEnum>::from_str(s, false).map_err(|_| {
+            anyhow::anyhow!("[run] spike_policy = {s:?}: use wait, rollback, skip or kill")
+        })
+    }
 }
 
 impl SpikeFlags {
@@ -203,6 +216,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         policies: Vec::new(),
         alert,
         nan_grad_at_step: args.spike.inject_nan_grad_at_step,
+        crash_in_rollback: args.spike.inject_crash_in_rollback,
     };
     Ok((opts, guard))
 }
