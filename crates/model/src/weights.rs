@@ -156,6 +156,15 @@ pub fn save_safetensors(
     tensors: &TensorMap,
     metadata: HashMap<String, String>,
 ) -> Result<()> {
+    lab_fsio::write_atomic(path, &to_safetensors_bytes(tensors, metadata)?)
+}
+
+/// The bytes of an fp32 safetensors file of `tensors` (deterministic for at most one
+/// metadata entry: safetensors writes a map in hash order).
+pub fn to_safetensors_bytes(
+    tensors: &TensorMap,
+    metadata: HashMap<String, String>,
+) -> Result<Vec<u8>> {
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
         .iter()
         .map(|(name, t)| {
@@ -172,8 +181,7 @@ pub fn save_safetensors(
             ))
         })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let out = safetensors::serialize(views, &Some(metadata))?;
-    lab_fsio::write_atomic(path, &out)
+    Ok(safetensors::serialize(views, &Some(metadata))?)
 }
 
 /// Reads an fp32 safetensors file written by [`save_safetensors`] (or any tool).

@@ -46,13 +46,16 @@ pub enum Kind {
         #[serde(default)]
         cap_usd: Option<f64>,
     },
-    /// spike-postmortem.md names at least one spike, and events.jsonl and metrics confirm
-    /// each: a detection event at the step, and a loss there at least `min_ratio` × the median
-    /// of the 10 logged losses before it.
+    /// spike-postmortem.md names at least one spike, and the run's records confirm each: a
+    /// detection event at the step with a loss ratio of at least `min_ratio` (or a
+    /// gradient-norm flag), and metrics rows of that step, where logged, agreeing with it.
     Postmortem {
         #[serde(default = "default_ratio")]
         min_ratio: f64,
     },
+    /// The shipped weights are the run's end: it finished (or stopped early by its stop
+    /// rules), and the final losses were measured at the shipped checkpoint's step.
+    Completed,
     /// termination.json proves the instance is gone, or the spec records a waiver.
     Termination {
         #[serde(default)]
@@ -137,10 +140,13 @@ fn expected_of(kind: &Kind) -> String {
             None => "spend <= the run's cap".into(),
         },
         Kind::Postmortem { min_ratio } => {
-            format!("a post-mortem naming a spike confirmed by events and a loss >= {min_ratio}× the median before it")
+            format!("a post-mortem naming spikes that events.jsonl records at >= {min_ratio}× the pre-spike mean and the metrics agree with")
         }
         Kind::Termination { .. } => {
             "termination.json confirming the instance is gone, or a waiver".into()
+        }
+        Kind::Completed => {
+            "state done (or stopped_early) and losses measured at the shipped step".into()
         }
     }
 }
@@ -161,11 +167,7 @@ fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) 
             let v = manifest()?;
             let missing: Vec<&str> = require
                 .iter()
-                .filter(|f| {
-                    f.split('.')
-                        .try_fold(v, |v, k| v.get(k))
-                        .is_none_or(Value::is_null)
-                })
+                .filter(|f| f.split('.').try_fold(v, |v, k| v.get(k)).is_none_or(blank))
                 .map(String::as_str)
                 .collect();
             if missing.is_empty() {
@@ -225,6 +227,7 @@ fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) 
             }
         }
         Kind::Postmortem { min_ratio } => postmortem(dir, *min_ratio, expected)?,
+        Kind::Completed => completed(manifest()?, expected),
         Kind::Termination { waiver } => {
             let proof = std::fs::read_to_string(dir.join("termination.json")).ok();
             match (proof, waiver) {
@@ -249,6 +252,38 @@ fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) 
             }
         }
     })
+}
+
+/// A field that says nothing: null, empty, or "unknown".
+fn blank(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty() || s == "unknown",
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn completed(m: &Value, expected: String) -> Outcome {
+    let state = m["state"].as_str().unwrap_or("?");
+    let (ck, total) = (m["checkpoint_step"].as_u64(), m["total_steps"].as_u64());
+    let f = &m["final_metrics"];
+    let (step, val_step) = (f["step"].as_u64(), f["val_step"].as_u64());
+    let show = |v: Option<u64>| v.map_or("?".into(), |s| s.to_string());
+    let found = format!(
+        "state {state}, weights of step {}, losses at step {} (val at {}) of {}",
+        show(ck),
+        show(step),
+        show(val_step),
+        show(total)
+    );
+    let finished = (state == "done" && ck == total) || state == "stopped_early";
+    (
+        finished && ck.is_some() && step == ck && val_step == ck,
+        found,
+        expected,
+    )
 }
 
 fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
@@ -283,10 +318,7 @@ fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
     );
     lab_model::weights::load_tensor_map(model, &tensors)
         .context("final.safetensors does not fit the run's model")?;
-    let copy = lab_fsio::temp_sibling(&path);
-    lab_model::weights::save_safetensors(&copy, &tensors, meta)?;
-    let same = std::fs::read(&copy)? == std::fs::read(&path)?;
-    let _ = std::fs::remove_file(&copy);
+    let same = lab_model::weights::to_safetensors_bytes(&tensors, meta)? == std::fs::read(&path)?;
     if !same {
         return Ok((
             false,
@@ -311,6 +343,11 @@ fn named_spikes(md: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Each spike the post-mortem names must be on record: a `spike_detected` event at that step
+/// whose numbers make it a spike (a loss ratio to the pre-spike mean of at least `min_ratio`,
+/// or a gradient-norm flag), and metrics that agree: the kept metrics row of the step carries
+/// the event's loss, unless a later rollback undid the step, in which case the kept row is its
+/// replay and the rows set aside by the rollback (if the step was logged before it) must.
 fn postmortem(dir: &Path, min_ratio: f64, expected: String) -> Result<Outcome> {
     let md = std::fs::read_to_string(dir.join("spike-postmortem.md"))
         .with_context(|| format!("no spike-postmortem.md in {}", dir.display()))?;
@@ -319,61 +356,63 @@ fn postmortem(dir: &Path, min_ratio: f64, expected: String) -> Result<Outcome> {
         return Ok((false, "spike-postmortem.md names no spike".into(), expected));
     }
     let events = lab_run::jsonl::read_lines::<lab_run::Event>(&dir.join(lab_run::EVENTS))?;
-    let mut losses = read_metrics_csv(&dir.join("metrics.csv"))?;
-    if dir.join("metrics-abandoned.csv").exists() {
-        losses.extend(read_metrics_csv(&dir.join("metrics-abandoned.csv"))?);
-    }
-    let losses: Vec<(u64, f64)> = losses
-        .into_iter()
-        .filter(|(_, n, _)| n == "loss")
-        .map(|(s, _, v)| (s, v))
-        .collect();
+    let kept = read_metrics_csv(&dir.join("metrics.csv"))?;
+    let aside = match dir.join("metrics-abandoned.csv") {
+        p if p.exists() => read_metrics_csv(&p)?,
+        _ => Vec::new(),
+    };
+    let losses = |rows: &[(u64, String, f64)], step: u64| -> Vec<f64> {
+        rows.iter()
+            .filter(|(s, n, _)| *s == step && n == "loss")
+            .map(|r| r.2)
+            .collect()
+    };
     let mut confirmed = Vec::new();
     for step in steps {
-        if !events
+        let Some(i) = events
             .iter()
-            .any(|e| e.kind == "spike_detected" && e.step == step)
-        {
-            return Ok((
-                false,
-                format!("names step {step}, but events.jsonl has no spike_detected there"),
-                expected,
-            ));
-        }
-        let Some(&(_, at)) = losses.iter().find(|(s, _)| *s == step) else {
-            return Ok((
-                false,
-                format!("names step {step}, but metrics have no loss there"),
-                expected,
-            ));
+            .position(|e| e.kind == "spike_detected" && e.step == step)
+        else {
+            let why = format!("names step {step}, but events.jsonl has no spike_detected there");
+            return Ok((false, why, expected));
         };
-        let mut before: Vec<f64> = losses
+        let e = &events[i];
+        let (loss, ratio) = (
+            e.f64("loss").unwrap_or(f64::NAN),
+            e.f64("ratio").unwrap_or(0.0),
+        );
+        let flag = e.str("flag").unwrap_or("");
+        if flag != "grad_norm_spike" && ratio.partial_cmp(&min_ratio).is_none_or(|o| o.is_lt()) {
+            let why =
+                format!("step {step}: the event's loss ratio {ratio:.2} is under {min_ratio}");
+            return Ok((false, why, expected));
+        }
+        let undone = events[i + 1..]
             .iter()
-            .filter(|(s, _)| *s < step)
-            .map(|p| p.1)
-            .collect();
-        let n = before.len();
-        let mut window = before.split_off(n.saturating_sub(10));
-        if window.is_empty() {
-            return Ok((
-                false,
-                format!("no logged loss before step {step} to compare with"),
-                expected,
-            ));
+            .any(|r| r.kind == "rollback" && r.u64("to_step").is_some_and(|t| t < step));
+        let rows = if undone {
+            losses(&aside, step)
+        } else {
+            losses(&kept, step)
+        };
+        let agrees = |l: &f64| ((l - loss) / loss).abs() <= 1e-6;
+        if !undone && rows.is_empty() {
+            let why = format!("step {step}: the spike was kept but metrics.csv has no loss there");
+            return Ok((false, why, expected));
         }
-        window.sort_by(f64::total_cmp);
-        let median = window[window.len() / 2];
-        if at < min_ratio * median {
-            return Ok((
-                false,
-                format!(
-                    "step {step}: loss {at:.4} is only {:.2}× the median {median:.4} before it",
-                    at / median
-                ),
-                expected,
-            ));
+        if !rows.is_empty() && !rows.iter().any(agrees) {
+            let why = format!(
+                "step {step}: metrics say loss {:.4}, the event {loss:.4}",
+                rows[0]
+            );
+            return Ok((false, why, expected));
         }
-        confirmed.push(format!("step {step} ({:.2}×)", at / median));
+        let seen = if rows.is_empty() {
+            "event, undone by a rollback"
+        } else {
+            "event and metrics"
+        };
+        confirmed.push(format!("step {step} ({flag}, {ratio:.2}×, {seen})"));
     }
     Ok((
         true,

@@ -70,6 +70,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
     };
     let ck_dir = choose_checkpoint(&opts.run, opts.checkpoint)?;
     let ck_state = checkpoint::verify(&ck_dir)?;
+    same_run(&opts.run, &cfg, &ck_dir, &ck_state)?;
 
     let out = &opts.output;
     let parent = out
@@ -149,6 +150,35 @@ pub(crate) fn remove_stale_stages(out: &Path) {
             let _ = fs::remove_dir_all(entry.path());
         }
     }
+}
+
+/// The run folder's config and data are the ones the checkpoint was trained with (a refused
+/// resume or a hand edit could have changed them).
+fn same_run(
+    run: &Path,
+    cfg: &lab_config::LabConfig,
+    ck: &Path,
+    state: &checkpoint::TrainState,
+) -> Result<()> {
+    if state.training_sha256 != cfg.training_sha256() {
+        bail!(
+            "{}: config.toml does not describe the recipe {} was trained with (training sha256 differs); export from an untouched run folder",
+            run.display(),
+            ck.display()
+        );
+    }
+    let data: Value = fs::read_to_string(run.join(lab_train::run::DATA))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    if !state.data_sha256.is_empty() && data["meta_sha256"] != state.data_sha256.as_str() {
+        bail!(
+            "{}: data.json does not name the data {} was trained on",
+            run.display(),
+            ck.display()
+        );
+    }
+    Ok(())
 }
 
 fn copy(src: &Path, dst: &Path) -> Result<()> {
@@ -240,7 +270,10 @@ fn manifest(
     };
     let budget = read_json("budget.json");
     let status = lab_run::Status::read(&files.dir).ok();
-    let last = files.metrics.last();
+    // The rows of the shipped weights: at the checkpoint's step, never after it.
+    let upto = || files.metrics.iter().rev().filter(|r| r.step <= step);
+    let at = upto().next();
+    let val = upto().find(|r| r.val_loss.is_some());
     let count = |kind: &str| files.events.iter().filter(|e| e.kind == kind).count() as u64;
     Ok(Manifest {
         name: cfg.name.clone(),
@@ -263,11 +296,13 @@ fn manifest(
         ended_utc: files.events.last().map(|e| e.time_utc.clone()),
         state: status.map_or_else(|| "unknown".into(), |s| s.state),
         checkpoint_step: step,
+        total_steps: cfg.train.total_steps as u64,
         tokens: step as f64 * cfg.tokens_per_step() as f64,
         final_metrics: FinalMetrics {
-            step: last.map_or(0, |r| r.step),
-            train_loss: last.map(|r| r.loss),
-            val_loss: files.metrics.iter().rev().find_map(|r| r.val_loss),
+            step: at.map_or(0, |r| r.step),
+            train_loss: at.map(|r| r.loss),
+            val_loss: val.and_then(|r| r.val_loss),
+            val_step: val.map(|r| r.step),
         },
         stability: BTreeMap::from([
             ("spikes_injected".into(), count("spike_injected")),

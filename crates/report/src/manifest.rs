@@ -26,11 +26,14 @@ pub struct Cost {
     pub source: Option<String>,
 }
 
+/// The losses of the shipped weights: the metrics row of the checkpoint's step, and the last
+/// validation at or before it (with its step, to prove it was measured on those weights).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FinalMetrics {
     pub step: u64,
     pub train_loss: Option<f64>,
     pub val_loss: Option<f64>,
+    pub val_step: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,7 +54,9 @@ pub struct Manifest {
     pub ended_utc: Option<String>,
     /// status.json's final state (`done`, `unstable` …).
     pub state: String,
+    /// The step of the shipped weights, and the run's planned length.
     pub checkpoint_step: u64,
+    pub total_steps: u64,
     pub tokens: f64,
     pub final_metrics: FinalMetrics,
     /// Spikes injected and detected, rollbacks.

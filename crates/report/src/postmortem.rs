@@ -210,6 +210,7 @@ fn spike_chart(pm: &Postmortem, s: &Spike, path: &Path) -> Result<()> {
         Action::Stopped { at, .. } => at,
         _ => s.onset,
     };
+    let end = end.max(s.onset);
     let pad = (end - s.onset).max(10) * 2;
     let (lo, hi) = (s.onset.saturating_sub(pad), end + pad);
     let near = |rows: &[MetricsRow], f: fn(&MetricsRow) -> f64| -> Vec<(f64, f64)> {

@@ -68,8 +68,12 @@ pub fn status(run: &Path) -> Result<RunStatus> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok());
     let running = st.state == "running";
-    // A live trainer holds the folder's lock; if nobody does, the process is gone.
-    let alive = running && lab_fsio::lock_exclusive(&run.join(".lock")).is_err();
+    // The trainer writes its pid; a status saying "running" whose process is gone is stale.
+    let alive = running
+        && st.pid.is_some_and(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("lab"))
+        });
     let age = lab_run::clock::parse_utc(&st.updated_utc)
         .map(|t| (lab_run::clock::now_unix() - t).max(0.0))
         .unwrap_or(0.0);

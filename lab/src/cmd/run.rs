@@ -13,7 +13,7 @@ use lab_report::dod::{self, Spec};
 use lab_report::{CheckpointChoice, ExportOptions};
 use serde::Deserialize;
 
-use super::train::{self, Ended, SpikeFlags};
+use super::train::{self, Ended, SpikeFlags, SpikePolicyArg};
 
 pub const TINY_PAGE: &str = include_str!("../../../configs/lab/tiny-cpu.toml");
 pub const TINY_DOD: &str = include_str!("../../../configs/dod/tiny-cpu.toml");
@@ -59,6 +59,9 @@ struct RunSection {
     inject_spike_at_step: Option<u64>,
     #[serde(default)]
     spike_batches: Option<u64>,
+    /// wait (default), rollback, skip or kill.
+    #[serde(default)]
+    spike_policy: Option<String>,
     #[serde(default = "cpu")]
     backend: String,
     #[serde(default)]
@@ -154,22 +157,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
     prepare(&lab)?;
     stage("2/5 train", &format!("run folder {}", r.run_dir.display()));
     if let Some(code) = train_stage(&lab)? {
+        // Stopped (budget, stability, signal): a rented instance stops paying all the same.
+        terminate(&lab)?;
         return Ok(code);
     }
     stage("3/5 post-mortem", "");
     let pm = lab_report::write_postmortem(&r.run_dir, None)?;
     println!("  {}", pm.display());
     stage("4/5 export", &format!("to {}", r.export_dir.display()));
-    let m = lab_report::export(&ExportOptions {
-        run: r.run_dir.clone(),
-        output: r.export_dir.clone(),
-        checkpoint: CheckpointChoice::Latest,
-        budget: None,
-    })?;
-    for name in m.artifacts.keys() {
-        println!("  {}", r.export_dir.join(name).display());
+    export(&lab)?;
+    // Only now that the evidence is on disk may the machine go; its proof joins the export.
+    if terminate(&lab)? {
+        export(&lab)?;
     }
-    println!("  {}", r.export_dir.join("manifest.json").display());
     if let Some(uri) = args.mlflow_uri.as_ref().or(r.mlflow_uri.as_ref()) {
         super::export::log_mlflow(uri, &r.run_dir, Some(&r.export_dir));
     }
@@ -185,6 +185,42 @@ pub fn run(args: Args) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+fn export(lab: &Lab) -> Result<()> {
+    let r = &lab.page.run;
+    let m = lab_report::export(&ExportOptions {
+        run: r.run_dir.clone(),
+        output: r.export_dir.clone(),
+        checkpoint: CheckpointChoice::Latest,
+        budget: None,
+    })?;
+    for name in m.artifacts.keys() {
+        println!("  {}", r.export_dir.join(name).display());
+    }
+    println!("  {}", r.export_dir.join("manifest.json").display());
+    Ok(())
+}
+
+/// `terminate_on_exit`: ends the rented instance (proof in RUN/termination.json). Returns
+/// whether it did.
+fn terminate(lab: &Lab) -> Result<bool> {
+    let r = &lab.page.run;
+    if !r.terminate_on_exit {
+        return Ok(false);
+    }
+    let config = lab_config::LabConfig::from_toml(&std::fs::read_to_string(
+        r.run_dir.join(lab_run::CONFIG),
+    )?)?;
+    let Some(budget) = config.budget else {
+        anyhow::bail!(
+            "terminate_on_exit: the run recorded no [budget] to say which instance to end"
+        );
+    };
+    lab_budget::EndOfRun::new(budget, &r.run_dir)
+        .terminate()
+        .context("terminate_on_exit")?;
+    Ok(true)
 }
 
 fn stage(name: &str, what: &str) {
@@ -279,8 +315,8 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         .is_empty();
     std::fs::create_dir_all(&r.run_dir)
         .with_context(|| format!("cannot create {}", r.run_dir.display()))?;
-    let budget_json = r.run_dir.join("budget.json");
-    let mut sidecar = start_sidecar(lab, &budget_json, resume)?;
+    let budget_json = std::path::absolute(r.run_dir.join("budget.json"))?;
+    let mut sidecar = start_sidecar(lab, &budget_json)?;
     let args = train::Args {
         config: lab.config.clone(),
         data_dir: Some(lab.data_dir.clone()),
@@ -296,13 +332,19 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         spike: SpikeFlags {
             inject_spike_at_step: r.inject_spike_at_step,
             spike_batches: r.spike_batches,
+            spike_policy: r
+                .spike_policy
+                .as_deref()
+                .map(SpikePolicyArg::parse)
+                .transpose()?,
             ..Default::default()
         },
         budget: BudgetFlags {
             budget_cap_usd: r.budget.cap_usd,
             budget_alert_usd: r.budget.alert_usd,
             budget_curr_cost_uri: Some(budget_json.display().to_string()),
-            terminate_on_exit: r.terminate_on_exit,
+            // lab run ends the instance itself, once the evidence is exported.
+            terminate_on_exit: false,
             ..Default::default()
         },
     };
@@ -321,12 +363,11 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
 
 /// Starts `lab budget sidecar` writing `out`, as a child that dies with this process, and waits
 /// for its first budget.json (the guard refuses to launch without one).
-fn start_sidecar(lab: &Lab, out: &Path, resume: bool) -> Result<Child> {
+fn start_sidecar(lab: &Lab, out: &Path) -> Result<Child> {
     let b = &lab.page.run.budget;
-    // A resumed meter continues from what the run already spent.
-    let prior = resume
-        .then(|| std::fs::read_to_string(out).ok())
-        .flatten()
+    // A restarted meter continues from what the lab already spent, checkpoint or not.
+    let prior = std::fs::read_to_string(out)
+        .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
         .and_then(|v| v["spent_usd"].as_f64());
     let before = std::fs::metadata(out).and_then(|m| m.modified()).ok();
@@ -335,7 +376,7 @@ fn start_sidecar(lab: &Lab, out: &Path, resume: bool) -> Result<Child> {
         .arg("--out")
         .arg(out)
         .arg("--run")
-        .arg(&lab.page.run.run_dir)
+        .arg(std::path::absolute(&lab.page.run.run_dir)?)
         .args(["--poll-interval-s", &b.poll_interval_s.to_string()])
         .stdout(std::process::Stdio::null());
     if let Some(c) = &lab.config {
