@@ -26,7 +26,7 @@ fn finished_lab() -> tempfile::TempDir {
     micro_lab(dir.path());
     let out = run_ok(&mut lab_run(dir.path()));
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("PASS: 6 of 6 checks pass"), "{text}");
+    assert!(text.contains("PASS: 7 of 7 checks pass"), "{text}");
     dir
 }
 
@@ -126,47 +126,97 @@ fn csv_rows(path: &Path) -> Vec<(u64, String, f64)> {
 }
 
 #[test]
-fn final_weights_reload_byte_for_byte_and_give_identical_logits() {
+fn final_weights_reload_byte_for_byte_and_are_the_weights_the_val_loss_was_measured_on() {
     use burn::backend::Flex;
-    use burn::tensor::{Int, Tensor, TensorData};
     use lab_model::{weights, Llama};
 
-    let lab = finished_lab();
-    let path = lab.path().join(EXPORT).join("final.safetensors");
+    let done = finished_lab();
+    let path = done.path().join(EXPORT).join("final.safetensors");
     let (tensors, meta) = weights::load_safetensors(&path).unwrap();
-    let again = lab.path().join("again.safetensors");
+    let again = done.path().join("again.safetensors");
     weights::save_safetensors(&again, &tensors, meta).unwrap();
     assert_eq!(
         std::fs::read(&again).unwrap(),
         std::fs::read(&path).unwrap()
     );
 
-    let cfg = lab_config::LabConfig::load(&lab.path().join("micro.toml")).unwrap();
-    let logits = |file: &Path| {
-        let (t, _) = weights::load_safetensors(file).unwrap();
-        let model =
-            weights::load_tensor_map(Llama::<Flex>::new(&cfg.model, 7, &Default::default()), &t)
-                .unwrap();
-        let ids = Tensor::<Flex, 2, Int>::from_data(
-            TensorData::new((0..32).collect::<Vec<i32>>(), [1, 32]),
-            &Default::default(),
-        );
-        model
-            .logits(ids)
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .unwrap()
-    };
-    let (a, b) = (logits(&path), logits(&again));
-    assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
-    // And they are the trained weights: the last checkpoint's, not an initialization.
-    let ck = lab
-        .path()
-        .join(RUN)
-        .join("step-00000060")
-        .join("model.safetensors");
-    assert_eq!(sha256(&ck), sha256(&path));
+    // The shipped weights give exactly the validation loss the manifest reports (the trainer's
+    // own evaluation on the same windows): they are the weights that were evaluated.
+    let cfg = lab_config::LabConfig::load(&done.path().join("micro.toml")).unwrap();
+    let model = weights::load_tensor_map(
+        Llama::<Flex>::new(&cfg.model, 7, &Default::default()),
+        &tensors,
+    )
+    .unwrap();
+    let data = done.path().join("runs/data/tinyshakespeare-gpt2");
+    let meta = lab_data::Meta::load(&data).unwrap();
+    let val = lab_data::TokenFile::open(&data, "val.bin", &meta).unwrap();
+    let loss = lab_train::eval::evaluate(&model, &val, &cfg).unwrap();
+    let m = json(&done.path().join(EXPORT).join("manifest.json"));
+    assert_eq!(m["final_metrics"]["val_loss"].as_f64(), Some(loss));
+    assert_eq!(
+        (
+            m["final_metrics"]["val_step"].as_u64(),
+            m["checkpoint_step"].as_u64()
+        ),
+        (Some(60), Some(60))
+    );
+}
+
+#[test]
+fn exporting_an_earlier_checkpoint_fails_the_completed_check() {
+    let done = finished_lab();
+    run_ok(
+        lab()
+            .args([
+                "export",
+                "--run",
+                RUN,
+                "--output",
+                "early",
+                "--checkpoint",
+                "40",
+            ])
+            .current_dir(done.path()),
+    );
+    let out = dod(
+        done.path(),
+        &done.path().join("early"),
+        &done.path().join("dod.toml"),
+        "json",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "completed")
+        .unwrap()
+        .clone();
+    assert_eq!(c["passed"], false, "{c}");
+    assert!(
+        c["found"].as_str().unwrap().contains("weights of step 40"),
+        "{c}"
+    );
+}
+
+#[test]
+fn a_lab_whose_spike_is_rolled_back_still_passes_its_dod() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = micro_lab(dir.path());
+    let text = std::fs::read_to_string(&page).unwrap().replace(
+        "spike_batches = 5",
+        "spike_batches = 2\nspike_policy = \"rollback\"",
+    );
+    std::fs::write(&page, text).unwrap();
+    let out = run_ok(&mut lab_run(dir.path()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("PASS: 7 of 7 checks pass"), "{stdout}");
+    assert!(
+        stdout.contains("confirmed: step 30 (loss_spike"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -190,6 +240,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
         cases,
         [
             "manifest",
+            "completed",
             "final-val-loss",
             "final-weights",
             "spend",
@@ -243,7 +294,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
             .iter()
             .filter(|c| c["passed"] == true)
             .count();
-        assert_eq!(passed, 5, "only {check} fails: {v}");
+        assert_eq!(passed, 6, "only {check} fails: {v}");
     };
 
     let d = copy("no-seed");
@@ -282,7 +333,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
     let md = std::fs::read_to_string(d.join("spike-postmortem.md")).unwrap();
     std::fs::write(
         d.join("spike-postmortem.md"),
-        md.replace("## Spike at step 31", "## Spike at step 12"),
+        md.replace("## Spike at step 30", "## Spike at step 12"),
     )
     .unwrap();
     fails(&d, &spec, "spike-postmortem", "step 12");
@@ -477,7 +528,7 @@ fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
     // (post-mortem/export under way).
     let stages: [(&str, &dyn Fn() -> bool); 3] = [
         ("training started", &|| run.join("budget.json").exists()),
-        ("checkpoint 30", &|| run.join("step-00000040").exists()),
+        ("checkpoint 40", &|| run.join("step-00000040").exists()),
         ("training done", &|| {
             std::fs::read_to_string(run.join("status.json")).is_ok_and(|s| s.contains("\"done\""))
         }),
@@ -510,7 +561,7 @@ fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
         assert_eq!(left, 0, "an orphan sidecar after killing at {what}");
     }
     let out = run_ok(&mut lab_run(dir.path()));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS: 6 of 6 checks pass"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS: 7 of 7 checks pass"));
     assert_eq!(
         sha256(&dir.path().join(EXPORT).join("final.safetensors")),
         want,

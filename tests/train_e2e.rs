@@ -371,6 +371,10 @@ fn resuming_on_other_data_is_refused_with_one_line() {
         serde_json::from_str(&std::fs::read_to_string(run.join("data.json")).unwrap()).unwrap();
     assert_eq!(data["meta_sha256"], sha256(&data_dir().join("meta.json")));
 
+    let before = (
+        std::fs::read(run.join("config.toml")).unwrap(),
+        std::fs::read(run.join("data.json")).unwrap(),
+    );
     let other = tmp.path().join("other-data");
     let text: String = lab_data::TINYSHAKESPEARE.chars().take(200_000).collect();
     lab_data::gpt2::prepare_text(&text, "a slice", 0.9, &other).unwrap();
@@ -383,4 +387,13 @@ fn resuming_on_other_data_is_refused_with_one_line() {
         .arg(&run)
         .args(["--total-steps", "10", "--resume-from-latest"]);
     expect_one_line_error(&mut c, "trained on other data");
+    // The refused resume left the run's record alone.
+    let after = (
+        std::fs::read(run.join("config.toml")).unwrap(),
+        std::fs::read(run.join("data.json")).unwrap(),
+    );
+    assert!(
+        before == after,
+        "a refused resume rewrote config.toml or data.json"
+    );
 }

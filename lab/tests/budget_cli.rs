@@ -226,7 +226,7 @@ fn spike_rollback_and_stop_alerts_reach_the_budget_webhook() {
     let count = |needle: &str| texts.iter().filter(|t| t.contains(needle)).count();
     let detected = texts
         .iter()
-        .filter(|t| t.starts_with("loss_spike at step 31: loss"));
+        .filter(|t| t.starts_with("loss_spike at step 30: loss"));
     assert_eq!(detected.count(), 11, "{texts:#?}");
     assert_eq!(count(": rollback "), 11, "{texts:#?}");
     assert_eq!(count("stopped by the stability policy"), 1, "{texts:#?}");
