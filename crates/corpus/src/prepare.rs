@@ -210,6 +210,8 @@ struct Decisions {
     redacted: std::collections::BTreeMap<&'static str, u64>,
     truncated: ByType,
     dedup: DedupIndex,
+    /// Per file, where each document type landed.
+    spans: std::collections::BTreeMap<String, Vec<lab_data::Span>>,
 }
 
 pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
@@ -257,6 +259,7 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
         redacted: Default::default(),
         truncated: ByType::default(),
         dedup: DedupIndex::new(cfg.near_dup_threshold),
+        spans: Default::default(),
     };
     let total_bytes: u64 = sources.iter().map(|s| s.bytes).sum();
     let bar = progress_bar(total_bytes, cfg.progress);
@@ -346,6 +349,7 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
             .map(|(s, st)| source_json(s, st))
             .collect(),
         filters: filters_json(&cfg, &d, &report),
+        spans: std::mem::take(&mut d.spans),
     };
     meta.save(dir)?;
     Ok(PrepareOutcome {
@@ -501,14 +505,17 @@ fn decide(
             char_split_docs.push((doc.text.expect("kept for the char split"), p.doc_type));
         }
         Split::ValFraction(_) => {
-            let (writer, counts) = if doc.val {
-                (val, &mut d.val)
+            let (writer, counts, file) = if doc.val {
+                (val, &mut d.val, "val.bin")
             } else {
-                (train, &mut d.train)
+                (train, &mut d.train, "train.bin")
             };
+            let start = writer.tokens();
             writer.write(&doc.tokens)?;
             writer.write(&[stages.tokenizer.eot()])?;
             counts.add(ty, n + 1, b);
+            let spans = d.spans.entry(file.to_string()).or_default();
+            lab_data::meta::push_span(spans, ty, start, writer.tokens());
         }
     }
     Ok(())
@@ -539,6 +546,10 @@ fn write_char_split(
     val.write(&b)?;
     d.train.add(ty, a.len() as u64, cut as u64);
     d.val.add(ty, b.len() as u64, (text.len() - cut) as u64);
+    for (file, n) in [("train.bin", a.len()), ("val.bin", b.len())] {
+        let spans = d.spans.entry(file.to_string()).or_default();
+        lab_data::meta::push_span(spans, ty, 0, n as u64);
+    }
     Ok(())
 }
 

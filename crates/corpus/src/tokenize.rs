@@ -235,6 +235,18 @@ impl Tokenizer {
         })
     }
 
+    /// The text of `ids` (bytes joined, invalid UTF-8 replaced). Builds the id → bytes table:
+    /// decode whole sequences, not one token at a time.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let table = self.token_bytes();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .filter_map(|&id| table.get(id as usize).cloned().flatten())
+            .flatten()
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
     /// Token bytes → id, special tokens excepted.
     pub fn ranks(&self) -> &FxHashMap<Vec<u8>, u32> {
         &self.ranks

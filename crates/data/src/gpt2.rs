@@ -54,6 +54,7 @@ pub fn prepare_text(text: &str, source: &str, train_fraction: f64, dir: &Path) -
             "name": "char-split",
             "train_fraction": train_fraction,
         })],
+        spans: Default::default(),
     };
     meta.save(dir)?;
     Ok(meta)

@@ -7,7 +7,7 @@ pub mod meta;
 pub mod sampler;
 pub mod token_file;
 
-pub use meta::{FileInfo, Meta, TokenDtype};
+pub use meta::{FileInfo, Meta, Span, TokenDtype};
 pub use sampler::{Batch, Sampler};
 pub use token_file::{TokenFile, TokenWriter};
 

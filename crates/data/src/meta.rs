@@ -52,6 +52,31 @@ pub struct Meta {
     /// What was applied to it, in order (free-form objects: name, settings, removed counts …).
     #[serde(default)]
     pub filters: Vec<serde_json::Value>,
+    /// Where each document type lies in each file: runs of consecutive documents of one type,
+    /// by file name (`train.bin`, `val.bin`). Empty: the data has no types.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub spans: BTreeMap<String, Vec<Span>>,
+}
+
+/// Tokens `start..end` of a file hold documents of type `doc_type`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    pub doc_type: String,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Appends tokens `start..end` of type `doc_type`, merging with the last span when it
+/// continues it.
+pub fn push_span(spans: &mut Vec<Span>, doc_type: &str, start: u64, end: u64) {
+    match spans.last_mut() {
+        Some(last) if last.doc_type == doc_type && last.end == start => last.end = end,
+        _ => spans.push(Span {
+            doc_type: doc_type.to_string(),
+            start,
+            end,
+        }),
+    }
 }
 
 impl Meta {
@@ -80,6 +105,27 @@ impl Meta {
             );
         }
         Ok(meta)
+    }
+
+    /// The document type of every token position of `file`, as an index into the returned
+    /// type names (`None` where no span covers it). One name, "all", when the data has no types.
+    pub fn types_of(&self, file: &str) -> (Vec<String>, Vec<(u64, u64, usize)>) {
+        let spans = self.spans.get(file).filter(|s| !s.is_empty());
+        let Some(spans) = spans else {
+            let n = self.files.get(file).map_or(0, |f| f.tokens);
+            return (vec!["all".to_string()], vec![(0, n, 0)]);
+        };
+        let mut names: Vec<String> = spans.iter().map(|s| s.doc_type.clone()).collect();
+        names.sort();
+        names.dedup();
+        let ranges = spans
+            .iter()
+            .map(|s| {
+                let i = names.binary_search(&s.doc_type).expect("a listed type");
+                (s.start, s.end, i)
+            })
+            .collect();
+        (names, ranges)
     }
 
     pub fn file(&self, name: &str) -> Result<&FileInfo> {

@@ -72,7 +72,6 @@ pub fn eval_batch(
     rows: usize,
     n_batches: usize,
 ) -> Result<Batch> {
-    let total = rows * n_batches;
     if file.len() < seq_len + 1 {
         bail!(
             "{} has {} tokens, fewer than seq_len + 1 = {}",
@@ -81,8 +80,21 @@ pub fn eval_batch(
             seq_len + 1
         );
     }
-    let span = file.len() - seq_len - 1;
-    let offsets: Vec<usize> = (batch * rows..(batch + 1) * rows)
+    let offsets = eval_offsets(file.len(), seq_len, batch, rows, n_batches);
+    read_windows(file, &offsets, seq_len)
+}
+
+/// Start offsets of the windows of eval batch `batch` (see [`eval_batch`]).
+pub fn eval_offsets(
+    n_tokens: usize,
+    seq_len: usize,
+    batch: usize,
+    rows: usize,
+    n_batches: usize,
+) -> Vec<usize> {
+    let total = rows * n_batches;
+    let span = n_tokens.saturating_sub(seq_len + 1);
+    (batch * rows..(batch + 1) * rows)
         .map(|i| {
             if total <= 1 {
                 0
@@ -90,8 +102,7 @@ pub fn eval_batch(
                 span * i / (total - 1)
             }
         })
-        .collect();
-    read_windows(file, &offsets, seq_len)
+        .collect()
 }
 
 /// Reads the windows of `seq_len + 1` tokens starting at `offsets` into a batch.

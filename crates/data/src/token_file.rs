@@ -133,6 +133,11 @@ impl TokenWriter {
         Ok(())
     }
 
+    /// Tokens written so far.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
     pub fn finish(mut self) -> Result<FileInfo> {
         // Flushed and synced in place: `self` implements Drop, so its fields cannot move out.
         self.out

@@ -46,25 +46,65 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
         future: &Tensor<B, 2, Bool>,
     ) -> Tensor<B, 2> {
-        let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
-        let n = x.dims()[0];
-        let t = n / batch;
-        let group = h / kv;
+        let (q, k, v) = self.project(x, batch, rope, 0);
+        self.attend(q, k, v, future)
+    }
 
-        // Project and split into heads: [B, heads, T, hd].
+    /// As [`Attention::forward`] for tokens that follow the `cache` (decoding): their keys and
+    /// values (n_kv_head heads, RoPE at their positions) are appended to it first. `future` is
+    /// [`causal_mask_after`] for the cache length.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        rope: &Rope<B>,
+        future: &Tensor<B, 2, Bool>,
+        cache: &mut LayerCache<B>,
+    ) -> Tensor<B, 2> {
+        let offset = cache.len();
+        let (q, k, v) = self.project(x, batch, rope, offset);
+        let (k, v) = cache.append(k, v);
+        self.attend(q, k, v, future)
+    }
+
+    /// q `[B, h, T, hd]`, k and v `[B, kv, T, hd]`, rotated for positions `offset..`.
+    fn project(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        rope: &Rope<B>,
+        offset: usize,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
+        let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
+        let t = x.dims()[0] / batch;
         let heads =
             |y: Tensor<B, 2>, n_heads: usize| y.reshape([batch, t, n_heads, hd]).swap_dims(1, 2);
-        let q = rope.apply(heads(self.wq.forward(x.clone()), h));
-        let k = rope.apply(heads(self.wk.forward(x.clone()), kv));
+        let q = rope.apply_at(heads(self.wq.forward(x.clone()), h), offset);
+        let k = rope.apply_at(heads(self.wk.forward(x.clone()), kv), offset);
         let v = heads(self.wv.forward(x), kv);
+        (q, k, v)
+    }
 
+    /// Causal attention of `q` over keys/values `k`, `v`; `future` marks the keys each stacked
+    /// query row may not see. Returns `[B·T, d]`.
+    fn attend(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        future: &Tensor<B, 2, Bool>,
+    ) -> Tensor<B, 2> {
+        let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
+        let [batch, _, t, _] = q.dims();
+        let keys = k.dims()[2];
+        let group = h / kv;
         // Stack each group's query heads along the sequence: [B, KV, group·T, hd].
         let q = q.reshape([batch, kv, group * t, hd]);
         let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
         let future = future
             .clone()
             .unsqueeze::<4>()
-            .expand([batch, kv, group * t, t]);
+            .expand([batch, kv, group * t, keys]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let probs = softmax(scores, 3);
         let out = probs.matmul(v); // [B, KV, group·T, hd]
@@ -73,9 +113,61 @@ impl<B: Backend> Attention<B> {
         let out = out
             .reshape([batch, h, t, hd])
             .swap_dims(1, 2)
-            .reshape([n, h * hd]);
+            .reshape([batch * t, h * hd]);
         self.wo.forward(out)
     }
+}
+
+/// One layer's cached keys and values, `[B, n_kv_head, T, head_dim]` each: GQA caches the
+/// shared key/value heads only, not one per query head.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache<B: Backend> {
+    pub k: Option<Tensor<B, 4>>,
+    pub v: Option<Tensor<B, 4>>,
+}
+
+impl<B: Backend> LayerCache<B> {
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends new keys and values along the sequence and returns the whole cache.
+    fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let cat = |old: Option<Tensor<B, 4>>, new: Tensor<B, 4>| match old {
+            Some(old) => Tensor::cat(vec![old, new], 2),
+            None => new,
+        };
+        let k = cat(self.k.take(), k);
+        let v = cat(self.v.take(), v);
+        self.k = Some(k.clone());
+        self.v = Some(v.clone());
+        (k, v)
+    }
+}
+
+/// True where a new query may not see a key, `[group·T, offset + T]` in the stacked layout:
+/// query `i` (position `offset + i`) sees keys `0..=offset + i`.
+pub fn causal_mask_after<B: Backend>(
+    t: usize,
+    offset: usize,
+    group: usize,
+    device: &B::Device,
+) -> Tensor<B, 2, Bool> {
+    let keys = offset + t;
+    let mut future = Vec::with_capacity(group * t * keys);
+    for _ in 0..group {
+        for i in 0..t {
+            future.extend((0..keys).map(|j| j > offset + i));
+        }
+    }
+    Tensor::from_data(
+        burn::tensor::TensorData::new(future, [group * t, keys]),
+        device,
+    )
 }
 
 /// True where a query may not see a key (the key lies in its future), `[group·T, T]` for the

@@ -85,14 +85,19 @@ impl<B: Backend> Rope<B> {
     /// Rotates `x: [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
     /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.apply_at(x, 0)
+    }
+
+    /// [`Rope::apply`] for positions `offset..offset + seq` (tokens after a KV cache).
+    pub fn apply_at(&self, x: Tensor<B, 4>, offset: usize) -> Tensor<B, 4> {
         let [_, _, t, hd] = x.dims();
         let (a, b) = (
             x.clone().narrow(3, 0, hd / 2),
             x.clone().narrow(3, hd / 2, hd / 2),
         );
         let rotated = Tensor::cat(vec![b.neg(), a], 3);
-        let cos = self.cos.clone().narrow(0, 0, t).unsqueeze::<4>();
-        let sin = self.sin.clone().narrow(0, 0, t).unsqueeze::<4>();
+        let cos = self.cos.clone().narrow(0, offset, t).unsqueeze::<4>();
+        let sin = self.sin.clone().narrow(0, offset, t).unsqueeze::<4>();
         x * cos + rotated * sin
     }
 }

@@ -5,6 +5,7 @@
 //! `[batch, heads, seq, head_dim]` only inside attention, so every projection is one 2-D matmul.
 
 pub mod attention;
+pub mod generate;
 pub mod hf;
 pub mod init;
 pub mod layers;
@@ -12,5 +13,6 @@ pub mod loss;
 pub mod transformer;
 pub mod weights;
 
+pub use attention::LayerCache;
 pub use lab_ops::FusedLoss;
-pub use transformer::Llama;
+pub use transformer::{KvCache, Llama};

@@ -6,7 +6,7 @@ use burn::tensor::{activation::silu, backend::Backend, Bool, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig};
 use lab_ops::FusedLoss;
 
-use crate::attention::Attention;
+use crate::attention::{Attention, LayerCache};
 use crate::init;
 use crate::layers::{Linear, RmsNorm, Rope};
 
@@ -52,6 +52,21 @@ pub struct Block<B: Backend> {
 }
 
 impl<B: Backend> Block<B> {
+    fn forward_cached(
+        &self,
+        x: Tensor<B, 2>,
+        batch: usize,
+        rope: &Rope<B>,
+        future: &Tensor<B, 2, Bool>,
+        cache: &mut LayerCache<B>,
+    ) -> Tensor<B, 2> {
+        let x = x.clone()
+            + self
+                .attn
+                .forward_cached(self.attn_norm.forward(x), batch, rope, future, cache);
+        x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
+    }
+
     fn forward(
         &self,
         x: Tensor<B, 2>,
@@ -148,12 +163,92 @@ impl<B: Backend> Llama<B> {
         }
     }
 
+    /// A cache for decoding up to `seq_len` tokens: one [`LayerCache`] per block and the RoPE
+    /// tables of every position.
+    pub fn new_cache(&self) -> KvCache<B> {
+        let device = self.embed.val().device();
+        KvCache {
+            layers: (0..self.blocks.len())
+                .map(|_| LayerCache::default())
+                .collect(),
+            rope: Rope::new(self.seq_len, self.head_dim, self.rope_base, &device),
+        }
+    }
+
+    /// Logits `[B, T, vocab]` of `tokens` that follow what `cache` holds, appending their keys
+    /// and values to it: incremental decoding, positions and causal mask offset by the cache.
+    pub fn forward_cached(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        let [batch, t] = tokens.dims();
+        let offset = cache.len();
+        assert!(
+            offset + t <= self.seq_len,
+            "{} tokens exceed seq_len {}",
+            offset + t,
+            self.seq_len
+        );
+        let device = tokens.device();
+        let future = crate::attention::causal_mask_after::<B>(t, offset, self.group, &device);
+        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
+        let d = x.dims()[2];
+        let mut x = x.reshape([batch * t, d]);
+        for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            x = block.forward_cached(x, batch, &cache.rope, &future, layer);
+        }
+        let logits = self.norm.forward(x).matmul(self.head_weight());
+        let v = logits.dims()[1];
+        logits.reshape([batch, t, v])
+    }
+
+    /// The longest sequence the model takes.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
     /// Next-token logits, `[B, T, vocab]`.
     pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let [batch, t] = tokens.dims();
         let logits = self.hidden(tokens).matmul(self.head_weight());
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
+    }
+}
+
+/// Keys and values of the tokens decoded so far, per layer.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    pub layers: Vec<LayerCache<B>>,
+    rope: Rope<B>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Tokens cached.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<B: Backend> Llama<B> {
+    /// Per-token cross-entropy `[B, T]` (evaluation: chunked, no gradient kept).
+    pub fn token_losses(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+    ) -> Tensor<B, 2> {
+        let [batch, t] = targets.dims();
+        lab_ops::lm_head_token_losses(
+            self.hidden(tokens),
+            self.head_weight(),
+            targets.reshape([batch * t]),
+        )
+        .reshape([batch, t])
     }
 }
 

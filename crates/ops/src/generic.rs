@@ -26,17 +26,15 @@ pub(crate) fn chunks(n: usize, chunk_rows: usize) -> impl Iterator<Item = (usize
         .map(move |s| (s, (s + chunk_rows).min(n)))
 }
 
-pub(crate) fn forward<B: Backend>(
-    hidden: FloatTensor<B>,
-    weight: FloatTensor<B>,
-    targets: IntTensor<B>,
+/// Per row: `(logsumexp(logits[i]), logits[i, target[i]])`, both `[N]`, a chunk of rows at a
+/// time.
+pub(crate) fn lse_and_picked<B: Backend>(
+    hidden: &Tensor<B, 2>,
+    weight: &Tensor<B, 2>,
+    targets: &Tensor<B, 1, Int>,
     chunk_rows: usize,
-) -> (FloatTensor<B>, FloatTensor<B>) {
-    let hidden: Tensor<B, 2> = float(hidden);
-    let weight: Tensor<B, 2> = float(weight);
-    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let n = hidden.dims()[0];
-
     let mut lse_parts = Vec::new(); // per chunk [c, 1]
     let mut picked_parts = Vec::new(); // per chunk [c, 1]: logits[i, target[i]]
     for (s, e) in chunks(n, chunk_rows) {
@@ -48,8 +46,20 @@ pub(crate) fn forward<B: Backend>(
         let t = targets.clone().slice(s..e).reshape([c, 1]);
         picked_parts.push(logits.gather(1, t));
     }
-    let lse = Tensor::cat(lse_parts, 0).reshape([n]); // [N]
-    let picked = Tensor::cat(picked_parts, 0).reshape([n]); // [N]
+    (
+        Tensor::cat(lse_parts, 0).reshape([n]),
+        Tensor::cat(picked_parts, 0).reshape([n]),
+    )
+}
+
+pub(crate) fn forward<B: Backend>(
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: IntTensor<B>,
+    chunk_rows: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let (lse, picked) = lse_and_picked(&float(hidden), &float(weight), &targets, chunk_rows);
     let loss = (lse.clone() - picked).mean(); // [1]
     (prim(loss), prim(lse))
 }

@@ -125,6 +125,18 @@ pub fn lm_head_loss_chunked<B: FusedLoss>(
     Tensor::from_primitive(TensorPrimitive::Float(loss))
 }
 
+/// Per-token cross-entropy `[N]` of `hidden [N, d] @ weight [d, V]` against `targets [N]`,
+/// [`DEFAULT_CHUNK_ROWS`] rows of logits at a time, for evaluation (no gradient): the mean of
+/// the result is [`lm_head_loss`].
+pub fn lm_head_token_losses<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+) -> Tensor<B, 1> {
+    let (lse, picked) = generic::lse_and_picked(&hidden, &weight, &targets, DEFAULT_CHUNK_ROWS);
+    lse - picked
+}
+
 /// The unfused reference: full `[N, V]` logits, `log_softmax`, gather, mean.
 /// Kept for tests and for measuring what the fusion buys (`lab bench` "before").
 pub fn lm_head_loss_unfused<B: Backend>(
