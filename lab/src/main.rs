@@ -45,8 +45,12 @@ enum Command {
     Export(cmd::export::Args),
     /// Definition-of-Done verdict on an export folder (text, JSON or JUnit).
     Dod(cmd::dod::Args),
-    /// Where a run stands: step, loss trend, tokens/s, MFU, spend, ETA, alerts.
+    /// Where a run stands: step, loss trend, tokens/s, MFU, spend, ETA, alerts, projection.
     Status(cmd::status::Args),
+    /// Perplexity by document type, multiple-choice probes, memorization probe on a checkpoint.
+    Eval(cmd::eval::Args),
+    /// Text from a checkpoint (KV cache; greedy or sampled, deterministic for a seed).
+    Generate(cmd::generate::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,8 @@ fn main() -> ExitCode {
         Command::Export(args) => cmd::export::run(args),
         Command::Dod(args) => cmd::dod::run(args),
         Command::Status(args) => cmd::status::run(args),
+        Command::Eval(args) => cmd::eval::run(args),
+        Command::Generate(args) => cmd::generate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -4,6 +4,7 @@
 //! which configuration produced it.
 
 pub mod budget;
+pub mod eval;
 pub mod hardware;
 pub mod model;
 pub mod stability;
@@ -16,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use budget::{BudgetConfig, BudgetProvider};
+pub use eval::EvalConfig;
 pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
 pub use stability::{Escalation, SpikeConfig, SpikeKind, SpikePolicy, Stability, StabilityConfig};
@@ -40,6 +42,9 @@ pub struct LabConfig {
     /// `[spike]`: a seeded loss spike injected on purpose (also `--inject-spike-at-step`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spike: Option<SpikeConfig>,
+    /// `[eval]`: per-type validation, probes, samples and stop rules at every evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<EvalConfig>,
 }
 
 impl LabConfig {
@@ -75,6 +80,9 @@ impl LabConfig {
         }
         if let Some(s) = &self.spike {
             s.validate(self.train.total_steps)?;
+        }
+        if let Some(e) = &self.eval {
+            e.validate()?;
         }
         Ok(())
     }

@@ -78,7 +78,9 @@ pub fn probe<B: Backend>(
         let budget = tok.encode(&p.identifier).len() + slack;
         let (ids, _) = generate(
             model,
-            &tok.encode(&p.prompt),
+            // BPE attaches a space to the word after it: a prompt ending in one would ask
+            // the model for a token it never saw there.
+            &tok.encode(p.prompt.trim_end()),
             budget,
             &Sampling::greedy(),
             Some(tok.eot()),

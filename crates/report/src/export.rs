@@ -23,18 +23,22 @@ use crate::{model_card, plots, postmortem};
 pub enum CheckpointChoice {
     /// The newest checkpoint that verifies.
     Latest,
+    /// The checkpoint of the best validation loss (`best.json`).
+    Best,
     Step(u64),
 }
 
 impl std::str::FromStr for CheckpointChoice {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> Result<Self> {
-        if s == "latest" {
-            return Ok(Self::Latest);
+        match s {
+            "latest" => return Ok(Self::Latest),
+            "best" => return Ok(Self::Best),
+            _ => {}
         }
         match s.trim_start_matches("step-").parse() {
             Ok(n) => Ok(Self::Step(n)),
-            Err(_) => bail!("--checkpoint {s:?}: use latest, a step number or step-N"),
+            Err(_) => bail!("--checkpoint {s:?}: use latest, best, a step number or step-N"),
         }
     }
 }
@@ -206,15 +210,25 @@ pub(crate) fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
 
 pub(crate) fn choose_checkpoint(run: &Path, choice: CheckpointChoice) -> Result<PathBuf> {
     let list = checkpoint::list(run)?;
+    let choice = match choice {
+        CheckpointChoice::Best => match lab_train::run::read_best(run) {
+            Some((step, _)) => CheckpointChoice::Step(step),
+            None => bail!(
+                "{} has no best.json (no validation yet): use --checkpoint latest",
+                run.display()
+            ),
+        },
+        other => other,
+    };
     let found = match choice {
-        CheckpointChoice::Latest => list
+        CheckpointChoice::Latest | CheckpointChoice::Best => list
             .into_iter()
             .find(|(_, d)| checkpoint::verify(d).is_ok()),
         CheckpointChoice::Step(n) => list.into_iter().find(|(s, _)| *s == n),
     };
     match (found, choice) {
         (Some((_, dir)), _) => Ok(dir),
-        (None, CheckpointChoice::Latest) => {
+        (None, CheckpointChoice::Latest | CheckpointChoice::Best) => {
             bail!("{} holds no checkpoint that verifies: nothing to export", run.display())
         }
         (None, CheckpointChoice::Step(n)) => bail!(
@@ -303,6 +317,7 @@ fn manifest(
             train_loss: at.map(|r| r.loss),
             val_loss: val.and_then(|r| r.val_loss),
             val_step: val.map(|r| r.step),
+            evaluation: val.map(|r| r.extra.clone()).unwrap_or_default(),
         },
         stability: BTreeMap::from([
             ("spikes_injected".into(), count("spike_injected")),

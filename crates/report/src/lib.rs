@@ -12,6 +12,7 @@ pub mod model_card;
 pub mod plots;
 pub mod postmortem;
 pub mod run_files;
+pub mod run_model;
 pub mod status;
 pub mod versions;
 

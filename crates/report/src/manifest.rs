@@ -34,6 +34,9 @@ pub struct FinalMetrics {
     pub train_loss: Option<f64>,
     pub val_loss: Option<f64>,
     pub val_step: Option<u64>,
+    /// The last evaluation's other figures: `val_loss.<type>`, `mc_acc`, `mc_acc_norm`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub evaluation: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -152,7 +152,19 @@ pub fn model_card(m: &Manifest, cfg: &LabConfig) -> String {
             v.exp()
         );
     }
-    md.push_str("\nNo downstream benchmark was run for this card; the losses are on held-out text of the training distribution.\n\n");
+    for (name, v) in &f.evaluation {
+        let _ = match name.strip_prefix("val_loss.") {
+            Some(t) => writeln!(md, "| validation loss on {t} | {v:.4} nats/token |"),
+            None if name.starts_with("mc_acc") => {
+                writeln!(md, "| multiple-choice probe, {name} | {:.1} % |", v * 100.0)
+            }
+            None => writeln!(md, "| {name} | {v:.4} |"),
+        };
+    }
+    if !f.evaluation.keys().any(|k| k.starts_with("mc_")) {
+        md.push_str("\nNo downstream benchmark was run during training; the losses are on held-out text of the training distribution.\n");
+    }
+    md.push('\n');
 
     md.push_str("## Known limits\n\n");
     let _ = writeln!(

@@ -52,10 +52,31 @@ pub struct RunStatus {
     pub eta_s: Option<f64>,
     pub updated_utc: String,
     pub recent: Vec<Event>,
+    /// Where the loss curve is heading (a power-law fit), when there are points enough.
+    pub projection: Option<ProjectionView>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProjectionView {
+    /// Projected loss at the last step, and a 90 % interval.
+    pub loss: f64,
+    pub interval: (f64, f64),
+    pub at_step: u64,
+    /// `val` or `train`, and how many points the fit used.
+    pub curve: &'static str,
+    pub points: usize,
+    pub completion_utc: Option<String>,
+    pub remaining_cost_usd: Option<f64>,
 }
 
 /// Reads the run's files now.
 pub fn status(run: &Path) -> Result<RunStatus> {
+    status_fitted_until(run, None)
+}
+
+/// As [`status`], the projection fitted only on the logs up to `fit_until` (what the status
+/// would have projected then: the way to check a projection against a finished run).
+pub fn status_fitted_until(run: &Path, fit_until: Option<u64>) -> Result<RunStatus> {
     let Ok(st) = Status::read(run) else {
         bail!(
             "--run {}: no status.json (not a run folder, or the run has not started)",
@@ -84,6 +105,25 @@ pub fn status(run: &Path) -> Result<RunStatus> {
         .cloned()
         .collect();
     let recent = alerts[alerts.len().saturating_sub(5)..].to_vec();
+    let eta_s = if alive {
+        st.eta_s.map(|e| (e - age).max(0.0))
+    } else {
+        None
+    };
+    let rate = budget.as_ref().and_then(|b| b["rate_usd_per_hr"].as_f64());
+    let projection =
+        project(&files, st.total_steps, fit_until.unwrap_or(u64::MAX)).map(|(p, curve, points)| {
+            ProjectionView {
+                loss: p.loss,
+                interval: p.interval,
+                at_step: st.total_steps,
+                curve,
+                points,
+                completion_utc: eta_s
+                    .map(|e| lab_run::clock::format_utc(lab_run::clock::now_unix() + e)),
+                remaining_cost_usd: eta_s.zip(rate).map(|(e, r)| e / 3600.0 * r),
+            }
+        });
     Ok(RunStatus {
         state: match (running, alive) {
             (true, false) => "stopped (process gone)".into(),
@@ -107,14 +147,53 @@ pub fn status(run: &Path) -> Result<RunStatus> {
             .as_ref()
             .and_then(|c| c.budget.as_ref())
             .map(|b| b.cap_usd),
-        eta_s: if alive {
-            st.eta_s.map(|e| (e - age).max(0.0))
-        } else {
-            None
-        },
+        eta_s,
         updated_utc: st.updated_utc,
         recent,
+        projection,
     })
+}
+
+/// The power-law projection of the validation curve (5 points or more) or else of the training
+/// curve, from the end of warmup on, spike steps left out.
+fn project(
+    files: &RunFiles,
+    total: u64,
+    fit_until: u64,
+) -> Option<(lab_eval::Projection, &'static str, usize)> {
+    let warmup = files.config.as_ref().map_or(0, |c| c.train.warmup_steps) as u64;
+    let ordinary = |r: &&MetricsRow| {
+        r.step >= warmup.max(1)
+            && r.step <= fit_until
+            && r.flag.is_none()
+            && !r.injected
+            && !r.update_skipped
+    };
+    let val: Vec<(f64, f64)> = files
+        .metrics
+        .iter()
+        .filter(ordinary)
+        .filter_map(|r| Some((r.step as f64, r.val_loss?)))
+        .collect();
+    let train: Vec<(f64, f64)> = files
+        .metrics
+        .iter()
+        .filter(ordinary)
+        .map(|r| (r.step as f64, r.loss))
+        .collect();
+    // A validation curve that turned upwards (overfitting) has no falling power law: the
+    // training curve still says where the loss was heading.
+    let fit = |curve: &'static str, points: &[(f64, f64)]| {
+        Some((
+            lab_eval::project::project(points, total as f64)?,
+            curve,
+            points.len(),
+        ))
+    };
+    (val.len() >= 5)
+        .then(|| fit("val", &val))
+        .flatten()
+        .or_else(|| fit("train", &train))
 }
 
 fn trend(rows: &[MetricsRow]) -> Option<f64> {
@@ -185,6 +264,20 @@ impl RunStatus {
                 o,
                 "alert    {} step {} {} {what}",
                 e.time_utc, e.step, e.kind
+            );
+        }
+        if let Some(p) = &self.projection {
+            let _ = writeln!(
+                o,
+                "project  final loss ~{:.3} at step {} (90 % interval {:.3}–{:.3}; power law fit on {} {} points){}{}",
+                p.loss,
+                p.at_step,
+                p.interval.0,
+                p.interval.1,
+                p.points,
+                p.curve,
+                p.completion_utc.as_ref().map(|t| format!("; completion {t}")).unwrap_or_default(),
+                p.remaining_cost_usd.map(|c| format!("; remaining cost ~${c:.2}")).unwrap_or_default()
             );
         }
         let _ = writeln!(o, "updated  {}", self.updated_utc);

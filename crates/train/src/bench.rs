@@ -117,3 +117,52 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         mfu: mfu(cfg, tokens_per_s),
     })
 }
+
+/// `lab bench --generate N`: decoding N tokens with the KV cache against recomputing the whole
+/// sequence for every token, on the config's freshly initialised model.
+pub struct GenerateBench {
+    pub config: LabConfig,
+    pub new_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GenerateReport {
+    pub prompt_tokens: usize,
+    pub new_tokens: usize,
+    pub cached_tokens_per_s: f64,
+    pub recompute_tokens_per_s: f64,
+    pub speedup: f64,
+    /// Greedy decoding gave the same tokens both ways.
+    pub identical: bool,
+}
+
+impl OnBackend for GenerateBench {
+    type Output = GenerateReport;
+    fn run<B: TrainBackend>(self, device: B::Device) -> Result<GenerateReport> {
+        use lab_model::generate::{generate, generate_recompute, Sampling};
+        let cfg = &self.config;
+        let model = lab_model::Llama::<B::InnerBackend>::new(&cfg.model, cfg.train.seed, &device);
+        let t = cfg.model.seq_len;
+        let new = self.new_tokens.min(t - t / 4);
+        let prompt: Vec<u32> = lab_data::gpt2::encoder()
+            .encode_ordinary(&lab_data::TINYSHAKESPEARE[..4000])
+            .into_iter()
+            .take(t / 4)
+            .collect();
+        let greedy = Sampling::greedy();
+        let t0 = Instant::now();
+        let (cached, _) = generate(&model, &prompt, new, &greedy, None, &mut |_| {});
+        let t1 = Instant::now();
+        let (full, _) = generate_recompute(&model, &prompt, new, &greedy, None);
+        let t2 = Instant::now();
+        let rate = |d: std::time::Duration| cached.len() as f64 / d.as_secs_f64();
+        Ok(GenerateReport {
+            prompt_tokens: prompt.len(),
+            new_tokens: cached.len(),
+            cached_tokens_per_s: rate(t1 - t0),
+            recompute_tokens_per_s: rate(t2 - t1),
+            speedup: (t2 - t1).as_secs_f64() / (t1 - t0).as_secs_f64(),
+            identical: cached == full,
+        })
+    }
+}

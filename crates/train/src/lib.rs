@@ -9,6 +9,7 @@ pub mod detect;
 pub mod eval;
 pub mod forensics;
 pub mod inject;
+pub mod judge;
 pub mod optim;
 pub mod policy;
 pub mod run;
@@ -17,6 +18,7 @@ pub mod signals;
 pub mod stability;
 pub mod state;
 pub mod step;
+pub mod stop_rules;
 pub mod stream;
 pub mod trainer;
 

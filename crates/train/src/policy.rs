@@ -19,13 +19,15 @@ pub enum Stop {
     Unstable { reason: String },
     /// The budget guard: exit 3 after a checkpoint, or 4 with none.
     Budget { exit_code: u8, reason: String },
+    /// A stop rule of `[eval]` (plateau, overfitting): a checkpoint, exit 0.
+    Early { reason: String },
 }
 
 impl Stop {
     /// Whether the stop sequence writes a checkpoint of the current (good) state first.
     pub fn checkpoints(&self) -> bool {
         match self {
-            Stop::Interrupted { .. } | Stop::Unstable { .. } => true,
+            Stop::Interrupted { .. } | Stop::Unstable { .. } | Stop::Early { .. } => true,
             Stop::Budget { exit_code, .. } => *exit_code == 3,
         }
     }
@@ -36,6 +38,7 @@ impl Stop {
             Stop::Interrupted { .. } => "interrupted",
             Stop::Unstable { .. } => "unstable",
             Stop::Budget { .. } => "budget_stopped",
+            Stop::Early { .. } => "stopped_early",
         }
     }
 }
@@ -98,6 +101,8 @@ pub struct StepView<'a> {
     pub elapsed_s: f64,
     /// This step ends on a checkpoint boundary.
     pub at_checkpoint: bool,
+    /// The validation loss measured after this step (after-update policies only).
+    pub val_loss: Option<f64>,
 }
 
 /// Where policies report: events (events.jsonl), alerts (the webhook), the console, and a

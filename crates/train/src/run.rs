@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::backend::TrainBackend;
 use crate::checkpoint::{self, TrainState};
-use crate::eval::evaluate;
+use crate::judge::Judge;
 use crate::optim::param_norm;
 use crate::policy::{Journal, Policies, Rollback, StepView, Stop};
 use crate::schedule::learning_rate;
@@ -72,7 +72,15 @@ pub struct Run {
     last_val: Option<f64>,
     /// Set by a policy for the step being taken; forces its metrics row.
     flag: Option<String>,
+    judge: Judge,
+    /// The best validation loss so far and its step; `best_pending` until it is checkpointed.
+    best: Option<(u64, f64)>,
+    best_pending: bool,
 }
+
+/// `best.json`: the step and validation loss of the best checkpoint, which retention keeps and
+/// `lab export --checkpoint best` exports.
+pub const BEST: &str = "best.json";
 
 impl Run {
     /// Takes the run folder: creates and locks it, refuses to start fresh over a run, writes
@@ -116,6 +124,9 @@ impl Run {
             last_loss: f64::NAN,
             last_val: None,
             flag: None,
+            judge: Judge::new(&opts.config, data)?,
+            best: None,
+            best_pending: false,
         })
     }
 
@@ -153,6 +164,7 @@ impl Run {
         let state = TrainingState::from_checkpoint(&self.cfg, &ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
+        self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         let now = serde_json::to_value(self.cfg.stability())?;
         if !ck.state.stability.is_null() && ck.state.stability != now {
             self.event(
@@ -210,7 +222,8 @@ impl Run {
     }
 
     /// After a step: evaluation and the metrics row at their cadence (or when a policy
-    /// flagged the step), status.json and the progress bar.
+    /// flagged the step), status.json and the progress bar. Returns the validation loss when
+    /// one was measured.
     pub fn record_step<B: TrainBackend>(
         &mut self,
         state: &TrainingState<B>,
@@ -218,23 +231,33 @@ impl Run {
         data: &TrainData,
         secs: f64,
         update_skipped: bool,
-    ) -> Result<()> {
-        let tc = &self.cfg.train;
+    ) -> Result<Option<f64>> {
+        let tc = self.cfg.train.clone();
         let (step, total) = (state.step, view.total_steps);
         self.steps_taken += 1;
         self.interval = (self.interval.0 + secs, self.interval.1 + 1);
         self.last_loss = view.loss;
         self.bar.set_position(step);
-        let val_loss = if step.is_multiple_of(tc.eval_every as u64) || step == total {
-            Some(evaluate(&state.model.valid(), &data.val, &self.cfg)?)
+        let judged = if step.is_multiple_of(tc.eval_every as u64) || step == total {
+            Some(self.judge.judge(&state.model.valid(), data, &self.cfg)?)
         } else {
             None
         };
+        let val_loss = judged.as_ref().map(|j| j.val_loss);
+        if let Some(j) = &judged {
+            for (kind, fields) in &j.events {
+                self.event(step, kind, fields.clone());
+            }
+            if self.best.is_none_or(|(_, b)| j.val_loss < b) {
+                self.best = Some((step, j.val_loss));
+                self.best_pending = true;
+            }
+        }
         self.last_val = val_loss.or(self.last_val);
         let flag = self.flag.take();
         let log_now = step.is_multiple_of(tc.log_every as u64) || step == total;
         if !(log_now || val_loss.is_some() || flag.is_some() || update_skipped) {
-            return Ok(());
+            return Ok(val_loss);
         }
         let secs_per_step = self.interval.0 / self.interval.1.max(1) as f64;
         self.interval = (0.0, 0);
@@ -256,7 +279,7 @@ impl Run {
             injected: view.data.injected,
             update_skipped,
             flag,
-            extra: Default::default(),
+            extra: judged.map(|j| j.extra).unwrap_or_default(),
         };
         self.metrics.append(&row)?;
         self.say_row(&row, total);
@@ -267,7 +290,13 @@ impl Run {
         self.status.secs_per_step = Some(secs_per_step);
         self.status.mfu = Some(row.mfu);
         self.status.eta_s = Some(secs_per_step * total.saturating_sub(step) as f64);
-        self.write_status("running", step)
+        self.write_status("running", step)?;
+        Ok(val_loss)
+    }
+
+    /// A new best validation loss waits for its checkpoint.
+    pub fn new_best_pending(&self) -> bool {
+        self.best_pending
     }
 
     fn say_row(&mut self, r: &MetricsRow, total: u64) {
@@ -305,7 +334,7 @@ impl Run {
         state: &TrainingState<B>,
         policies: &Policies,
     ) -> Result<PathBuf> {
-        let tc = &self.cfg.train;
+        let tc = self.cfg.train.clone();
         let (opt_state, updates) = state.optim.state();
         let train_state = TrainState {
             step: state.step,
@@ -317,7 +346,7 @@ impl Run {
             stability: serde_json::to_value(self.cfg.stability())?,
             seed: tc.seed,
             rng: "stateless: init = f(seed, parameter path), data order = f(seed, window index), spikes = f(seed, spike sample)".into(),
-            next_lr: learning_rate(tc, state.step as usize),
+            next_lr: learning_rate(&tc, state.step as usize),
             config_sha256: self.config_sha.clone(),
             training_sha256: self.training_sha.clone(),
             created_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
@@ -331,6 +360,15 @@ impl Run {
             &opt_state,
         )?;
         let mut protect = vec![state.step];
+        if let Some((best, val)) = self.best {
+            if self.best_pending && best == state.step {
+                let json = serde_json::to_string_pretty(&json!({ "step": best, "val_loss": val }))?;
+                lab_fsio::write_atomic(&self.dir.join(BEST), json.as_bytes())?;
+                self.best_pending = false;
+                self.event(best, "best", json!({ "val_loss": val }));
+            }
+            protect.push(best);
+        }
         if let Some(target) = policies.rollback_target() {
             // The last good state before an open incident must outlive retention.
             let before = checkpoint::list(&self.dir)?
@@ -384,6 +422,8 @@ impl Run {
         state.cursor.skip(&plan.skip, from + 1, &plan.reason);
         state.rollbacks = rollbacks;
         self.flag = None; // the flagged step is undone
+        self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
+        self.best_pending = false;
         checkpoint::remove_after(&dir, state.step)?;
         if self.crash_in_rollback && rollbacks == 1 {
             eprintln!("fire drill: crashing in the middle of a rollback");
@@ -459,6 +499,15 @@ impl Run {
                     reason: reason.clone(),
                 },
             ),
+            Stop::Early { reason } => (
+                format!("stopped early at step {step}: {reason}"),
+                json!({ "reason": reason }),
+                Outcome::StoppedEarly {
+                    step,
+                    reason: reason.clone(),
+                    val_loss: self.last_val,
+                },
+            ),
             Stop::Budget { exit_code, reason } => (
                 format!("stopped by the budget guard at step {step}: {reason}"),
                 json!({ "reason": reason, "exit_code": exit_code }),
@@ -525,6 +574,12 @@ impl Journal for Run {
     fn flag_step(&mut self, flag: &str) {
         self.flag = Some(flag.to_string());
     }
+}
+
+/// The step and validation loss `best.json` records.
+pub fn read_best(run_dir: &Path) -> Option<(u64, f64)> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(run_dir.join(BEST)).ok()?).ok()?;
+    Some((v["step"].as_u64()?, v["val_loss"].as_f64()?))
 }
 
 /// Creates the run folder, proves it writable and takes its lock; refuses to silently restart

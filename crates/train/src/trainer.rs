@@ -20,6 +20,7 @@ use crate::signals::StopSignal;
 use crate::stability::{NonFinite, Signals, SpikeResponse};
 use crate::state::TrainingState;
 use crate::step::forward_backward;
+use crate::stop_rules::StopRules;
 use crate::stream::{StepData, TrainData};
 
 /// Sends an alert (a Slack-compatible webhook, wired by the binary).
@@ -64,6 +65,12 @@ pub enum Outcome {
         step: u64,
         reason: String,
     },
+    /// Ended by a stop rule (exit 0) after a checkpoint at `step`.
+    StoppedEarly {
+        step: u64,
+        reason: String,
+        val_loss: Option<f64>,
+    },
 }
 
 impl OnBackend for TrainOptions {
@@ -97,7 +104,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         let (grads, loss) = forward_backward(&state.model, &batch.micro, &device, None);
         let grads = fire_drill(&opts, &state, grads);
         let grad_norm = optim::grad_norm(&state.model, &grads);
-        let view = observe(&cfg, &state, &run, &batch, loss, grad_norm, lr);
+        let mut view = observe(&cfg, &state, &run, &batch, loss, grad_norm, lr);
         let update_skipped = match policies.after_backward(&view, &mut run) {
             Decision::Continue => {
                 state = state.apply(grads, lr, view.clip_scale);
@@ -125,11 +132,11 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         state.step += 1;
         state.cursor = cursor;
         let secs = started.elapsed().as_secs_f64();
-        run.record_step(&state, &view, &data, secs, update_skipped)?;
+        view.val_loss = run.record_step(&state, &view, &data, secs, update_skipped)?;
         if let Decision::Stop(stop) = policies.after_update(&view, &mut run) {
             return run.stop(stop, &state, &policies);
         }
-        if view.at_checkpoint {
+        if view.at_checkpoint || run.new_best_pending() {
             run.checkpoint(&state, &policies)?;
         }
     }
@@ -159,6 +166,7 @@ fn observe<'a, B: TrainBackend>(
         steps_this_session: run.steps_taken + 1,
         elapsed_s: run.elapsed_s(),
         at_checkpoint: next.is_multiple_of(cfg.train.ckpt_every as u64) || next == total,
+        val_loss: None,
     }
 }
 
@@ -199,6 +207,12 @@ fn standard_policies(cfg: &LabConfig, extra: Vec<Box<dyn StepPolicy>>) -> Result
             cfg.spike.as_ref().map(|s| s.kind),
         )),
     ];
+    if let Some(eval) = &cfg.eval {
+        all.push(Box::new(StopRules::new(
+            eval.clone(),
+            cfg.tokens_per_step(),
+        )));
+    }
     all.extend(extra);
     Ok(Policies(all))
 }

@@ -27,6 +27,9 @@ pub struct Args {
     /// log_softmax composition, for before/after comparisons); overrides train.lm_head_loss.
     #[arg(long, value_parser = ["fused", "unfused"])]
     pub loss: Option<String>,
+    /// Time decoding this many tokens with the KV cache against recomputing the sequence.
+    #[arg(long, value_name = "TOKENS")]
+    pub generate: Option<usize>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -49,6 +52,26 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .map(|n| n.to_string())
             .unwrap_or_default()
     });
+    if let Some(n) = args.generate {
+        let r = backend.dispatch(lab_train::bench::GenerateBench {
+            config,
+            new_tokens: n,
+        })?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            println!(
+                "generate {} tokens after {}: KV cache {:.0} tokens/s, recompute {:.0} tokens/s ({:.1}× faster), greedy tokens {}",
+                r.new_tokens,
+                r.prompt_tokens,
+                r.cached_tokens_per_s,
+                r.recompute_tokens_per_s,
+                r.speedup,
+                if r.identical { "identical" } else { "DIFFERENT" }
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let r = backend.dispatch(BenchOptions {
         config,
         steps: args.steps,

@@ -303,10 +303,10 @@ fn prepare(lab: &Lab) -> Result<()> {
 fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
     let r = &lab.page.run;
     let status = lab_run::Status::read(&r.run_dir).ok();
-    if let Some(s) = status
-        .as_ref()
-        .filter(|s| s.state == "done" && s.step == s.total_steps)
-    {
+    let finished = |s: &&lab_run::Status| {
+        (s.state == "done" && s.step == s.total_steps) || s.state == "stopped_early"
+    };
+    if let Some(s) = status.as_ref().filter(finished) {
         println!("  complete: step {} of {}", s.step, s.total_steps);
         return Ok(None);
     }
@@ -354,6 +354,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
     Ok(match ended? {
         Ended::Refused(code) => Some(code),
         Ended::Trained(lab_train::Outcome::Completed { .. }) => None,
+        Ended::Trained(lab_train::Outcome::StoppedEarly { .. }) => None,
         Ended::Trained(other) => {
             eprintln!("lab run: training did not finish; run `lab run` again to resume");
             Some(train::exit_code(&other))

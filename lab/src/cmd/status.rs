@@ -20,11 +20,15 @@ pub struct Args {
     /// Seconds between refreshes with --watch.
     #[arg(long, default_value_t = 5.0)]
     pub interval: f64,
+    /// Fit the projection only on the logs up to this step (check a projection against how
+    /// the run really ended).
+    #[arg(long, value_name = "STEP")]
+    pub fit_until: Option<u64>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     loop {
-        let s = lab_report::status::status(&args.run)?;
+        let s = lab_report::status::status_fitted_until(&args.run, args.fit_until)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {

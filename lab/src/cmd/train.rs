@@ -327,6 +327,19 @@ pub fn exit_code(outcome: &Outcome) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        Outcome::StoppedEarly {
+            step,
+            reason,
+            val_loss,
+        } => {
+            println!(
+                "stopped early at step {step}: {reason}{}",
+                val_loss
+                    .map(|v| format!(" (val loss {v:.4})"))
+                    .unwrap_or_default()
+            );
+            ExitCode::SUCCESS
+        }
         Outcome::Unstable { step, reason } => {
             eprintln!("stopped by the stability policy at step {step}: {reason}; the last good checkpoint is kept");
             ExitCode::from(5)
