@@ -397,3 +397,102 @@ fn resuming_on_other_data_is_refused_with_one_line() {
         "a refused resume rewrote config.toml or data.json"
     );
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else if e.file_type().unwrap().is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(e.path()).unwrap(), &target).unwrap();
+        } else {
+            std::fs::copy(e.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_finished_run_extends_reproducibly_and_a_plain_resume_with_more_steps_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let (run, twin) = (tmp.path().join("run"), tmp.path().join("twin"));
+    run_ok(train(&cfg, &run).args(["--total-steps", "20"]));
+    copy_dir(&run, &twin);
+
+    // Changing the plan on a plain resume breaks a bit-exact resume: refused, naming the flag.
+    let mut c = train(&cfg, &run);
+    c.args(["--total-steps", "30", "--resume-from-latest"]);
+    expect_one_line_error(&mut c, "--extend-to-steps 30");
+
+    let extend = |dir: &Path| {
+        run_ok(train(&cfg, dir).args([
+            "--total-steps",
+            "20",
+            "--resume-from-latest",
+            "--extend-to-steps",
+            "30",
+        ]));
+    };
+    extend(&run);
+    extend(&twin);
+    assert_eq!(
+        sha256(&final_weights(&run, 30)),
+        sha256(&final_weights(&twin, 30)),
+        "the same extension gives the same weights"
+    );
+
+    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
+    let ext: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &serde_json::Value| e["kind"] == "schedule_extended")
+        .collect();
+    assert_eq!(ext.len(), 1, "{events}");
+    assert_eq!(
+        (
+            ext[0]["step"].as_u64(),
+            ext[0]["from_steps"].as_u64(),
+            ext[0]["to_steps"].as_u64()
+        ),
+        (Some(20), Some(20), Some(30))
+    );
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("step-00000030/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["schedule_extensions"][0]["to_steps"], 30);
+    let status: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap();
+    assert_eq!(
+        (
+            status["state"].as_str(),
+            status["step"].as_u64(),
+            status["total_steps"].as_u64()
+        ),
+        (Some("done"), Some(30), Some(30))
+    );
+    // A finished run is at min_lr: its new tail starts there and stays (it never jumps up).
+    let lr_at = |step: u64| -> f64 {
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|r| r["step"] == step)
+            .unwrap()["lr"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        lr_at(20) > 3e-4,
+        "step 20 still decays on the planned cosine"
+    );
+    assert_eq!((lr_at(25), lr_at(30)), (3e-4, 3e-4));
+    // Resuming the extended run again (no flag) has nothing left to do and keeps the plan.
+    run_ok(train(&cfg, &run).args(["--total-steps", "20", "--resume-from-latest"]));
+    assert_eq!(
+        sha256(&final_weights(&run, 30)),
+        sha256(&final_weights(&twin, 30))
+    );
+}

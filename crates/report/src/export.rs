@@ -308,9 +308,12 @@ fn manifest(
         },
         started_utc: files.events.first().map(|e| e.time_utc.clone()),
         ended_utc: files.events.last().map(|e| e.time_utc.clone()),
+        // The run's end as it ran (`--extend-to-steps` moves it past the config's).
+        total_steps: status
+            .as_ref()
+            .map_or(cfg.train.total_steps as u64, |s| s.total_steps),
         state: status.map_or_else(|| "unknown".into(), |s| s.state),
         checkpoint_step: step,
-        total_steps: cfg.train.total_steps as u64,
         tokens: step as f64 * cfg.tokens_per_step() as f64,
         final_metrics: FinalMetrics {
             step: at.map_or(0, |r| r.step),

@@ -61,6 +61,9 @@ pub struct TrainState {
     pub rng: String,
     /// Learning rate the next step will use.
     pub next_lr: f64,
+    /// `--extend-to-steps` decisions: the run trains past its config's `total_steps`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schedule_extensions: Vec<crate::schedule::Extension>,
     pub config_sha256: String,
     /// The hash resume checks: model and optimization recipe only (see
     /// `LabConfig::training_sha256`).
@@ -319,6 +322,7 @@ mod tests {
             seed: 42,
             rng: "stateless".into(),
             next_lr: 1e-3,
+            schedule_extensions: Vec::new(),
             config_sha256: "abc".into(),
             training_sha256: "def".into(),
             created_utc: "now".into(),

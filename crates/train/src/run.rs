@@ -19,7 +19,7 @@ use crate::checkpoint::{self, TrainState};
 use crate::judge::Judge;
 use crate::optim::param_norm;
 use crate::policy::{Journal, Policies, Rollback, StepView, Stop};
-use crate::schedule::learning_rate;
+
 use crate::state::TrainingState;
 use crate::step::mfu;
 use crate::stream::TrainData;
@@ -58,6 +58,7 @@ pub struct Run {
     backend: &'static str,
     /// Fire drill: abort inside the first rollback (`--inject-crash-in-rollback`).
     crash_in_rollback: bool,
+    extend_to_steps: Option<u64>,
     _lock: File,
     metrics: JsonLines,
     status: Status,
@@ -114,6 +115,7 @@ impl Run {
             identity,
             backend: opts.backend.name(),
             crash_in_rollback: opts.crash_in_rollback,
+            extend_to_steps: opts.extend_to_steps,
             alert: opts.alert.take(),
             cfg,
             dir,
@@ -130,8 +132,40 @@ impl Run {
         })
     }
 
-    /// The state to train from: fresh, or the newest checkpoint that verifies (`--resume`).
+    /// The state to train from: fresh, or the newest checkpoint that verifies (`--resume`),
+    /// extended when `--extend-to-steps` asks.
     pub fn start<B: TrainBackend>(
+        &mut self,
+        policies: &mut Policies,
+        device: &B::Device,
+    ) -> Result<TrainingState<B>> {
+        let mut state = self.restore(policies, device)?;
+        if let Some(to) = self.extend_to_steps {
+            self.extend(&mut state, to)?;
+        }
+        let total = state.schedule.total_steps();
+        self.status.total_steps = total;
+        self.bar.set_length(total);
+        Ok(state)
+    }
+
+    /// `--extend-to-steps`: the run trains on to `to`; the decision is an event and, from the
+    /// next checkpoint on, part of state.json.
+    fn extend<B: TrainBackend>(&mut self, state: &mut TrainingState<B>, to: u64) -> Result<()> {
+        let step = state.step;
+        let Some(e) = state.schedule.extend(step, to)?.cloned() else {
+            return Ok(());
+        };
+        let min_lr = state.schedule.lr(to);
+        self.event(step, "schedule_extended", serde_json::to_value(&e)?);
+        self.say(&format!(
+            "extended at step {step}: {} → {} steps, learning rate {:.2e} falling to {min_lr:.2e} on a new cosine tail",
+            e.from_steps, e.to_steps, e.lr_at_step
+        ));
+        Ok(())
+    }
+
+    fn restore<B: TrainBackend>(
         &mut self,
         policies: &mut Policies,
         device: &B::Device,
@@ -184,6 +218,14 @@ impl Run {
     fn check_same_run(&self, dir: &Path, state: &TrainState) -> Result<()> {
         let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if state.training_sha256 != self.training_sha {
+            if let Some(planned) = self.only_total_steps_differ() {
+                bail!(
+                    "{}: the run was planned for {planned} steps, not {} (train.total_steps is part of the schedule a bit-exact resume keeps); to train longer, resume with --extend-to-steps {}",
+                    dir.display(),
+                    self.cfg.train.total_steps,
+                    self.cfg.train.total_steps
+                );
+            }
             bail!(
                 "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
                 dir.display(),
@@ -201,6 +243,17 @@ impl Run {
             );
         }
         Ok(())
+    }
+
+    /// The run's planned `total_steps` when the run folder's config.toml differs from this
+    /// one in nothing else the training hash covers.
+    fn only_total_steps_differ(&self) -> Option<usize> {
+        let text = std::fs::read_to_string(self.dir.join(lab_run::CONFIG)).ok()?;
+        let mut recorded = LabConfig::from_toml(&text).ok()?;
+        let planned = recorded.train.total_steps;
+        recorded.train.total_steps = self.cfg.train.total_steps;
+        (planned != self.cfg.train.total_steps && recorded.training_sha256() == self.training_sha)
+            .then_some(planned)
     }
 
     /// The run folder's record of what this run is: config.toml, data.json, hardware.json.
@@ -346,7 +399,8 @@ impl Run {
             stability: serde_json::to_value(self.cfg.stability())?,
             seed: tc.seed,
             rng: "stateless: init = f(seed, parameter path), data order = f(seed, window index), spikes = f(seed, spike sample)".into(),
-            next_lr: learning_rate(&tc, state.step as usize),
+                        next_lr: state.schedule.lr(state.step),
+            schedule_extensions: state.schedule.extensions().to_vec(),
             config_sha256: self.config_sha.clone(),
             training_sha256: self.training_sha.clone(),
             created_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
@@ -400,6 +454,7 @@ impl Run {
     ) -> Result<TrainingState<B>> {
         let from = failed.step;
         let rollbacks = failed.rollbacks + 1;
+        let schedule = failed.schedule.clone();
         drop(failed);
         let dir = self.dir.clone();
         let mut warnings = Vec::new();
@@ -421,6 +476,8 @@ impl Run {
         };
         state.cursor.skip(&plan.skip, from + 1, &plan.reason);
         state.rollbacks = rollbacks;
+        // An extension is a decision about the run, not part of the step it was taken at.
+        state.schedule = schedule;
         self.flag = None; // the flagged step is undone
         self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         self.best_pending = false;

@@ -1,5 +1,5 @@
-//! Everything a step changes: the model, the optimizer, the step count, the data cursor and
-//! the rollback count, and how it is built fresh or from a checkpoint.
+//! Everything a step changes: the model, the optimizer, the step count, the data cursor, the
+//! rollback count and the schedule, and how it is built fresh or from a checkpoint.
 
 use anyhow::{Context, Result};
 use burn::optim::GradientsParams;
@@ -9,6 +9,8 @@ use lab_model::{weights, Llama};
 use crate::backend::TrainBackend;
 use crate::checkpoint::Loaded;
 use crate::optim::AdamW;
+use crate::schedule::Schedule;
+
 use crate::stream::DataCursor;
 
 pub struct TrainingState<B: TrainBackend> {
@@ -18,6 +20,8 @@ pub struct TrainingState<B: TrainBackend> {
     pub step: u64,
     pub cursor: DataCursor,
     pub rollbacks: u32,
+    /// The learning rate by step and where the run ends (`--extend-to-steps` moves it).
+    pub schedule: Schedule,
 }
 
 impl<B: TrainBackend> TrainingState<B> {
@@ -30,6 +34,7 @@ impl<B: TrainBackend> TrainingState<B> {
             step: 0,
             cursor: DataCursor::default(),
             rollbacks: 0,
+            schedule: Schedule::new(&cfg.train, Vec::new()),
         }
     }
 
@@ -46,6 +51,7 @@ impl<B: TrainBackend> TrainingState<B> {
             step: ck.state.step,
             cursor: ck.state.cursor.clone(),
             rollbacks: ck.state.rollbacks,
+            schedule: Schedule::new(&cfg.train, ck.state.schedule_extensions.clone()),
         })
     }
 

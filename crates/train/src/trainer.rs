@@ -15,7 +15,7 @@ use crate::backend::{OnBackend, TrainBackend};
 use crate::optim;
 use crate::policy::{Decision, Journal, Policies, StepPolicy, StepView, Stop};
 use crate::run::Run;
-use crate::schedule::learning_rate;
+
 use crate::signals::StopSignal;
 use crate::stability::{NonFinite, Signals, SpikeResponse};
 use crate::state::TrainingState;
@@ -46,6 +46,9 @@ pub struct TrainOptions {
     /// Fire drill (`--inject-crash-in-rollback`): abort the process inside the first rollback,
     /// after the abandoned checkpoints are gone and before the restored state is saved.
     pub crash_in_rollback: bool,
+    /// `--extend-to-steps`: a resumed run trains on to this step, its cosine tail recomputed
+    /// from where it is (recorded in events.jsonl and state.json).
+    pub extend_to_steps: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -87,7 +90,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let mut run = Run::open(&mut opts, &data)?;
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
     let mut state = run.start::<B>(&mut policies, &device)?;
-    let total = cfg.train.total_steps as u64;
+    let total = state.schedule.total_steps();
     if opts.nan_grad_at_step.is_some() || opts.crash_in_rollback {
         let drill = json!({ "nan_grad_at_step": opts.nan_grad_at_step, "crash_in_rollback": opts.crash_in_rollback });
         run.event(state.step, "fire_drill", drill);
@@ -98,7 +101,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             return run.stop(stop, &state, &policies);
         }
         let started = Instant::now();
-        let lr = learning_rate(&cfg.train, state.step as usize);
+        let lr = state.schedule.lr(state.step);
         let mut cursor = state.cursor.clone();
         let batch = data.next_step(state.step, &mut cursor)?;
         let (grads, loss) = forward_backward(&state.model, &batch.micro, &device, None);
@@ -153,7 +156,7 @@ fn observe<'a, B: TrainBackend>(
     grad_norm: f64,
     lr: f64,
 ) -> StepView<'a> {
-    let total = cfg.train.total_steps as u64;
+    let total = state.schedule.total_steps();
     let next = state.step + 1;
     StepView {
         step: state.step,

@@ -326,6 +326,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         eval_every: None,
         log_every: None,
         resume_from_latest: resume,
+        extend_to_steps: None,
         seed: None,
         backend: r.backend.clone(),
         mlflow_uri: None,

@@ -38,6 +38,11 @@ pub struct Args {
     /// Continue from the newest checkpoint that verifies (skipping corrupt ones).
     #[arg(long)]
     pub resume_from_latest: bool,
+    /// Train a resumed run on to this step (its planned `total_steps` is part of a bit-exact
+    /// resume): the cosine tail is recomputed from the current step and learning rate down to
+    /// min_lr at N; the decision goes to events.jsonl and state.json.
+    #[arg(long, value_name = "N", requires = "resume_from_latest")]
+    pub extend_to_steps: Option<u64>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// cpu (default), cuda or wgpu (the last two need a build with that feature).
@@ -217,6 +222,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         alert,
         nan_grad_at_step: args.spike.inject_nan_grad_at_step,
         crash_in_rollback: args.spike.inject_crash_in_rollback,
+        extend_to_steps: args.extend_to_steps,
     };
     Ok((opts, guard))
 }
@@ -376,7 +382,11 @@ fn budget_prelaunch(guard: &mut RunGuard, opts: &TrainOptions) -> Option<ExitCod
     } else {
         (0, None)
     };
-    let total_steps = opts.config.train.total_steps as u64;
+    // An extended run ends later than its config says.
+    let planned = status.as_ref().map_or(0, |s| s.total_steps);
+    let total_steps = (opts.config.train.total_steps as u64)
+        .max(planned)
+        .max(opts.extend_to_steps.unwrap_or(0));
     let plan = lab_budget::PlannedRun::new(total_steps, start_step, status, None);
     let report = guard.prelaunch(&plan);
     if guard.dry_run() {
