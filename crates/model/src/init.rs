@@ -18,7 +18,9 @@ fn rng_for(seed: u64, path: &str) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed ^ h.rotate_left(17))
 }
 
-/// A `[rows, cols]` parameter drawn from normal(0, std).
+/// A `[rows, cols]` parameter drawn from normal(0, std), lazily: drawn on first use, so a
+/// model whose weights are about to be loaded (a resume) never draws them. The values do not
+/// depend on when that happens.
 pub fn normal<B: Backend>(
     seed: u64,
     path: &str,
@@ -26,13 +28,16 @@ pub fn normal<B: Backend>(
     std: f64,
     device: &B::Device,
 ) -> Param<Tensor<B, 2>> {
-    let mut rng = rng_for(seed, path);
-    let dist = Normal::new(0.0f32, std as f32).expect("std > 0");
-    let values: Vec<f32> = (0..shape[0] * shape[1])
-        .map(|_| dist.sample(&mut rng))
-        .collect();
-    let tensor = Tensor::from_data(TensorData::new(values, shape), device);
-    Param::initialized(ParamId::new(), tensor.require_grad())
+    let path = path.to_string();
+    let draw = move |device: &B::Device, require_grad: bool| {
+        let mut rng = rng_for(seed, &path);
+        let dist = Normal::new(0.0f32, std as f32).expect("std > 0");
+        let values: Vec<f32> = (0..shape[0] * shape[1])
+            .map(|_| dist.sample(&mut rng))
+            .collect();
+        Tensor::from_data(TensorData::new(values, shape), device).set_require_grad(require_grad)
+    };
+    Param::uninitialized(ParamId::new(), draw, device.clone(), true, shape.into())
 }
 
 /// A `[n]` parameter of ones (RMSNorm gains).

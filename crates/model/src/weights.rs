@@ -2,13 +2,16 @@
 //! moments, keyed by the same paths) leave and re-enter burn. Paths are the module field
 //! paths (`blocks.3.attn.wq.weight`), so files are readable by any safetensors tool.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, Tensor, TensorData};
-use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+use safetensors::{tensor::TensorInfo, Dtype, SafeTensors};
 
 /// An fp32 tensor in host memory.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,10 +32,11 @@ impl HostTensor {
     }
 
     pub fn to_tensor<B: Backend, const D: usize>(&self, device: &B::Device) -> Tensor<B, D> {
-        Tensor::from_data(
-            TensorData::new(self.data.clone(), self.shape.clone()),
-            device,
-        )
+        self.clone().into_tensor(device)
+    }
+
+    pub fn into_tensor<B: Backend, const D: usize>(self, device: &B::Device) -> Tensor<B, D> {
+        Tensor::from_data(TensorData::new(self.data, self.shape), device)
     }
 }
 
@@ -84,14 +88,14 @@ pub fn tensor_map<B: Backend, M: Module<B>>(module: &M) -> TensorMap {
     v.out
 }
 
-struct Replace<'a> {
+struct Replace {
     path: PathStack,
-    source: &'a TensorMap,
+    /// Tensors not placed yet: each is moved into the model, not copied.
+    source: TensorMap,
     error: Option<String>,
-    used: usize,
 }
 
-impl<B: Backend> ModuleMapper<B> for Replace<'_> {
+impl<B: Backend> ModuleMapper<B> for Replace {
     fn enter_module(&mut self, name: &str, _: &str) {
         self.path.enter(name);
     }
@@ -100,54 +104,194 @@ impl<B: Backend> ModuleMapper<B> for Replace<'_> {
     }
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let path = self.path.path();
-        let (id, tensor, mapper) = param.consume();
-        let tensor = match self.source.get(&path) {
-            Some(host) if host.shape == tensor.dims() => {
-                self.used += 1;
-                let mut loaded = host.to_tensor::<B, D>(&tensor.device());
-                if tensor.is_require_grad() {
-                    loaded = loaded.require_grad();
-                }
-                loaded
+        // `lazy_*` and `transform_for_load` leave a lazily initialised parameter undrawn.
+        let dims = param.lazy_shape().dims::<D>().to_vec();
+        match self.source.remove(&path) {
+            Some(host) if host.shape == dims => {
+                let id = param.id;
+                let loaded = host.into_tensor::<B, D>(&param.lazy_device());
+                param.transform_for_load(loaded, id)
             }
             Some(host) => {
                 self.error.get_or_insert(format!(
-                    "{path} has shape {:?} in the file but {:?} in the model",
-                    host.shape,
-                    tensor.dims()
+                    "{path} has shape {:?} in the file but {dims:?} in the model",
+                    host.shape
                 ));
-                tensor
+                param
             }
             None => {
                 self.error
                     .get_or_insert(format!("{path} is missing from the file"));
-                tensor
+                param
             }
-        };
-        Param::from_mapped_value(id, tensor, mapper)
+        }
     }
 }
 
 /// Replaces every float parameter of `module` with the tensor of the same path in `source`
 /// (parameter ids are kept). Every parameter must be present with its shape, and nothing else.
 pub fn load_tensor_map<B: Backend, M: Module<B>>(module: M, source: &TensorMap) -> Result<M> {
+    load_tensor_map_owned(module, source.clone())
+}
+
+/// [`load_tensor_map`] that moves the tensors in (no second copy of a large state).
+pub fn load_tensor_map_owned<B: Backend, M: Module<B>>(module: M, source: TensorMap) -> Result<M> {
     let mut m = Replace {
         path: PathStack::default(),
         source,
         error: None,
-        used: 0,
     };
     let module = module.map(&mut m);
     if let Some(e) = m.error {
         bail!(e);
     }
-    if m.used != source.len() {
+    if !m.source.is_empty() {
         bail!(
             "the file holds {} tensors the model does not have",
-            source.len() - m.used
+            m.source.len()
         );
     }
     Ok(module)
+}
+
+/// A tensor waiting to be written: its name and shape, and how to fetch a range of its
+/// (flattened) fp32 values when its turn comes, so a file is written with one slice of one
+/// tensor in host memory at a time (a checkpoint of an x1-50m state is 1.5 GB; holding it
+/// all again as bytes would triple it).
+pub struct PendingTensor<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    fetch: Box<dyn Fn(Range<usize>) -> Cow<'a, [f32]> + 'a>,
+}
+
+/// Values fetched and written at a time: 16 MiB.
+const WRITE_CHUNK: usize = 4 << 20;
+
+impl<'a> PendingTensor<'a> {
+    pub fn new(
+        name: String,
+        shape: Vec<usize>,
+        fetch: impl Fn(Range<usize>) -> Cow<'a, [f32]> + 'a,
+    ) -> Self {
+        Self {
+            name,
+            shape,
+            fetch: Box::new(fetch),
+        }
+    }
+
+    /// A tensor of `module` (or of any burn tensor), read from the device when written.
+    pub fn of_tensor<B: Backend, const D: usize>(name: String, t: Tensor<B, D>) -> Self {
+        let shape = t.dims().to_vec();
+        let flat = t.reshape([-1]);
+        Self::new(name, shape, move |r| {
+            Cow::Owned(HostTensor::from_tensor(flat.clone().slice(r)).data)
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * 4
+    }
+}
+
+/// Every float parameter of `module`, by path, to be written lazily.
+pub fn pending_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<PendingTensor<'static>> {
+    struct Pending<B: Backend> {
+        path: PathStack,
+        out: Vec<PendingTensor<'static>>,
+        _b: std::marker::PhantomData<B>,
+    }
+    impl<B: Backend> ModuleVisitor<B> for Pending<B> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.enter(name);
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.exit();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            self.out
+                .push(PendingTensor::of_tensor(self.path.path(), param.val()));
+        }
+    }
+    let mut v = Pending::<B> {
+        path: PathStack::default(),
+        out: Vec::new(),
+        _b: std::marker::PhantomData,
+    };
+    module.visit(&mut v);
+    v.out
+}
+
+/// Host tensors as pending ones (no copy).
+pub fn pending_from_map(tensors: &TensorMap) -> Vec<PendingTensor<'_>> {
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            PendingTensor::new(name.clone(), t.shape.clone(), |r| Cow::Borrowed(&t.data[r]))
+        })
+        .collect()
+}
+
+#[cfg(target_endian = "big")]
+compile_error!("safetensors files are little-endian; the writer casts f32 slices to bytes");
+
+/// Writes an fp32 safetensors file: the header (tensors in name order, as the safetensors
+/// crate orders one dtype, `__metadata__` first, padded to 8 bytes), then each tensor's
+/// values, fetched one at a time.
+pub fn write_safetensors(
+    w: &mut dyn Write,
+    tensors: &[PendingTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let mut order: Vec<&PendingTensor> = tensors.iter().collect();
+    order.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut header = format!("{{\"__metadata__\":{}", serde_json::to_string(metadata)?);
+    let mut offset = 0;
+    for t in &order {
+        let info = TensorInfo {
+            dtype: Dtype::F32,
+            shape: t.shape.clone(),
+            data_offsets: (offset, offset + t.bytes()),
+        };
+        offset += t.bytes();
+        header += &format!(
+            ",{}:{}",
+            serde_json::to_string(&t.name)?,
+            serde_json::to_string(&info)?
+        );
+    }
+    header.push('}');
+    let mut header = header.into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    w.write_all(&(header.len() as u64).to_le_bytes())?;
+    w.write_all(&header)?;
+    for t in order {
+        let n = t.bytes() / 4;
+        for start in (0..n).step_by(WRITE_CHUNK) {
+            let r = start..(start + WRITE_CHUNK).min(n);
+            let values = (t.fetch)(r.clone());
+            if values.len() != r.len() {
+                bail!(
+                    "{}: {} values fetched for {r:?} of its shape {:?}",
+                    t.name,
+                    values.len(),
+                    t.shape
+                );
+            }
+            w.write_all(bytemuck::cast_slice(&values))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes pending tensors as an fp32 safetensors file, atomically (temp name, fsync,
+/// rename), streamed; returns its sha256.
+pub fn save_pending(
+    path: &Path,
+    tensors: &[PendingTensor],
+    metadata: &BTreeMap<String, String>,
+) -> Result<String> {
+    lab_fsio::write_atomic_streamed(path, |w| write_safetensors(w, tensors, metadata))
 }
 
 /// Writes tensors as an fp32 safetensors file, atomically, with string metadata.
@@ -156,37 +300,37 @@ pub fn save_safetensors(
     tensors: &TensorMap,
     metadata: HashMap<String, String>,
 ) -> Result<()> {
-    lab_fsio::write_atomic(path, &to_safetensors_bytes(tensors, metadata)?)
+    save_pending(
+        path,
+        &pending_from_map(tensors),
+        &metadata.into_iter().collect(),
+    )?;
+    Ok(())
 }
 
-/// The bytes of an fp32 safetensors file of `tensors` (deterministic for at most one
-/// metadata entry: safetensors writes a map in hash order).
+/// The bytes of an fp32 safetensors file of `tensors` (metadata in key order).
 pub fn to_safetensors_bytes(
     tensors: &TensorMap,
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>> {
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let raw = t.data.iter().flat_map(|x| x.to_le_bytes()).collect();
-            (name.clone(), raw, t.shape.clone())
-        })
-        .collect();
-    let views = bytes
-        .iter()
-        .map(|(name, raw, shape)| {
-            Ok((
-                name.as_str(),
-                TensorView::new(Dtype::F32, shape.clone(), raw)?,
-            ))
-        })
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    Ok(safetensors::serialize(views, &Some(metadata))?)
+    let mut out = Vec::new();
+    write_safetensors(
+        &mut out,
+        &pending_from_map(tensors),
+        &metadata.into_iter().collect(),
+    )?;
+    Ok(out)
 }
 
 /// Reads an fp32 safetensors file written by [`save_safetensors`] (or any tool).
 pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, String>)> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    // Mapped, not read: a read of a 1 GB file first page-faults a 1 GB buffer into existence.
+    // SAFETY: lab's files are replaced by rename, never written in place, so the mapping
+    // does not change under us.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let file = SafeTensors::deserialize(&bytes)
         .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
     let (_, header) = SafeTensors::read_metadata(&bytes)?;
@@ -200,11 +344,7 @@ pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, Strin
                 view.dtype()
             );
         }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let data = bytemuck::pod_collect_to_vec(view.data());
         out.insert(
             name,
             HostTensor {
@@ -214,4 +354,103 @@ pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, Strin
         );
     }
     Ok((out, metadata))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use safetensors::tensor::TensorView;
+
+    /// The reference: the safetensors crate's own serializer over the same tensors.
+    fn reference(tensors: &TensorMap, metadata: HashMap<String, String>) -> Vec<u8> {
+        let raw: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+            .iter()
+            .map(|(n, t)| {
+                (
+                    n.clone(),
+                    t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                    t.shape.clone(),
+                )
+            })
+            .collect();
+        let views: Vec<(&str, TensorView)> = raw
+            .iter()
+            .map(|(n, b, s)| {
+                (
+                    n.as_str(),
+                    TensorView::new(Dtype::F32, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, &Some(metadata)).unwrap()
+    }
+
+    proptest! {
+        /// The streamed writer gives the safetensors crate's bytes (one metadata entry: the
+        /// crate writes a map in hash order), and the file reads back.
+        #[test]
+        fn streamed_files_equal_the_safetensors_crate(
+            shapes in proptest::collection::btree_map("[a-z][a-z0-9._]{0,12}", proptest::collection::vec(1usize..5, 1..4), 1..6),
+            step in 0u64..1000,
+        ) {
+            let tensors: TensorMap = shapes.into_iter().enumerate().map(|(i, (name, shape))| {
+                let n = shape.iter().product::<usize>();
+                (name, HostTensor { shape, data: (0..n).map(|k| (i * 31 + k) as f32 * 0.25 - 3.0).collect() })
+            }).collect();
+            let meta = HashMap::from([("step".to_string(), step.to_string())]);
+            let ours = to_safetensors_bytes(&tensors, meta.clone()).unwrap();
+            prop_assert_eq!(&ours, &reference(&tensors, meta));
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("t.safetensors");
+            let sha = save_pending(&path, &pending_from_map(&tensors), &BTreeMap::new()).unwrap();
+            prop_assert_eq!(sha, lab_fsio::sha256_file(&path).unwrap());
+            prop_assert_eq!(load_safetensors(&path).unwrap().0, tensors);
+        }
+    }
+
+    /// A device tensor longer than a write chunk is written slice by slice, in order.
+    #[test]
+    fn device_tensors_are_written_in_chunks_that_add_up() {
+        type B = burn::backend::Flex;
+        let n = WRITE_CHUNK + 3;
+        let values: Vec<f32> = (0..2 * n).map(|k| (k % 1000) as f32 - 0.5).collect();
+        let t =
+            Tensor::<B, 2>::from_data(TensorData::new(values.clone(), [2, n]), &Default::default());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        save_pending(
+            &path,
+            &[PendingTensor::of_tensor("w".into(), t)],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let (back, _) = load_safetensors(&path).unwrap();
+        assert_eq!(
+            back["w"],
+            HostTensor {
+                shape: vec![2, n],
+                data: values
+            }
+        );
+    }
+
+    #[test]
+    fn a_fetch_of_the_wrong_size_fails_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.safetensors");
+        let bad = [PendingTensor::new("x".into(), vec![2, 2], |_| {
+            Cow::Owned(vec![1.0; 3])
+        })];
+        let err = save_pending(&path, &bad, &BTreeMap::new()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("x: 3 values fetched for 0..4"),
+            "{err:#}"
+        );
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no file, no temp file"
+        );
+    }
 }

@@ -9,6 +9,8 @@ use lab_config::LabConfig;
 use lab_data::Batch;
 use serde::Serialize;
 
+use burn::module::AutodiffModule;
+
 use crate::backend::{OnBackend, TrainBackend};
 use crate::optim::grad_norm;
 use crate::state::TrainingState;
@@ -164,5 +166,131 @@ impl OnBackend for GenerateBench {
             speedup: (t2 - t1).as_secs_f64() / (t1 - t0).as_secs_f64(),
             identical: cached == full,
         })
+    }
+}
+
+/// `lab bench --checkpoint`: writing and loading a checkpoint of the config's freshly
+/// initialised weights and zero AdamW moments (no training step), as the trainer does it.
+pub struct CheckpointBench {
+    pub config: LabConfig,
+    /// Where the checkpoint is written (removed afterwards): the disk being measured.
+    pub dir: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointReport {
+    /// Bytes of weights and moments (fp32).
+    pub state_bytes: u64,
+    /// Bytes on disk (both safetensors files and state.json).
+    pub file_bytes: u64,
+    pub write_s: f64,
+    pub write_gb_per_s: f64,
+    pub load_s: f64,
+    pub load_gb_per_s: f64,
+    /// Process RSS before the save and its peak during it (Linux; 0 elsewhere).
+    pub rss_before_save: u64,
+    pub peak_rss_save: u64,
+}
+
+impl OnBackend for CheckpointBench {
+    type Output = CheckpointReport;
+    fn run<B: TrainBackend>(self, device: B::Device) -> Result<CheckpointReport> {
+        use crate::checkpoint;
+        let cfg = &self.config;
+        let mut state = TrainingState::<B>::fresh(cfg, &device);
+        state.optim.zero_moments(&state.model.valid(), &device);
+        let params = cfg.model.param_count().total();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir)?;
+        let train_state = checkpoint::TrainState {
+            step: 0,
+            optimizer_updates: 0,
+            cursor: Default::default(),
+            rollbacks: 0,
+            policies: Default::default(),
+            data_sha256: String::new(),
+            stability: serde_json::Value::Null,
+            seed: cfg.train.seed,
+            rng: "stateless".into(),
+            next_lr: cfg.train.peak_lr,
+            schedule_extensions: Vec::new(),
+            config_sha256: cfg.sha256(),
+            training_sha256: cfg.training_sha256(),
+            created_utc: String::new(),
+            lab_version: env!("CARGO_PKG_VERSION").into(),
+            files: Default::default(),
+        };
+
+        let rss_before_save = memory::reset_peak();
+        let t0 = Instant::now();
+        let written = state.save(&self.dir, train_state)?;
+        let write_s = t0.elapsed().as_secs_f64();
+        let peak_rss_save = memory::peak();
+        let file_bytes = dir_bytes(&written)?;
+        memory::evict_from_page_cache(&written);
+
+        let t1 = Instant::now();
+        let mut ck = checkpoint::load(&written)?;
+        let loaded = TrainingState::<B>::from_checkpoint(cfg, &mut ck, &device)?;
+        let load_s = t1.elapsed().as_secs_f64();
+        drop((loaded, ck));
+        std::fs::remove_dir_all(&self.dir)?;
+        Ok(CheckpointReport {
+            state_bytes: params * 3 * 4,
+            file_bytes,
+            write_s,
+            write_gb_per_s: file_bytes as f64 / write_s / 1e9,
+            load_s,
+            load_gb_per_s: file_bytes as f64 / load_s / 1e9,
+            rss_before_save,
+            peak_rss_save,
+        })
+    }
+}
+
+fn dir_bytes(dir: &std::path::Path) -> Result<u64> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        n += e?.metadata()?.len();
+    }
+    Ok(n)
+}
+
+/// The process's resident memory, from /proc (Linux).
+mod memory {
+    fn status_kb(field: &str) -> u64 {
+        let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(field)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Resets the peak (`VmHWM`) to the current RSS, which it returns, in bytes.
+    pub fn reset_peak() -> u64 {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        status_kb("VmRSS:") * 1024
+    }
+
+    pub fn peak() -> u64 {
+        status_kb("VmHWM:") * 1024
+    }
+
+    /// Drops the checkpoint's pages from the page cache (after the fsync they are clean),
+    /// so the load reads the disk rather than memory.
+    pub fn evict_from_page_cache(dir: &std::path::Path) {
+        use std::os::fd::AsRawFd;
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if let Ok(f) = std::fs::File::open(e.path()) {
+                // SAFETY: a valid open descriptor; advice only, no memory is touched.
+                unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            }
+        }
     }
 }

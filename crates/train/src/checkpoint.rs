@@ -15,12 +15,12 @@
 //! for people and tools; resume itself verifies the folders newest first, so a crash between
 //! the rename and the pointer update can never mislead it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use lab_model::weights::{self, TensorMap};
+use lab_model::weights::{self, PendingTensor, TensorMap};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -131,8 +131,8 @@ fn recover_moved_aside(run_dir: &Path) -> Result<()> {
 pub fn save(
     run_dir: &Path,
     mut state: TrainState,
-    model: &TensorMap,
-    optimizer: &TensorMap,
+    model: &[PendingTensor<'_>],
+    optimizer: &[PendingTensor<'_>],
 ) -> Result<PathBuf> {
     let name = step_dir_name(state.step);
     let final_dir = run_dir.join(&name);
@@ -140,15 +140,14 @@ pub fn save(
     let _ = fs::remove_dir_all(&tmp);
     fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
 
-    let meta = HashMap::from([("step".to_string(), state.step.to_string())]);
-    weights::save_safetensors(&tmp.join(MODEL), model, meta.clone())?;
-    weights::save_safetensors(&tmp.join(OPTIMIZER), optimizer, meta)?;
+    // Streamed one tensor at a time and hashed on the way out: no second copy of the state
+    // in memory, no second pass over the files.
+    let meta = BTreeMap::from([("step".to_string(), state.step.to_string())]);
     state.files.clear();
-    for file in [MODEL, OPTIMIZER] {
-        state
-            .files
-            .insert(file.into(), lab_fsio::sha256_file(&tmp.join(file))?);
-    }
+    let model_sha = weights::save_pending(&tmp.join(MODEL), model, &meta)?;
+    state.files.insert(MODEL.into(), model_sha);
+    let optimizer_sha = weights::save_pending(&tmp.join(OPTIMIZER), optimizer, &meta)?;
+    state.files.insert(OPTIMIZER.into(), optimizer_sha);
     let json = serde_json::to_string_pretty(&state)? + "\n";
     lab_fsio::write_atomic(&tmp.join(STATE), json.as_bytes())?;
 
@@ -305,7 +304,7 @@ pub fn prune(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lab_model::weights::HostTensor;
+    use lab_model::weights::{pending_from_map, HostTensor};
 
     fn state(step: u64) -> TrainState {
         TrainState {
@@ -344,8 +343,20 @@ mod tests {
     #[test]
     fn save_load_and_fall_back_past_a_corrupt_newest() {
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), state(10), &tensors(1.0), &tensors(2.0)).unwrap();
-        save(dir.path(), state(20), &tensors(3.0), &tensors(4.0)).unwrap();
+        save(
+            dir.path(),
+            state(10),
+            &pending_from_map(&tensors(1.0)),
+            &pending_from_map(&tensors(2.0)),
+        )
+        .unwrap();
+        save(
+            dir.path(),
+            state(20),
+            &pending_from_map(&tensors(3.0)),
+            &pending_from_map(&tensors(4.0)),
+        )
+        .unwrap();
         assert_eq!(
             fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(),
             "step-00000020"
@@ -384,7 +395,13 @@ mod tests {
     fn retention_keeps_last_five_and_every_tenth() {
         let dir = tempfile::tempdir().unwrap();
         for step in (10..=250).step_by(10) {
-            save(dir.path(), state(step), &tensors(0.0), &tensors(0.0)).unwrap();
+            save(
+                dir.path(),
+                state(step),
+                &pending_from_map(&tensors(0.0)),
+                &pending_from_map(&tensors(0.0)),
+            )
+            .unwrap();
             prune(dir.path(), &[step], 5, 10, 10).unwrap();
         }
         let mut kept: Vec<u64> = list(dir.path())
@@ -400,7 +417,13 @@ mod tests {
     fn stale_temp_folders_are_ignored_and_cleaned() {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir(dir.path().join(".step-00000030.tmp-999999")).unwrap();
-        save(dir.path(), state(10), &tensors(0.0), &tensors(0.0)).unwrap();
+        save(
+            dir.path(),
+            state(10),
+            &pending_from_map(&tensors(0.0)),
+            &pending_from_map(&tensors(0.0)),
+        )
+        .unwrap();
         assert_eq!(list(dir.path()).unwrap().len(), 1);
         prune(dir.path(), &[10], 5, 10, 10).unwrap();
         assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
@@ -409,7 +432,13 @@ mod tests {
     #[test]
     fn a_step_folder_moved_aside_by_an_interrupted_replace_is_put_back() {
         let dir = tempfile::tempdir().unwrap();
-        save(dir.path(), state(10), &tensors(1.0), &tensors(2.0)).unwrap();
+        save(
+            dir.path(),
+            state(10),
+            &pending_from_map(&tensors(1.0)),
+            &pending_from_map(&tensors(2.0)),
+        )
+        .unwrap();
         // A kill between moving the old copy aside and renaming the new one in.
         fs::rename(
             dir.path().join("step-00000010"),

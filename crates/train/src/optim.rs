@@ -24,7 +24,7 @@ use burn::tensor::{
     ElementConversion, Tensor,
 };
 use lab_config::TrainConfig;
-use lab_model::weights::{HostTensor, PathStack, TensorMap};
+use lab_model::weights::{HostTensor, PathStack, PendingTensor, TensorMap};
 
 /// First and second moments of one parameter, flattened.
 struct Moments<B: Backend> {
@@ -102,30 +102,53 @@ impl<B: Backend> AdamW<B> {
         (out, self.updates)
     }
 
-    /// Restores moments written by [`AdamW::state`].
-    pub fn load_state(
-        &mut self,
-        state: &TensorMap,
-        updates: u64,
-        device: &B::Device,
-    ) -> Result<()> {
-        let mut moments = BTreeMap::new();
-        for (key, m) in state {
-            let Some(path) = key.strip_prefix("m.") else {
-                continue;
-            };
-            let Some(v) = state.get(&format!("v.{path}")) else {
-                bail!("optimizer state has m.{path} but no v.{path}");
-            };
-            moments.insert(
-                path.to_string(),
+    /// The moments (`m.<path>`, `v.<path>`) to be written one at a time (a checkpoint).
+    pub fn pending_state(&self) -> Vec<PendingTensor<'static>> {
+        let mut out = Vec::new();
+        for (path, mo) in &self.moments {
+            out.push(PendingTensor::of_tensor(format!("m.{path}"), mo.m.clone()));
+            out.push(PendingTensor::of_tensor(format!("v.{path}"), mo.v.clone()));
+        }
+        out
+    }
+
+    /// Zero moments for every parameter of `model` (what the first update starts from), so a
+    /// checkpoint of an untrained state has the size of a trained one (`lab bench --checkpoint`).
+    pub fn zero_moments<M: Module<B>>(&mut self, model: &M, device: &B::Device) {
+        for t in lab_model::weights::pending_tensors(model) {
+            let zeros = || Tensor::<B, 1>::zeros([t.shape.iter().product::<usize>()], device);
+            self.moments.insert(
+                t.name,
                 Moments {
-                    m: m.to_tensor(device),
-                    v: v.to_tensor(device),
+                    m: zeros(),
+                    v: zeros(),
                 },
             );
         }
-        if moments.len() * 2 != state.len() {
+    }
+
+    /// Restores moments written by [`AdamW::state`].
+    pub fn load_state(
+        &mut self,
+        mut state: TensorMap,
+        updates: u64,
+        device: &B::Device,
+    ) -> Result<()> {
+        let paths: Vec<String> = state
+            .keys()
+            .filter_map(|k| k.strip_prefix("m."))
+            .map(String::from)
+            .collect();
+        let mut moments = BTreeMap::new();
+        for path in paths {
+            let m = state.remove(&format!("m.{path}")).expect("listed above");
+            let Some(v) = state.remove(&format!("v.{path}")) else {
+                bail!("optimizer state has m.{path} but no v.{path}");
+            };
+            let (m, v) = (m.into_tensor(device), v.into_tensor(device));
+            moments.insert(path, Moments { m, v });
+        }
+        if !state.is_empty() {
             bail!("optimizer state holds tensors other than m.* / v.* pairs");
         }
         self.moments = moments;

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use burn::module::AutodiffModule;
 use indicatif::ProgressBar;
 use lab_config::LabConfig;
-use lab_model::weights;
+
 use lab_run::{JsonLines, MetricsRow, Status};
 use serde_json::{json, Value};
 
@@ -186,7 +186,7 @@ impl Run {
             eprintln!("warning: {w}");
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
         }
-        let Some(ck) = ck else {
+        let Some(mut ck) = ck else {
             println!("no checkpoint in {}: starting fresh", dir.display());
             // Lines of an attempt that never checkpointed are not part of this run.
             self.truncate_logs_after(0)?;
@@ -195,7 +195,7 @@ impl Run {
         };
         self.check_same_run(&ck.dir, &ck.state)?;
         self.record_identity()?;
-        let state = TrainingState::from_checkpoint(&self.cfg, &ck, device)?;
+        let state = TrainingState::from_checkpoint(&self.cfg, &mut ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
         self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
@@ -388,10 +388,9 @@ impl Run {
         policies: &Policies,
     ) -> Result<PathBuf> {
         let tc = self.cfg.train.clone();
-        let (opt_state, updates) = state.optim.state();
         let train_state = TrainState {
             step: state.step,
-            optimizer_updates: updates,
+            optimizer_updates: state.optim.updates(),
             cursor: state.cursor.clone(),
             rollbacks: state.rollbacks,
             policies: policies.save(),
@@ -407,12 +406,7 @@ impl Run {
             lab_version: env!("CARGO_PKG_VERSION").into(),
             files: Default::default(),
         };
-        let dir = checkpoint::save(
-            &self.dir,
-            train_state,
-            &weights::tensor_map(&state.model),
-            &opt_state,
-        )?;
+        let dir = state.save(&self.dir, train_state)?;
         let mut protect = vec![state.step];
         if let Some((best, val)) = self.best {
             if self.best_pending && best == state.step {
@@ -458,12 +452,12 @@ impl Run {
         drop(failed);
         let dir = self.dir.clone();
         let mut warnings = Vec::new();
-        let ck =
+        let mut ck =
             checkpoint::load_newest_good_at_most(&dir, plan.to_step, &mut |w| warnings.push(w))?;
         for w in warnings {
             self.event(from, "checkpoint_skipped", json!({ "reason": w }));
         }
-        let mut state = match &ck {
+        let mut state = match &mut ck {
             Some(ck) => {
                 self.check_same_run(&ck.dir, &ck.state)?;
                 policies.restore(&ck.state.policies)?;

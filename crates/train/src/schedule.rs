@@ -66,7 +66,8 @@ impl Schedule {
         let progress = (step - e.at_step) as f64 / (e.to_steps - e.at_step) as f64;
         let cosine = 0.5 * (1.0 + (std::f64::consts::PI * progress.min(1.0)).cos());
         let min = self.train.min_lr.min(e.lr_at_step);
-        min + cosine * (e.lr_at_step - min)
+        // Written from the start so the first step of the tail is exactly the rate in force.
+        e.lr_at_step - (1.0 - cosine) * (e.lr_at_step - min)
     }
 
     /// Extends the run at `step` to `to_steps`. `None` when it already trains to `to_steps`.

@@ -1,13 +1,15 @@
 //! Everything a step changes: the model, the optimizer, the step count, the data cursor, the
 //! rollback count and the schedule, and how it is built fresh or from a checkpoint.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{Context, Result};
 use burn::optim::GradientsParams;
 use lab_config::LabConfig;
 use lab_model::{weights, Llama};
 
 use crate::backend::TrainBackend;
-use crate::checkpoint::Loaded;
+use crate::checkpoint::{self, Loaded, TrainState};
 use crate::optim::AdamW;
 use crate::schedule::Schedule;
 
@@ -38,13 +40,15 @@ impl<B: TrainBackend> TrainingState<B> {
         }
     }
 
-    /// The state a verified checkpoint holds.
-    pub fn from_checkpoint(cfg: &LabConfig, ck: &Loaded, device: &B::Device) -> Result<Self> {
+    /// The state a verified checkpoint holds. Its tensors are moved out of `ck` (a state of
+    /// gigabytes is not copied twice).
+    pub fn from_checkpoint(cfg: &LabConfig, ck: &mut Loaded, device: &B::Device) -> Result<Self> {
         let fresh = Self::fresh(cfg, device);
-        let model = weights::load_tensor_map(fresh.model, &ck.model)
+        let model = weights::load_tensor_map_owned(fresh.model, std::mem::take(&mut ck.model))
             .with_context(|| format!("{}", ck.dir.display()))?;
         let mut optim = fresh.optim;
-        optim.load_state(&ck.optimizer, ck.state.optimizer_updates, device)?;
+        let moments = std::mem::take(&mut ck.optimizer);
+        optim.load_state(moments, ck.state.optimizer_updates, device)?;
         Ok(Self {
             model,
             optim,
@@ -53,6 +57,12 @@ impl<B: TrainBackend> TrainingState<B> {
             rollbacks: ck.state.rollbacks,
             schedule: Schedule::new(&cfg.train, ck.state.schedule_extensions.clone()),
         })
+    }
+
+    /// Writes this state as the checkpoint `meta` describes (see [`checkpoint::save`]).
+    pub fn save(&self, run_dir: &Path, meta: TrainState) -> Result<PathBuf> {
+        let model = weights::pending_tensors(&self.model);
+        checkpoint::save(run_dir, meta, &model, &self.optim.pending_state())
     }
 
     /// Applies one AdamW update (the policies have accepted the step).

@@ -30,6 +30,13 @@ pub struct Args {
     /// Time decoding this many tokens with the KV cache against recomputing the sequence.
     #[arg(long, value_name = "TOKENS")]
     pub generate: Option<usize>,
+    /// Time writing (temp folder, fsync, rename) and loading (verify, restore) a checkpoint
+    /// of the config's initialised weights and optimizer state, in --ckpt-dir.
+    #[arg(long)]
+    pub checkpoint: bool,
+    /// Where --checkpoint writes (the disk measured; removed afterwards).
+    #[arg(long, default_value = "runs/bench-checkpoint")]
+    pub ckpt_dir: std::path::PathBuf,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -52,6 +59,31 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .map(|n| n.to_string())
             .unwrap_or_default()
     });
+    if args.checkpoint {
+        let r = backend.dispatch(lab_train::bench::CheckpointBench {
+            config,
+            dir: args.ckpt_dir.clone(),
+        })?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            let gb = |b: u64| b as f64 / 1e9;
+            println!(
+                "checkpoint of {:.2} GB of state ({:.2} GB on disk) in {}: write {:.2} s ({:.2} GB/s, temp + fsync + rename), load and verify {:.2} s ({:.2} GB/s); RSS {:.2} GB before the save, peak {:.2} GB during it ({:.2}× the state)",
+                gb(r.state_bytes),
+                gb(r.file_bytes),
+                args.ckpt_dir.display(),
+                r.write_s,
+                r.write_gb_per_s,
+                r.load_s,
+                r.load_gb_per_s,
+                gb(r.rss_before_save),
+                gb(r.peak_rss_save),
+                r.peak_rss_save as f64 / r.state_bytes as f64
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(n) = args.generate {
         let r = backend.dispatch(lab_train::bench::GenerateBench {
             config,
