@@ -424,7 +424,10 @@ fn a_finished_run_extends_reproducibly_and_a_plain_resume_with_more_steps_is_ref
     // Changing the plan on a plain resume breaks a bit-exact resume: refused, naming the flag.
     let mut c = train(&cfg, &run);
     c.args(["--total-steps", "30", "--resume-from-latest"]);
-    expect_one_line_error(&mut c, "--extend-to-steps 30");
+    expect_one_line_error(
+        &mut c,
+        "keep train.total_steps = 20 (drop --total-steps 30) and add --extend-to-steps 30",
+    );
 
     let extend = |dir: &Path| {
         run_ok(train(&cfg, dir).args([
@@ -436,6 +439,12 @@ fn a_finished_run_extends_reproducibly_and_a_plain_resume_with_more_steps_is_ref
         ]));
     };
     extend(&run);
+    // Durable at once: the checkpoint it extended from now carries the extension.
+    let at20: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("step-00000020/state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(at20["schedule_extensions"][0]["to_steps"], 30);
     extend(&twin);
     assert_eq!(
         sha256(&final_weights(&run, 30)),
@@ -495,4 +504,27 @@ fn a_finished_run_extends_reproducibly_and_a_plain_resume_with_more_steps_is_ref
         sha256(&final_weights(&run, 30)),
         sha256(&final_weights(&twin, 30))
     );
+}
+
+#[test]
+fn the_checkpoint_bench_leaves_the_folder_it_measures_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let keep = tmp.path().join("disk");
+    std::fs::create_dir_all(&keep).unwrap();
+    std::fs::write(keep.join("precious.txt"), "a run's file").unwrap();
+    let out = run_ok(
+        lab()
+            .args(["bench", "--checkpoint", "--json", "--config"])
+            .arg(&cfg)
+            .arg("--ckpt-dir")
+            .arg(&keep),
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(r["file_bytes"].as_u64().unwrap() >= r["state_bytes"].as_u64().unwrap());
+    let left: Vec<_> = std::fs::read_dir(&keep)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("precious.txt")]);
 }

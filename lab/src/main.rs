@@ -10,13 +10,14 @@ use clap::{Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// mimalloc's `mi_option_purge_delay` (v2's mimalloc.h: the 16th option).
+/// mimalloc's `mi_option_purge_delay` (the 16th option of the v3 mimalloc.h that
+/// libmimalloc-sys builds; also 15 in v2).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
-/// By default mimalloc hands freed pages back to the kernel after 10 ms, and a training step
-/// frees and reallocates the same buffers every step, so each step page-faults them back in
-/// (9–15k faults per 7 steps of the tiny bench; ~670 when kept). Keep them, unless the user
-/// set `MIMALLOC_PURGE_DELAY` themselves.
+/// By default mimalloc hands freed pages back to the kernel after a delay (1 s in v3), and a
+/// training step frees and reallocates the same buffers every step, so steps page-fault them
+/// back in. Keep them (the process's RSS stays at its peak), unless the user set
+/// `MIMALLOC_PURGE_DELAY` themselves.
 fn keep_freed_pages() {
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets an allocator option; mimalloc reads it at its next purge decision.

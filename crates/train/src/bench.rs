@@ -173,7 +173,8 @@ impl OnBackend for GenerateBench {
 /// initialised weights and zero AdamW moments (no training step), as the trainer does it.
 pub struct CheckpointBench {
     pub config: LabConfig,
-    /// Where the checkpoint is written (removed afterwards): the disk being measured.
+    /// The folder on the disk being measured: the checkpoint goes to a folder of its own
+    /// inside it, removed afterwards.
     pub dir: std::path::PathBuf,
 }
 
@@ -200,8 +201,11 @@ impl OnBackend for CheckpointBench {
         let mut state = TrainingState::<B>::fresh(cfg, &device);
         state.optim.zero_moments(&state.model.valid(), &device);
         let params = cfg.model.param_count().total();
-        let _ = std::fs::remove_dir_all(&self.dir);
-        std::fs::create_dir_all(&self.dir)?;
+        // A folder of its own inside --ckpt-dir: nothing else there is touched.
+        let dir = self
+            .dir
+            .join(format!(".bench-checkpoint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
         let train_state = checkpoint::TrainState {
             step: 0,
             optimizer_updates: 0,
@@ -223,7 +227,7 @@ impl OnBackend for CheckpointBench {
 
         let rss_before_save = memory::reset_peak();
         let t0 = Instant::now();
-        let written = state.save(&self.dir, train_state)?;
+        let written = state.save(&dir, train_state)?;
         let write_s = t0.elapsed().as_secs_f64();
         let peak_rss_save = memory::peak();
         let file_bytes = dir_bytes(&written)?;
@@ -234,7 +238,7 @@ impl OnBackend for CheckpointBench {
         let loaded = TrainingState::<B>::from_checkpoint(cfg, &mut ck, &device)?;
         let load_s = t1.elapsed().as_secs_f64();
         drop((loaded, ck));
-        std::fs::remove_dir_all(&self.dir)?;
+        std::fs::remove_dir_all(&dir)?;
         Ok(CheckpointReport {
             state_bytes: params * 3 * 4,
             file_bytes,

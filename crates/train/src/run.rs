@@ -141,7 +141,10 @@ impl Run {
     ) -> Result<TrainingState<B>> {
         let mut state = self.restore(policies, device)?;
         if let Some(to) = self.extend_to_steps {
-            self.extend(&mut state, to)?;
+            if self.extend(&mut state, to)? {
+                // Durable at once: a kill before the next checkpoint must not lose it.
+                self.checkpoint(&state, policies)?;
+            }
         }
         let total = state.schedule.total_steps();
         self.status.total_steps = total;
@@ -149,20 +152,20 @@ impl Run {
         Ok(state)
     }
 
-    /// `--extend-to-steps`: the run trains on to `to`; the decision is an event and, from the
-    /// next checkpoint on, part of state.json.
-    fn extend<B: TrainBackend>(&mut self, state: &mut TrainingState<B>, to: u64) -> Result<()> {
+    /// `--extend-to-steps`: the run trains on to `to`; the decision is an event and part of
+    /// state.json. False when the run already trains to `to`.
+    fn extend<B: TrainBackend>(&mut self, state: &mut TrainingState<B>, to: u64) -> Result<bool> {
         let step = state.step;
         let Some(e) = state.schedule.extend(step, to)?.cloned() else {
-            return Ok(());
+            return Ok(false);
         };
         let min_lr = state.schedule.lr(to);
         self.event(step, "schedule_extended", serde_json::to_value(&e)?);
         self.say(&format!(
             "extended at step {step}: {} → {} steps, learning rate {:.2e} falling to {min_lr:.2e} on a new cosine tail",
-            e.from_steps, e.to_steps, e.lr_at_step
+                        e.from_steps, e.to_steps, e.lr_at_step
         ));
-        Ok(())
+        Ok(true)
     }
 
     fn restore<B: TrainBackend>(
@@ -219,11 +222,10 @@ impl Run {
         let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if state.training_sha256 != self.training_sha {
             if let Some(planned) = self.only_total_steps_differ() {
+                let new = self.cfg.train.total_steps;
                 bail!(
-                    "{}: the run was planned for {planned} steps, not {} (train.total_steps is part of the schedule a bit-exact resume keeps); to train longer, resume with --extend-to-steps {}",
-                    dir.display(),
-                    self.cfg.train.total_steps,
-                    self.cfg.train.total_steps
+                    "{}: the run was planned for {planned} steps, not {new} (train.total_steps is part of the schedule a bit-exact resume keeps); to train longer, keep train.total_steps = {planned} (drop --total-steps {new}) and add --extend-to-steps {new}",
+                    dir.display()
                 );
             }
             bail!(

@@ -71,6 +71,7 @@ impl Schedule {
     }
 
     /// Extends the run at `step` to `to_steps`. `None` when it already trains to `to_steps`.
+    /// A run still in warmup finishes its warmup first: the new tail starts at its end.
     pub fn extend(&mut self, step: u64, to_steps: u64) -> Result<Option<&Extension>> {
         let total = self.total_steps();
         if to_steps == total {
@@ -81,11 +82,12 @@ impl Schedule {
                 "--extend-to-steps {to_steps} must be beyond the run's planned end (step {total})"
             );
         }
+        let at_step = step.max(self.train.warmup_steps as u64);
         self.extensions.push(Extension {
-            at_step: step,
+            at_step,
             from_steps: total,
             to_steps,
-            lr_at_step: self.lr(step),
+            lr_at_step: self.lr(at_step),
         });
         Ok(self.extensions.last())
     }
@@ -147,17 +149,20 @@ mod tests {
     }
 
     proptest! {
-        /// An extension continues from the rate in force (no jump), never rises, and ends at
-        /// min_lr; before it the schedule is the planned one.
+                /// An extension continues from the rate in force (no jump), never rises after warmup,
+        /// and ends at min_lr; before it the schedule is the planned one.
         #[test]
         fn an_extension_continues_the_rate_down_to_min_lr(
             total in 10usize..500, at_frac in 0.0f64..=1.0, more in 1u64..500, min_frac in 0.0f64..1.0
         ) {
-            let c = cfg(total, total / 10, 1e-3, min_frac);
-            let at = (total as f64 * at_frac) as u64;
+                        let c = cfg(total, total / 10, 1e-3, min_frac);
+            let step = (total as f64 * at_frac) as u64;
             let mut s = Schedule::new(&c, vec![]);
             let to = total as u64 + more;
-            let e = s.extend(at, to).unwrap().unwrap().clone();
+            let e = s.extend(step, to).unwrap().unwrap().clone();
+            // Warmup is finished first: the tail never starts below the peak's schedule.
+            let at = step.max(c.warmup_steps as u64);
+            prop_assert_eq!(e.at_step, at);
             prop_assert_eq!(e.lr_at_step, learning_rate(&c, at as usize));
             prop_assert_eq!(s.total_steps(), to);
             for step in 0..at {
@@ -168,8 +173,8 @@ mod tests {
                 prop_assert!(s.lr(step + 1) <= s.lr(step) + 1e-18, "rises at {}", step);
             }
             prop_assert!((s.lr(to) - c.min_lr.min(e.lr_at_step)).abs() <= 1e-15);
-            prop_assert!(s.extend(at, to).unwrap().is_none(), "extending to the same end is a no-op");
-            prop_assert!(s.extend(at, to - 1).is_err());
+                        prop_assert!(s.extend(step, to).unwrap().is_none(), "extending to the same end is a no-op");
+            prop_assert!(s.extend(step, to - 1).is_err());
         }
     }
 }

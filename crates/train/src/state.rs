@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use lab_config::LabConfig;
 use lab_model::{weights, Llama};
@@ -61,7 +62,8 @@ impl<B: TrainBackend> TrainingState<B> {
 
     /// Writes this state as the checkpoint `meta` describes (see [`checkpoint::save`]).
     pub fn save(&self, run_dir: &Path, meta: TrainState) -> Result<PathBuf> {
-        let model = weights::pending_tensors(&self.model);
+        // The inner model: reading the weights must not add nodes to the autodiff graph.
+        let model = weights::pending_tensors(&self.model.valid());
         checkpoint::save(run_dir, meta, &model, &self.optim.pending_state())
     }
 

@@ -34,7 +34,8 @@ pub struct Args {
     /// of the config's initialised weights and optimizer state, in --ckpt-dir.
     #[arg(long)]
     pub checkpoint: bool,
-    /// Where --checkpoint writes (the disk measured; removed afterwards).
+    /// The folder on the disk --checkpoint measures (it writes into a temporary subfolder,
+    /// removed afterwards).
     #[arg(long, default_value = "runs/bench-checkpoint")]
     pub ckpt_dir: std::path::PathBuf,
     /// Print the report as JSON.
@@ -68,6 +69,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             println!("{}", serde_json::to_string_pretty(&r)?);
         } else {
             let gb = |b: u64| b as f64 / 1e9;
+            // The figures are for this folder's disk.
             println!(
                 "checkpoint of {:.2} GB of state ({:.2} GB on disk) in {}: write {:.2} s ({:.2} GB/s, temp + fsync + rename), load and verify {:.2} s ({:.2} GB/s); RSS {:.2} GB before the save, peak {:.2} GB during it ({:.2}× the state)",
                 gb(r.state_bytes),
