@@ -1,10 +1,10 @@
 //! The custom backward: `Autodiff<B>` records one graph node for the whole loss.
 //!
-//! Forward runs the inner backend's fused forward on the raw primitives (no autodiff
-//! bookkeeping inside). The node's saved state is the two inputs (already alive: they are
-//! the model's activations and a parameter), the targets and the per-row log-sum-exp `[N]`:
-//! nothing of size `[N, V]`. Backward calls the inner backend's fused backward, which
-//! recomputes each chunk's logits.
+//! When a gradient is wanted, the forward computes the gradients too, for an upstream
+//! gradient of 1 (`lm_head_loss_with_grads`: each chunk's logits once, not again in
+//! backward, as Liger's fused linear cross-entropy does). The node saves those two gradients,
+//! `[N, d]` and `[d, V]`, nothing of size `[N, V]`; backward only scales them by the upstream
+//! gradient (exact when it is a power of two, as `loss / grad_accum` is for the presets).
 
 use burn::backend::autodiff::{
     checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
@@ -19,24 +19,20 @@ use crate::FusedLoss;
 #[derive(Debug)]
 struct LmHeadLossBackward;
 
-/// Saved for backward: hidden [N, d], weight [d, V], targets [N], lse [N], chunk rows.
-type SavedState<B> = (
-    FloatTensor<B>,
-    FloatTensor<B>,
-    IntTensor<B>,
-    FloatTensor<B>,
-    usize,
-);
+/// Saved for backward: d loss/d hidden [N, d] and d loss/d weight [d, V] for an upstream
+/// gradient of 1.
+type SavedState<B> = (FloatTensor<B>, FloatTensor<B>);
 
 impl<B: FusedLoss> Backward<B, 2> for LmHeadLossBackward {
     type State = SavedState<B>;
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (hidden, weight, targets, lse, chunk_rows) = ops.state;
+        let (grad_hidden, grad_weight) = ops.state;
         let grad_loss = grads.consume::<B>(&ops.node); // [1]
+        let scale = B::float_reshape(grad_loss, [1, 1].into());
+        let grad_hidden = B::float_mul(grad_hidden, scale.clone());
+        let grad_weight = B::float_mul(grad_weight, scale);
         let [hidden_node, weight_node] = ops.parents;
-        let (grad_hidden, grad_weight) =
-            B::lm_head_loss_backward(hidden, weight, targets, lse, grad_loss, chunk_rows);
         if let Some(node) = hidden_node {
             grads.register::<B>(node.id, grad_hidden);
         }
@@ -60,14 +56,13 @@ impl<B: FusedLoss, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => {
-                let (loss, lse) = B::lm_head_loss_forward(
-                    hidden.primitive.clone(),
-                    weight.primitive.clone(),
-                    targets.clone(),
+                let (loss, grad_hidden, grad_weight) = B::lm_head_loss_with_grads(
+                    hidden.primitive,
+                    weight.primitive,
+                    targets,
                     chunk_rows,
                 );
-                let state = (hidden.primitive, weight.primitive, targets, lse, chunk_rows);
-                prep.finish(state, loss)
+                prep.finish((grad_hidden, grad_weight), loss)
             }
             // Neither input needs a gradient (e.g. eval under autodiff): plain forward.
             OpsKind::UnTracked(prep) => prep.finish(B::lm_head_loss(

@@ -21,6 +21,8 @@
 //! - backward: the same product again (recompute), then `g @ W^T` (2·N·d·V) and
 //!   `h^T @ g` (2·N·d·V): 6·N·d·V FLOPs; the `[d, V]` weight gradient is read and written
 //!   once per chunk.
+//! - training (`lm_head_loss_with_grads`): forward and backward in one pass, 6·N·d·V FLOPs
+//!   instead of 8: the logits of a chunk are computed once and turned into `g` in place.
 //! - memory: `[c, V]` logits block + `[N, d]` and `[d, V]` gradients; the forward keeps only
 //!   `lse [N]` for backward.
 //!
@@ -46,6 +48,38 @@ impl FusedLoss for Flex {
                 (f32_tensor(vec![loss], [1]), f32_tensor(lse, [h.rows]))
             }
             _ => generic::forward::<Flex>(hidden, weight, targets, chunk_rows),
+        }
+    }
+
+    fn lm_head_loss_with_grads(
+        hidden: FlexTensor,
+        weight: FlexTensor,
+        targets: FlexTensor,
+        chunk_rows: usize,
+    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+        match (Mat::of(&hidden), Mat::of(&weight)) {
+            (Some(h), Some(w)) => {
+                let (n, d, v) = (h.rows, h.cols, w.cols);
+                let t = target_ids(&targets, n, v);
+                let (loss, gh, gw) = forward_with_grads(&h, &w, &t, chunk_rows);
+                (
+                    f32_tensor(vec![loss], [1]),
+                    f32_tensor(gh, [n, d]),
+                    f32_tensor(gw, [d, v]),
+                )
+            }
+            _ => {
+                let (loss, lse) = generic::forward::<Flex>(
+                    hidden.clone(),
+                    weight.clone(),
+                    targets.clone(),
+                    chunk_rows,
+                );
+                let one = f32_tensor(vec![1.0], [1]);
+                let (gh, gw) =
+                    generic::backward::<Flex>(hidden, weight, targets, lse, one, chunk_rows);
+                (loss, gh, gw)
+            }
         }
     }
 
@@ -267,13 +301,11 @@ fn forward(h: &Mat, w: &Mat, targets: &[usize], chunk_rows: usize) -> (f32, Vec<
             picked[i] = block[(i - s) * v + targets[i]];
         }
     }
-    // Mean over rows, summed in row order in f64.
-    let total: f64 = lse.iter().zip(&picked).map(|(&l, &p)| (l - p) as f64).sum();
-    ((total / n as f64) as f32, lse)
+    (mean_loss(&lse, &picked), lse)
 }
 
-/// `(grad_hidden [N, d], grad_weight [d, V])`. Buffers: one `[c, V]` block that holds the
-/// recomputed logits and is then overwritten in place by `g = (softmax − onehot)·scale`.
+/// `(grad_hidden [N, d], grad_weight [d, V])` for the upstream gradient `grad_loss`, given
+/// the forward's `lse`: each chunk's logits are recomputed.
 fn backward(
     h: &Mat,
     w: &Mat,
@@ -282,16 +314,47 @@ fn backward(
     grad_loss: f32,
     chunk_rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    let (gh, gw, _) = gradients(h, w, targets, Some(lse), grad_loss, chunk_rows);
+    (gh, gw)
+}
+
+/// `(loss, grad_hidden, grad_weight)` in one pass for an upstream gradient of 1: the chunk's
+/// logits are computed once, their log-sum-exp taken, and the same block turned into `g`.
+/// Bit for bit the forward's loss and the backward's gradients.
+fn forward_with_grads(
+    h: &Mat,
+    w: &Mat,
+    targets: &[usize],
+    chunk_rows: usize,
+) -> (f32, Vec<f32>, Vec<f32>) {
+    let (gh, gw, loss) = gradients(h, w, targets, None, 1.0, chunk_rows);
+    (loss.expect("computed without a forward lse"), gh, gw)
+}
+
+/// The gradients, one chunk of rows at a time. Buffers: one `[c, V]` block that holds the
+/// chunk's logits and is then overwritten in place by `g = (softmax − onehot)·scale`. With
+/// `lse` the logits are a recomputation; without it, each row's log-sum-exp comes from the
+/// block (as the forward computes it) and the mean loss is returned too.
+fn gradients(
+    h: &Mat,
+    w: &Mat,
+    targets: &[usize],
+    lse: Option<&[f32]>,
+    grad_loss: f32,
+    chunk_rows: usize,
+) -> (Vec<f32>, Vec<f32>, Option<f32>) {
     check_shapes(h, w, targets, chunk_rows);
     let (n, d, v) = (h.rows, h.cols, w.cols);
     let scale = grad_loss / n as f32; // d loss / d logits = (softmax − onehot) · scale
     let mut block_buf = vec![0f32; chunk_rows.min(n) * v]; // [c, V]
     let mut grad_hidden = vec![0f32; n * d]; // [N, d]
     let mut grad_weight = vec![0f32; d * v]; // [d, V]
+    let mut own_lse = vec![0f32; if lse.is_some() { 0 } else { n }];
+    let mut picked = vec![0f32; own_lse.len()];
     for (chunk, (s, e)) in generic::chunks(n, chunk_rows).enumerate() {
         let c = e - s;
         let g = &mut block_buf[..c * v];
-        // Recompute logits[c, V] = hidden[s..e] @ W: 2·c·d·V FLOPs.
+        // logits[c, V] = hidden[s..e] @ W: 2·c·d·V FLOPs.
         matmul(
             g,
             (c, v, d),
@@ -300,8 +363,20 @@ fn backward(
             (w.row_ptr(0), w.rs, w.cs),
             false,
         );
+        let chunk_lse = match lse {
+            Some(l) => &l[s..e],
+            None => {
+                g.par_chunks(v)
+                    .zip(own_lse[s..e].par_iter_mut())
+                    .for_each(|(row, out)| *out = kernels::log_sum_exp(row));
+                for i in s..e {
+                    picked[i] = g[(i - s) * v + targets[i]];
+                }
+                &own_lse[s..e]
+            }
+        };
         g.par_chunks_mut(v)
-            .zip(lse[s..e].par_iter())
+            .zip(chunk_lse.par_iter())
             .zip(targets[s..e].par_iter())
             .for_each(|((row, &l), &t)| kernels::softmax_minus_onehot(row, l, t, scale));
         // grad_hidden[s..e] = g @ W^T: [c, V] @ [V, d], 2·c·d·V FLOPs. The output is small
@@ -332,7 +407,14 @@ fn backward(
             chunk > 0,
         );
     }
-    (grad_hidden, grad_weight)
+    let loss = lse.is_none().then(|| mean_loss(&own_lse, &picked));
+    (grad_hidden, grad_weight, loss)
+}
+
+/// Mean over rows of `lse − picked`, summed in row order in f64.
+fn mean_loss(lse: &[f32], picked: &[f32]) -> f32 {
+    let total: f64 = lse.iter().zip(picked).map(|(&l, &p)| (l - p) as f64).sum();
+    (total / lse.len() as f64) as f32
 }
 
 /// Row kernels. Written as plain loops over 16 independent lanes so LLVM vectorizes them;
@@ -526,5 +608,44 @@ mod tests {
         let (gh_g, gw_g) = generic::backward::<Flex>(h, w, t, lse_k, up, chunk);
         assert!(max_rel(gh_k, gh_g) <= 1e-5);
         assert!(max_rel(gw_k, gw_g) <= 1e-5);
+    }
+
+    /// Training's one pass gives exactly the forward's loss and the backward's gradients for
+    /// an upstream gradient of 1 (the logits of a chunk are the same products, the same row
+    /// kernels run on them).
+    #[test]
+    fn one_pass_equals_forward_then_backward_bit_for_bit() {
+        let dev = Default::default();
+        let (n, d, v, chunk) = (45, 12, 333, 16);
+        let f = |len: usize, k: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * k) % 89) as f32 / 89.0 - 0.5) * 3.0)
+                .collect()
+        };
+        let hidden = Tensor::<Flex, 2>::from_data(TensorData::new(f(n * d, 29), [n, d]), &dev);
+        let weight = Tensor::<Flex, 2>::from_data(TensorData::new(f(d * v, 13), [d, v]), &dev);
+        let ids: Vec<i64> = (0..n as i64).map(|i| (i * 41) % v as i64).collect();
+        let targets = Tensor::<Flex, 1, Int>::from_data(TensorData::new(ids, [n]), &dev);
+        let (h, w, t) = (
+            hidden.into_primitive().tensor(),
+            weight.into_primitive().tensor(),
+            targets.into_primitive(),
+        );
+        let bits = |x: FlexTensor| -> Vec<u32> {
+            x.into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let (loss, lse) = Flex::lm_head_loss_forward(h.clone(), w.clone(), t.clone(), chunk);
+        let one = f32_tensor(vec![1.0], [1]);
+        let (gh, gw) =
+            Flex::lm_head_loss_backward(h.clone(), w.clone(), t.clone(), lse, one, chunk);
+        let (loss1, gh1, gw1) = Flex::lm_head_loss_with_grads(h, w, t, chunk);
+        assert_eq!(bits(loss1), bits(loss));
+        assert_eq!(bits(gh1), bits(gh));
+        assert_eq!(bits(gw1), bits(gw));
     }
 }

@@ -62,6 +62,26 @@ pub trait FusedLoss: Backend {
         generic::forward::<Self>(hidden, weight, targets, chunk_rows)
     }
 
+    /// Forward and gradients in one pass, for training, where backward always follows:
+    /// `(mean loss [1], d loss/d hidden [N, d], d loss/d weight [d, V])` for an upstream
+    /// gradient of 1 (Liger's fused linear cross-entropy: backward then only scales, and the
+    /// logits are computed once instead of twice).
+    fn lm_head_loss_with_grads(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (loss, lse) =
+            Self::lm_head_loss_forward(hidden.clone(), weight.clone(), targets.clone(), chunk_rows);
+        let one = Self::float_from_data(
+            burn::tensor::TensorData::new(vec![1f32], [1]),
+            &Self::float_device(&loss),
+        );
+        let (gh, gw) = Self::lm_head_loss_backward(hidden, weight, targets, lse, one, chunk_rows);
+        (loss, gh, gw)
+    }
+
     /// Backward half: `(d loss/d hidden [N, d], d loss/d weight [d, V])`, given the upstream
     /// gradient of the loss `grad_loss [1]` and the forward's log-sum-exp `lse [N]`.
     fn lm_head_loss_backward(
