@@ -60,32 +60,16 @@ impl PathStack {
     }
 }
 
-struct Collect {
-    path: PathStack,
-    out: TensorMap,
-}
-
-impl<B: Backend> ModuleVisitor<B> for Collect {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.enter(name);
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.exit();
-    }
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.out
-            .insert(self.path.path(), HostTensor::from_tensor(param.val()));
-    }
-}
-
-/// Every float parameter of `module`, by path.
+/// Every float parameter of `module`, by path, copied to the host.
 pub fn tensor_map<B: Backend, M: Module<B>>(module: &M) -> TensorMap {
-    let mut v = Collect {
-        path: PathStack::default(),
-        out: TensorMap::new(),
-    };
-    module.visit(&mut v);
-    v.out
+    pending_tensors(module)
+        .into_iter()
+        .map(|t| {
+            let data = (t.fetch)(0..t.bytes() / 4).into_owned();
+            let shape = t.shape.clone();
+            (t.name, HostTensor { shape, data })
+        })
+        .collect()
 }
 
 struct Replace {

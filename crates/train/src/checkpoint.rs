@@ -330,6 +330,13 @@ mod tests {
         }
     }
 
+    /// A checkpoint of step `step` whose model and optimizer tensors are filled with `m`, `o`.
+    fn save_maps(dir: &Path, step: u64, m: f32, o: f32) -> Result<PathBuf> {
+        let (m, o) = (tensors(m), tensors(o));
+        let (m, o) = (pending_from_map(&m), pending_from_map(&o));
+        save(dir, state(step), &m, &o)
+    }
+
     fn tensors(x: f32) -> TensorMap {
         TensorMap::from([(
             "w".to_string(),
@@ -343,20 +350,8 @@ mod tests {
     #[test]
     fn save_load_and_fall_back_past_a_corrupt_newest() {
         let dir = tempfile::tempdir().unwrap();
-        save(
-            dir.path(),
-            state(10),
-            &pending_from_map(&tensors(1.0)),
-            &pending_from_map(&tensors(2.0)),
-        )
-        .unwrap();
-        save(
-            dir.path(),
-            state(20),
-            &pending_from_map(&tensors(3.0)),
-            &pending_from_map(&tensors(4.0)),
-        )
-        .unwrap();
+        save_maps(dir.path(), 10, 1.0, 2.0).unwrap();
+        save_maps(dir.path(), 20, 3.0, 4.0).unwrap();
         assert_eq!(
             fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(),
             "step-00000020"
@@ -395,13 +390,7 @@ mod tests {
     fn retention_keeps_last_five_and_every_tenth() {
         let dir = tempfile::tempdir().unwrap();
         for step in (10..=250).step_by(10) {
-            save(
-                dir.path(),
-                state(step),
-                &pending_from_map(&tensors(0.0)),
-                &pending_from_map(&tensors(0.0)),
-            )
-            .unwrap();
+            save_maps(dir.path(), step, 0.0, 0.0).unwrap();
             prune(dir.path(), &[step], 5, 10, 10).unwrap();
         }
         let mut kept: Vec<u64> = list(dir.path())
@@ -417,13 +406,7 @@ mod tests {
     fn stale_temp_folders_are_ignored_and_cleaned() {
         let dir = tempfile::tempdir().unwrap();
         fs::create_dir(dir.path().join(".step-00000030.tmp-999999")).unwrap();
-        save(
-            dir.path(),
-            state(10),
-            &pending_from_map(&tensors(0.0)),
-            &pending_from_map(&tensors(0.0)),
-        )
-        .unwrap();
+        save_maps(dir.path(), 10, 0.0, 0.0).unwrap();
         assert_eq!(list(dir.path()).unwrap().len(), 1);
         prune(dir.path(), &[10], 5, 10, 10).unwrap();
         assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
@@ -432,13 +415,7 @@ mod tests {
     #[test]
     fn a_step_folder_moved_aside_by_an_interrupted_replace_is_put_back() {
         let dir = tempfile::tempdir().unwrap();
-        save(
-            dir.path(),
-            state(10),
-            &pending_from_map(&tensors(1.0)),
-            &pending_from_map(&tensors(2.0)),
-        )
-        .unwrap();
+        save_maps(dir.path(), 10, 1.0, 2.0).unwrap();
         // A kill between moving the old copy aside and renaming the new one in.
         fs::rename(
             dir.path().join("step-00000010"),
