@@ -133,3 +133,26 @@ pub fn png_ink(path: &Path) -> (f64, usize) {
         colors.len(),
     )
 }
+
+/// Polls `reached` while `child` runs. True once it holds; false if the child exited first.
+/// No deadline: progress is the child's own (a hung child is the CI job's timeout to catch),
+/// so the test never depends on how fast this machine is.
+pub fn wait_until(child: &mut std::process::Child, reached: &dyn Fn() -> bool) -> bool {
+    loop {
+        if reached() {
+            return true;
+        }
+        if child.try_wait().unwrap().is_some() {
+            return reached();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Lines in `path` (0 while it does not exist).
+pub fn line_count(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}

@@ -7,7 +7,6 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::Value;
@@ -76,15 +75,10 @@ fn kill_when(cmd: &mut Command, reached: &dyn Fn() -> bool) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !reached() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "ended before the kill point"
-        );
-        assert!(Instant::now() < deadline, "kill point not reached in time");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    assert!(
+        wait_until(&mut child, reached),
+        "ended before the kill point"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
 }

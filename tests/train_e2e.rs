@@ -5,7 +5,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -69,27 +68,19 @@ fn kill_9_at_a_random_step_then_resume_matches_an_uninterrupted_run() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
+    let checkpointed = || {
         let latest = std::fs::read_to_string(run.join("latest")).unwrap_or_default();
         let step: u64 = latest
             .trim()
             .trim_start_matches("step-")
             .parse()
             .unwrap_or(0);
-        if step >= target {
-            break;
-        }
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "run ended before step {target}"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "no checkpoint at step {target} in time"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        step >= target
+    };
+    assert!(
+        wait_until(&mut child, &checkpointed),
+        "run ended before step {target}"
+    );
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert!(!final_weights(&run, 60).exists(), "killed before the end");
@@ -124,16 +115,11 @@ fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .count()
-        < 3
-    {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let metrics = run.join("metrics.jsonl");
+    assert!(
+        wait_until(&mut child, &|| line_count(&metrics) >= 3),
+        "run ended early"
+    );
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -341,15 +327,11 @@ fn a_second_trainer_on_the_same_run_folder_is_refused() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !run.join("metrics.jsonl").exists()
-        || std::fs::read_to_string(run.join("metrics.jsonl"))
-            .unwrap()
-            .is_empty()
-    {
-        assert!(Instant::now() < deadline, "no progress");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let metrics = run.join("metrics.jsonl");
+    assert!(
+        wait_until(&mut first, &|| line_count(&metrics) >= 1),
+        "run ended early"
+    );
     expect_one_line_error(
         train(&cfg, &run).args(["--total-steps", "100000", "--resume-from-latest"]),
         "in use by another lab train",
