@@ -241,16 +241,23 @@ where
         }
     }
     if series.iter().any(|s| !s.name.is_empty()) {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
+}
+
+/// The legend, upper right on a light box, as every chart here draws it.
+fn draw_legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, CT>,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)
 }
 
 /// Grouped bars: one group per label, one bar per series name.
@@ -309,15 +316,7 @@ pub fn grouped_bars_png(
                     Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled())
                 });
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(err)?;
-        Ok(())
+        draw_legend(&mut chart)
     })
 }
 
