@@ -1,7 +1,7 @@
 //! lab-corpus: from raw corpora to nanoGPT token files.
 //!
 //! `reader` streams documents out of text, JSONL, JSONL+zstd and parquet files; `clean`,
-//! `redact`, `dedup` and `decontam` are the filter stages; `tokenize` encodes (GPT-2 BPE or a
+//! `redact` (with `deid_probe`, its Safe Harbor probe), `dedup` and `decontam` are the filter stages; `tokenize` encodes (GPT-2 BPE or a
 //! trained tokenizer.json) and `prepare` runs the whole pipeline in parallel, deterministically,
 //! into `train.bin` / `val.bin` / `meta.json`. `shards` plans multi-node data sharding,
 //! `bpe_train` trains a byte-level BPE tokenizer and `fertility` compares tokenizers.
@@ -11,6 +11,7 @@ pub mod chart;
 pub mod clean;
 pub mod decontam;
 pub mod dedup;
+pub mod deid_probe;
 pub mod fertility;
 pub mod hash;
 pub mod hf_tokenizer;

@@ -1,184 +1,117 @@
-//! A probe set of synthetic clinical notes with planted identifiers in many formats: after
-//! redaction, none of them may survive (0 leaks), and each leaves its typed placeholder.
+//! The Safe Harbor probe: synthetic clinical notes (many templates, formats and letter cases)
+//! with planted identifiers of every category, made from a seed at test time. After redaction
+//! no part of any of them may survive; and real medical text (MedQuAD) keeps its eponyms.
 
-use lab_corpus::redact::{parse_anchor, Redactor};
+use lab_corpus::deid_probe::{over_redaction, probe_notes, run_probe, survives};
+use lab_corpus::reader::{discover, read_source, ReadOptions, Record};
+use lab_corpus::redact::{parse_anchor, Phi, Redactor};
 
-/// A tiny deterministic generator (no external RNG: the probe set must never change).
-struct Gen(u64);
-impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
+#[test]
+fn probe_notes_leak_nothing_in_any_category() {
+    let redactor = Redactor::new(None);
+    for seed in [1u64, 42, 2024] {
+        let notes = probe_notes(seed, 400);
+        let report = run_probe(&redactor, &notes);
+        // Every category is planted, many times.
+        for phi in Phi::ALL {
+            let n = report.planted.get(&phi).copied().unwrap_or(0);
+            assert!(
+                n >= 20,
+                "seed {seed}: only {n} {phi:?} planted\n{}",
+                report.table()
+            );
+        }
+        let examples: Vec<String> = report
+            .examples
+            .iter()
+            .map(|(phi, part, out)| format!("{phi:?} '{part}' survived in:\n{out}"))
+            .collect();
+        assert_eq!(
+            report.total_leaked(),
+            0,
+            "seed {seed}:\n{}\n{}",
+            report.table(),
+            examples.join("\n---\n")
+        );
     }
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[self.next() as usize % xs.len()]
-    }
-    fn digits(&mut self, n: usize) -> String {
-        (0..n)
-            .map(|_| char::from(b'0' + (self.next() % 10) as u8))
-            .collect()
-    }
-}
-
-const FIRST: &[&str] = &[
-    "Alice", "Bogdan", "Chen", "Dolores", "Emeka", "Fatima", "Grace", "Hiroshi", "Ines", "Jamal",
-];
-const LAST: &[&str] = &[
-    "Moreno",
-    "Kowalski",
-    "Okafor",
-    "Nguyen",
-    "O'Brien",
-    "Smith-Jones",
-    "Haddad",
-    "Larsen",
-    "Tanaka",
-    "Rossi",
-];
-const MONTHS: &[&str] = &[
-    "January", "Feb", "March", "Apr.", "May", "June", "Jul", "August", "Sept", "October", "Nov",
-    "December",
-];
-
-struct Note {
-    text: String,
-    /// (identifier, the placeholder that must replace it)
-    planted: Vec<(String, &'static str)>,
-}
-
-fn note(g: &mut Gen) -> Note {
-    let mut planted = Vec::new();
-    let mut plant = |s: String, ph: &'static str| {
-        planted.push((s.clone(), ph));
-        s
-    };
-    let name = format!("{} {}", g.pick(FIRST), g.pick(LAST));
-    let honorific = g.pick(&["Dr.", "Dr", "Mr.", "Mrs.", "Ms.", "Prof.", "Nurse"]);
-    let clinician = plant(name.clone(), "[NAME]");
-    let patient = plant(format!("{} {}", g.pick(FIRST), g.pick(LAST)), "[NAME]");
-    let mrn_label = g.pick(&[
-        "MRN",
-        "MRN:",
-        "MRN#",
-        "Medical Record Number:",
-        "medical record no.",
-        "Patient ID:",
-        "Chart #",
-    ]);
-    let mrn_prefix = g.pick(&["", "A", "MR-", "HX"]);
-    let mrn_len = 6 + (g.next() % 4) as usize;
-    let mrn = plant(format!("{mrn_prefix}{}", g.digits(mrn_len)), "[MRN]");
-    let ssn = plant(
-        format!("{}-{}-{}", g.digits(3), g.digits(2), g.digits(4)),
-        "[SSN]",
-    );
-    let (a, b, c) = (g.digits(3), g.digits(3), g.digits(4));
-    let phone = plant(
-        match g.next() % 5 {
-            0 => format!("({a}) {b}-{c}"),
-            1 => format!("{a}-{b}-{c}"),
-            2 => format!("{a}.{b}.{c}"),
-            3 => format!("+1 {a} {b} {c}"),
-            _ => format!("1-{a}-{b}-{c}"),
-        },
-        "[PHONE]",
-    );
-    let fax = plant(
-        format!("({}) {}-{}", g.digits(3), g.digits(3), g.digits(4)),
-        "[FAX]",
-    );
-    let email = plant(
-        format!(
-            "{}.{}{}@{}",
-            g.pick(FIRST).to_lowercase(),
-            g.pick(LAST).to_lowercase().replace('\'', ""),
-            g.digits(2),
-            g.pick(&["example.org", "hospital.example.com", "mail.example.net"])
-        ),
-        "[EMAIL]",
-    );
-    let url = plant(
-        format!(
-            "https://portal.example.org/{}?patient={}",
-            g.pick(&["chart", "visit", "records/view"]),
-            g.digits(7)
-        ),
-        "[URL]",
-    );
-    let (y, m, d) = (1950 + g.next() % 70, 1 + g.next() % 12, 1 + g.next() % 28);
-    let month = MONTHS[(m - 1) as usize];
-    let date = plant(
-        match g.next() % 5 {
-            0 => format!("{m:02}/{d:02}/{y}"),
-            1 => format!("{y}-{m:02}-{d:02}"),
-            2 => format!("{month} {d}, {y}"),
-            3 => format!("{d} {month} {y}"),
-            _ => format!("{m}-{d}-{:02}", y % 100),
-        },
-        "[DATE]",
-    );
-    let dob = plant(
-        format!(
-            "{}/{}/{}",
-            1 + g.next() % 12,
-            1 + g.next() % 28,
-            1930 + g.next() % 60
-        ),
-        "[DATE]",
-    );
-    let text = format!(
-        "[HISTORY]\nPatient: {patient}, DOB {dob}, {mrn_label} {mrn}. SSN {ssn}.\n\
-         Seen by {honorific} {clinician} on {date} for chest pain radiating to the left arm.\n\
-         [ASSESSMENT]\nStable angina; ECG without acute changes. Contact {phone} or fax: {fax}.\n\
-         [PLAN]\nStart aspirin 81 mg daily. Results: {url}. Questions to {email}.\n"
-    );
-    Note { text, planted }
 }
 
 #[test]
-fn probe_notes_leak_no_planted_identifier() {
-    let redactor = Redactor::new(None);
-    let mut g = Gen(2024);
-    let (mut checked, mut leaks) = (0, Vec::new());
-    for _ in 0..500 {
-        let n = note(&mut g);
-        let (out, report) = redactor.redact(&n.text);
-        for (id, placeholder) in &n.planted {
-            checked += 1;
-            // The identifier, and every run of 4+ of its digits, must be gone.
-            let digit_runs: Vec<&str> = id
-                .split(|c: char| !c.is_ascii_digit())
-                .filter(|r| r.len() >= 4)
-                .collect();
-            let last_name = id.split(' ').nth(1).filter(|_| *placeholder == "[NAME]");
-            if out.contains(id.as_str())
-                || digit_runs.iter().any(|r| out.contains(r))
-                || last_name.is_some_and(|l| out.contains(l))
-            {
-                leaks.push(format!("{id} ({placeholder}) in: {out}"));
-            }
-            assert!(out.contains(placeholder), "{placeholder} missing in {out}");
+fn the_probe_detects_what_an_empty_redactor_would_leak() {
+    // The leak check itself: an unredacted note leaks every planted identifier.
+    let notes = probe_notes(7, 50);
+    for note in &notes {
+        for p in &note.planted {
+            assert!(
+                p.parts.iter().any(|part| survives(&note.text, part)),
+                "{p:?} not found in its own note:\n{}",
+                note.text
+            );
         }
-        assert!(
-            report.replaced.values().sum::<u64>() >= 10,
-            "{report:?} {out}"
-        );
-        // The clinical content and the section headers survive.
-        assert!(
-            out.contains("[HISTORY]") && out.contains("Stable angina; ECG without acute changes."),
-            "{out}"
-        );
     }
+    assert!(survives("seen by Ana.", "Ana") && !survives("Banana", "Ana"));
+}
+
+#[test]
+fn clinical_content_survives_redaction() {
+    let redactor = Redactor::new(None);
+    for note in probe_notes(3, 100) {
+        let (out, _) = redactor.redact(&note.text);
+        assert!(out.contains("[HISTORY]"), "{out}");
+        for kept in [
+            "aspirin 81 mg",
+            "Parkinson disease",
+            "Hodgkin lymphoma",
+            "Down syndrome",
+        ] {
+            if note.text.contains(kept) {
+                assert!(out.contains(kept), "{kept} lost:\n{out}");
+            }
+        }
+    }
+}
+
+fn medquad_answers() -> Vec<String> {
+    let path = std::path::PathBuf::from(lab_corpus::MEDQUAD_ZST);
+    let sources = discover(&[path]).unwrap();
+    let opts = ReadOptions::default();
+    let mut docs = Vec::new();
+    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    read_source(0, &sources[0], &opts, &read, &mut |r: Record| {
+        if let Ok(d) = r.parse(&opts) {
+            docs.push(d.text);
+        }
+        Ok(())
+    })
+    .unwrap();
+    docs
+}
+
+#[test]
+fn medquad_keeps_its_eponyms_and_few_names_are_redacted() {
+    let docs = medquad_answers();
+    assert!(docs.len() > 16_000);
+    let r = over_redaction(&Redactor::new(None), docs.iter().map(String::as_str));
+    let eponyms: u64 = r.eponyms.values().map(|(n, _)| n).sum();
+    assert!(eponyms > 1_000, "{:?}", r.eponyms);
+    let lost: Vec<_> = r
+        .eponyms
+        .iter()
+        .filter(|(_, (_, lost))| *lost > 0)
+        .collect();
     assert!(
-        leaks.is_empty(),
-        "{} of {checked} identifiers leaked:\n{}",
-        leaks.len(),
-        leaks.join("\n")
+        lost.is_empty(),
+        "eponyms redacted: {lost:?}\n{:#?}",
+        r.eponym_examples
     );
-    assert_eq!(checked, 500 * 10);
+    // Public health answers name almost nobody: under one [NAME] per 100 answers.
+    let names = r.replaced.get("[NAME]").copied().unwrap_or(0);
+    assert!(
+        names * 100 < r.documents,
+        "{names} names in {} answers: {:?}",
+        r.documents,
+        r.examples.get("[NAME]")
+    );
 }
 
 #[test]

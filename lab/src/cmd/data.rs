@@ -21,6 +21,9 @@ pub enum DataCommand {
     Prepare(PrepareArgs),
     /// Shard plan of a prepared data dir for N nodes × G GPUs and a global batch.
     Shards(ShardsArgs),
+    /// The de-identification probe: planted vs leaked PHI per Safe Harbor category on synthetic
+    /// notes, over-redaction of MedQuAD with examples, redaction MB/s.
+    DeidProbe(super::deid_probe::DeidProbeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -122,6 +125,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
         DataCommand::Prepare(a) => run_prepare(a),
         DataCommand::Shards(a) => run_shards(a),
+        DataCommand::DeidProbe(a) => super::deid_probe::run(a),
     }
 }
 

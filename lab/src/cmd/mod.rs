@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod budget;
 pub mod data;
+pub mod deid_probe;
 pub mod dod;
 pub mod eval;
 pub mod export;

@@ -1,0 +1,244 @@
+//! The pattern rules: structured identifiers, places smaller than a state, and ages over 89.
+//! Each rule is a regex whose optional groups `pre` and `post` are kept around the placeholder
+//! ("MRN: [MRN]", "[LOCATION], IL"), and a check that can turn a match down.
+
+use regex::{Captures, Regex};
+
+use super::Phi;
+
+pub struct Rule {
+    pub phi: Phi,
+    pub re: Regex,
+    /// Turns a match down (kept as written) when it returns false.
+    pub accept: fn(&Captures) -> bool,
+}
+
+const PHONE: &str = r"(?:\+?1[\s.-]?)?(?:\(\d{3}\)\s?|\b\d{3}[\s.-])\d{3}[\s.-]\d{4}\b(?:\s*(?:x|ext\.?)\s*\d{1,5}\b)?";
+/// An identifier after a label: letters, digits and dashes, with at least one digit (checked).
+const ID: &str = r"[A-Za-z0-9][A-Za-z0-9-]{3,24}\b";
+const STATES: &str = r"Alabama|Alaska|Arizona|Arkansas|California|Colorado|Connecticut|Delaware|Florida|Georgia|Hawaii|Idaho|Illinois|Indiana|Iowa|Kansas|Kentucky|Louisiana|Maine|Maryland|Massachusetts|Michigan|Minnesota|Mississippi|Missouri|Montana|Nebraska|Nevada|New Hampshire|New Jersey|New Mexico|New York|North Carolina|North Dakota|Ohio|Oklahoma|Oregon|Pennsylvania|Rhode Island|South Carolina|South Dakota|Tennessee|Texas|Utah|Vermont|Virginia|Washington|West Virginia|Wisconsin|Wyoming";
+const STATE_CODES: &str = r"AL|AK|AZ|AR|CA|CO|CT|DE|DC|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY";
+const STREET_SUFFIX: &str = r"(?i:street|st|avenue|ave|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|place|pl|way|terrace|ter|circle|cir|parkway|pkwy|highway|hwy|square|sq|trail|trl|loop|alley|plaza|pike|crescent)";
+/// One to three place words: "Springfield", "Fort Collins", "Winston-Salem", "St. Louis".
+const PLACE: &str = r"(?:St\.[ \t]+)?[A-Z][a-z][A-Za-z'-]*(?:[ \t][A-Z][a-z][A-Za-z'-]*){0,2}";
+
+fn always(_: &Captures) -> bool {
+    true
+}
+
+fn has_digit(c: &Captures) -> bool {
+    let label = c.name("pre").map_or(0, |m| m.len());
+    c[0][label..].bytes().any(|b| b.is_ascii_digit())
+}
+
+/// "Springfield, IL" is a city; "X-ray, CT scan" is not (a state code is not followed by a
+/// lower-case word), nor is "Disease Research Center, Washington" (an institution).
+fn is_city(c: &Captures) -> bool {
+    const INSTITUTION: &[&str] = &[
+        "Disease",
+        "Diseases",
+        "Research",
+        "Center",
+        "Centre",
+        "University",
+        "Institute",
+        "Hospital",
+        "Clinic",
+        "Foundation",
+        "Association",
+        "Society",
+        "School",
+        "College",
+        "Department",
+        "Medicine",
+        "Health",
+        "Program",
+        "Library",
+        "Office",
+    ];
+    let place = c.name("place").map_or("", |m| m.as_str());
+    c.name("next").is_none() && !place.split([' ', '\t']).any(|w| INSTITUTION.contains(&w))
+}
+
+fn url_has_identifier(c: &Captures) -> bool {
+    let url = c[0].trim_end_matches(['.', ',', ';', ':', '!', '?']);
+    let lower = url.to_ascii_lowercase();
+    lower.contains('?')
+        || lower.contains("patient")
+        || lower.contains("mrn")
+        || url
+            .split(|c: char| !c.is_ascii_digit())
+            .any(|run| run.len() >= 5)
+}
+
+fn valid_ipv4(c: &Captures) -> bool {
+    c[0].split('.').all(|o| o.parse::<u8>().is_ok())
+}
+
+/// A labelled identifier rule: `labels` (case-insensitive) then an optional "number/no/#/id"
+/// and a separator, then an identifier with a digit.
+fn labelled(phi: Phi, labels: &str) -> Rule {
+    Rule {
+        phi,
+        re: Regex::new(&format!(
+            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]*(?:number|num|no\.?|#|id|identifier))?[ \t]*[:#]?[ \t]*){ID}"
+        ))
+        .expect("labelled rule compiles"),
+        accept: has_digit,
+    }
+}
+
+fn rule(phi: Phi, pattern: &str, accept: fn(&Captures) -> bool) -> Rule {
+    Rule {
+        phi,
+        re: Regex::new(pattern).expect("rule compiles"),
+        accept,
+    }
+}
+
+/// The rules in the order they run: most specific first (a fax is a phone number with a label;
+/// a street address holds numbers a bare-number rule would take).
+pub fn rules() -> Vec<Rule> {
+    vec![
+        rule(
+            Phi::Email,
+            r"(?i)\b[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}\b",
+            always,
+        ),
+        rule(
+            Phi::Url,
+            r#"(?i)\b(?:https?://|www\.)[^\s<>"'\])]+"#,
+            url_has_identifier,
+        ),
+        rule(Phi::Ip, r"\b(?:\d{1,3}\.){3}\d{1,3}\b", valid_ipv4),
+        rule(
+            Phi::Ip,
+            r"(?i)\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b|\b(?:[0-9a-f]{1,4}:){1,6}:[0-9a-f]{0,4}\b",
+            always,
+        ),
+        rule(
+            Phi::Mrn,
+            r"(?i)(?P<pre>\b(?:mrn|medical\s+record(?:\s+(?:number|no\.?|#))?|record\s+(?:number|no\.?|#)|patient\s+id|chart\s+(?:number|no\.?|#))\s*[:#]?\s*)[a-z]{0,3}-?\d{4,12}\b",
+            always,
+        ),
+        rule(
+            Phi::Ssn,
+            r"(?i)\b\d{3}-\d{2}-\d{4}\b|(?P<pre>\bssn\s*[:#]?\s*)\d{9}\b",
+            always,
+        ),
+        labelled(
+            Phi::HealthPlan,
+            r"health\s+plan(?:\s+beneficiary)?|beneficiary|member|subscriber|policy|insurance|insurance\s+policy|medicaid|medicare|group",
+        ),
+        labelled(
+            Phi::Account,
+            r"account|acct\.?|billing\s+account|invoice|encounter",
+        ),
+        labelled(
+            Phi::License,
+            r"(?:driver'?s\s+)?licen[cs]e|dea|npi|certificate|certification|board\s+certification",
+        ),
+        labelled(
+            Phi::Vehicle,
+            r"vin|vehicle(?:\s+identification)?|license\s+plate|plate",
+        ),
+        labelled(
+            Phi::Device,
+            r"serial|device|udi|implant(?:\s+serial)?|pacemaker\s+serial|lot",
+        ),
+        rule(
+            Phi::Fax,
+            &format!(
+                r"(?i)(?P<pre>\b(?:fax|facsimile)(?:\s*(?:number|no\.?|#))?\s*[:.]?\s*)(?:{PHONE}|\+?1?\d{{10}}\b)"
+            ),
+            always,
+        ),
+        rule(Phi::Phone, PHONE, always),
+        // Digits only after a label: "Phone: 18005551234", "TTY: 7315554284".
+        rule(
+            Phi::Phone,
+            r"(?i)(?P<pre>\b(?:phone|tel|telephone|tty|cell|mobile|pager|home|work)[ \t]*[:#]?[ \t]*)\+?1?\d{10}\b",
+            always,
+        ),
+        rule(
+            Phi::Address,
+            &format!(
+                r"\b\d{{1,6}}[A-Z]?[ \t]+(?:(?:[NSEW]|NE|NW|SE|SW|North|South|East|West)\.?[ \t]+)?(?:(?:[A-Z][A-Za-z'-]*|\d+(?:st|nd|rd|th))\.?[ \t]+){{1,4}}{STREET_SUFFIX}\b\.?(?:,?[ \t]*(?i:apt|apartment|suite|ste|unit|room|rm|floor|fl|#)\.?[ \t]*#?[A-Za-z0-9-]+)?"
+            ),
+            always,
+        ),
+        rule(Phi::Address, r"(?i)\bp\.?\s?o\.?\s+box\s+\d+", always),
+        rule(
+            Phi::Address,
+            r"(?i)(?P<pre>\b(?:home\s+|mailing\s+|street\s+)?address[ \t]*:[ \t]*)[^\n]+",
+            always,
+        ),
+    ]
+}
+
+/// Places, run after names (so "Ana Ruiz, MD" is a name before "X, MD" could be a place).
+pub fn place_rules() -> Vec<Rule> {
+    vec![
+        // Springfield, IL 62704 / Fort Collins, Colorado: the city goes, the state stays.
+        rule(
+            Phi::Location,
+            &format!(
+                r"\b(?P<place>{PLACE})(?P<post>,[ \t]*(?:{STATES}|(?:{STATE_CODES})\b))(?P<next>[ \t]+[a-z]+)?"
+            ),
+            is_city,
+        ),
+        // "lives in Springfield", "moved here from Fort Collins"
+        rule(
+            Phi::Location,
+            &format!(
+                r"(?P<pre>(?i:\b(?:lives|living|resides|residing|resident|moved(?:\s+here)?|relocated|born|hometown|travell?ed|visiting|grew\s+up|stays|staying)(?:\s+(?:in|to|from|of|at))?:?)[ \t]+){PLACE}"
+            ),
+            always,
+        ),
+        rule(
+            Phi::Location,
+            &format!(
+                r"(?P<pre>(?i:\b(?:city|town|county|hometown|birthplace|place\s+of\s+birth))[ \t]*:[ \t]*){PLACE}"
+            ),
+            always,
+        ),
+        rule(
+            Phi::Location,
+            r"\b[A-Z][a-z]+(?:[ \t]+[A-Z][a-z]+)?[ \t]+(?:County|Parish|Township|Borough)\b",
+            always,
+        ),
+        // ZIP codes: after a state, after a label, or in ZIP+4 form anywhere.
+        rule(
+            Phi::Zip,
+            &format!(
+                r"(?P<pre>\b(?:{STATE_CODES}|{STATES}|\[LOCATION\])[ \t]+)\d{{5}}(?:-\d{{4}})?\b"
+            ),
+            always,
+        ),
+        rule(
+            Phi::Zip,
+            r"(?i)(?P<pre>\b(?:zip(?:\s*code)?|postal\s+code)[ \t]*[:#]?[ \t]*)\d{5}(?:-\d{4})?\b",
+            always,
+        ),
+        rule(Phi::Zip, r"\b\d{5}-\d{4}\b", always),
+    ]
+}
+
+/// Ages over 89 (Safe Harbor folds them into "90 or older"): the number becomes `[AGE]`.
+pub fn age_rules() -> Vec<Rule> {
+    const AGE: &str = r"(?:9\d|1[0-2]\d)";
+    vec![
+        rule(
+            Phi::Age,
+            &format!(
+                r"\b{AGE}(?P<post>(?:[ \t]*-?[ \t]*(?i:years?|yrs?|y)[ \t]*-?[ \t]*(?i:old|of\s+age|o))|[ \t]*(?i:y/o|yo|year-old|yr-old)\b)"
+            ),
+            always,
+        ),
+        rule(
+            Phi::Age,
+            &format!(r"(?P<pre>(?i:\bage[ds]?|\baged)[ \t]*:?[ \t]*){AGE}\b"),
+            always,
+        ),
+    ]
+}
