@@ -4,6 +4,7 @@
 //! which configuration produced it.
 
 pub mod budget;
+pub mod data;
 pub mod eval;
 pub mod hardware;
 pub mod model;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub use budget::{BudgetConfig, BudgetProvider};
+pub use data::{CurriculumStage, DataConfig};
 pub use eval::EvalConfig;
 pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
@@ -45,6 +47,9 @@ pub struct LabConfig {
     /// `[eval]`: per-type validation, probes, samples and stop rules at every evaluation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval: Option<EvalConfig>,
+    /// `[data]`: a mixture of sources (or a curriculum of mixtures); absent means uniform.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataConfig>,
 }
 
 impl LabConfig {
@@ -84,6 +89,9 @@ impl LabConfig {
         if let Some(e) = &self.eval {
             e.validate()?;
         }
+        if let Some(d) = &self.data {
+            d.validate()?;
+        }
         Ok(())
     }
 
@@ -112,8 +120,8 @@ impl LabConfig {
         hex::encode(Sha256::digest(self.canonical_json().as_bytes()))
     }
 
-    /// sha256 of the recipe a run follows: the model, the optimization recipe and any injected
-    /// spike. Cadence (log, eval and checkpoint intervals, retention), hardware, budget and the
+    /// sha256 of the recipe a run follows: the model, the optimization recipe, the data mixture
+    /// and any injected spike. Cadence (log, eval and checkpoint intervals, retention), hardware, budget and the
     /// stability policy are left out, so a run may resume with a new `--log-every`, budget cap
     /// or spike response (a person deciding what to do about a spike; the trainer records the
     /// change as an event), never with a new learning rate or batch.
@@ -121,8 +129,12 @@ impl LabConfig {
         let mut t = self.train.clone();
         (t.log_every, t.eval_every, t.eval_batches, t.ckpt_every) = (0, 0, 0, 0);
         (t.keep_last, t.keep_every) = (0, 0);
-        let decides = (&self.model, &t, &self.spike);
-        let json = serde_json::to_string(&decides).expect("config serializes");
+        // The mixture decides the samples; absent, it leaves earlier runs' hashes as they were.
+        let json = match &self.data {
+            None => serde_json::to_string(&(&self.model, &t, &self.spike)),
+            Some(d) => serde_json::to_string(&(&self.model, &t, &self.spike, d)),
+        }
+        .expect("config serializes");
         hex::encode(Sha256::digest(json.as_bytes()))
     }
 

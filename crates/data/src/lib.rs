@@ -1,13 +1,16 @@
 //! Token data in nanoGPT's format: flat little-endian `train.bin` / `val.bin` (uint16, or
 //! uint32 above 65,535 token ids) plus `meta.json`, read through memmap, and the
-//! deterministic order in which training samples are drawn from them.
+//! deterministic order in which training samples are drawn from them (uniformly, or to the
+//! weights of a data mixture).
 
 pub mod gpt2;
 pub mod meta;
+pub mod mixture;
 pub mod sampler;
 pub mod token_file;
 
 pub use meta::{FileInfo, Meta, Span, TokenDtype};
+pub use mixture::{MixtureSampler, MixtureStage};
 pub use sampler::{Batch, Sampler};
 pub use token_file::{TokenFile, TokenWriter};
 

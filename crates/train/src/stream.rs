@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use lab_config::{LabConfig, SpikeKind};
-use lab_data::{Batch, Meta, Sampler, TokenFile};
+use lab_data::{Batch, Meta, MixtureSampler, MixtureStage, Sampler, TokenFile};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::forensics::{batch_stats, BatchStats};
 use crate::inject::{RareTokens, SpikeBatches};
@@ -121,6 +122,56 @@ pub struct StepData {
     pub stats: BatchStats,
 }
 
+/// The order training windows are drawn in: uniform over the file, or a `[data]` mixture.
+enum Order {
+    Uniform(Sampler),
+    Mixture(MixtureSampler),
+}
+
+impl Order {
+    fn new(meta: &Meta, train: &TokenFile, cfg: &LabConfig) -> Result<Self> {
+        let (seq_len, seed) = (cfg.model.seq_len, cfg.train.seed);
+        Ok(match &cfg.data {
+            None => Self::Uniform(
+                Sampler::new(train.len(), seq_len, seed)
+                    .with_context(|| train.path().display().to_string())?,
+            ),
+            Some(data) => {
+                let stages: Vec<MixtureStage> = data
+                    .stages()
+                    .into_iter()
+                    .map(|(until_tokens, weights)| MixtureStage {
+                        until_tokens,
+                        weights,
+                    })
+                    .collect();
+                Self::Mixture(
+                    MixtureSampler::new(meta, "train.bin", seq_len, seed, &stages)
+                        .with_context(|| format!("[data] over {}", train.path().display()))?,
+                )
+            }
+        })
+    }
+
+    /// The windows of training samples `rows`, and where each starts in the file.
+    fn read(&self, file: &TokenFile, rows: &[u64], seq_len: usize) -> Result<(Batch, Vec<usize>)> {
+        match self {
+            Self::Uniform(s) => {
+                let o: Vec<usize> = rows.iter().map(|&i| s.offset(i)).collect();
+                Ok((lab_data::sampler::read_windows(file, &o, seq_len)?, o))
+            }
+            Self::Mixture(m) => m.batch(file, rows),
+        }
+    }
+}
+
+/// What a mixture will draw over the run (printed and recorded at its start).
+pub struct MixtureReport {
+    pub table: String,
+    pub warnings: Vec<String>,
+    pub json: serde_json::Value,
+}
+
 /// The run's data: validated files, the sample order, the rare-token set and the spike plan.
 pub struct TrainData {
     pub dir: PathBuf,
@@ -130,7 +181,7 @@ pub struct TrainData {
     pub train: TokenFile,
     pub val: TokenFile,
     pub rare: RareTokens,
-    sampler: Sampler,
+    order: Order,
     spike: Option<(lab_config::SpikeConfig, SpikeBatches)>,
     micro_batch: usize,
     grad_accum: usize,
@@ -153,8 +204,7 @@ impl TrainData {
         let train = TokenFile::open(dir, "train.bin", &meta)?;
         let val = TokenFile::open(dir, "val.bin", &meta)?;
         let seq_len = cfg.model.seq_len;
-        let sampler = Sampler::new(train.len(), seq_len, cfg.train.seed)
-            .with_context(|| train.path().display().to_string())?;
+        let order = Order::new(&meta, &train, cfg)?;
         if val.len() < seq_len + 1 {
             bail!(
                 "{} has {} tokens, fewer than model.seq_len + 1 = {}: prepare a larger validation split",
@@ -196,11 +246,43 @@ impl TrainData {
             train,
             val,
             rare,
-            sampler,
+            order,
             spike,
             micro_batch: cfg.train.micro_batch,
             grad_accum: cfg.train.grad_accum,
             seq_len,
+        })
+    }
+
+    /// With a `[data]` mixture: each source's tokens, draws and epochs over `total_steps`,
+    /// and a warning for each source repeated more than `max_epochs` times.
+    pub fn mixture_report(&self, cfg: &LabConfig, total_steps: u64) -> Option<MixtureReport> {
+        let (Order::Mixture(m), Some(data)) = (&self.order, &cfg.data) else {
+            return None;
+        };
+        let rows = m.epochs(total_steps * self.rows_per_step());
+        let mut table = format!(
+            "data mixture over {total_steps} steps:\n  {:<20} {:>12} {:>10} {:>8}\n",
+            "source", "tokens", "windows", "epochs"
+        );
+        let mut warnings = Vec::new();
+        for (name, tokens, draws, epochs) in &rows {
+            table += &format!("  {name:<20} {tokens:>12} {draws:>10} {epochs:>8.2}\n");
+            if *epochs > data.max_epochs {
+                warnings.push(format!(
+                    "data source '{name}' is repeated {epochs:.1} times (more than data.max_epochs = {}): give it less weight or add data",
+                    data.max_epochs
+                ));
+            }
+        }
+        let json = json!(rows
+            .iter()
+            .map(|(n, t, d, e)| json!({"source": n, "tokens": t, "windows": d, "epochs": e}))
+            .collect::<Vec<_>>());
+        Some(MixtureReport {
+            table,
+            warnings,
+            json,
         })
     }
 
@@ -235,9 +317,9 @@ impl TrainData {
             let batch = match (&self.spike, injected) {
                 (Some((_, spikes)), true) => spikes.batch(rows, &self.train)?,
                 _ => {
-                    let o: Vec<usize> = rows.iter().map(|&i| self.sampler.offset(i)).collect();
+                    let (batch, o) = self.order.read(&self.train, rows, self.seq_len)?;
                     offsets.extend_from_slice(&o);
-                    lab_data::sampler::read_windows(&self.train, &o, self.seq_len)?
+                    batch
                 }
             };
             micro.push(batch);

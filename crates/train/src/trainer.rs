@@ -83,6 +83,19 @@ impl OnBackend for TrainOptions {
     }
 }
 
+/// Prints what the data mixture will draw, warns about sources repeated too often, and
+/// records it once, at the start of a fresh run.
+fn report_mixture(run: &mut Run, step: u64, mix: crate::stream::MixtureReport) {
+    print!("{}", mix.table);
+    for w in &mix.warnings {
+        eprintln!("warning: {w}");
+    }
+    if step == 0 {
+        let fields = json!({ "sources": mix.json, "warnings": mix.warnings });
+        run.event(0, "data_mixture", fields);
+    }
+}
+
 /// Trains on backend `B` until `total_steps`, or until a policy stops the run.
 pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Result<Outcome> {
     let cfg = opts.config.clone();
@@ -91,6 +104,9 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
     let mut state = run.start::<B>(&mut policies, &device)?;
     let total = state.schedule.total_steps();
+    if let Some(mix) = data.mixture_report(&cfg, total) {
+        report_mixture(&mut run, state.step, mix);
+    }
     if opts.nan_grad_at_step.is_some() || opts.crash_in_rollback {
         let drill = json!({ "nan_grad_at_step": opts.nan_grad_at_step, "crash_in_rollback": opts.crash_in_rollback });
         run.event(state.step, "fire_drill", drill);
