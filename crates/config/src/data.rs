@@ -44,6 +44,9 @@ pub struct CurriculumStage {
     pub mixture: BTreeMap<String, f64>,
 }
 
+/// (source, weight) pairs.
+pub type Weights = Vec<(String, f64)>;
+
 fn default_max_epochs() -> f64 {
     4.0
 }
@@ -57,7 +60,7 @@ impl DataConfig {
             ),
             _ => {}
         }
-        if !(self.max_epochs > 0.0) {
+        if self.max_epochs.is_nan() || self.max_epochs <= 0.0 {
             bail!("data.max_epochs ({}) must be positive", self.max_epochs);
         }
         check_weights("data.mixture", &self.mixture)?;
@@ -81,7 +84,7 @@ impl DataConfig {
     }
 
     /// The mixture as stages: (until tokens, weights by source).
-    pub fn stages(&self) -> Vec<(Option<u64>, Vec<(String, f64)>)> {
+    pub fn stages(&self) -> Vec<(Option<u64>, Weights)> {
         let weights = |m: &BTreeMap<String, f64>| m.iter().map(|(k, v)| (k.clone(), *v)).collect();
         if self.curriculum.is_empty() {
             vec![(None, weights(&self.mixture))]

@@ -15,6 +15,7 @@ pub mod deid_probe;
 pub mod fertility;
 pub mod hash;
 pub mod hf_tokenizer;
+pub mod parts;
 pub mod prepare;
 pub mod reader;
 pub mod redact;

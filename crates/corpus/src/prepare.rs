@@ -61,6 +61,22 @@ pub struct PrepareConfig {
     pub decontaminate: Vec<PathBuf>,
     pub decontam_threshold: f64,
     pub progress: bool,
+    /// Which stage of a prepare spread over many processes this is (`Stage::All`: one process
+    /// does everything).
+    pub stage: Stage,
+}
+
+/// The stages of a prepare spread over N processes or machines (datatrove's design): each
+/// part processes every N-th unit of records and writes its tokens and MinHash signatures;
+/// one dedup stage decides cross-part duplicates from the signatures alone; the finalize
+/// stage applies the decisions and writes train.bin / val.bin / meta.json, byte-identical to
+/// a single-process prepare of the same input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    All,
+    Part { part: usize, of: usize },
+    Dedup { of: usize },
+    Finalize { of: usize },
 }
 
 impl PrepareConfig {
@@ -83,6 +99,7 @@ impl PrepareConfig {
             decontaminate: Vec::new(),
             decontam_threshold: 0.7,
             progress: false,
+            stage: Stage::All,
         }
     }
 }
@@ -102,41 +119,72 @@ impl PrepareOutcome {
 }
 
 /// One record after the parallel stage.
-struct Processed {
-    doc_type: String,
-    raw_bytes: u64,
-    outcome: std::result::Result<Doc, Skip>,
+pub(crate) struct Processed {
+    /// The record's place in the input (all sources in order): decisions follow it.
+    pub index: u64,
+    pub doc_type: String,
+    pub raw_bytes: u64,
+    pub outcome: std::result::Result<Doc, Skip>,
 }
 
-struct Doc {
-    tokens: Vec<u32>,
+pub(crate) struct Doc {
+    pub tokens: Vec<u32>,
     /// Kept only for the character split.
-    text: Option<String>,
-    non_alnum: f64,
-    exact: u128,
-    signature: Option<Box<Signature>>,
-    eval_grams: Vec<u64>,
-    redaction: Redaction,
-    cleaned: bool,
-    val: bool,
+    pub text: Option<String>,
+    pub non_alnum: f64,
+    pub exact: u128,
+    pub signature: Option<Box<Signature>>,
+    /// The eval item this document contains, if any (file, line).
+    pub eval_hit: Option<(PathBuf, u64)>,
+    pub redaction: Redaction,
+    pub cleaned: bool,
+    pub val: bool,
 }
 
 /// Everything the parallel stage needs, shared read-only by the workers.
-struct Stages {
-    cfg: PrepareConfig,
-    tokenizer: Tokenizer,
+pub(crate) struct Stages {
+    pub cfg: PrepareConfig,
+    pub tokenizer: Tokenizer,
     redactor: Option<Redactor>,
     minhash: Option<MinHasher>,
     eval: Option<EvalIndex>,
 }
 
 impl Stages {
-    fn process(&self, record: Record) -> Processed {
+    pub fn load(cfg: &PrepareConfig) -> Result<Self> {
+        let eval = if cfg.decontaminate.is_empty() {
+            None
+        } else {
+            Some(EvalIndex::load(&cfg.decontaminate, cfg.decontam_threshold)?)
+        };
+        Ok(Self {
+            tokenizer: Tokenizer::load(&cfg.tokenizer)?,
+            redactor: cfg.redact.then(|| Redactor::new(cfg.anchor_date)),
+            minhash: cfg.dedup.then(|| MinHasher::new(cfg.seed)),
+            eval,
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn dtype(&self) -> TokenDtype {
+        TokenDtype::for_vocab(self.tokenizer.vocab_size())
+    }
+
+    /// train.bin and val.bin, written under temporary names until `finish`.
+    pub fn writers(&self, dir: &Path) -> Result<(TokenWriter, TokenWriter)> {
+        Ok((
+            TokenWriter::create(&dir.join("train.bin"), self.dtype())?,
+            TokenWriter::create(&dir.join("val.bin"), self.dtype())?,
+        ))
+    }
+
+    fn process(&self, index: u64, record: Record) -> Processed {
         let raw_bytes = record.len() as u64;
         let (text, doc_type) = match record.parse(&self.cfg.read) {
             Ok(d) => (d.text, d.doc_type),
             Err((skip, doc_type)) => {
                 return Processed {
+                    index,
                     doc_type,
                     raw_bytes,
                     outcome: Err(skip),
@@ -157,6 +205,7 @@ impl Stages {
         };
         if text.trim().is_empty() {
             return Processed {
+                index,
                 doc_type,
                 raw_bytes,
                 outcome: Err(Skip::Empty),
@@ -171,10 +220,10 @@ impl Stages {
             },
             exact: if self.cfg.dedup { exact_key(&text) } else { 0 },
             signature: self.minhash.as_ref().and_then(|m| m.signature(&text)),
-            eval_grams: self
-                .eval
-                .as_ref()
-                .map_or(Vec::new(), |e| e.doc_grams(&text)),
+            eval_hit: self.eval.as_ref().and_then(|e| {
+                let (file, line) = e.contaminated(&e.doc_grams(&text))?;
+                Some((file.to_path_buf(), line))
+            }),
             val: match self.cfg.split {
                 Split::ValFraction(f) => is_val(&text, self.cfg.seed, f),
                 Split::Chars { .. } => false,
@@ -185,6 +234,7 @@ impl Stages {
             cleaned,
         };
         Processed {
+            index,
             doc_type,
             raw_bytes,
             outcome: Ok(doc),
@@ -192,8 +242,24 @@ impl Stages {
     }
 }
 
+/// How the dedup filter decides: by checking an index as documents come (one process), or
+/// from the decisions of the dedup stage (finalize), by record index.
+pub(crate) enum Dedup {
+    Index(DedupIndex),
+    Decided(std::collections::HashMap<u64, Verdict>),
+}
+
+impl Dedup {
+    fn verdict(&mut self, index: u64, exact: u128, signature: Option<&Signature>) -> Verdict {
+        match self {
+            Dedup::Index(d) => d.check(exact, signature),
+            Dedup::Decided(m) => m.get(&index).copied().unwrap_or(Verdict::Unique),
+        }
+    }
+}
+
 /// The filters in pipeline order, with what each removed.
-struct Decisions {
+pub(crate) struct Decisions {
     input: ByType,
     skips: Vec<(Skip, ByType)>,
     non_alnum: ByType,
@@ -209,99 +275,54 @@ struct Decisions {
     redacted_docs: ByType,
     redacted: std::collections::BTreeMap<&'static str, u64>,
     truncated: ByType,
-    dedup: DedupIndex,
+    dedup: Dedup,
     /// Per file, where each document type landed.
     spans: std::collections::BTreeMap<String, Vec<lab_data::Span>>,
 }
 
+/// A whole prepare (`Stage::All`) or the finalize stage of one spread over parts; the part
+/// and dedup stages go through [`prepare_stage`].
 pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
-    let start = Instant::now();
     validate(&cfg)?;
-    let sources = discover(&cfg.inputs)?;
-    let tokenizer = Tokenizer::load(&cfg.tokenizer)?;
-    let eval = if cfg.decontaminate.is_empty() {
-        None
-    } else {
-        Some(EvalIndex::load(&cfg.decontaminate, cfg.decontam_threshold)?)
-    };
-    let dir = &cfg.output_dir;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("--output-dir {}: cannot create it", dir.display()))?;
-    start_over(dir)?;
-
-    let dtype = TokenDtype::for_vocab(tokenizer.vocab_size());
-    let mut train = TokenWriter::create(&dir.join("train.bin"), dtype)?;
-    let mut val = TokenWriter::create(&dir.join("val.bin"), dtype)?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(cfg.workers.max(1))
-        .build()?;
-    let stages = Stages {
-        redactor: cfg.redact.then(|| Redactor::new(cfg.anchor_date)),
-        minhash: cfg.dedup.then(|| MinHasher::new(cfg.seed)),
-        eval,
-        tokenizer,
-        cfg: cfg.clone(),
-    };
-    let mut d = Decisions {
-        input: ByType::default(),
-        skips: Skip::ALL.iter().map(|s| (*s, ByType::default())).collect(),
-        non_alnum: ByType::default(),
-        min_tokens: ByType::default(),
-        exact: ByType::default(),
-        near: ByType::default(),
-        decontam: ByType::default(),
-        decontam_examples: Vec::new(),
-        kept: ByType::default(),
-        train: ByType::default(),
-        val: ByType::default(),
-        cleaned: ByType::default(),
-        redacted_docs: ByType::default(),
-        redacted: Default::default(),
-        truncated: ByType::default(),
-        dedup: DedupIndex::new(cfg.near_dup_threshold),
-        spans: Default::default(),
-    };
-    let total_bytes: u64 = sources.iter().map(|s| s.bytes).sum();
-    let bar = progress_bar(total_bytes, cfg.progress);
-    let bytes_read = Arc::new(AtomicU64::new(0));
-    let mut text_bytes = 0u64;
-    let mut char_split_docs: Vec<(String, String)> = Vec::new();
-
-    let (tx, rx) = sync_channel::<Vec<Record>>(2);
-    let stats: Vec<SourceStats> = std::thread::scope(|scope| -> Result<Vec<SourceStats>> {
-        // Owned here: an early return drops it, which stops the reader instead of blocking it.
-        let rx = rx;
-        let reader = {
-            let (sources, opts, bytes_read) = (&sources, &cfg.read, bytes_read.clone());
-            scope.spawn(move || read_all(sources, opts, &bytes_read, tx))
-        };
-        for chunk in rx.iter() {
-            let processed: Vec<Processed> =
-                pool.install(|| chunk.into_par_iter().map(|r| stages.process(r)).collect());
-            for p in processed {
-                text_bytes += p.raw_bytes;
-                decide(
-                    &stages,
-                    &mut d,
-                    p,
-                    &mut train,
-                    &mut val,
-                    &mut char_split_docs,
-                )?;
-            }
-            bar.set_position(bytes_read.load(Ordering::Relaxed));
-            let secs = start.elapsed().as_secs_f64().max(1e-9);
-            bar.set_message(format!(
-                "{} docs kept, text {:.1} MB/s",
-                d.kept.total().docs,
-                text_bytes as f64 / 1e6 / secs
-            ));
+    match cfg.stage {
+        Stage::All => prepare_all(cfg),
+        Stage::Finalize { of } => crate::parts::finalize(cfg, of),
+        Stage::Part { .. } | Stage::Dedup { .. } => {
+            bail!("the part and dedup stages write no token files: use prepare_stage")
         }
-        // The reader stops early (dropping the channel) only on error: report that error.
-        reader.join().expect("reader thread panicked")
-    })?;
-    bar.finish_and_clear();
+    }
+}
 
+/// The part or dedup stage of a prepare spread over parts: a one-line summary of what it wrote.
+pub fn prepare_stage(cfg: PrepareConfig) -> Result<String> {
+    validate(&cfg)?;
+    match cfg.stage {
+        Stage::Part { part, of } => crate::parts::write_part(cfg, part, of),
+        Stage::Dedup { of } => crate::parts::dedup(cfg, of),
+        Stage::All | Stage::Finalize { .. } => bail!("this stage writes token files: use prepare"),
+    }
+}
+
+/// The whole pipeline in one process.
+fn prepare_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
+    let start = Instant::now();
+    let stages = Stages::load(&cfg)?;
+    let dir = &cfg.output_dir;
+    create_output_dir(dir)?;
+    start_over(dir)?;
+    let (mut train, mut val) = stages.writers(dir)?;
+    let mut d = Decisions::new(Dedup::Index(DedupIndex::new(cfg.near_dup_threshold)));
+    let mut char_split_docs: Vec<(String, String)> = Vec::new();
+    let input = read_and_process(&stages, None, start, &mut |p| {
+        decide(
+            &stages,
+            &mut d,
+            p,
+            &mut train,
+            &mut val,
+            &mut char_split_docs,
+        )
+    })?;
     if let Split::Chars { train_fraction } = cfg.split {
         write_char_split(
             &stages.tokenizer,
@@ -312,7 +333,100 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
             &mut d,
         )?;
     }
-    let report = removal_reports(&cfg, &d);
+    let sources = input.sources_json();
+    finish(&stages, d, train, val, sources, input.text_bytes, start)
+}
+
+pub(crate) fn create_output_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("--output-dir {}: cannot create it", dir.display()))
+}
+
+/// What reading the inputs found: the sources, their stats and the bytes of text.
+pub(crate) struct Input {
+    pub sources: Vec<Source>,
+    pub stats: Vec<SourceStats>,
+    pub text_bytes: u64,
+}
+
+impl Input {
+    pub fn sources_json(&self) -> Vec<serde_json::Value> {
+        self.sources
+            .iter()
+            .zip(&self.stats)
+            .map(|(s, st)| source_json(s, st))
+            .collect()
+    }
+}
+
+/// Reads every source in a reader thread and processes its records in chunks on the worker
+/// pool; `sink` takes the processed records in input order. With `part = (i, n)` only the
+/// records of part `i` of `n` are processed (every source is still read and hashed).
+pub(crate) fn read_and_process(
+    stages: &Stages,
+    part: Option<(usize, usize)>,
+    start: Instant,
+    sink: &mut dyn FnMut(Processed) -> Result<()>,
+) -> Result<Input> {
+    let cfg = &stages.cfg;
+    let sources = discover(&cfg.inputs)?;
+    let total_bytes: u64 = sources.iter().map(|s| s.bytes).sum();
+    let bar = progress_bar(total_bytes, cfg.progress);
+    let bytes_read = Arc::new(AtomicU64::new(0));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(cfg.workers.max(1))
+        .build()?;
+    let (mut text_bytes, mut kept) = (0u64, 0u64);
+    let (tx, rx) = sync_channel::<Vec<(u64, Record)>>(2);
+    let stats = std::thread::scope(|scope| -> Result<Vec<SourceStats>> {
+        // Owned here: an early return drops it, which stops the reader instead of blocking it.
+        let rx = rx;
+        let reader = {
+            let (sources, opts, bytes_read) = (&sources, &cfg.read, bytes_read.clone());
+            scope.spawn(move || read_all(sources, opts, part, &bytes_read, tx))
+        };
+        for chunk in rx.iter() {
+            let processed: Vec<Processed> = pool.install(|| {
+                chunk
+                    .into_par_iter()
+                    .map(|(i, r)| stages.process(i, r))
+                    .collect()
+            });
+            for p in processed {
+                text_bytes += p.raw_bytes;
+                kept += p.outcome.is_ok() as u64;
+                sink(p)?;
+            }
+            bar.set_position(bytes_read.load(Ordering::Relaxed));
+            let secs = start.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!(
+                "{kept} docs, text {:.1} MB/s",
+                text_bytes as f64 / 1e6 / secs
+            ));
+        }
+        // The reader stops early (dropping the channel) only on error: report that error.
+        reader.join().expect("reader thread panicked")
+    })?;
+    bar.finish_and_clear();
+    Ok(Input {
+        sources,
+        stats,
+        text_bytes,
+    })
+}
+
+/// Closes the token files and writes meta.json: the end of a prepare (single or finalize).
+pub(crate) fn finish(
+    stages: &Stages,
+    mut d: Decisions,
+    train: TokenWriter,
+    val: TokenWriter,
+    sources: Vec<serde_json::Value>,
+    text_bytes: u64,
+    start: Instant,
+) -> Result<PrepareOutcome> {
+    let cfg = &stages.cfg;
+    let report = removal_reports(cfg, &d);
     let kept = d.kept.total();
     if d.train.total().tokens == 0 {
         bail!(
@@ -341,17 +455,13 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
         tokenizer: stages.tokenizer.name().to_string(),
         vocab_size: stages.tokenizer.vocab_size(),
         eot_token: stages.tokenizer.eot(),
-        dtype,
+        dtype: stages.dtype(),
         files,
-        sources: sources
-            .iter()
-            .zip(&stats)
-            .map(|(s, st)| source_json(s, st))
-            .collect(),
-        filters: filters_json(&cfg, &d, &report),
+        sources,
+        filters: filters_json(cfg, &d, &report),
         spans: std::mem::take(&mut d.spans),
     };
-    meta.save(dir)?;
+    meta.save(&cfg.output_dir)?;
     Ok(PrepareOutcome {
         meta,
         report: table(&d.input, &report, &d.kept),
@@ -373,6 +483,19 @@ fn validate(cfg: &PrepareConfig) -> Result<()> {
     if cfg.workers == 0 {
         bail!("--workers 0: need at least one worker");
     }
+    match cfg.stage {
+        Stage::Part { part, of } if of == 0 || part >= of => {
+            bail!("--part {part} --of {of}: parts are numbered 0 to N-1 of N ≥ 1")
+        }
+        Stage::Dedup { of: 0 } | Stage::Finalize { of: 0 } => {
+            bail!("--of 0: need at least one part")
+        }
+        Stage::All => {}
+        _ if matches!(cfg.split, Split::Chars { .. }) => {
+            bail!("--split chars cuts one document: prepare it in one process (no --stage)")
+        }
+        _ => {}
+    }
     let t = cfg.near_dup_threshold;
     if t.is_nan() || t <= 0.0 || t > 1.0 {
         bail!("--near-dup-threshold {t}: a Jaccard similarity must be in (0, 1]");
@@ -386,9 +509,41 @@ fn validate(cfg: &PrepareConfig) -> Result<()> {
     Ok(())
 }
 
+impl Decisions {
+    pub fn new(dedup: Dedup) -> Self {
+        Self {
+            input: ByType::default(),
+            skips: Skip::ALL.iter().map(|s| (*s, ByType::default())).collect(),
+            non_alnum: ByType::default(),
+            min_tokens: ByType::default(),
+            exact: ByType::default(),
+            near: ByType::default(),
+            decontam: ByType::default(),
+            decontam_examples: Vec::new(),
+            kept: ByType::default(),
+            train: ByType::default(),
+            val: ByType::default(),
+            cleaned: ByType::default(),
+            redacted_docs: ByType::default(),
+            redacted: Default::default(),
+            truncated: ByType::default(),
+            dedup,
+            spans: Default::default(),
+        }
+    }
+}
+
+/// Whether a document reaches the dedup filter: the per-document filters before it pass.
+pub(crate) fn reaches_dedup(cfg: &PrepareConfig, n_tokens: u64, non_alnum: f64) -> bool {
+    // Exactly the negation of `decide`'s two checks (a NaN fraction passes both ways).
+    let removed = cfg.max_non_alnum.is_some_and(|max| non_alnum > max)
+        || cfg.min_tokens.is_some_and(|min| n_tokens < min);
+    !removed
+}
+
 /// Removes meta.json (the directory is incomplete until it is rewritten) and temp files
 /// left by a killed run.
-fn start_over(dir: &Path) -> Result<()> {
+pub(crate) fn start_over(dir: &Path) -> Result<()> {
     let meta = dir.join("meta.json");
     if meta.exists() {
         std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
@@ -405,19 +560,29 @@ fn start_over(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Records per unit of work of a part: part `i` of `n` takes units `i`, `i + n`, `i + 2n` …
+pub const PART_UNIT: u64 = 1024;
+
 fn read_all(
     sources: &[Source],
     opts: &ReadOptions,
+    part: Option<(usize, usize)>,
     bytes_read: &Arc<AtomicU64>,
-    tx: std::sync::mpsc::SyncSender<Vec<Record>>,
+    tx: std::sync::mpsc::SyncSender<Vec<(u64, Record)>>,
 ) -> Result<Vec<SourceStats>> {
     let mut chunk = Vec::new();
     let mut chunk_bytes = 0usize;
     let mut stats = Vec::new();
+    let mut index = 0u64;
     for (i, source) in sources.iter().enumerate() {
         let st = read_source(i as u32, source, opts, bytes_read, &mut |record| {
+            let this = index;
+            index += 1;
+            if part.is_some_and(|(p, n)| (this / PART_UNIT) % n as u64 != p as u64) {
+                return Ok(());
+            }
             chunk_bytes += record.len();
-            chunk.push(record);
+            chunk.push((this, record));
             if chunk_bytes >= CHUNK_BYTES || chunk.len() >= CHUNK_RECORDS {
                 chunk_bytes = 0;
                 // The consumer only hangs up after an error of its own, reported by it.
@@ -434,7 +599,7 @@ fn read_all(
     Ok(stats)
 }
 
-fn decide(
+pub(crate) fn decide(
     stages: &Stages,
     d: &mut Decisions,
     p: Processed,
@@ -477,7 +642,10 @@ fn decide(
         return Ok(());
     }
     if cfg.dedup {
-        match d.dedup.check(doc.exact, doc.signature.as_deref()) {
+        match d
+            .dedup
+            .verdict(p.index, doc.exact, doc.signature.as_deref())
+        {
             Verdict::ExactDuplicate => {
                 d.exact.add(ty, n, b);
                 return Ok(());
@@ -489,15 +657,13 @@ fn decide(
             Verdict::Unique => {}
         }
     }
-    if let Some(eval) = &stages.eval {
-        if let Some((file, line)) = eval.contaminated(&doc.eval_grams) {
-            d.decontam.add(ty, n, b);
-            if d.decontam_examples.len() < 20 {
-                d.decontam_examples
-                    .push(format!("{}:{line}", file.display()));
-            }
-            return Ok(());
+    if let Some((file, line)) = &doc.eval_hit {
+        d.decontam.add(ty, n, b);
+        if d.decontam_examples.len() < 20 {
+            d.decontam_examples
+                .push(format!("{}:{line}", file.display()));
         }
+        return Ok(());
     }
     d.kept.add(ty, n, b);
     match cfg.split {

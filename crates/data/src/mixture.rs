@@ -257,7 +257,7 @@ fn slot_counts(weights: &[(String, f64)], names: &[&str]) -> Result<Vec<u64>> {
         w[i] = *weight;
     }
     let sum: f64 = w.iter().sum();
-    if !(sum > 0.0) || w.iter().any(|x| !x.is_finite() || *x < 0.0) {
+    if sum.is_nan() || sum <= 0.0 || w.iter().any(|x| !x.is_finite() || *x < 0.0) {
         bail!("mixture weights must be finite, non-negative and not all zero");
     }
     let exact: Vec<f64> = w.iter().map(|x| x / sum * BLOCK as f64).collect();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
-use lab_corpus::prepare::{prepare, PrepareConfig, Split};
+use lab_corpus::prepare::{prepare, prepare_stage, PrepareConfig, Split, Stage};
 use lab_corpus::reader::ReadOptions;
 use lab_corpus::shards::{plan, ShardRequest};
 
@@ -31,7 +31,11 @@ pub enum DataCommand {
     lab data prepare --input crates/data/corpora/tinyshakespeare.txt --split chars:0.9 --output-dir data/shakespeare\n  \
     lab data prepare --input crates/corpus/corpora/medquad.jsonl.zst --type-field source --all-filters \\\n    \
     --decontaminate crates/corpus/corpora/mmlu-medical.jsonl --val-fraction 0.01 --workers 2 --output-dir data/medquad\n  \
-    lab data prepare --input fineweb-edu/sample/10BT --tokenizer gpt2 --val-fraction 0.001 --workers 16 --output-dir data/fineweb")]
+    lab data prepare --input fineweb-edu/sample/10BT --tokenizer gpt2 --val-fraction 0.001 --workers 16 --output-dir data/fineweb\n\n\
+    Spread over 3 machines (scripts/slurm/prepare.sbatch), each stage with the same flags:\n  \
+    lab data prepare … --part 0 --of 3   (and --part 1, --part 2, at once)\n  \
+    lab data prepare … --stage dedup --of 3\n  \
+    lab data prepare … --stage finalize --of 3")]
 pub struct PrepareArgs {
     /// Input file or directory (.txt, .jsonl, .jsonl.zst, .parquet); repeatable.
     #[arg(long, short, required = true, value_name = "PATH")]
@@ -94,6 +98,25 @@ pub struct PrepareArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// A prepare spread over N processes: `part` (with --part I --of N: records of part I,
+    /// tokens and MinHash signatures into OUTPUT_DIR/parts/), then `dedup` (cross-part
+    /// duplicates from the signatures), then `finalize` (train.bin / val.bin / meta.json,
+    /// identical to one process). Every stage takes the same flags.
+    #[arg(long, value_enum, requires = "of")]
+    pub stage: Option<StageArg>,
+    /// This process's part, 0 to N-1 (e.g. $SLURM_ARRAY_TASK_ID).
+    #[arg(long, requires = "of", value_name = "I")]
+    pub part: Option<usize>,
+    /// The number of parts.
+    #[arg(long, value_name = "N")]
+    pub of: Option<usize>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageArg {
+    Part,
+    Dedup,
+    Finalize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -144,6 +167,14 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
                 .with_context(|| format!("--anchor-date {s}: expected YYYY-MM-DD"))?,
         ),
     };
+    let stage = match (a.stage, a.part, a.of) {
+        (None, None, None) => Stage::All,
+        (None | Some(StageArg::Part), Some(part), Some(of)) => Stage::Part { part, of },
+        (Some(StageArg::Part), None, _) => bail!("--stage part needs --part I"),
+        (Some(StageArg::Dedup), _, Some(of)) => Stage::Dedup { of },
+        (Some(StageArg::Finalize), _, Some(of)) => Stage::Finalize { of },
+        _ => bail!("--of N needs --part I or --stage dedup|finalize"),
+    };
     let workers = a
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -169,7 +200,12 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
         decontaminate: a.decontaminate,
         decontam_threshold: 0.7,
         progress: !a.quiet,
+        stage,
     };
+    if matches!(stage, Stage::Part { .. } | Stage::Dedup { .. }) {
+        println!("{}", prepare_stage(cfg)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let out = prepare(cfg)?;
     print!("{}", out.report);
     let f = |n: &str| out.meta.files[n].tokens;

@@ -1,0 +1,22 @@
+#!/bin/bash
+# A data prepare spread over N plain processes on one machine: the parts at once, then the
+# dedup and finalize stages. The result equals `lab data prepare FLAGS --output-dir OUT`.
+#
+#   scripts/prepare_parallel.sh N OUT [FLAGS...]
+#   scripts/prepare_parallel.sh 2 /tmp/medquad --input crates/corpus/corpora/medquad.jsonl.zst \
+#       --type-field source --all-filters --val-fraction 0.01
+set -euo pipefail
+LAB=${LAB:-./target/release/lab}
+N=${1:?usage: $0 N OUT [FLAGS...]}
+OUT=${2:?usage: $0 N OUT [FLAGS...]}
+shift 2
+WORKERS=${WORKERS:-1}
+
+pids=()
+for ((i = 0; i < N; i++)); do
+  "$LAB" data prepare "$@" --output-dir "$OUT" --workers "$WORKERS" --quiet --part "$i" --of "$N" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage dedup --of "$N"
+"$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage finalize --of "$N"
