@@ -13,10 +13,13 @@ shift 2
 WORKERS=${WORKERS:-1}
 
 pids=()
+# One failing part stops the others: no stage runs on an incomplete set.
+trap 'kill "${pids[@]}" 2>/dev/null' EXIT
 for ((i = 0; i < N; i++)); do
   "$LAB" data prepare "$@" --output-dir "$OUT" --workers "$WORKERS" --quiet --part "$i" --of "$N" &
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
+trap - EXIT
 "$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage dedup --of "$N"
 "$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage finalize --of "$N"

@@ -83,7 +83,7 @@ const STREETS: &[&str] = &[
     "Oak",
     "Maple",
     "Elm Grove",
-    "Washington",
+    "Chestnut",
     "Lincoln",
     "Cedar Hill",
     "Pine",
@@ -173,6 +173,27 @@ impl Cast {
         }
     }
 
+    /// A patient: one in ten has a name with letters beyond ASCII.
+    fn patient(&self, g: &mut Rng) -> (String, String) {
+        const FIRST: &[&str] = &[
+            "José", "María", "Zoë", "Chloé", "Øystein", "Renée", "Łukasz",
+        ];
+        const LAST: &[&str] = &[
+            "Muñoz",
+            "Peña",
+            "Núñez",
+            "Gómez",
+            "Øverland",
+            "Lefèvre",
+            "Wójcik",
+        ];
+        if g.below(10) == 0 {
+            (g.pick(FIRST).to_string(), g.pick(LAST).to_string())
+        } else {
+            (g.pick(&self.plain_first).to_string(), self.surname(g))
+        }
+    }
+
     fn surname(&self, g: &mut Rng) -> String {
         if g.below(3) == 0 {
             invented_surname(g)
@@ -204,9 +225,11 @@ pub fn probe_notes(seed: u64, n: usize) -> Vec<ProbeNote> {
 fn note(cast: &Cast, g: &mut Rng) -> ProbeNote {
     let mut planted = Vec::new();
     let mut plant = |phi: Phi, parts: Vec<String>| planted.push(Planted { phi, parts });
-    let (first, last) = (g.pick(&cast.first).to_string(), cast.surname(g));
-    let header = match g.below(4) {
+    let (first, last) = cast.patient(g);
+    let header = match g.below(6) {
         0 => format!("Patient: {first} {last}"),
+        4 => format!("PATIENT: {},{}", last.to_uppercase(), first.to_uppercase()),
+        5 => format!("Patient Name - {first} {last}"),
         1 => format!(
             "PATIENT NAME: {}, {}",
             last.to_uppercase(),
@@ -218,7 +241,7 @@ fn note(cast: &Cast, g: &mut Rng) -> ProbeNote {
             char::from(b'A' + g.below(26) as u8)
         ),
     };
-    let upper = header.starts_with("PATIENT NAME");
+    let upper = header.starts_with("PATIENT");
     plant(
         Phi::Name,
         if upper {
@@ -339,8 +362,20 @@ fn address_line(g: &mut Rng, plant: &mut Plant) -> String {
         1 => format!(" Suite {}", 100 + g.below(400)),
         _ => String::new(),
     };
-    plant(Phi::Address, vec![format!("{number} {street}")]);
-    match g.below(3) {
+    let mut parts = vec![format!("{number} {street}"), number.clone()];
+    parts.extend(
+        street
+            .split(' ')
+            .filter(|w| !SUFFIXES.contains(w))
+            .map(str::to_string),
+    );
+    let unit_id = unit.split(' ').next_back().unwrap_or_default().to_string();
+    if !unit.is_empty() {
+        parts.push(unit_id.clone());
+    }
+    plant(Phi::Address, parts);
+    match g.below(4) {
+        3 if !unit.is_empty() => format!("Unit first: Apt {unit_id}, {number} {street}."),
         0 => {
             plant(Phi::Location, vec![city.clone()]);
             plant(Phi::Zip, vec![zip.clone()]);
@@ -358,8 +393,25 @@ fn address_line(g: &mut Rng, plant: &mut Plant) -> String {
 fn place_line(g: &mut Rng, plant: &mut Plant) -> String {
     let city = g.pick(CITIES).to_string();
     let (code, name) = state(g);
-    plant(Phi::Location, vec![city.clone()]);
-    match g.below(5) {
+    let variant = g.below(8);
+    let written = if variant == 6 {
+        city.to_uppercase()
+    } else {
+        city.clone()
+    };
+    plant(Phi::Location, vec![written]);
+    match variant {
+        5 => format!("Returned from {city}, {code} yesterday."),
+        6 => {
+            let zip = g.digits(5);
+            plant(Phi::Zip, vec![zip.clone()]);
+            format!("{} {code} {zip}", city.to_uppercase())
+        }
+        7 => {
+            let zip = g.digits(5);
+            plant(Phi::Zip, vec![zip.clone()]);
+            format!("Mail: {city} {code} {zip}")
+        }
         0 => format!("Lives in {city} with her husband."),
         1 => format!("Moved here from {city}, {name} last year."),
         2 => {
@@ -383,21 +435,36 @@ fn place_line(g: &mut Rng, plant: &mut Plant) -> String {
 fn date_line(g: &mut Rng, plant: &mut Plant) -> String {
     let (y, m, d) = (1930 + g.below(90), 1 + g.below(12), 1 + g.below(28));
     let month = MONTHS[(m - 1) as usize];
-    let date = match g.below(9) {
-        0 => format!("{m:02}/{d:02}/{y}"),
-        1 => format!("{y}-{m:02}-{d:02}"),
-        2 => format!("{month} {d}, {y}"),
-        3 => format!("{d} {month} {y}"),
-        4 => format!("{m}-{d}-{:02}", y % 100),
-        5 => format!("{d:02}-{}-{y}", &MONTHS[(m - 1) as usize][..3]),
-        6 => format!("{month} {d}th"),
-        7 => format!("the {d}th of {month}"),
+    // The date, and the month-and-day inside it that must not survive either.
+    let (date, day) = match g.below(11) {
+        0 => (format!("{m:02}/{d:02}/{y}"), format!("{m:02}/{d:02}")),
+        1 => (format!("{y}-{m:02}-{d:02}"), format!("{m:02}-{d:02}")),
+        2 => (format!("{month} {d}, {y}"), format!("{month} {d}")),
+        3 => (format!("{d} {month} {y}"), format!("{d} {month}")),
+        4 => (format!("{m}-{d}-{:02}", y % 100), format!("{m}-{d}")),
+        5 => (
+            format!("{d:02}-{}-{y}", &month[..3]),
+            format!("{d:02}-{}", &month[..3]),
+        ),
+        6 => (format!("{month} {d}th"), format!("{month} {d}")),
+        7 => (format!("the {d}th of {month}"), format!("{d}th of {month}")),
+        8 => {
+            // Day first, which only a day above 12 tells apart.
+            let d = 13 + g.below(16);
+            (format!("{d}/{m}/{y}"), format!("{d}/{m}"))
+        }
+        9 => (format!("{y}/{m:02}/{d:02}"), format!("{m:02}/{d:02}")),
         _ => {
-            plant(Phi::Date, vec![format!("{m}/{d}")]);
-            return format!("Admitted on {m}/{d} via the emergency department.");
+            let (label, date) = match g.below(3) {
+                0 => ("Admitted on", format!("{m}/{d}")),
+                1 => ("DOS:", format!("{m}/{d}")),
+                _ => ("DOB:", format!("{y}{m:02}{d:02}")),
+            };
+            plant(Phi::Date, vec![date.clone()]);
+            return format!("{label} {date} via the emergency department.");
         }
     };
-    plant(Phi::Date, vec![date.clone()]);
+    plant(Phi::Date, vec![date.clone(), day]);
     match g.below(3) {
         0 => format!("DOB: {date}"),
         1 => format!("Surgery was performed on {date} without complication."),
@@ -408,7 +475,8 @@ fn date_line(g: &mut Rng, plant: &mut Plant) -> String {
 fn age_line(g: &mut Rng, plant: &mut Plant) -> String {
     let age = (90 + g.below(20)).to_string();
     plant(Phi::Age, vec![age.clone()]);
-    match g.below(5) {
+    match g.below(6) {
+        5 => format!("{age} y.o. female with falls."),
         0 => format!("{age}-year-old woman with dyspnea."),
         1 => format!("Age: {age}"),
         2 => format!("{age} y/o male, independent at home."),
@@ -419,8 +487,10 @@ fn age_line(g: &mut Rng, plant: &mut Plant) -> String {
 
 fn phone(g: &mut Rng) -> String {
     let (a, b, c) = (g.digits(3), g.digits(3), g.digits(4));
-    match g.below(5) {
+    match g.below(7) {
         4 => format!("{a}{b}{c}"),
+        5 => format!("{b}-{c}"),
+        6 => format!("+44 20 {} {c}", g.digits(4)),
         0 => format!("({a}) {b}-{c}"),
         1 => format!("{a}-{b}-{c}"),
         2 => format!("{a}.{b}.{c}"),
@@ -450,15 +520,23 @@ fn number_line(g: &mut Rng, plant: &mut Plant) -> String {
             .collect();
         format!("{l}{}", g.digits(digits))
     };
-    let ssn = match g.below(2) {
+    let ssn = match g.below(3) {
         0 => format!("{}-{}-{}", g.digits(3), g.digits(2), g.digits(4)),
+        1 => format!("{} {} {}", g.digits(3), g.digits(2), g.digits(4)),
         _ => g.digits(9),
     };
     let numbers = [
-        (Phi::Ssn, "SSN:", ssn),
+        (Phi::Ssn, g.pick(&["SSN:", "SS#", "Social Security:"]), ssn),
         (
             Phi::Mrn,
-            g.pick(&["MRN:", "MRN#", "Medical Record Number:", "Chart #"]),
+            g.pick(&[
+                "MRN:",
+                "MRN#",
+                "MR#",
+                "Med Rec #",
+                "Medical Record Number:",
+                "Chart #",
+            ]),
             g.digits(8),
         ),
         (
@@ -473,7 +551,7 @@ fn number_line(g: &mut Rng, plant: &mut Plant) -> String {
         ),
         (
             Phi::Account,
-            g.pick(&["Account #:", "Acct:", "Billing account"]),
+            g.pick(&["Account #:", "Acct:", "Billing account #"]),
             g.digits(10),
         ),
         (
@@ -560,15 +638,32 @@ pub fn run_probe(redactor: &Redactor, notes: &[ProbeNote]) -> ProbeReport {
         let (out, _) = redactor.redact(&note.text);
         for p in &note.planted {
             *report.planted.entry(p.phi).or_default() += 1;
-            if let Some(part) = p.parts.iter().find(|part| survives(&out, part)) {
+            if let Some(part) = atoms(p).into_iter().find(|part| survives(&out, part)) {
                 *report.leaked.entry(p.phi).or_default() += 1;
                 if report.examples.len() < 20 {
-                    report.examples.push((p.phi, part.clone(), out.clone()));
+                    report.examples.push((p.phi, part, out.clone()));
                 }
             }
         }
     }
     report
+}
+
+/// What must not survive of a planted identifier: each part whole, and every group of 3+
+/// digits in it (a phone number that comes out as "617 [PHONE]" leaked its area code). Dates
+/// and ages are left whole: a year may stay, and their short numbers occur everywhere.
+fn atoms(p: &Planted) -> Vec<String> {
+    let mut out = p.parts.clone();
+    if !matches!(p.phi, Phi::Date | Phi::Age) {
+        for part in &p.parts {
+            out.extend(
+                part.split(|c: char| !c.is_ascii_digit())
+                    .filter(|run| run.len() >= 3)
+                    .map(str::to_string),
+            );
+        }
+    }
+    out
 }
 
 /// `part` still appears in `text` as a whole word (not inside a longer word or number).

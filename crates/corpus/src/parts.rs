@@ -41,11 +41,32 @@ fn dedup_file(out: &Path) -> PathBuf {
     out.join("parts").join("dedup.json")
 }
 
-/// The settings every stage must share: all of the config but where it runs and how fast.
-fn fingerprint(cfg: &PrepareConfig) -> String {
+/// What every stage must share: the whole config but where it runs and how fast (its Debug
+/// form names every field, so a new setting joins the fingerprint by itself), the contents of
+/// the files it names (a retrained tokenizer at the same path is another config), the unit
+/// of work and the build.
+fn fingerprint(cfg: &PrepareConfig) -> Result<String> {
     let mut c = cfg.clone();
     (c.stage, c.workers, c.progress) = (Stage::All, 1, false);
-    hex::encode(Sha256::digest(format!("{c:?}").as_bytes()))
+    let mut h = Sha256::new();
+    h.update(format!("{c:?} unit={PART_UNIT} lab={}", env!("CARGO_PKG_VERSION")).as_bytes());
+    let tokenizer = Path::new(&cfg.tokenizer);
+    for file in cfg
+        .decontaminate
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(Some(tokenizer).filter(|p| p.is_file()))
+    {
+        h.update(lab_fsio::sha256_file(file)?.as_bytes());
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// sha256 of the parts' manifests: what a dedup decision was computed from.
+fn manifests_sha256(manifests: &[Value]) -> String {
+    hex::encode(Sha256::digest(
+        Value::from(manifests.to_vec()).to_string().as_bytes(),
+    ))
 }
 
 /// Stage 1: processes part `part` of `of` into `parts/part-I-of-N/`.
@@ -53,6 +74,8 @@ pub fn write_part(cfg: PrepareConfig, part: usize, of: usize) -> Result<String> 
     let start = Instant::now();
     let stages = Stages::load(&cfg)?;
     create_output_dir(&cfg.output_dir)?;
+    // The old token files are stale from now on: without meta.json no trainer uses them.
+    start_over(&cfg.output_dir)?;
     let dir = part_dir(&cfg.output_dir, part, of);
     let tmp = dir.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);
@@ -61,7 +84,7 @@ pub fn write_part(cfg: PrepareConfig, part: usize, of: usize) -> Result<String> 
     let input = read_and_process(&stages, Some((part, of)), start, &mut |p| writer.write(&p))?;
     let records = writer.finish()?;
     let manifest = json!({
-        "part": part, "of": of, "fingerprint": fingerprint(&cfg),
+        "part": part, "of": of, "fingerprint": fingerprint(&cfg)?,
         "sources": input.sources_json(), "text_bytes": input.text_bytes, "records": records,
     });
     lab_fsio::write_atomic(&tmp.join("manifest.json"), manifest.to_string().as_bytes())?;
@@ -95,7 +118,8 @@ pub fn dedup(cfg: PrepareConfig, of: usize) -> Result<String> {
         }
     }
     let decisions = json!({
-        "fingerprint": manifests[0]["fingerprint"], "of": of, "removed": removed,
+        "fingerprint": manifests[0]["fingerprint"], "of": of,
+        "manifests_sha256": manifests_sha256(&manifests), "removed": removed,
     });
     let path = dedup_file(&cfg.output_dir);
     lab_fsio::write_atomic(&path, decisions.to_string().as_bytes())?;
@@ -110,22 +134,33 @@ pub fn dedup(cfg: PrepareConfig, of: usize) -> Result<String> {
 pub fn finalize(cfg: PrepareConfig, of: usize) -> Result<PrepareOutcome> {
     let start = Instant::now();
     let manifests = manifests(&cfg, of)?;
-    let decided = load_decisions(&cfg, of)?;
+    let decided = load_decisions(&cfg, of, &manifests)?;
+    let records: u64 = manifests
+        .iter()
+        .map(|m| m["records"].as_u64().unwrap_or(0))
+        .sum();
     let stages = Stages::load(&cfg)?;
     let dir = &cfg.output_dir;
     start_over(dir)?;
     let (mut train, mut val) = stages.writers(dir)?;
     let mut d = Decisions::new(Dedup::Decided(decided));
     let mut unused = Vec::new();
+    // Every record of the input once, in order: a part from another input, or a part file
+    // cut short, shows as a gap.
+    let mut expected = 0u64;
     for record in merged(dir, of, true)? {
-        decide(
-            &stages,
-            &mut d,
-            record?.0,
-            &mut train,
-            &mut val,
-            &mut unused,
-        )?;
+        let p = record?.0;
+        if p.index != expected {
+            bail!(
+                "the parts in {} skip or repeat record {expected}: rerun the part stage",
+                dir.display()
+            );
+        }
+        expected += 1;
+        decide(&stages, &mut d, p, &mut train, &mut val, &mut unused)?;
+    }
+    if expected != records {
+        bail!("the parts hold {expected} of {records} records: rerun the part stage");
     }
     let sources = manifests[0]["sources"]
         .as_array()
@@ -140,7 +175,7 @@ pub fn finalize(cfg: PrepareConfig, of: usize) -> Result<PrepareOutcome> {
 
 /// The parts' manifests, checked: all present, made with these settings, of the same input.
 fn manifests(cfg: &PrepareConfig, of: usize) -> Result<Vec<Value>> {
-    let want = fingerprint(cfg);
+    let want = fingerprint(cfg)?;
     let mut out: Vec<Value> = Vec::with_capacity(of);
     for part in 0..of {
         let path = part_dir(&cfg.output_dir, part, of).join("manifest.json");
@@ -172,7 +207,11 @@ fn manifests(cfg: &PrepareConfig, of: usize) -> Result<Vec<Value>> {
     Ok(out)
 }
 
-fn load_decisions(cfg: &PrepareConfig, of: usize) -> Result<HashMap<u64, Verdict>> {
+fn load_decisions(
+    cfg: &PrepareConfig,
+    of: usize,
+    manifests: &[Value],
+) -> Result<HashMap<u64, Verdict>> {
     let path = dedup_file(&cfg.output_dir);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -181,9 +220,12 @@ fn load_decisions(cfg: &PrepareConfig, of: usize) -> Result<HashMap<u64, Verdict
         )
     })?;
     let v: Value = serde_json::from_str(&text)?;
-    if v["fingerprint"] != fingerprint(cfg).as_str() || v["of"] != of {
+    if v["fingerprint"] != fingerprint(cfg)?.as_str()
+        || v["of"] != of
+        || v["manifests_sha256"] != manifests_sha256(manifests).as_str()
+    {
         bail!(
-            "{}: made for other flags or another --of; rerun the dedup stage",
+            "{}: made for other flags, another --of or parts since rerun; rerun the dedup stage",
             path.display()
         );
     }

@@ -7,7 +7,8 @@
 //! seeded permutation of the block decides which sample takes which slot. Over whole blocks
 //! each share is exact to 1/`BLOCK`. A source's slots are numbered across blocks, so sample
 //! `i` is the `k`-th draw of its source, and draw `k` is window `k` of that source's own
-//! [`Sampler`] over its spans of the token file (its documents, in file order).
+//! [`Sampler`] over its spans of the token file (its documents, in file order). A curriculum
+//! stage ends at the first block boundary at or after its token count.
 
 use anyhow::{bail, Result};
 
@@ -100,7 +101,16 @@ impl MixtureSampler {
                 counts,
             });
             if let Some(t) = stage.until_tokens {
-                first_block = (t / seq_len as u64).div_ceil(BLOCK).max(first_block);
+                // Stages switch at block boundaries: the first block at or after the count.
+                let end = (t / seq_len as u64).div_ceil(BLOCK);
+                if end <= first_block {
+                    bail!(
+                        "curriculum stage {} ends at {t} tokens, within the block of {BLOCK} samples ({} tokens) where it starts; stages switch on whole blocks: give it more tokens",
+                        i + 1,
+                        BLOCK * seq_len as u64
+                    );
+                }
+                first_block = end;
             } else if i + 1 < stages.len() {
                 bail!(
                     "curriculum stage {} has no until_tokens but is not the last",
@@ -385,6 +395,20 @@ mod tests {
         assert_eq!(
             m.draws(4 * BLOCK),
             vec![2 * BLOCK + BLOCK / 2, 3 * BLOCK / 2]
+        );
+    }
+
+    #[test]
+    fn a_stage_shorter_than_a_block_is_refused() {
+        let meta = meta_with(&[("books", 4_000), ("web", 4_000)]);
+        let stages = [
+            stage(&[("books", 1.0)], Some(5)),
+            stage(&[("web", 1.0)], None),
+        ];
+        let err = MixtureSampler::new(&meta, "train.bin", 10, 1, &stages).unwrap_err();
+        assert!(
+            err.to_string().contains("stages switch on whole blocks"),
+            "{err}"
         );
     }
 

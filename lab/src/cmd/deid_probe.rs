@@ -41,10 +41,14 @@ pub fn run(a: DeidProbeArgs) -> Result<ExitCode> {
         .input
         .unwrap_or_else(|| PathBuf::from(lab_corpus::MEDQUAD_ZST));
     let docs = read_texts(&input, &a.text_field)?;
-    let start = Instant::now();
     let over = over_redaction(&redactor, docs.iter().map(String::as_str));
-    let secs = start.elapsed().as_secs_f64();
     print_over_redaction(&input, &over);
+    // Timed apart from the report's bookkeeping: the redaction stage alone.
+    let start = Instant::now();
+    for doc in &docs {
+        std::hint::black_box(redactor.redact(doc));
+    }
+    let secs = start.elapsed().as_secs_f64();
     println!(
         "\nthroughput: {:.1} MB in {secs:.2} s = {:.2} MB/s on one thread (redaction only)",
         over.bytes as f64 / 1e6,

@@ -33,8 +33,18 @@ impl DatePatterns {
     pub fn new() -> Self {
         let re = |s: &str| Regex::new(s).expect("date pattern compiles");
         let patterns = vec![
-            // 2021-03-04
-            (re(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b"), Form::Ymd(1, 2, 3)),
+            // 2021-03-04, 2021/03/04
+            (
+                re(r"\b(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})\b"),
+                Form::Ymd(1, 2, 3),
+            ),
+            // DOB: 19501225 (digits only, after a birth-date label)
+            (
+                re(
+                    r"(?i)\b(?:dob|date\s+of\s+birth|birth\s*date)[ \t]*:?[ \t]*(\d{4})(\d{2})(\d{2})\b",
+                ),
+                Form::Ymd(1, 2, 3),
+            ),
             // 03/04/2021, 3-4-21 (US month first)
             (
                 re(r"\b(\d{1,2})[/.-](\d{1,2})[/.-](\d{4}|\d{2})\b"),
@@ -73,11 +83,11 @@ impl DatePatterns {
                 )),
                 Form::NoYear(2, 1),
             ),
-            // on 3/14, since 12/1 (no year): only after a word that introduces a date, since
-            // 1/2 is also a dose and 12/31 a ratio.
+            // on 3/14, DOS: 12/1 (no year): only after a word that introduces a date, since
+            // 1/2 is also a dose and 8/10 a pain score ("from 8/10" is not a date).
             (
                 re(
-                    r"(?i)\b(?:on|since|from|until|till|through|dated|by|dob|date|admitted|discharged|seen|visit)\s*:?\s+(\d{1,2})/(\d{1,2})\b",
+                    r"(?i)\b(?:on|since|until|till|through|dated|dob|dos|date(?:\s+of\s+(?:service|visit|admission|discharge))?|admitted|discharged|seen|visit)\s*:?\s+(\d{1,2})/(\d{1,2})\b",
                 ),
                 Form::NoYear(1, 2),
             ),
@@ -92,15 +102,10 @@ impl DatePatterns {
             let replaced = re.replace_all(&text, |c: &Captures| {
                 if parse(*form, c).is_some() {
                     on_date();
-                    // A context word before a yearless date is kept: "on [DATE]".
+                    // A context word before the date is kept: "on [DATE]", "DOB: [DATE]".
                     let whole = c.get(0).expect("match");
                     let first = c.get(1).expect("a date group");
-                    let keep = match form {
-                        Form::NoYear(..) if first.start() > whole.start() => {
-                            &text[whole.start()..first.start()]
-                        }
-                        _ => "",
-                    };
+                    let keep = &text[whole.start()..first.start()];
                     format!("{keep}[DATE]")
                 } else {
                     c[0].to_string()
@@ -145,7 +150,13 @@ fn parse(form: Form, c: &Captures) -> Option<Ymd> {
                 2 => 1900 + y,
                 _ => y,
             };
-            (y, num(1)?, num(2)?)
+            // 25/12/1950 can only be day first.
+            let (a, b) = (num(1)?, num(2)?);
+            if a > 12 && b <= 12 {
+                (y, b, a)
+            } else {
+                (y, a, b)
+            }
         }
         Form::Named(y, m, 0) => (num(y)?, month_number(&c[m])?, 1),
         Form::Named(y, m, d) => (num(y)?, month_number(&c[m])?, num(d)?),

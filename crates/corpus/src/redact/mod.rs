@@ -187,11 +187,13 @@ fn apply(rule: &Rule, text: String, report: &mut Redaction) -> String {
             }
             _ => "",
         };
+        // `next` is only looked at (by the rule's check), never replaced.
         format!(
-            "{}{}{}{tail}",
+            "{}{}{}{}{tail}",
             group("pre"),
             rule.phi.placeholder(),
-            group("post")
+            group("post"),
+            group("next")
         )
     });
     let replaced = replaced.into_owned();

@@ -16,9 +16,25 @@ const FIRST_NAMES: &str = include_str!("../../corpora/names/first-names.txt");
 /// them to the context rules.
 const COMMON_WORD_FIRST_NAMES: &str =
     include_str!("../../corpora/names/common-word-first-names.txt");
+const LAST_NAMES: &str = include_str!("../../corpora/names/last-names.txt");
 
-/// A name-shaped word: Title case or capitals, with O'Brien / Smith-Jones / McDonald forms.
-const WORD: &str = r"[A-Z][A-Za-z]*(?:['’-][A-Za-z]+)*";
+/// A name-shaped word: Title case or capitals, any script's letters, with O'Brien /
+/// Smith-Jones / McDonald / Muñoz forms.
+const WORD: &str = r"\p{Lu}\p{L}*(?:['’-]\p{L}+)*";
+/// One to four name words on one line ("Ana Q. Ruiz").
+const RUN: &str =
+    r"\p{Lu}\p{L}*(?:['’-]\p{L}+)*(?:[ \t]+(?:\p{Lu}\.|\p{Lu}\p{L}*(?:['’-]\p{L}+)*)){0,3}";
+/// "Last, First" and "LAST,FIRST" (VistA).
+const LAST_FIRST: &str =
+    r"\p{Lu}\p{L}*(?:['’-]\p{L}+)*,[ \t]*\p{Lu}\p{L}*(?:['’-]\p{L}+)*(?:[ \t]+\p{Lu}\.)?";
+
+/// Labels a name follows after a colon (or a spaced dash): "Patient: ", "Attending - ".
+/// Family-history and chief-complaint labels ("Mother:", "CC:") introduce conditions, not
+/// people, and are left out.
+const NAME_LABELS: &str = r"patient(?:'s)?\s+name|patient|pt|name|full\s+name|attending(?:\s+physician)?|physician|pcp|primary\s+care(?:\s+physician)?|referring(?:\s+physician)?|surgeon|resident|author|emergency\s+contact|next\s+of\s+kin|contact\s+person|guarantor|spouse|informant|interpreter|caregiver|witness";
+/// Phrases a name follows directly: "Discharge summary for ", "Electronically signed by ".
+const NAME_PHRASES: &str = r"discharge\s+summary\s+for|summary\s+for|note\s+for|seen\s+by|examined\s+by|referred\s+by|(?:electronically\s+)?signed(?:\s+by)?|dictated\s+by|transcribed\s+by|cosigned\s+by|attended\s+by|dear";
+const RELATIVES: &str = r"wife|husband|daughter|son|mother|father|sister|brother|spouse|partner|friend|caregiver|niece|nephew|granddaughter|grandson|grandmother|grandfather|aunt|uncle|cousin|neighbor|neighbour|fiancée?|boyfriend|girlfriend";
 
 const CREDENTIAL: &str =
     r"(?:MD|M\.D\.|DO|RN|NP|PA-C|PhD|PharmD|MSW|LCSW|CNM|DDS|FNP|APRN|LPN|CNA)";
@@ -57,16 +73,9 @@ const NOT_SURNAMES: &[&str] = &[
     "society",
     "street",
     "avenue",
-    "road",
     "boulevard",
-    "lane",
-    "drive",
-    "court",
-    "place",
-    "way",
-    "parkway",
     "highway",
-    "square",
+    "parkway",
     "river",
     "lake",
     "mountain",
@@ -103,8 +112,14 @@ const NOT_SURNAMES: &[&str] = &[
     "fax",
 ];
 
+/// Street words that are surnames too ("Erica Way", "Tom Lane"): a name unless a house
+/// number comes first ("12 Erica Way").
+const STREET_SURNAMES: &[&str] = &["road", "lane", "drive", "court", "place", "way", "square"];
+
 /// Words that make the capitalised word before them an eponym.
-const EPONYM_HEADS: &str = "disease|syndrome|disorder|palsy|sign|test|tumou?r|anomaly|phenomenon|reflex|lymphoma|sarcoma|dementia|chorea|ataxia|dystrophy|atrophy|arthritis|ulcer|encephalopathy|neuropathy|neuralgia|virus|cyst|deformity|fracture|procedure|operation|maneuver|scale|score|classification|criteria|cell|cells|body|bodies|law|effect|method|syndromes|diseases|disorders|type|variant|anemia|leukemia|myopathy|thyroiditis|gene|protein|foundation|association|center|institute";
+/// Only words that name a condition: a generic word ("type", "test", "score") after a
+/// patient's name would otherwise make the name an eponym and let it through.
+const EPONYM_HEADS: &str = "diseases?|syndromes?|disorders?|palsy|tumou?r|anomaly|phenomenon|reflex|lymphoma|sarcoma|dementia|chorea|ataxia|dystrophy|atrophy|arthritis|ulcer|encephalopathy|neuropathy|neuralgia|virus|cyst|deformity|anemia|leukemia|myopathy|thyroiditis";
 
 /// Words around names that are never name parts themselves.
 const NEVER_PARTS: &[&str] = &[
@@ -114,6 +129,8 @@ const NEVER_PARTS: &[&str] = &[
 
 pub struct NameFinder {
     first: HashSet<String>,
+    /// First names and surnames: what a capital title must be followed by.
+    listed: HashSet<String>,
     common_word_first: HashSet<String>,
     contexts: Vec<Regex>,
     word: Regex,
@@ -132,30 +149,26 @@ fn lowercase_set(list: &str) -> HashSet<String> {
 impl NameFinder {
     pub fn new() -> Self {
         let re = |s: String| Regex::new(&s).expect("name pattern compiles");
-        // One to four name words on one line, or "Last, First".
-        let name = format!(
-            r"(?P<name>{WORD},[ \t]+{WORD}(?:[ \t]+[A-Z]\.)?|{WORD}(?:[ \t]+(?:[A-Z]\.|{WORD})){{0,3}})"
-        );
+        let name = format!(r"(?P<name>{LAST_FIRST}|{RUN})");
         // A title after a label belongs to the context, not to the name: "Seen by Dr. Ruiz".
         let titled = format!(r"(?:{TITLE}\.?[ \t]+)?{name}");
         let contexts = vec![
-            // Label contexts: "Patient: ", "Discharge summary for ", "Electronically signed by ".
             re(format!(
-                r"(?i:\b(?:patient(?:'s)?\s+name|patient|pt|name|full\s+name|attending(?:\s+physician)?|physician|provider|pcp|primary\s+care(?:\s+physician)?|referring(?:\s+physician)?|surgeon|resident|nurse|rn|cc|author|emergency\s+contact|next\s+of\s+kin|contact(?:\s+person)?|guarantor|spouse|mother|father|informant|interpreter|caregiver|witness)[ \t]*:[ \t]*|\b(?:discharge\s+summary\s+for|summary\s+for|note\s+for|seen\s+by|examined\s+by|referred\s+by|(?:electronically\s+)?signed(?:\s+by)?|dictated\s+by|transcribed\s+by|cosigned\s+by|attended\s+by|dear)[ \t]*:?[ \t]+){titled}"
+                r"(?i:\b(?:{NAME_LABELS})(?:[ \t]*:[ \t]*|[ \t]+[-–][ \t]+)|\b(?:{NAME_PHRASES})[ \t]*:?[ \t]+){titled}"
             )),
-            // Titles: "Dr. ", "Mrs ".
-            re(format!(r"\b{TITLE}\.?[ \t]+{name}")),
-            re(r"\b(?:DR|MR|MRS|MS|MISS|PROF)\.?[ \t]+(?P<name>[A-Z]{2,}(?:['-][A-Z]+)*(?:[ \t]+(?:[A-Z]\.|[A-Z]{2,}(?:['-][A-Z]+)*)){0,2})\b".to_string()),
+            // Titles: "Dr. Ruiz" (not "Dr. Patel, Cardiology": no "Last, First" after a title).
+            re(format!(r"\b{TITLE}\.?[ \t]+(?P<name>{RUN})")),
+            // Capital titles ("MR. SMITH") count only before a listed name: "MR AND TR" is
+            // mitral and tricuspid regurgitation, "MS. MRI" ends a sentence.
+            re(r"\b(?:DR|MR|MRS|MS|MISS|PROF)\.?[ \t]+(?P<listed>\p{Lu}{2,}(?:['-]\p{Lu}+)*(?:[ \t]+(?:\p{Lu}\.|\p{Lu}{2,}(?:['-]\p{Lu}+)*)){0,2})\b".to_string()),
             // Credentials: "Ana Ruiz, MD", "Ana Ruiz MD" (but "Duchenne MD" is a dystrophy).
+            re(format!(r"{name},[ \t]*{CREDENTIAL}\b(?P<zip>[ \t]+\d{{5}})?")),
             re(format!(
-                r"{name},[ \t]*{CREDENTIAL}\b(?P<zip>[ \t]+\d{{5}})?"
-            )),
-            re(format!(
-                r"(?P<name>{WORD}(?:[ \t]+(?:[A-Z]\.|{WORD})){{1,3}})[ \t]+{CREDENTIAL}\b(?P<zip>[ \t]+\d{{5}})?"
+                r"(?P<name>{WORD}(?:[ \t]+(?:\p{{Lu}}\.|{WORD})){{1,3}})[ \t]+{CREDENTIAL}\b(?P<zip>[ \t]+\d{{5}})?"
             )),
             // Relatives named in passing: "her daughter, Maria Lopez,".
             re(format!(
-                r"(?i:\b(?:his|her|their|the\s+patient's|patient's|pt's|a|whose)\s+(?:wife|husband|daughter|son|mother|father|sister|brother|spouse|partner|friend|caregiver|niece|nephew|granddaughter|grandson|grandmother|grandfather|aunt|uncle|cousin|neighbor|neighbour|fiancée?|boyfriend|girlfriend),?[ \t]+){titled}"
+                r"(?i:\b(?:his|her|their|the\s+patient's|patient's|pt's|whose)\s+(?:{RELATIVES}),?[ \t]+){titled}"
             )),
             // Signature blocks: a name alone on the line after a closing or a dash.
             re(format!(
@@ -165,6 +178,10 @@ impl NameFinder {
         ];
         Self {
             first: lowercase_set(FIRST_NAMES),
+            listed: lowercase_set(FIRST_NAMES)
+                .into_iter()
+                .chain(lowercase_set(LAST_NAMES))
+                .collect(),
             common_word_first: lowercase_set(COMMON_WORD_FIRST_NAMES),
             contexts,
             word: Regex::new(WORD).expect("word pattern compiles"),
@@ -181,7 +198,11 @@ impl NameFinder {
         for re in &self.contexts {
             // "Bethesda, MD 20892" is a place: a credential is not followed by a ZIP code.
             for c in re.captures_iter(text).filter(|c| c.name("zip").is_none()) {
-                found.push(c.name("name").expect("a name group").range());
+                match (c.name("name"), c.name("listed")) {
+                    (Some(m), _) => found.push(m.range()),
+                    (None, Some(m)) if self.starts_with_listed(m.as_str()) => found.push(m.range()),
+                    _ => {}
+                }
             }
         }
         // A disease's namesake ("Parkinson" where the text says "Parkinson disease") is a
@@ -191,6 +212,11 @@ impl NameFinder {
         let parts = self.name_parts(text, &found, &eponyms);
         found.extend(self.occurrences(text, &parts));
         merge(found)
+    }
+
+    fn starts_with_listed(&self, name: &str) -> bool {
+        let first = name.split([' ', '\t']).next().unwrap_or_default();
+        self.listed.contains(&stem(first)) && !self.common_word_first.contains(&stem(first))
     }
 
     /// The eponym words of `text`, whole and by their hyphenated pieces ("epstein-barr",
@@ -218,13 +244,25 @@ impl NameFinder {
             if !joined || is_placeholder(text, a) || is_placeholder(text, b) {
                 continue;
             }
-            let (first, last) = (stem(&text[a.clone()]), stem(&text[b.clone()]));
-            let is_first = self.first.contains(&first) && !self.common_word_first.contains(&first);
+            let first = stem(&text[a.clone()]);
+            if !self.first.contains(&first) || self.common_word_first.contains(&first) {
+                continue;
+            }
+            // Two capitals are a state or a credential ("Savannah GA", "Ana RN"), not a surname.
+            let raw_last = &text[b.clone()];
+            if raw_last.len() == 2 && raw_last.chars().all(|c| c.is_ascii_uppercase()) {
+                continue;
+            }
+            let last = stem(raw_last);
+            let street = STREET_SURNAMES.contains(&last.as_str())
+                && text[..a.start]
+                    .trim_end()
+                    .ends_with(|c: char| c.is_ascii_digit());
             let is_last = !NOT_SURNAMES.contains(&last.as_str())
-                && !self.common_word_first.contains(&last)
+                && !street
                 && !eponyms.contains(&first)
                 && !eponyms.contains(&last);
-            if is_first && is_last {
+            if is_last {
                 out.push(a.start..b.end);
             }
         }
@@ -244,7 +282,10 @@ impl NameFinder {
             .map(|m| m.as_str().to_string())
             .filter(|w| {
                 let lower = stem(w);
-                w.len() >= 2 && !NEVER_PARTS.contains(&lower.as_str()) && !eponyms.contains(&lower)
+                w.len() >= 2
+                    && !NEVER_PARTS.contains(&lower.as_str())
+                    && !eponyms.contains(&lower)
+                    && !used_as_a_word(text, &lower)
             })
             .collect();
         parts.sort();
@@ -287,6 +328,16 @@ fn stem(word: &str) -> String {
         .or_else(|| lower.strip_suffix("’s"))
         .unwrap_or(&lower)
         .to_string()
+}
+
+/// The document also writes `lower` in lower case as a word ("chest", "brain"): a word the
+/// name rules mistook for a name, not a name to look for everywhere.
+fn used_as_a_word(text: &str, lower: &str) -> bool {
+    let is_letter = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    text.match_indices(lower).any(|(i, _)| {
+        !is_letter(text[..i].chars().next_back())
+            && !is_letter(text[i + lower.len()..].chars().next())
+    })
 }
 
 /// Inside a placeholder or section header such as `[NAME]` or `[HISTORY]`.
@@ -347,6 +398,39 @@ mod tests {
         );
         assert_eq!(names("Sincerely,\nOdalys Prentiss"), ["Odalys Prentiss"]);
         assert_eq!(names("Ana Q. Ruiz, MD"), ["Ana Q. Ruiz"]);
+    }
+
+    #[test]
+    fn formats_found_in_the_wild() {
+        assert_eq!(names("Patient: José Muñoz"), ["José Muñoz"]);
+        assert_eq!(names("PATIENT: VASHTI,QUENTARO"), ["VASHTI,QUENTARO"]);
+        assert_eq!(names("Patient Name - Vashti"), ["Vashti"]);
+        assert_eq!(names("MR. JOHNSON was seen"), ["JOHNSON"]);
+        // A generic word after a name does not make it an eponym.
+        assert_eq!(
+            names("Kevin Brennan type 2 DM on metformin. Brennan reports"),
+            ["Kevin Brennan", "Brennan"]
+        );
+    }
+
+    #[test]
+    fn clinical_words_after_labels_and_capital_titles_stay() {
+        for text in [
+            "CC: Chest pain. Mother: Breast cancer. Father: MI at 60.",
+            "MODERATE MR AND TR. HX OF MS. MRI BRAIN normal.",
+        ] {
+            assert!(names(text).is_empty(), "{text}: {:?}", names(text));
+        }
+        // A title's name is not "Last, First", and a word the note also writes in lower case
+        // is not looked for elsewhere.
+        assert_eq!(
+            names("Dr. Patel, Cardiology. Cardiology clinic follow-up."),
+            ["Patel"]
+        );
+        assert_eq!(
+            names("Seen by Dr. Chest. Chest pain, chest tightness."),
+            ["Chest"]
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ const STATES: &str = r"Alabama|Alaska|Arizona|Arkansas|California|Colorado|Conne
 const STATE_CODES: &str = r"AL|AK|AZ|AR|CA|CO|CT|DE|DC|FL|GA|HI|ID|IL|IN|IA|KS|KY|LA|ME|MD|MA|MI|MN|MS|MO|MT|NE|NV|NH|NJ|NM|NY|NC|ND|OH|OK|OR|PA|RI|SC|SD|TN|TX|UT|VT|VA|WA|WV|WI|WY";
 const STREET_SUFFIX: &str = r"(?i:street|st|avenue|ave|road|rd|boulevard|blvd|lane|ln|drive|dr|court|ct|place|pl|way|terrace|ter|circle|cir|parkway|pkwy|highway|hwy|square|sq|trail|trl|loop|alley|plaza|pike|crescent)";
 /// One to three place words: "Springfield", "Fort Collins", "Winston-Salem", "St. Louis".
-const PLACE: &str = r"(?:St\.[ \t]+)?[A-Z][a-z][A-Za-z'-]*(?:[ \t][A-Z][a-z][A-Za-z'-]*){0,2}";
+const PLACE: &str = r"(?:St\.[ \t]+)?(?:[A-Z][a-z][A-Za-z'-]*|[A-Z]{3,})(?:[ \t](?:[A-Z][a-z][A-Za-z'-]*|[A-Z]{3,})){0,2}";
 
 fn always(_: &Captures) -> bool {
     true
@@ -31,33 +31,43 @@ fn has_digit(c: &Captures) -> bool {
     c[0][label..].bytes().any(|b| b.is_ascii_digit())
 }
 
-/// "Springfield, IL" is a city; "X-ray, CT scan" is not (a state code is not followed by a
-/// lower-case word), nor is "Disease Research Center, Washington" (an institution).
+/// "Springfield, IL" is a city; "Abdominal Ultrasound, CT scan" is not, nor is "Disease
+/// Research Center, Washington" (an institution).
 fn is_city(c: &Captures) -> bool {
+    // "CT" is the one code that routinely follows a capitalised word and a comma in
+    // clinical text ("Chest X-Ray, CT scan"); "Portland, OR yesterday" is a city.
+    const AMBIGUOUS: &[&str] = &["CT"];
     const INSTITUTION: &[&str] = &[
-        "Disease",
-        "Diseases",
-        "Research",
-        "Center",
-        "Centre",
-        "University",
-        "Institute",
-        "Hospital",
-        "Clinic",
-        "Foundation",
-        "Association",
-        "Society",
-        "School",
-        "College",
-        "Department",
-        "Medicine",
-        "Health",
-        "Program",
-        "Library",
-        "Office",
+        "disease",
+        "diseases",
+        "research",
+        "center",
+        "centre",
+        "university",
+        "institute",
+        "hospital",
+        "clinic",
+        "foundation",
+        "association",
+        "society",
+        "school",
+        "college",
+        "department",
+        "medicine",
+        "health",
+        "program",
+        "library",
+        "office",
     ];
     let place = c.name("place").map_or("", |m| m.as_str());
-    c.name("next").is_none() && !place.split([' ', '\t']).any(|w| INSTITUTION.contains(&w))
+    let code = c
+        .name("post")
+        .map_or("", |m| m.as_str().trim_start_matches([',', ' ', '\t']));
+    let ambiguous = AMBIGUOUS.contains(&code) && c.name("next").is_some();
+    !ambiguous
+        && !place
+            .split([' ', '\t'])
+            .any(|w| INSTITUTION.contains(&w.to_ascii_lowercase().as_str()))
 }
 
 fn url_has_identifier(c: &Captures) -> bool {
@@ -75,13 +85,14 @@ fn valid_ipv4(c: &Captures) -> bool {
     c[0].split('.').all(|o| o.parse::<u8>().is_ok())
 }
 
-/// A labelled identifier rule: `labels` (case-insensitive) then an optional "number/no/#/id"
-/// and a separator, then an identifier with a digit.
+/// A labelled identifier rule: `labels` (case-insensitive), then "number/no/#/id" or a colon
+/// (so "serial 12-lead ECGs" and "age group 18-64" are not identifiers), then an identifier
+/// with a digit.
 fn labelled(phi: Phi, labels: &str) -> Rule {
     Rule {
         phi,
         re: Regex::new(&format!(
-            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]*(?:number|num|no\.?|#|id|identifier))?[ \t]*[:#]?[ \t]*){ID}"
+            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]*(?:number|num|no\.?|#|id|identifier)[ \t]*[:#]?|[ \t]*[:#])[ \t]*){ID}"
         ))
         .expect("labelled rule compiles"),
         accept: has_digit,
@@ -118,12 +129,12 @@ pub fn rules() -> Vec<Rule> {
         ),
         rule(
             Phi::Mrn,
-            r"(?i)(?P<pre>\b(?:mrn|medical\s+record(?:\s+(?:number|no\.?|#))?|record\s+(?:number|no\.?|#)|patient\s+id|chart\s+(?:number|no\.?|#))\s*[:#]?\s*)[a-z]{0,3}-?\d{4,12}\b",
+            r"(?i)(?P<pre>\b(?:mrn|mr\s*#|med(?:ical)?\.?\s+rec(?:ord)?\.?(?:\s*(?:number|no\.?|#))?|record\s+(?:number|no\.?|#)|patient\s+id|chart\s+(?:number|no\.?|#))\s*[:#]?\s*)[a-z]{0,3}-?\d{4,12}\b",
             always,
         ),
         rule(
             Phi::Ssn,
-            r"(?i)\b\d{3}-\d{2}-\d{4}\b|(?P<pre>\bssn\s*[:#]?\s*)\d{9}\b",
+            r"(?i)\b\d{3}-\d{2}-\d{4}\b|(?P<pre>(?:\bssn|\bss\s*#|\bsocial\s+security(?:\s+(?:number|no\.?|#))?)\s*[:#]?\s*)\d{3}[ -]?\d{2}[ -]?\d{4}\b",
             always,
         ),
         labelled(
@@ -149,7 +160,7 @@ pub fn rules() -> Vec<Rule> {
         rule(
             Phi::Fax,
             &format!(
-                r"(?i)(?P<pre>\b(?:fax|facsimile)(?:\s*(?:number|no\.?|#))?\s*[:.]?\s*)(?:{PHONE}|\+?1?\d{{10}}\b)"
+                r"(?i)(?P<pre>\b(?:fax|facsimile)(?:\s*(?:number|no\.?|#))?\s*[:.]?\s*)(?:{PHONE}|\+?1?\d{{10}}\b|\d{{3}}[-.]\d{{4}}\b)"
             ),
             always,
         ),
@@ -157,9 +168,11 @@ pub fn rules() -> Vec<Rule> {
         // Digits only after a label: "Phone: 18005551234", "TTY: 7315554284".
         rule(
             Phi::Phone,
-            r"(?i)(?P<pre>\b(?:phone|tel|telephone|tty|cell|mobile|pager|home|work)[ \t]*[:#]?[ \t]*)\+?1?\d{10}\b",
+            r"(?i)(?P<pre>\b(?:phone|tel|telephone|tty|cell|mobile|pager|home|work|call)[ \t]*[:#]?[ \t]*)(?:\+?1?\d{10}|\d{3}[-.]\d{4})\b",
             always,
         ),
+        // International: "+44 20 7946 0958".
+        rule(Phi::Phone, r"\+\d{1,3}(?:[ .-]\d{1,4}){2,5}\b", always),
         rule(
             Phi::Address,
             &format!(
@@ -168,9 +181,17 @@ pub fn rules() -> Vec<Rule> {
             always,
         ),
         rule(Phi::Address, r"(?i)\bp\.?\s?o\.?\s+box\s+\d+", always),
+        // A unit written before its street: "Apt 4B, 221 Baker St".
         rule(
             Phi::Address,
-            r"(?i)(?P<pre>\b(?:home\s+|mailing\s+|street\s+)?address[ \t]*:[ \t]*)[^\n]+",
+            r"\b(?i:apt|apartment|suite|ste|unit)\.?[ \t]*#?[ \t]*[A-Za-z0-9-]*\d[A-Za-z0-9-]*\b",
+            always,
+        ),
+        rule(
+            Phi::Address,
+            // A whole "Address:" line, when it starts the line ("Issues to address: pain" is
+            // a plan, not an address).
+            r"(?im)(?P<pre>^[ \t]*(?:home\s+|mailing\s+|street\s+|patient\s+)?address[ \t]*:[ \t]*)[^\n]+",
             always,
         ),
     ]
@@ -184,6 +205,14 @@ pub fn place_rules() -> Vec<Rule> {
             Phi::Location,
             &format!(
                 r"\b(?P<place>{PLACE})(?P<post>,[ \t]*(?:{STATES}|(?:{STATE_CODES})\b))(?P<next>[ \t]+[a-z]+)?"
+            ),
+            is_city,
+        ),
+        // Without the comma, before a state code and a ZIP: "Springfield IL 62704".
+        rule(
+            Phi::Location,
+            &format!(
+                r"\b(?P<place>{PLACE})(?P<post>[ \t]+(?:{STATE_CODES})[ \t]+\d{{5}}(?:-\d{{4}})?\b)"
             ),
             is_city,
         ),
@@ -231,7 +260,7 @@ pub fn age_rules() -> Vec<Rule> {
         rule(
             Phi::Age,
             &format!(
-                r"\b{AGE}(?P<post>(?:[ \t]*-?[ \t]*(?i:years?|yrs?|y)[ \t]*-?[ \t]*(?i:old|of\s+age|o))|[ \t]*(?i:y/o|yo|year-old|yr-old)\b)"
+                r"\b{AGE}(?P<post>(?:[ \t]*-?[ \t]*(?i:years?|yrs?|y)[ \t]*-?[ \t]*(?i:old|of\s+age|o))|[ \t]*(?i:y/o|yo|year-old|yr-old)\b|[ \t]*(?i:y\.o\.))"
             ),
             always,
         ),
