@@ -18,7 +18,7 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
     /// Corpus → clean/dedup/redact/decontaminate → tokenize → train.bin / val.bin + meta.json.
-    Prepare(PrepareArgs),
+    Prepare(Box<PrepareArgs>),
     /// Shard plan of a prepared data dir for N nodes × G GPUs and a global batch.
     Shards(ShardsArgs),
     /// The de-identification probe: planted vs leaked PHI per Safe Harbor category on synthetic
@@ -146,7 +146,7 @@ pub struct ShardsArgs {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     match args.command {
-        DataCommand::Prepare(a) => run_prepare(a),
+        DataCommand::Prepare(a) => run_prepare(*a),
         DataCommand::Shards(a) => run_shards(a),
         DataCommand::DeidProbe(a) => super::deid_probe::run(a),
     }
