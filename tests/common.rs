@@ -51,6 +51,17 @@ pub fn data_dir() -> PathBuf {
     .clone()
 }
 
+/// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
+pub fn expect_one_line_error(cmd: &mut Command, needle: &str) {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains(needle), "expected {needle:?} in {stderr}");
+}
+
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd.output().unwrap();
     assert!(

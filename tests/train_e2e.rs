@@ -148,17 +148,6 @@ fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
     );
 }
 
-/// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
-fn expect_one_line_error(cmd: &mut Command, needle: &str) {
-    let out = cmd.output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    assert!(stderr.starts_with("error: "), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    assert!(stderr.contains(needle), "expected {needle:?} in {stderr}");
-}
-
 fn no_checkpoint(run: &Path) -> bool {
     !run.exists()
         || std::fs::read_dir(run).unwrap().all(|e| {

@@ -62,6 +62,8 @@ enum Command {
     Dod(cmd::dod::Args),
     /// Where a run stands: step, loss trend, tokens/s, MFU, spend, ETA, alerts, projection.
     Status(cmd::status::Args),
+    /// Several runs' loss curves on one chart (PNG), as CSV and as a table.
+    Compare(cmd::compare::Args),
     /// Perplexity by document type, multiple-choice probes, memorization probe on a checkpoint.
     Eval(cmd::eval::Args),
     /// Text from a checkpoint (KV cache; greedy or sampled, deterministic for a seed).
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Export(args) => cmd::export::run(args),
         Command::Dod(args) => cmd::dod::run(args),
         Command::Status(args) => cmd::status::run(args),
+        Command::Compare(args) => cmd::compare::run(args),
         Command::Eval(args) => cmd::eval::run(args),
         Command::Generate(args) => cmd::generate::run(args),
     };

@@ -79,6 +79,15 @@ pub struct TrainConfig {
     pub keep_last: usize,
     #[serde(default = "default_keep_every")]
     pub keep_every: usize,
+    /// Continued pretraining (`--freeze-non-embedding-steps`): for the first K steps only the
+    /// embedding and the LM head train; every other parameter keeps its weights and its AdamW
+    /// moments stay untouched. 0 (the default) freezes nothing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub freeze_non_embedding_steps: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn is_fused(l: &LmHeadLoss) -> bool {
@@ -149,6 +158,13 @@ impl TrainConfig {
             bail!(
                 "train.warmup_steps ({}) must not exceed train.total_steps ({})",
                 self.warmup_steps,
+                self.total_steps
+            );
+        }
+        if self.freeze_non_embedding_steps > self.total_steps {
+            bail!(
+                "train.freeze_non_embedding_steps ({}) must not exceed train.total_steps ({})",
+                self.freeze_non_embedding_steps,
                 self.total_steps
             );
         }

@@ -18,6 +18,14 @@ fn rng_for(seed: u64, path: &str) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed ^ h.rotate_left(17))
 }
 
+/// The `n` values of parameter `path` drawn from normal(0, std), in row-major order: what
+/// [`normal`] fills the parameter with (a tokenizer swap draws rows it cannot compose).
+pub fn normal_values(seed: u64, path: &str, n: usize, std: f64) -> Vec<f32> {
+    let mut rng = rng_for(seed, path);
+    let dist = Normal::new(0.0f32, std as f32).expect("std > 0");
+    (0..n).map(|_| dist.sample(&mut rng)).collect()
+}
+
 /// A `[rows, cols]` parameter drawn from normal(0, std), lazily: drawn on first use, so a
 /// model whose weights are about to be loaded (a resume) never draws them. The values do not
 /// depend on when that happens.
@@ -30,11 +38,7 @@ pub fn normal<B: Backend>(
 ) -> Param<Tensor<B, 2>> {
     let path = path.to_string();
     let draw = move |device: &B::Device, require_grad: bool| {
-        let mut rng = rng_for(seed, &path);
-        let dist = Normal::new(0.0f32, std as f32).expect("std > 0");
-        let values: Vec<f32> = (0..shape[0] * shape[1])
-            .map(|_| dist.sample(&mut rng))
-            .collect();
+        let values = normal_values(seed, &path, shape[0] * shape[1], std);
         Tensor::from_data(TensorData::new(values, shape), device).set_require_grad(require_grad)
     };
     Param::uninitialized(ParamId::new(), draw, device.clone(), true, shape.into())

@@ -7,10 +7,12 @@
 pub mod attention;
 pub mod generate;
 pub mod hf;
+pub mod hf_import;
 pub mod init;
 pub mod layers;
 pub mod loss;
 pub mod transformer;
+pub mod vocab_swap;
 pub mod weights;
 
 pub use attention::LayerCache;

@@ -3,6 +3,7 @@
 //! the export (manifest, CSV, plots, weights, model card), the spike post-mortem, the
 //! Definition-of-Done check, `lab status`, and the Hugging Face and MLflow formats.
 
+pub mod compare;
 pub mod dod;
 pub mod export;
 pub mod hf;

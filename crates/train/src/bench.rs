@@ -209,6 +209,7 @@ impl OnBackend for CheckpointBench {
         let train_state = checkpoint::TrainState {
             step: 0,
             optimizer_updates: 0,
+            param_updates: Default::default(),
             cursor: Default::default(),
             rollbacks: 0,
             policies: Default::default(),

@@ -38,6 +38,10 @@ pub struct TrainState {
     pub step: u64,
     /// AdamW updates applied (bias-correction `t`).
     pub optimizer_updates: u64,
+    /// Parameters that have taken another number of updates (frozen for the first steps by
+    /// `train.freeze_non_embedding_steps`): their own bias-correction `t`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub param_updates: BTreeMap<String, u64>,
     /// The data cursor: training windows and spike samples consumed or skipped, and the
     /// ranges a rollback ruled out. The order itself is a pure function of (seed, index), so
     /// this is all the loader needs.
@@ -310,6 +314,7 @@ mod tests {
         TrainState {
             step,
             optimizer_updates: step,
+            param_updates: Default::default(),
             cursor: DataCursor {
                 samples_consumed: step * 4,
                 ..Default::default()

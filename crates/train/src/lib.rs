@@ -8,6 +8,8 @@ pub mod checkpoint;
 pub mod detect;
 pub mod eval;
 pub mod forensics;
+pub mod freeze;
+pub mod hf_init;
 pub mod inject;
 pub mod judge;
 pub mod optim;

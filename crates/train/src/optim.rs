@@ -12,7 +12,9 @@
 //! gains are not decayed (nanoGPT's rule: decay every parameter of rank ≥ 2).
 //!
 //! The moments are keyed by parameter path, not by burn's `ParamId`, so a checkpoint resumes
-//! them exactly (burn's ids do not survive a safetensors round trip).
+//! them exactly (burn's ids do not survive a safetensors round trip). Each parameter counts its
+//! own updates (the `t` of its bias correction), as PyTorch does: a parameter frozen for the
+//! first steps (`train.freeze_non_embedding_steps`) starts its moments at `t = 1` when it thaws.
 
 use std::collections::BTreeMap;
 
@@ -26,10 +28,11 @@ use burn::tensor::{
 use lab_config::TrainConfig;
 use lab_model::weights::{HostTensor, PathStack, PendingTensor, TensorMap};
 
-/// First and second moments of one parameter, flattened.
+/// First and second moments of one parameter, flattened, and the updates applied to it.
 struct Moments<B: Backend> {
     m: Tensor<B, 1>,
     v: Tensor<B, 1>,
+    t: u64,
 }
 
 pub struct AdamW<B: Backend> {
@@ -38,7 +41,7 @@ pub struct AdamW<B: Backend> {
     eps: f64,
     weight_decay: f64,
     grad_clip: f64,
-    /// Updates applied so far (the `t` of bias correction).
+    /// Updates applied so far (the `t` of bias correction of every parameter never frozen).
     updates: u64,
     moments: BTreeMap<String, Moments<B>>,
 }
@@ -77,16 +80,11 @@ impl<B: Backend> AdamW<B> {
         M: AutodiffModule<AB>,
     {
         self.updates += 1;
-        let t = self.updates as i32;
-        // Bias corrections depend on t only: computed once per step.
-        let (bias1, bias2) = (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t));
         let mut mapper = UpdateMapper {
             opt: self,
             grads,
             lr,
             clip_scale,
-            bias1,
-            bias2,
             path: PathStack::default(),
         };
         model.map(&mut mapper)
@@ -100,6 +98,16 @@ impl<B: Backend> AdamW<B> {
             out.insert(format!("v.{path}"), HostTensor::from_tensor(mo.v.clone()));
         }
         (out, self.updates)
+    }
+
+    /// The update count of each parameter whose count is not [`AdamW::updates`] (one that
+    /// was frozen for a while): state.json keeps them beside the moments.
+    pub fn param_updates(&self) -> BTreeMap<String, u64> {
+        self.moments
+            .iter()
+            .filter(|(_, mo)| mo.t != self.updates)
+            .map(|(path, mo)| (path.clone(), mo.t))
+            .collect()
     }
 
     /// The moments (`m.<path>`, `v.<path>`) to be written one at a time (a checkpoint).
@@ -122,16 +130,19 @@ impl<B: Backend> AdamW<B> {
                 Moments {
                     m: zeros(),
                     v: zeros(),
+                    t: self.updates,
                 },
             );
         }
     }
 
-    /// Restores moments written by [`AdamW::state`].
+    /// Restores moments written by [`AdamW::state`], with the counts of
+    /// [`AdamW::param_updates`].
     pub fn load_state(
         &mut self,
         mut state: TensorMap,
         updates: u64,
+        param_updates: &BTreeMap<String, u64>,
         device: &B::Device,
     ) -> Result<()> {
         let paths: Vec<String> = state
@@ -146,10 +157,14 @@ impl<B: Backend> AdamW<B> {
                 bail!("optimizer state has m.{path} but no v.{path}");
             };
             let (m, v) = (m.into_tensor(device), v.into_tensor(device));
-            moments.insert(path, Moments { m, v });
+            let t = param_updates.get(&path).copied().unwrap_or(updates);
+            moments.insert(path, Moments { m, v, t });
         }
         if !state.is_empty() {
             bail!("optimizer state holds tensors other than m.* / v.* pairs");
+        }
+        if let Some(p) = param_updates.keys().find(|p| !moments.contains_key(*p)) {
+            bail!("state.json counts updates of {p}, which has no moments");
         }
         self.moments = moments;
         self.updates = updates;
@@ -213,8 +228,6 @@ struct UpdateMapper<'a, B: Backend> {
     grads: GradientsParams,
     lr: f64,
     clip_scale: f64,
-    bias1: f64,
-    bias2: f64,
     path: PathStack,
 }
 
@@ -243,20 +256,26 @@ where
         let p = tensor.inner().reshape([numel]);
         let g = grad.reshape([numel]) * self.clip_scale;
         let path = self.path.path();
-        let (m, v) = match opt.moments.remove(&path) {
+        let (m, v, t) = match opt.moments.remove(&path) {
             Some(mo) => (
                 mo.m * opt.beta1 + g.clone() * (1.0 - opt.beta1),
                 mo.v * opt.beta2 + g.square() * (1.0 - opt.beta2),
+                mo.t + 1,
             ),
-            // First step: the moments start at zero.
+            // First update of this parameter: the moments start at zero.
             None => (
                 g.clone() * (1.0 - opt.beta1),
                 g.square() * (1.0 - opt.beta2),
+                1,
             ),
         };
-        let update = (m.clone() / self.bias1) / ((v.clone() / self.bias2).sqrt() + opt.eps);
+        let (bias1, bias2) = (
+            1.0 - opt.beta1.powi(t as i32),
+            1.0 - opt.beta2.powi(t as i32),
+        );
+        let update = (m.clone() / bias1) / ((v.clone() / bias2).sqrt() + opt.eps);
         let p = p * (1.0 - self.lr * decay) - update * self.lr;
-        opt.moments.insert(path, Moments { m, v });
+        opt.moments.insert(path, Moments { m, v, t });
 
         let p = Tensor::<AB, D>::from_inner(p.reshape(dims)).require_grad();
         Param::from_mapped_value(id, p, mapper)

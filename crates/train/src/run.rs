@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 
 use crate::backend::TrainBackend;
 use crate::checkpoint::{self, TrainState};
+use crate::hf_init::HfInit;
 use crate::judge::Judge;
 use crate::optim::param_norm;
 use crate::policy::{Journal, Policies, Rollback, StepView, Stop};
@@ -132,14 +133,15 @@ impl Run {
         })
     }
 
-    /// The state to train from: fresh, or the newest checkpoint that verifies (`--resume`),
-    /// extended when `--extend-to-steps` asks.
+    /// The state to train from: fresh (from the seed, or from `init`'s weights), or the newest
+    /// checkpoint that verifies (`--resume`), extended when `--extend-to-steps` asks.
     pub fn start<B: TrainBackend>(
         &mut self,
         policies: &mut Policies,
         device: &B::Device,
+        init: Option<HfInit<B>>,
     ) -> Result<TrainingState<B>> {
-        let mut state = self.restore(policies, device)?;
+        let mut state = self.restore(policies, device, init)?;
         if let Some(to) = self.extend_to_steps {
             if self.extend(&mut state, to)? {
                 // Durable at once: a kill before the next checkpoint must not lose it.
@@ -172,15 +174,11 @@ impl Run {
         &mut self,
         policies: &mut Policies,
         device: &B::Device,
+        init: Option<HfInit<B>>,
     ) -> Result<TrainingState<B>> {
-        let cfg = self.cfg.clone();
-        let mut fresh = || -> Result<TrainingState<B>> {
-            policies.restore(&Default::default())?;
-            Ok(TrainingState::fresh(&cfg, device))
-        };
         if !self.resume {
             self.record_identity()?;
-            return fresh();
+            return self.initial(policies, device, init);
         }
         let dir = self.dir.clone();
         let mut skipped = Vec::new();
@@ -194,8 +192,11 @@ impl Run {
             // Lines of an attempt that never checkpointed are not part of this run.
             self.truncate_logs_after(0)?;
             self.record_identity()?;
-            return fresh();
+            return self.initial(policies, device, init);
         };
+        if init.is_some() {
+            println!("--init-from-hf: the run resumes from its checkpoint; the folder's weights are not used");
+        }
         self.check_same_run(&ck.dir, &ck.state)?;
         self.record_identity()?;
         let state = TrainingState::from_checkpoint(&self.cfg, &mut ck, device)?;
@@ -215,6 +216,24 @@ impl Run {
         println!("resumed from {} (step {})", ck.dir.display(), state.step);
         self.bar.set_position(state.step);
         Ok(state)
+    }
+
+    /// Step 0: drawn from the seed, or `init`'s weights, recorded and checkpointed at once (a
+    /// resume or a rollback to step 0 then restores them, not the seed's).
+    fn initial<B: TrainBackend>(
+        &mut self,
+        policies: &mut Policies,
+        device: &B::Device,
+        init: Option<HfInit<B>>,
+    ) -> Result<TrainingState<B>> {
+        policies.restore(&Default::default())?;
+        let Some(init) = init else {
+            return Ok(TrainingState::fresh(&self.cfg, device));
+        };
+        self.event(0, "init_from_hf", init.record);
+        self.say(&init.summary);
+        self.checkpoint(&init.state, policies)?;
+        Ok(init.state)
     }
 
     /// A checkpoint from another recipe or other data is refused with one line.
@@ -393,6 +412,7 @@ impl Run {
         let train_state = TrainState {
             step: state.step,
             optimizer_updates: state.optim.updates(),
+            param_updates: state.optim.param_updates(),
             cursor: state.cursor.clone(),
             rollbacks: state.rollbacks,
             policies: policies.save(),

@@ -7,7 +7,8 @@ use anyhow::{Context, Result};
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use lab_config::LabConfig;
-use lab_model::{weights, Llama};
+use lab_model::weights::{self, TensorMap};
+use lab_model::Llama;
 
 use crate::backend::TrainBackend;
 use crate::checkpoint::{self, Loaded, TrainState};
@@ -41,6 +42,14 @@ impl<B: TrainBackend> TrainingState<B> {
         }
     }
 
+    /// Step 0 from given weights (`--init-from-hf`): zero moments, an empty cursor. Every
+    /// parameter must be in `tensors` with its shape; none is drawn from the seed.
+    pub fn from_weights(cfg: &LabConfig, tensors: TensorMap, device: &B::Device) -> Result<Self> {
+        let mut state = Self::fresh(cfg, device);
+        state.model = weights::load_tensor_map_owned(state.model, tensors)?;
+        Ok(state)
+    }
+
     /// The state a verified checkpoint holds. Its tensors are moved out of `ck` (a state of
     /// gigabytes is not copied twice).
     pub fn from_checkpoint(cfg: &LabConfig, ck: &mut Loaded, device: &B::Device) -> Result<Self> {
@@ -49,7 +58,8 @@ impl<B: TrainBackend> TrainingState<B> {
             .with_context(|| format!("{}", ck.dir.display()))?;
         let mut optim = fresh.optim;
         let moments = std::mem::take(&mut ck.optimizer);
-        optim.load_state(moments, ck.state.optimizer_updates, device)?;
+        let (updates, counts) = (ck.state.optimizer_updates, &ck.state.param_updates);
+        optim.load_state(moments, updates, counts, device)?;
         Ok(Self {
             model,
             optim,

@@ -6,15 +6,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use burn::optim::GradientsParams;
 use lab_config::LabConfig;
 use serde_json::json;
 
 use crate::backend::{OnBackend, TrainBackend};
-use crate::optim;
 use crate::policy::{Decision, Journal, Policies, StepPolicy, StepView, Stop};
 use crate::run::Run;
+use crate::{freeze, hf_init, optim};
 
 use crate::signals::StopSignal;
 use crate::stability::{NonFinite, Signals, SpikeResponse};
@@ -49,6 +49,9 @@ pub struct TrainOptions {
     /// `--extend-to-steps`: a resumed run trains on to this step, its cosine tail recomputed
     /// from where it is (recorded in events.jsonl and state.json).
     pub extend_to_steps: Option<u64>,
+    /// `--init-from-hf`: a fresh run starts from this Hugging Face folder's weights (see
+    /// [`crate::hf_init`]).
+    pub init_from_hf: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,9 +103,17 @@ fn report_mixture(run: &mut Run, step: u64, mix: crate::stream::MixtureReport) {
 pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Result<Outcome> {
     let cfg = opts.config.clone();
     let data = TrainData::open(&opts.data_dir, &cfg)?;
+    // Read and checked before the run folder is touched.
+    let init = match &opts.init_from_hf {
+        Some(dir) => Some(
+            hf_init::load::<B>(dir, &cfg, &data, &device)
+                .with_context(|| format!("--init-from-hf {}", dir.display()))?,
+        ),
+        None => None,
+    };
     let mut run = Run::open(&mut opts, &data)?;
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
-    let mut state = run.start::<B>(&mut policies, &device)?;
+    let mut state = run.start::<B>(&mut policies, &device, init)?;
     let total = state.schedule.total_steps();
     if let Some(mix) = data.mixture_report(&cfg, total) {
         report_mixture(&mut run, state.step, mix);
@@ -122,6 +133,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         let batch = data.next_step(state.step, &mut cursor)?;
         let (grads, loss) = forward_backward(&state.model, &batch.micro, &device, None);
         let grads = fire_drill(&opts, &state, grads);
+        let grads = freeze::trainable_grads(&cfg, state.step, &state.model, grads);
         let grad_norm = optim::grad_norm(&state.model, &grads);
         let mut view = observe(&cfg, &state, &run, &batch, loss, grad_norm, lr);
         let update_skipped = match policies.after_backward(&view, &mut run) {

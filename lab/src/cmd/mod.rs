@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod budget;
+pub mod compare;
 pub mod data;
 pub mod deid_probe;
 pub mod dod;

@@ -340,6 +340,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
                 .transpose()?,
             ..Default::default()
         },
+        init: Default::default(),
         budget: BudgetFlags {
             budget_cap_usd: r.budget.cap_usd,
             budget_alert_usd: r.budget.alert_usd,

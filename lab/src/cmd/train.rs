@@ -54,7 +54,25 @@ pub struct Args {
     #[command(flatten)]
     pub spike: SpikeFlags,
     #[command(flatten)]
+    pub init: InitFlags,
+    #[command(flatten)]
     pub budget: lab_budget::BudgetFlags,
+}
+
+/// Continued pretraining from a Hugging Face model.
+#[derive(clap::Args, Clone, Default)]
+pub struct InitFlags {
+    /// Start from a Hugging Face LlamaForCausalLM folder (config.json + model.safetensors or
+    /// sharded model-*.safetensors with model.safetensors.index.json), e.g. one `lab export
+    /// --hf` wrote: its architecture must match the config; step 0, fresh optimizer moments.
+    /// When its tokenizer differs from the data's, the embedding and LM-head rows are
+    /// re-indexed (same token: copied; new token: mean of its old sub-tokens).
+    #[arg(long, value_name = "DIR")]
+    pub init_from_hf: Option<PathBuf>,
+    /// Train only the embedding and the LM head for the first K steps (the other parameters
+    /// and their AdamW moments stay as they are); sets train.freeze_non_embedding_steps.
+    #[arg(long, value_name = "K")]
+    pub freeze_non_embedding_steps: Option<usize>,
 }
 
 /// Loss-spike drill and response (`[spike]` and `[stability]` in the config).
@@ -172,6 +190,9 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     if let Some(v) = args.seed {
         t.seed = v;
     }
+    if let Some(k) = args.init.freeze_non_embedding_steps {
+        t.freeze_non_embedding_steps = k;
+    }
     args.spike.apply(&mut config)?;
     // Flags name themselves in errors: the validated fields are the flags' targets.
     config
@@ -223,6 +244,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         nan_grad_at_step: args.spike.inject_nan_grad_at_step,
         crash_in_rollback: args.spike.inject_crash_in_rollback,
         extend_to_steps: args.extend_to_steps,
+        init_from_hf: args.init.init_from_hf.clone(),
     };
     Ok((opts, guard))
 }
