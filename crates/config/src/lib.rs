@@ -132,7 +132,14 @@ impl LabConfig {
         // The mixture decides the samples; absent, it leaves earlier runs' hashes as they were.
         let json = match &self.data {
             None => serde_json::to_string(&(&self.model, &t, &self.spike)),
-            Some(d) => serde_json::to_string(&(&self.model, &t, &self.spike, d)),
+            Some(d) => {
+                // The epoch warning's threshold decides nothing.
+                let d = DataConfig {
+                    max_epochs: 0.0,
+                    ..d.clone()
+                };
+                serde_json::to_string(&(&self.model, &t, &self.spike, &d))
+            }
         }
         .expect("config serializes");
         hex::encode(Sha256::digest(json.as_bytes()))
@@ -190,6 +197,19 @@ min_lr = 1e-4
                 .unwrap();
         assert_ne!(a.sha256(), d.sha256());
         assert_eq!(a.training_sha256(), d.training_sha256());
+        // Freezing is part of the recipe; absent, it leaves every existing hash as it was.
+        let f = LabConfig::from_toml(&TINY.replace(
+            "min_lr = 1e-4",
+            "min_lr = 1e-4\nfreeze_non_embedding_steps = 0",
+        ))
+        .unwrap();
+        assert_eq!(a.sha256(), f.sha256());
+        let g = LabConfig::from_toml(&TINY.replace(
+            "min_lr = 1e-4",
+            "min_lr = 1e-4\nfreeze_non_embedding_steps = 3",
+        ))
+        .unwrap();
+        assert_ne!(a.training_sha256(), g.training_sha256());
     }
 
     fn err(text: &str) -> String {
@@ -209,6 +229,11 @@ min_lr = 1e-4
         assert!(e.contains("train.warmup_steps"), "{e}");
         let e = err(&TINY.replace("d_ff = 128", "d_ff = 128\nd_fff = 1"));
         assert!(e.contains("d_fff"), "{e}");
+        let e = err(&TINY.replace(
+            "min_lr = 1e-4",
+            "min_lr = 1e-4\nfreeze_non_embedding_steps = 11",
+        ));
+        assert!(e.contains("train.freeze_non_embedding_steps (11)"), "{e}");
         let e = err(&TINY.replace("min_lr = 1e-4", "min_lr = 1e-2"));
         assert!(e.contains("train.min_lr"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
