@@ -33,7 +33,12 @@ pub struct DeidProbeArgs {
 pub fn run(a: DeidProbeArgs) -> Result<ExitCode> {
     let redactor = Redactor::new(None);
     let probe = run_probe(&redactor, &probe_notes(a.seed, a.notes));
-    println!("Safe Harbor probe: {} notes, seed {}\n{}", a.notes, a.seed, probe.table());
+    println!(
+        "Safe Harbor probe: {} notes, seed {}\n{}",
+        a.notes,
+        a.seed,
+        probe.table()
+    );
     for (phi, part, _) in probe.examples.iter().take(5) {
         println!("  leaked {}: '{part}'", phi.placeholder());
     }
@@ -90,11 +95,19 @@ fn print_over_redaction(input: &std::path::Path, r: &OverRedaction) {
     );
     for (ph, n) in &r.replaced {
         let example = r.examples.get(ph).and_then(|e| e.first());
-        println!("  {ph:<14} {n:>6}   e.g. …{}…", example.map_or("", |s| s.as_str()));
+        println!(
+            "  {ph:<14} {n:>6}   e.g. …{}…",
+            example.map_or("", |s| s.as_str())
+        );
     }
-    let (terms, lost): (u64, u64) = r.eponyms.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let (words, words_lost): (u64, u64) =
-        r.eponym_words.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (terms, lost): (u64, u64) = r
+        .eponyms
+        .values()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (words, words_lost): (u64, u64) = r
+        .eponym_words
+        .values()
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     println!(
         "eponyms as terms (\"Parkinson disease\"): {lost} of {terms} redacted; \
          any mention (the namesake too): {words_lost} of {words}"
