@@ -10,7 +10,7 @@ use lab_corpus::redact::{parse_anchor, Phi, Redactor};
 fn probe_notes_leak_nothing_in_any_category() {
     let redactor = Redactor::new(None);
     for seed in [1u64, 42, 2024] {
-        let notes = probe_notes(seed, 400);
+        let notes = probe_notes(seed, 1000);
         let report = run_probe(&redactor, &notes);
         // Every category is planted, many times.
         for phi in Phi::ALL {

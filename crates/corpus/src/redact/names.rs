@@ -122,9 +122,11 @@ const STREET_SURNAMES: &[&str] = &["road", "lane", "drive", "court", "place", "w
 const EPONYM_HEADS: &str = "diseases?|syndromes?|disorders?|palsy|tumou?r|anomaly|phenomenon|reflex|lymphoma|sarcoma|dementia|chorea|ataxia|dystrophy|atrophy|arthritis|ulcer|encephalopathy|neuropathy|neuralgia|virus|cyst|deformity|anemia|leukemia|myopathy|thyroiditis";
 
 /// Words around names that are never name parts themselves.
+/// Compared as written: the credential "PA" is no name part, the surname "Pa" is.
 const NEVER_PARTS: &[&str] = &[
-    "dr", "mr", "mrs", "ms", "miss", "mx", "prof", "doctor", "nurse", "md", "do", "rn", "np", "pa",
-    "phd", "patient", "name", "the", "and", "of", "for", "by", "jr", "sr", "ii", "iii",
+    "Dr", "DR", "Mr", "MR", "Mrs", "MRS", "Ms", "MS", "Miss", "MISS", "Mx", "Prof", "PROF",
+    "Doctor", "Nurse", "MD", "DO", "RN", "NP", "PA", "PhD", "Patient", "PATIENT", "Name", "NAME",
+    "The", "And", "Of", "For", "By", "Jr", "Sr", "II", "III",
 ];
 
 pub struct NameFinder {
@@ -282,10 +284,12 @@ impl NameFinder {
             .map(|m| m.as_str().to_string())
             .filter(|w| {
                 let lower = stem(w);
+                // A two-letter part ("To", "Li") is looked for even where it is also a word:
+                // a sentence-initial "To" redacted costs less than a surname left standing.
                 w.len() >= 2
-                    && !NEVER_PARTS.contains(&lower.as_str())
+                    && !NEVER_PARTS.contains(&w.as_str())
                     && !eponyms.contains(&lower)
-                    && !used_as_a_word(text, &lower)
+                    && (w.chars().count() <= 2 || !used_as_a_word(text, &lower))
             })
             .collect();
         parts.sort();
