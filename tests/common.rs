@@ -51,6 +51,19 @@ pub fn data_dir() -> PathBuf {
     .clone()
 }
 
+/// `lab train` of `cfg` on the prepared `data` into the run folder `run`.
+pub fn train_on(cfg: &Path, data: &Path, run: &Path) -> Command {
+    let mut c = lab();
+    c.arg("train")
+        .arg("--config")
+        .arg(cfg)
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--ckpt-dir")
+        .arg(run);
+    c
+}
+
 /// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
 pub fn expect_one_line_error(cmd: &mut Command, needle: &str) {
     let out = cmd.output().unwrap();

@@ -64,14 +64,8 @@ fn mixture_config(dir: &Path, mixture: &str) -> PathBuf {
 }
 
 fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
-    let mut c = lab();
-    c.args(["train", "--ckpt-every", "5"])
-        .arg("--config")
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .arg("--ckpt-dir")
-        .arg(run);
+    let mut c = train_on(cfg, data, run);
+    c.args(["--ckpt-every", "5"]);
     c
 }
 

@@ -11,15 +11,7 @@ use common::*;
 use serde_json::Value;
 
 fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
-    let mut c = lab();
-    c.arg("train")
-        .arg("--config")
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .arg("--ckpt-dir")
-        .arg(run);
-    c
+    train_on(cfg, data, run)
 }
 
 fn json_out(cmd: &mut Command) -> Value {

@@ -17,15 +17,7 @@ use lab_model::Llama;
 use serde_json::Value;
 
 fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
-    let mut c = lab();
-    c.arg("train")
-        .arg("--config")
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data)
-        .arg("--ckpt-dir")
-        .arg(run);
-    c
+    train_on(cfg, data, run)
 }
 
 /// A 10-step micro run on tinyshakespeare (GPT-2) and its `lab export --hf` folder.
