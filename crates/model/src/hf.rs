@@ -110,7 +110,7 @@ pub fn from_hf(hf: &TensorMap) -> Result<TensorMap> {
     convert(hf, false)
 }
 
-fn transpose(t: &HostTensor) -> Result<HostTensor> {
+pub(crate) fn transpose(t: &HostTensor) -> Result<HostTensor> {
     let [r, c] = t.shape[..] else {
         bail!("cannot transpose a tensor of shape {:?}", t.shape);
     };
@@ -173,6 +173,9 @@ pub fn model_config_from_hf(c: &Value) -> Result<ModelConfig> {
         bail!("config.json sets rope_scaling, which lab's RoPE does not implement");
     }
     let (d, h) = (int("hidden_size")?, int("num_attention_heads")?);
+    if h == 0 {
+        bail!("config.json num_attention_heads is 0: a model needs at least one head");
+    }
     let head_dim = c["head_dim"]
         .as_u64()
         .map(|v| v as usize)
@@ -228,5 +231,19 @@ mod tests {
         assert_eq!(from_hf(&hf).unwrap(), lab);
         let bad = TensorMap::from([("blocks.x.attn.wq.weight".into(), t(&[1], 0.0))]);
         assert!(format!("{:#}", to_hf(&bad).unwrap_err()).contains("blocks.x.attn.wq.weight"));
+    }
+
+    #[test]
+    fn a_config_without_heads_is_an_error_not_a_division_by_zero() {
+        let cfg: ModelConfig = serde_json::from_value(json!({
+            "vocab_size": 16, "n_layer": 1, "d_model": 8, "n_head": 2, "n_kv_head": 1,
+            "d_ff": 12, "seq_len": 8,
+        }))
+        .unwrap();
+        let mut c = hf_config(&cfg, 0, 0);
+        assert!(model_config_from_hf(&c).is_ok());
+        c["num_attention_heads"] = json!(0);
+        let e = model_config_from_hf(&c).unwrap_err().to_string();
+        assert!(e.contains("num_attention_heads is 0"), "{e}");
     }
 }

@@ -166,15 +166,11 @@ pub fn fresh_rows(cfg: &ModelConfig, seed: u64) -> (HostTensor, Option<HostTenso
     };
     let head = (!cfg.tie_embeddings).then(|| {
         // lab keeps the head as [d, v]: row t of the vocabulary is column t.
-        let cols = crate::init::normal_values(seed, "lm_head.weight", d * v, std);
-        let data = (0..v)
-            .flat_map(|t| (0..d).map(move |i| (i, t)))
-            .map(|(i, t)| cols[i * v + t])
-            .collect();
-        HostTensor {
-            shape: vec![v, d],
-            data,
-        }
+        let cols = HostTensor {
+            shape: vec![d, v],
+            data: crate::init::normal_values(seed, "lm_head.weight", d * v, std),
+        };
+        crate::hf::transpose(&cols).expect("a [d, v] matrix transposes")
     });
     (embed, head)
 }

@@ -62,7 +62,12 @@ impl PathStack {
 
 /// Every float parameter of `module`, by path, copied to the host.
 pub fn tensor_map<B: Backend, M: Module<B>>(module: &M) -> TensorMap {
-    pending_tensors(module)
+    fetch_all(pending_tensors(module))
+}
+
+/// Tensors waiting to be written, read whole into host memory.
+pub fn fetch_all(pending: Vec<PendingTensor<'_>>) -> TensorMap {
+    pending
         .into_iter()
         .map(|t| {
             let data = (t.fetch)(0..t.bytes() / 4).into_owned();

@@ -68,10 +68,8 @@ pub fn load<B: TrainBackend>(
 ) -> Result<HfInit<B>> {
     let hf = hf_import::read_config(dir)?;
     hf_import::check_architecture(&hf.model, &cfg.model, false)?;
+    // `Same` implies equal vocab sizes: every field has been compared by now.
     let vocab = resolve_vocab(dir, &hf, cfg, data)?;
-    if matches!(vocab, Vocab::Same { .. }) {
-        hf_import::check_architecture(&hf.model, &cfg.model, true)?;
-    }
     let (mut tensors, files) = hf_import::read_weights(dir)?;
     let rows = match vocab {
         Vocab::Swap { old, new } => Rows::Swapped {
@@ -238,9 +236,12 @@ fn swap_rows(
         }
     }
     let encode = |bytes: &[u8]| encode_bytes(&old.tok, bytes);
+    let [rows, _] = embed.shape[..] else {
+        bail!("{EMBED} is not a matrix: shape {:?}", embed.shape);
+    };
     let vocab = OldVocab {
         ids: &ids,
-        rows: embed.shape[0],
+        rows,
         encode: &encode,
     };
     let eot = [(new.tok.eot(), old.tok.eot())];

@@ -26,7 +26,7 @@ use burn::tensor::{
     ElementConversion, Tensor,
 };
 use lab_config::TrainConfig;
-use lab_model::weights::{HostTensor, PathStack, PendingTensor, TensorMap};
+use lab_model::weights::{PathStack, PendingTensor, TensorMap};
 
 /// First and second moments of one parameter, flattened, and the updates applied to it.
 struct Moments<B: Backend> {
@@ -90,14 +90,13 @@ impl<B: Backend> AdamW<B> {
         model.map(&mut mapper)
     }
 
-    /// The moments as host tensors (`m.<path>`, `v.<path>`), for a checkpoint.
+    /// The moments as host tensors (`m.<path>`, `v.<path>`), read whole: what
+    /// [`AdamW::pending_state`] streams into a checkpoint.
     pub fn state(&self) -> (TensorMap, u64) {
-        let mut out = TensorMap::new();
-        for (path, mo) in &self.moments {
-            out.insert(format!("m.{path}"), HostTensor::from_tensor(mo.m.clone()));
-            out.insert(format!("v.{path}"), HostTensor::from_tensor(mo.v.clone()));
-        }
-        (out, self.updates)
+        (
+            lab_model::weights::fetch_all(self.pending_state()),
+            self.updates,
+        )
     }
 
     /// The update count of each parameter whose count is not [`AdamW::updates`] (one that
