@@ -43,6 +43,10 @@ pub fn load_probes(path: &Path) -> Result<Vec<Probe>> {
             },
             _ => bail!("{}: needs \"prompt\" or \"text\"", at()),
         };
+        // Generation needs at least one token to continue from.
+        if prompt.trim_end().is_empty() {
+            bail!("{}: the prompt before the identifier is empty", at());
+        }
         out.push(Probe {
             prompt,
             identifier: identifier.to_string(),
@@ -99,5 +103,26 @@ pub fn probe<B: Backend>(
         leaked: leaks.len(),
         rate: leaks.len() as f64 / probes.len().max(1) as f64,
         leaks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_with_nothing_before_its_identifier_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("probes.jsonl");
+        std::fs::write(
+            &path,
+            "{\"identifier\": \"MRN 4432190\", \"text\": \"MRN 4432190 was seen\"}\n",
+        )
+        .unwrap();
+        let e = load_probes(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("line 1: the prompt before the identifier is empty"),
+            "{e}"
+        );
     }
 }

@@ -72,8 +72,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
             opts.run.display()
         );
     };
-    let ck_dir = choose_checkpoint(&opts.run, opts.checkpoint)?;
-    let ck_state = checkpoint::verify(&ck_dir)?;
+    let (ck_dir, ck_state) = choose_checkpoint(&opts.run, opts.checkpoint)?;
     same_run(&opts.run, &cfg, &ck_dir, &ck_state)?;
 
     let out = &opts.output;
@@ -208,33 +207,38 @@ pub(crate) fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn choose_checkpoint(run: &Path, choice: CheckpointChoice) -> Result<PathBuf> {
+/// The checkpoint `choice` names, verified once: its folder and its state.
+pub(crate) fn choose_checkpoint(
+    run: &Path,
+    choice: CheckpointChoice,
+) -> Result<(PathBuf, checkpoint::TrainState)> {
     let list = checkpoint::list(run)?;
-    let choice = match choice {
+    // The step to take, or None for the newest that verifies.
+    let step = match choice {
+        CheckpointChoice::Latest => None,
+        CheckpointChoice::Step(n) => Some(n),
         CheckpointChoice::Best => match lab_train::run::read_best(run) {
-            Some((step, _)) => CheckpointChoice::Step(step),
+            Some((step, _)) => Some(step),
             None => bail!(
                 "{} has no best.json (no validation yet): use --checkpoint latest",
                 run.display()
             ),
         },
-        other => other,
     };
-    let found = match choice {
-        CheckpointChoice::Latest | CheckpointChoice::Best => list
+    match step {
+        None => list
             .into_iter()
-            .find(|(_, d)| checkpoint::verify(d).is_ok()),
-        CheckpointChoice::Step(n) => list.into_iter().find(|(s, _)| *s == n),
-    };
-    match (found, choice) {
-        (Some((_, dir)), _) => Ok(dir),
-        (None, CheckpointChoice::Latest | CheckpointChoice::Best) => {
-            bail!("{} holds no checkpoint that verifies: nothing to export", run.display())
-        }
-        (None, CheckpointChoice::Step(n)) => bail!(
-            "{} has no checkpoint of step {n} (retention keeps the last 5 and every 10th); pass --checkpoint latest",
-            run.display()
-        ),
+            .find_map(|(_, d)| checkpoint::verify(&d).ok().map(|state| (d, state)))
+            .with_context(|| {
+                format!("{} holds no checkpoint that verifies: nothing to export", run.display())
+            }),
+        Some(n) => match list.into_iter().find(|(s, _)| *s == n) {
+            Some((_, dir)) => Ok((dir.clone(), checkpoint::verify(&dir)?)),
+            None => bail!(
+                "{} has no checkpoint of step {n} (retention keeps the last 5 and every 10th); pass --checkpoint latest",
+                run.display()
+            ),
+        },
     }
 }
 

@@ -33,8 +33,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
             run.display()
         );
     };
-    let ck = crate::export::choose_checkpoint(run, choice)?;
-    checkpoint::verify(&ck)?;
+    let (ck, _) = crate::export::choose_checkpoint(run, choice)?;
     let (tensors, _) = weights::load_safetensors(&checkpoint::model_file(&ck))?;
     let data: serde_json::Value = fs::read_to_string(run.join(lab_train::run::DATA))
         .ok()

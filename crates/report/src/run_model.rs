@@ -35,8 +35,7 @@ pub fn load_run_model<B: Backend>(
         );
     };
     let cfg = LabConfig::from_toml(&text).with_context(|| config.display().to_string())?;
-    let dir = choose_checkpoint(run, choice)?;
-    let state = checkpoint::verify(&dir)?;
+    let (dir, state) = choose_checkpoint(run, choice)?;
     let (tensors, _) = weights::load_safetensors(&checkpoint::model_file(&dir))?;
     let model = weights::load_tensor_map(Llama::new(&cfg.model, cfg.train.seed, device), &tensors)
         .with_context(|| dir.display().to_string())?;

@@ -69,13 +69,9 @@ pub struct ProjectionView {
     pub remaining_cost_usd: Option<f64>,
 }
 
-/// Reads the run's files now.
-pub fn status(run: &Path) -> Result<RunStatus> {
-    status_fitted_until(run, None)
-}
-
-/// As [`status`], the projection fitted only on the logs up to `fit_until` (what the status
-/// would have projected then: the way to check a projection against a finished run).
+/// Reads the run's files now; with `fit_until`, the projection is fitted only on the logs up
+/// to that step (what the status would have projected then: the way to check a projection
+/// against a finished run).
 pub fn status_fitted_until(run: &Path, fit_until: Option<u64>) -> Result<RunStatus> {
     let Ok(st) = Status::read(run) else {
         bail!(

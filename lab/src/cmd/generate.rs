@@ -71,6 +71,9 @@ fn decode<B: burn::tensor::backend::Backend>(a: &Args, device: &B::Device) -> Re
     if a.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         bail!("--top-p must be in (0, 1]");
     }
+    if a.prompt.is_empty() {
+        bail!("--prompt is empty: give the text to continue");
+    }
     let choice = match (&a.step, &a.checkpoint) {
         (Some(s), _) => CheckpointChoice::Step(*s),
         (None, Some(c)) => c.parse()?,
@@ -104,7 +107,6 @@ fn decode<B: burn::tensor::backend::Backend>(a: &Args, device: &B::Device) -> Re
             }
         },
     );
-    stream.push(&[], &mut out);
     let why = match stop {
         Stop::MaxTokens => "max tokens",
         Stop::EndOfText => "end of text",
