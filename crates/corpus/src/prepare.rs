@@ -166,6 +166,18 @@ impl Stages {
         })
     }
 
+    /// Only what finalize uses: the tokenizer (its name, vocabulary and end-of-text id). The
+    /// filters ran in the parts.
+    pub fn for_finalize(cfg: &PrepareConfig) -> Result<Self> {
+        Ok(Self {
+            tokenizer: Tokenizer::load(&cfg.tokenizer)?,
+            redactor: None,
+            minhash: None,
+            eval: None,
+            cfg: cfg.clone(),
+        })
+    }
+
     pub fn dtype(&self) -> TokenDtype {
         TokenDtype::for_vocab(self.tokenizer.vocab_size())
     }

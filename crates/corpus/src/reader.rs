@@ -173,6 +173,22 @@ impl Record {
     }
 }
 
+/// Every document of `inputs` (files or folders) in order, skipped records left out: for
+/// tools and tests that want the texts without a prepare.
+pub fn read_documents(inputs: &[PathBuf], opts: &ReadOptions) -> Result<Vec<Document>> {
+    let read = Arc::new(AtomicU64::new(0));
+    let mut docs = Vec::new();
+    for (i, source) in discover(inputs)?.iter().enumerate() {
+        read_source(i as u32, source, opts, &read, &mut |record| {
+            if let Ok(d) = record.parse(opts) {
+                docs.push(d);
+            }
+            Ok(())
+        })?;
+    }
+    Ok(docs)
+}
+
 /// Files named on the command line, with directories expanded (recursively, sorted, only
 /// known extensions). An empty directory or a missing path is an error.
 pub fn discover(inputs: &[PathBuf]) -> Result<Vec<Source>> {

@@ -126,25 +126,30 @@ impl MixtureSampler {
         })
     }
 
-    pub fn source_names(&self) -> Vec<&str> {
-        self.sources.iter().map(|s| s.name.as_str()).collect()
-    }
-
     fn stage_of(&self, block: u64) -> usize {
         self.stages.partition_point(|s| s.first_block <= block) - 1
     }
 
     /// Draws of each source over the blocks before `block`.
     fn draws_before_block(&self, block: u64) -> Vec<u64> {
-        let mut out = vec![0u64; self.sources.len()];
-        for (j, st) in self.stages.iter().enumerate() {
-            let end = self.stages.get(j + 1).map_or(u64::MAX, |n| n.first_block);
-            let blocks = block.min(end).saturating_sub(st.first_block);
-            for (o, c) in out.iter_mut().zip(&st.counts) {
-                *o += blocks * c;
-            }
-        }
-        out
+        (0..self.sources.len())
+            .map(|s| self.source_draws_before_block(s, block))
+            .collect()
+    }
+
+    /// Draws of source `s` over the blocks before `block`.
+    fn source_draws_before_block(&self, s: usize, block: u64) -> u64 {
+        let ends = self
+            .stages
+            .iter()
+            .skip(1)
+            .map(|n| n.first_block)
+            .chain([u64::MAX]);
+        self.stages
+            .iter()
+            .zip(ends)
+            .map(|(st, end)| block.min(end).saturating_sub(st.first_block) * st.counts[s])
+            .sum()
     }
 
     /// Sample `i` is draw `k` of source `s`: (s, k).
@@ -153,10 +158,9 @@ impl MixtureSampler {
         let counts = &self.stages[self.stage_of(block)].counts;
         let key = splitmix64(self.seed ^ splitmix64(block.wrapping_add(0x6d69_7874)));
         let mut slot = permute(i % BLOCK, BLOCK, key);
-        let before = self.draws_before_block(block);
         for (s, &c) in counts.iter().enumerate() {
             if slot < c {
-                return (s, before[s] + slot);
+                return (s, self.source_draws_before_block(s, block) + slot);
             }
             slot -= c;
         }
@@ -205,10 +209,11 @@ impl MixtureSampler {
                 .expect("weighted sources have windows")
                 .offset(k);
             window.clear();
-            for (start, len) in source.file_ranges(virt as u64, seq_len as u64 + 1) {
+            let ranges = source.file_ranges(virt as u64, seq_len as u64 + 1);
+            for &(start, len) in &ranges {
                 file.read_into(start as usize, len as usize, &mut window)?;
             }
-            starts.push(source.file_ranges(virt as u64, 1)[0].0 as usize);
+            starts.push(ranges[0].0 as usize);
             inputs.extend_from_slice(&window[..seq_len]);
             targets.extend_from_slice(&window[1..]);
         }

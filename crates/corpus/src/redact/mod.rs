@@ -10,7 +10,7 @@
 //! redaction stage does to keep post-index information out of training text.
 
 mod dates;
-mod names;
+pub(crate) mod names;
 mod rules;
 
 use std::collections::BTreeMap;
@@ -196,9 +196,13 @@ fn apply(rule: &Rule, text: String, report: &mut Redaction) -> String {
             group("next")
         )
     });
-    let replaced = replaced.into_owned();
+    // Borrowed: nothing matched, and the text is kept rather than copied.
+    let owned = match replaced {
+        std::borrow::Cow::Owned(s) => Some(s),
+        std::borrow::Cow::Borrowed(_) => None,
+    };
     report.add(rule.phi, n);
-    replaced
+    owned.unwrap_or(text)
 }
 
 #[cfg(test)]

@@ -11,12 +11,12 @@ use std::ops::Range;
 
 use regex::Regex;
 
-const FIRST_NAMES: &str = include_str!("../../corpora/names/first-names.txt");
+pub(crate) const FIRST_NAMES: &str = include_str!("../../corpora/names/first-names.txt");
 /// First names that are also everyday words ("Hope", "Will", "Grace"): the gazetteer leaves
 /// them to the context rules.
-const COMMON_WORD_FIRST_NAMES: &str =
+pub(crate) const COMMON_WORD_FIRST_NAMES: &str =
     include_str!("../../corpora/names/common-word-first-names.txt");
-const LAST_NAMES: &str = include_str!("../../corpora/names/last-names.txt");
+pub(crate) const LAST_NAMES: &str = include_str!("../../corpora/names/last-names.txt");
 
 /// A name-shaped word: Title case or capitals, any script's letters, with O'Brien /
 /// Smith-Jones / McDonald / Muñoz forms.
@@ -178,12 +178,14 @@ impl NameFinder {
             )),
             re(format!(r"(?m:^[ \t]*(?:--|—|/s/)[ \t]*){name}")),
         ];
+        let first = lowercase_set(FIRST_NAMES);
         Self {
-            first: lowercase_set(FIRST_NAMES),
-            listed: lowercase_set(FIRST_NAMES)
-                .into_iter()
+            listed: first
+                .iter()
+                .cloned()
                 .chain(lowercase_set(LAST_NAMES))
                 .collect(),
+            first,
             common_word_first: lowercase_set(COMMON_WORD_FIRST_NAMES),
             contexts,
             word: Regex::new(WORD).expect("word pattern compiles"),
