@@ -64,6 +64,16 @@ pub fn train_on(cfg: &Path, data: &Path, run: &Path) -> Command {
     c
 }
 
+/// The events of `kind` in a run's events.jsonl (none when it has no such file).
+pub fn events(run: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] == kind)
+        .collect()
+}
+
 /// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
 pub fn expect_one_line_error(cmd: &mut Command, needle: &str) {
     let out = cmd.output().unwrap();

@@ -5,11 +5,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
 use common::*;
-use lab_corpus::reader::{discover, read_source, ReadOptions, Record};
+use lab_corpus::reader::{read_documents, ReadOptions};
 
 /// 120 MedQuAD answers from each of three sources, prepared with their source as the type.
 fn three_source_data(dir: &Path) -> PathBuf {
@@ -18,22 +16,16 @@ fn three_source_data(dir: &Path) -> PathBuf {
         type_field: Some("source".into()),
         ..ReadOptions::default()
     };
-    let sources = discover(&[PathBuf::from(lab_corpus::MEDQUAD_ZST)]).unwrap();
     let mut lines = String::new();
     let mut taken = std::collections::BTreeMap::<String, usize>::new();
-    let read = Arc::new(AtomicU64::new(0));
-    read_source(0, &sources[0], &opts, &read, &mut |r: Record| {
-        if let Ok(d) = r.parse(&opts) {
-            let n = taken.entry(d.doc_type.clone()).or_default();
-            if ["GARD", "GHR", "CDC"].contains(&d.doc_type.as_str()) && *n < 120 {
-                *n += 1;
-                let line = serde_json::json!({"source": d.doc_type, "text": d.text});
-                lines += &format!("{line}\n");
-            }
+    for d in read_documents(&[PathBuf::from(lab_corpus::MEDQUAD_ZST)], &opts).unwrap() {
+        let n = taken.entry(d.doc_type.clone()).or_default();
+        if ["GARD", "GHR", "CDC"].contains(&d.doc_type.as_str()) && *n < 120 {
+            *n += 1;
+            let line = serde_json::json!({"source": d.doc_type, "text": d.text});
+            lines += &format!("{line}\n");
         }
-        Ok(())
-    })
-    .unwrap();
+    }
     std::fs::write(&jsonl, lines).unwrap();
     let data = dir.join("data");
     run_ok(
@@ -70,12 +62,8 @@ fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
 }
 
 fn mixture_event(run: &Path) -> serde_json::Value {
-    let events = std::fs::read_to_string(run.join("events.jsonl")).unwrap();
-    events
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|e| e["kind"] == "data_mixture")
-        .expect("a data_mixture event")
+    let first = events(run, "data_mixture").into_iter().next();
+    first.expect("a data_mixture event")
 }
 
 #[test]

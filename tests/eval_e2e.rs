@@ -10,21 +10,8 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
-    train_on(cfg, data, run)
-}
-
 fn json_out(cmd: &mut Command) -> Value {
     serde_json::from_slice(&run_ok(cmd).stdout).unwrap()
-}
-
-fn events(run: &Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(run.join("events.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["kind"] == kind)
-        .collect()
 }
 
 /// A small corpus learnt by heart: one record with an identifier, repeated.
@@ -42,7 +29,7 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = micro_config(tmp.path());
     let run = tmp.path().join("run");
-    run_ok(&mut train(&cfg, &data_dir(), &run));
+    run_ok(&mut train_on(&cfg, &data_dir(), &run));
     let gen = |seed: &str| {
         let out = run_ok(lab().args(["generate", "--run"]).arg(&run).args([
             "--prompt",
@@ -69,6 +56,11 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
             .args(["--step", "30", "--prompt", "To be"]),
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint step 30"));
+    // Nothing to continue from is a user mistake, not a panic.
+    expect_one_line_error(
+        lab().args(["generate", "--run"]).arg(&run).args(["--prompt", ""]),
+        "--prompt is empty",
+    );
 }
 
 #[test]
@@ -77,7 +69,7 @@ fn multiple_choice_prefers_what_the_model_learnt_and_mmlu_medical_runs_end_to_en
     let cfg = micro_config(tmp.path());
     let data = memorable_data(tmp.path());
     let run = tmp.path().join("run");
-    run_ok(train(&cfg, &data, &run).args(["--total-steps", "150"]));
+    run_ok(train_on(&cfg, &data, &run).args(["--total-steps", "150"]));
     let items = tmp.path().join("items.jsonl");
     std::fs::write(
         &items,
@@ -186,7 +178,7 @@ fn training_evaluates_by_document_type_and_the_types_add_up() {
         + &format!("[eval]\nby_type = true\nprompts = [\"What is\"]\nsample_tokens = 8\nmc_file = {:?}\nmc_items = 8\n", mmlu.display().to_string());
     std::fs::write(&cfg, text).unwrap();
     let run = tmp.path().join("run");
-    run_ok(train(&cfg, &data, &run).args(["--total-steps", "30"]));
+    run_ok(train_on(&cfg, &data, &run).args(["--total-steps", "30"]));
     let rows: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
@@ -271,7 +263,7 @@ fn an_overfitting_run_stops_early_keeps_its_best_checkpoint_and_exports_it() {
     )
     .unwrap();
     let run = tmp.path().join("run");
-    let out = run_ok(&mut train(&cfg, &data, &run));
+    let out = run_ok(&mut train_on(&cfg, &data, &run));
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("stopped early"),
         "{}",

@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -16,15 +15,11 @@ use lab_model::weights::{load_safetensors, load_tensor_map, HostTensor, TensorMa
 use lab_model::Llama;
 use serde_json::Value;
 
-fn train(cfg: &Path, data: &Path, run: &Path) -> Command {
-    train_on(cfg, data, run)
-}
-
 /// A 10-step micro run on tinyshakespeare (GPT-2) and its `lab export --hf` folder.
 fn source(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let cfg = micro_config(dir);
     let run = dir.join("source");
-    run_ok(train(&cfg, &data_dir(), &run).args(["--total-steps", "10"]));
+    run_ok(train_on(&cfg, &data_dir(), &run).args(["--total-steps", "10"]));
     let hf = dir.join("hf");
     run_ok(
         lab()
@@ -45,12 +40,8 @@ fn checkpoint_file(run: &Path, step: u64, file: &str) -> PathBuf {
 }
 
 fn event(run: &Path, kind: &str) -> Value {
-    std::fs::read_to_string(run.join("events.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .find(|e| e["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} event"))
+    let first = events(run, kind).into_iter().next();
+    first.unwrap_or_else(|| panic!("no {kind} event"))
 }
 
 /// The logits of a fixed batch under `tensors`.
@@ -68,7 +59,7 @@ fn a_folder_lab_exported_continues_from_the_source_weights_and_logits_bit_for_bi
     let (cfg, src, hf) = source(tmp.path());
     let run = tmp.path().join("continued");
     let out = run_ok(
-        train(&cfg, &data_dir(), &run)
+        train_on(&cfg, &data_dir(), &run)
             .arg("--init-from-hf")
             .arg(&hf)
             .args(["--total-steps", "2", "--ckpt-every", "1"]),
@@ -112,7 +103,7 @@ fn frozen_steps_train_only_the_embedding_and_the_head_then_everything_from_t_1()
     let (cfg, _, hf) = source(tmp.path());
     let run = tmp.path().join("frozen");
     run_ok(
-        train(&cfg, &data_dir(), &run)
+        train_on(&cfg, &data_dir(), &run)
             .arg("--init-from-hf")
             .arg(&hf)
             .args([
@@ -220,7 +211,7 @@ fn a_tokenizer_swap_copies_shared_rows_composes_new_ones_and_records_the_counts(
     std::fs::write(&cfg600, text600).unwrap();
     let run = tmp.path().join("swapped");
     let out = run_ok(
-        train(&cfg600, &data, &run)
+        train_on(&cfg600, &data, &run)
             .arg("--init-from-hf")
             .arg(&hf)
             .args(["--total-steps", "2"]),
@@ -282,7 +273,7 @@ fn user_mistakes_exit_1_with_one_line_and_write_nothing() {
     let (cfg, _, hf) = source(tmp.path());
     let run = tmp.path().join("run");
     let with = |cfg: &Path, dir: &Path| {
-        let mut c = train(cfg, &data_dir(), &run);
+        let mut c = train_on(cfg, &data_dir(), &run);
         c.arg("--init-from-hf").arg(dir);
         c
     };

@@ -12,25 +12,9 @@ use common::*;
 use serde_json::Value;
 
 fn train(cfg: &Path, run: &Path) -> Command {
-    let mut c = lab();
-    c.arg("train")
-        .arg("--config")
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(run)
-        .args(["--log-every", "1"]);
+    let mut c = train_on(cfg, &data_dir(), run);
+    c.args(["--log-every", "1"]);
     c
-}
-
-fn events(run: &Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(run.join("events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["kind"] == kind)
-        .collect()
 }
 
 fn metrics(run: &Path) -> Vec<Value> {

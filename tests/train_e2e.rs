@@ -9,15 +9,7 @@ use std::process::Command;
 use common::*;
 
 fn train(cfg: &Path, run: &Path) -> Command {
-    let mut c = lab();
-    c.arg("train")
-        .arg("--config")
-        .arg(cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(run);
-    c
+    train_on(cfg, &data_dir(), run)
 }
 
 #[test]

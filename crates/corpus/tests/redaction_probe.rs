@@ -3,7 +3,7 @@
 //! no part of any of them may survive; and real medical text (MedQuAD) keeps its eponyms.
 
 use lab_corpus::deid_probe::{over_redaction, probe_notes, run_probe, survives};
-use lab_corpus::reader::{discover, read_source, ReadOptions, Record};
+use lab_corpus::reader::{read_documents, ReadOptions};
 use lab_corpus::redact::{parse_anchor, Phi, Redactor};
 
 #[test]
@@ -73,18 +73,8 @@ fn clinical_content_survives_redaction() {
 
 fn medquad_answers() -> Vec<String> {
     let path = std::path::PathBuf::from(lab_corpus::MEDQUAD_ZST);
-    let sources = discover(&[path]).unwrap();
-    let opts = ReadOptions::default();
-    let mut docs = Vec::new();
-    let read = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    read_source(0, &sources[0], &opts, &read, &mut |r: Record| {
-        if let Ok(d) = r.parse(&opts) {
-            docs.push(d.text);
-        }
-        Ok(())
-    })
-    .unwrap();
-    docs
+    let docs = read_documents(&[path], &ReadOptions::default()).unwrap();
+    docs.into_iter().map(|d| d.text).collect()
 }
 
 #[test]
