@@ -58,7 +58,10 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint step 30"));
     // Nothing to continue from is a user mistake, not a panic.
     expect_one_line_error(
-        lab().args(["generate", "--run"]).arg(&run).args(["--prompt", ""]),
+        lab()
+            .args(["generate", "--run"])
+            .arg(&run)
+            .args(["--prompt", ""]),
         "--prompt is empty",
     );
 }
