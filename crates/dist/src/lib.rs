@@ -1,0 +1,170 @@
+//! Collectives over flat `f32` buffers, the one seam data-parallel training talks through, and
+//! rank discovery from the launchers people use.
+//!
+//! The engines are ones that exist: [`Single`] (one process, every collective the identity),
+//! Open MPI through the `mpi` crate (feature `mpi`), NCCL through cudarc (feature `cuda`). No
+//! collective waits forever: each has a deadline ([`Timeout`]), so a dead peer becomes a
+//! one-line error and a non-zero exit, never a hang.
+
+mod bucket;
+mod launch;
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "cuda")]
+mod nccl;
+mod rendezvous;
+mod shard;
+mod single;
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+pub use bucket::{all_reduce_bucketed, buckets};
+pub use launch::{Launch, Launcher};
+pub use rendezvous::{exchange_bytes, Rendezvous};
+pub use shard::{balance, Shards};
+pub use single::Single;
+
+/// How an all-reduce combines the ranks' buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduce {
+    Sum,
+    /// The sum divided by the world size.
+    Avg,
+    Max,
+}
+
+/// How long a collective may wait for its peers before the process gives up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeout(pub Duration);
+
+impl Default for Timeout {
+    /// Five minutes: longer than rank 0's evaluation or checkpoint, which the others wait for
+    /// in their next collective. A dead peer is usually noticed sooner by the launcher.
+    fn default() -> Self {
+        Timeout(Duration::from_secs(300))
+    }
+}
+
+/// The collectives data parallelism needs, over flat buffers every rank lays out the same way.
+pub trait Collectives {
+    /// This process's rank, `0..world()`.
+    fn rank(&self) -> usize;
+    fn world(&self) -> usize;
+    /// The engine's name, for logs and events.
+    fn engine(&self) -> &'static str;
+    /// Every rank's `buf` becomes the element-wise reduction of all ranks' `buf`.
+    fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()>;
+    /// `out` (of length `Σ counts`) becomes every rank's `mine` (of length `counts[rank]`),
+    /// concatenated in rank order.
+    fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()>;
+    /// `out` (of length `counts[rank]`) becomes this rank's block of the reduction of all
+    /// ranks' `buf` (of length `Σ counts`, blocks in rank order).
+    fn reduce_scatter(
+        &self,
+        buf: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+        op: Reduce,
+    ) -> Result<()>;
+    /// Every rank's `buf` becomes `root`'s.
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
+    /// Every rank's `bytes` become `root`'s (the length travels first).
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()>;
+    fn barrier(&self) -> Result<()>;
+}
+
+/// Which engine to connect with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// From the launch: one process is `single`, `mpirun` and Slurm are `mpi`, torchrun is
+    /// `nccl`.
+    Auto,
+    Single,
+    Mpi,
+    Nccl,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "auto" => Engine::Auto,
+            "single" => Engine::Single,
+            "mpi" => Engine::Mpi,
+            "nccl" => Engine::Nccl,
+            other => {
+                anyhow::bail!("unknown collectives engine {other:?}; use auto, single, mpi or nccl")
+            }
+        })
+    }
+}
+
+/// Connects this process to its peers with `engine` (resolved from `launch` when `Auto`).
+pub fn connect(launch: &Launch, engine: Engine, timeout: Timeout) -> Result<Box<dyn Collectives>> {
+    let engine = match engine {
+        Engine::Auto if launch.world == 1 => Engine::Single,
+        Engine::Auto => match launch.launcher {
+            Launcher::Torchrun => Engine::Nccl,
+            _ => Engine::Mpi,
+        },
+        e => e,
+    };
+    match engine {
+        Engine::Single | Engine::Auto => {
+            anyhow::ensure!(
+                launch.world == 1,
+                "{} started {} ranks but [parallel] engine = \"single\"; use engine = \"auto\"",
+                launch.launcher.name(),
+                launch.world
+            );
+            Ok(Box::new(Single))
+        }
+        Engine::Mpi => connect_mpi(launch, timeout),
+        Engine::Nccl => connect_nccl(launch, timeout),
+    }
+}
+
+#[cfg(feature = "mpi")]
+fn connect_mpi(launch: &Launch, timeout: Timeout) -> Result<Box<dyn Collectives>> {
+    Ok(Box::new(mpi::Mpi::connect(launch, timeout)?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn connect_mpi(launch: &Launch, _: Timeout) -> Result<Box<dyn Collectives>> {
+    anyhow::bail!(
+        "{} started {} ranks but this lab was built without MPI; rebuild with `cargo build --release --features mpi` (needs libopenmpi-dev)",
+        launch.launcher.name(),
+        launch.world
+    )
+}
+
+#[cfg(feature = "cuda")]
+fn connect_nccl(launch: &Launch, timeout: Timeout) -> Result<Box<dyn Collectives>> {
+    Ok(Box::new(nccl::Nccl::connect(launch, timeout)?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn connect_nccl(launch: &Launch, _: Timeout) -> Result<Box<dyn Collectives>> {
+    anyhow::bail!(
+        "{} started {} ranks, which needs NCCL, but this lab was built without CUDA; rebuild with --features cuda, or launch with mpirun on a build with --features mpi",
+        launch.launcher.name(),
+        launch.world
+    )
+}
+
+/// Checks the lengths a collective was given (one line naming what is wrong).
+fn check_counts(what: &str, counts: &[usize], world: usize, total: usize) -> Result<()> {
+    anyhow::ensure!(
+        counts.len() == world,
+        "{what}: {} counts for {world} ranks",
+        counts.len()
+    );
+    let sum: usize = counts.iter().sum();
+    anyhow::ensure!(
+        sum == total,
+        "{what}: counts sum to {sum}, buffer holds {total}"
+    );
+    Ok(())
+}

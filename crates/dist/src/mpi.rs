@@ -1,0 +1,242 @@
+//! Open MPI through the `mpi` crate. Every collective is started non-blocking and polled
+//! against a deadline, so a dead or stuck peer ends this process with one line instead of a
+//! hang (a blocking MPI call cannot be given up on).
+
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use mpi::ffi;
+use mpi::topology::Communicator;
+
+use crate::{check_counts, Collectives, Launch, Reduce, Timeout};
+
+pub struct Mpi {
+    // Dropped last: finalizes MPI.
+    _universe: mpi::environment::Universe,
+    rank: usize,
+    world: usize,
+    timeout: Timeout,
+}
+
+impl Mpi {
+    pub fn connect(launch: &Launch, timeout: Timeout) -> Result<Self> {
+        let universe = mpi::initialize()
+            .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
+        let comm = universe.world();
+        let (rank, world) = (comm.rank() as usize, comm.size() as usize);
+        anyhow::ensure!(
+            (rank, world) == (launch.rank, launch.world),
+            "MPI says rank {rank} of {world} but {} set rank {} of {}; launch with one launcher",
+            launch.launcher.name(),
+            launch.rank,
+            launch.world
+        );
+        Ok(Mpi {
+            _universe: universe,
+            rank,
+            world,
+            timeout,
+        })
+    }
+
+    /// Polls `request` until it completes. Past the deadline the process exits: an MPI
+    /// request still in flight cannot be cancelled, and its buffers cannot be freed under it.
+    fn wait(&self, mut request: ffi::MPI_Request, what: &str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout.0;
+        let mut nap = Duration::from_micros(1);
+        loop {
+            let mut done: i32 = 0;
+            // SAFETY: `request` came from a started non-blocking call whose buffers the
+            // caller keeps borrowed until this returns.
+            unsafe { ffi::MPI_Test(&mut request, &mut done, ffi::RSMPI_STATUS_IGNORE) };
+            if done != 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                eprintln!(
+                    "error: rank {} of {}: {what} waited {:?} for its peers (a rank died or hangs; [parallel] timeout_s sets the wait); exiting",
+                    self.rank, self.world, self.timeout.0
+                );
+                std::process::exit(1);
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+
+    fn op(op: Reduce) -> ffi::MPI_Op {
+        // SAFETY: reading MPI's predefined handles.
+        unsafe {
+            match op {
+                Reduce::Sum | Reduce::Avg => ffi::RSMPI_SUM,
+                Reduce::Max => ffi::RSMPI_MAX,
+            }
+        }
+    }
+
+    fn finish_avg(&self, buf: &mut [f32], op: Reduce) {
+        if op == Reduce::Avg {
+            let w = self.world as f32;
+            buf.iter_mut().for_each(|x| *x /= w);
+        }
+    }
+}
+
+fn counts_i32(counts: &[usize]) -> (Vec<i32>, Vec<i32>) {
+    let c: Vec<i32> = counts.iter().map(|&n| n as i32).collect();
+    let d: Vec<i32> = c
+        .iter()
+        .scan(0, |at, &n| {
+            let d = *at;
+            *at += n;
+            Some(d)
+        })
+        .collect();
+    (c, d)
+}
+
+impl Collectives for Mpi {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn engine(&self) -> &'static str {
+        "mpi"
+    }
+
+    fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()> {
+        let send = buf.to_vec();
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `send` and `buf` outlive the request, which `wait` completes.
+        unsafe {
+            ffi::MPI_Iallreduce(
+                send.as_ptr() as *const c_void,
+                buf.as_mut_ptr() as *mut c_void,
+                buf.len() as i32,
+                ffi::RSMPI_FLOAT,
+                Self::op(op),
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "all_reduce")?;
+        self.finish_avg(buf, op);
+        Ok(())
+    }
+
+    fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
+        check_counts("all_gather", counts, self.world, out.len())?;
+        anyhow::ensure!(
+            mine.len() == counts[self.rank],
+            "all_gather: this rank's block has {} elements, counts say {}",
+            mine.len(),
+            counts[self.rank]
+        );
+        let (c, d) = counts_i32(counts);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: every buffer outlives the request, which `wait` completes.
+        unsafe {
+            ffi::MPI_Iallgatherv(
+                mine.as_ptr() as *const c_void,
+                mine.len() as i32,
+                ffi::RSMPI_FLOAT,
+                out.as_mut_ptr() as *mut c_void,
+                c.as_ptr(),
+                d.as_ptr(),
+                ffi::RSMPI_FLOAT,
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "all_gather")
+    }
+
+    fn reduce_scatter(
+        &self,
+        buf: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+        op: Reduce,
+    ) -> Result<()> {
+        check_counts("reduce_scatter", counts, self.world, buf.len())?;
+        anyhow::ensure!(
+            out.len() == counts[self.rank],
+            "reduce_scatter: output holds {}, counts say {}",
+            out.len(),
+            counts[self.rank]
+        );
+        let (c, _) = counts_i32(counts);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: every buffer outlives the request, which `wait` completes.
+        unsafe {
+            ffi::MPI_Ireduce_scatter(
+                buf.as_ptr() as *const c_void,
+                out.as_mut_ptr() as *mut c_void,
+                c.as_ptr(),
+                ffi::RSMPI_FLOAT,
+                Self::op(op),
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "reduce_scatter")?;
+        self.finish_avg(out, op);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `buf` outlives the request, which `wait` completes.
+        unsafe {
+            ffi::MPI_Ibcast(
+                buf.as_mut_ptr() as *mut c_void,
+                buf.len() as i32,
+                ffi::RSMPI_FLOAT,
+                root as i32,
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "broadcast")
+    }
+
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()> {
+        let mut len = [bytes.len() as u64];
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `len` and then `bytes` outlive their requests, which `wait` completes.
+        unsafe {
+            ffi::MPI_Ibcast(
+                len.as_mut_ptr() as *mut c_void,
+                8,
+                ffi::RSMPI_UINT8_T,
+                root as i32,
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "broadcast")?;
+        bytes.resize(len[0] as usize, 0);
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        unsafe {
+            ffi::MPI_Ibcast(
+                bytes.as_mut_ptr() as *mut c_void,
+                bytes.len() as i32,
+                ffi::RSMPI_UINT8_T,
+                root as i32,
+                ffi::RSMPI_COMM_WORLD,
+                &mut req,
+            );
+        }
+        self.wait(req, "broadcast")
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: a barrier holds no buffers.
+        unsafe { ffi::MPI_Ibarrier(ffi::RSMPI_COMM_WORLD, &mut req) };
+        self.wait(req, "barrier")
+    }
+}

@@ -1,0 +1,188 @@
+//! NCCL through cudarc (loaded at run time, so this builds without CUDA or NCCL installed).
+//! The unique id travels from rank 0 through the TCP rendezvous at `MASTER_ADDR:MASTER_PORT`.
+//! Buffers are host slices staged through the GPU of `local_rank`; NCCL's all-gather and
+//! reduce-scatter take equal blocks, so uneven ones are padded to the largest.
+//!
+//! The deadline covers the rendezvous; a collective itself waits on the CUDA stream (giving
+//! up on one needs `ncclCommAbort`, which is not wired yet).
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::safe::{Comm, Id, ReduceOp};
+
+use crate::{check_counts, exchange_bytes, Collectives, Launch, Reduce, Rendezvous, Timeout};
+
+pub struct Nccl {
+    comm: Comm,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    world: usize,
+}
+
+fn nccl_err(what: &str) -> impl Fn(cudarc::nccl::result::NcclError) -> anyhow::Error + '_ {
+    move |e| anyhow!("NCCL {what} failed: {e:?} (is libnccl.so on LD_LIBRARY_PATH?)")
+}
+
+impl Nccl {
+    pub fn connect(launch: &Launch, timeout: Timeout) -> Result<Self> {
+        let ctx = CudaContext::new(launch.local_rank).with_context(|| {
+            format!("no CUDA device {} (LOCAL_RANK) for NCCL", launch.local_rank)
+        })?;
+        let stream = ctx.default_stream();
+        let id = if launch.world == 1 {
+            Id::new().map_err(nccl_err("unique id"))?
+        } else {
+            let (addr, port) = launch.master.clone().ok_or_else(|| {
+                anyhow!("{} started {} ranks but MASTER_ADDR is not set; NCCL needs it for its rendezvous", launch.launcher.name(), launch.world)
+            })?;
+            let mine = if launch.rank == 0 {
+                let id = Id::new().map_err(nccl_err("unique id"))?;
+                id.internal().iter().map(|&c| c as u8).collect()
+            } else {
+                Vec::new()
+            };
+            let rdv = Rendezvous {
+                addr,
+                port,
+                rank: launch.rank,
+                world: launch.world,
+            };
+            let bytes = exchange_bytes(&rdv, &mine, timeout)?;
+            let mut raw = [0 as std::ffi::c_char; 128];
+            anyhow::ensure!(
+                bytes.len() == 128,
+                "rendezvous sent {} bytes, NCCL ids have 128",
+                bytes.len()
+            );
+            for (r, b) in raw.iter_mut().zip(bytes) {
+                *r = b as std::ffi::c_char;
+            }
+            Id::uninit(raw)
+        };
+        let comm = Comm::from_rank(stream.clone(), launch.rank, launch.world, id)
+            .map_err(nccl_err("init"))?;
+        Ok(Nccl {
+            comm,
+            stream,
+            rank: launch.rank,
+            world: launch.world,
+        })
+    }
+
+    fn to_device(&self, host: &[f32]) -> Result<cudarc::driver::CudaSlice<f32>> {
+        Ok(self.stream.clone_htod(host)?)
+    }
+
+    fn to_host(&self, dev: &cudarc::driver::CudaSlice<f32>, out: &mut [f32]) -> Result<()> {
+        self.stream.memcpy_dtoh(dev, out)?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    fn op(op: Reduce) -> ReduceOp {
+        match op {
+            Reduce::Sum => ReduceOp::Sum,
+            Reduce::Avg => ReduceOp::Avg,
+            Reduce::Max => ReduceOp::Max,
+        }
+    }
+}
+
+impl Collectives for Nccl {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world(&self) -> usize {
+        self.world
+    }
+    fn engine(&self) -> &'static str {
+        "nccl"
+    }
+
+    fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()> {
+        let mut dev = self.to_device(buf)?;
+        self.comm
+            .all_reduce_in_place(&mut dev, &Self::op(op))
+            .map_err(nccl_err("all_reduce"))?;
+        self.to_host(&dev, buf)
+    }
+
+    fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
+        check_counts("all_gather", counts, self.world, out.len())?;
+        let block = *counts.iter().max().unwrap_or(&0);
+        let mut padded = mine.to_vec();
+        padded.resize(block, 0.0);
+        let send = self.to_device(&padded)?;
+        let mut recv = self.stream.alloc_zeros::<f32>(block * self.world)?;
+        self.comm
+            .all_gather(&send, &mut recv)
+            .map_err(nccl_err("all_gather"))?;
+        let mut all = vec![0.0; block * self.world];
+        self.to_host(&recv, &mut all)?;
+        let mut at = 0;
+        for (r, &n) in counts.iter().enumerate() {
+            out[at..at + n].copy_from_slice(&all[r * block..r * block + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn reduce_scatter(
+        &self,
+        buf: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+        op: Reduce,
+    ) -> Result<()> {
+        check_counts("reduce_scatter", counts, self.world, buf.len())?;
+        let block = *counts.iter().max().unwrap_or(&0);
+        let mut padded = vec![0.0; block * self.world];
+        let mut at = 0;
+        for (r, &n) in counts.iter().enumerate() {
+            padded[r * block..r * block + n].copy_from_slice(&buf[at..at + n]);
+            at += n;
+        }
+        let send = self.to_device(&padded)?;
+        let mut recv = self.stream.alloc_zeros::<f32>(block)?;
+        self.comm
+            .reduce_scatter(&send, &mut recv, &Self::op(op))
+            .map_err(nccl_err("reduce_scatter"))?;
+        let mut mine = vec![0.0; block];
+        self.to_host(&recv, &mut mine)?;
+        out.copy_from_slice(&mine[..counts[self.rank]]);
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        let mut dev = self.to_device(buf)?;
+        self.comm
+            .broadcast_in_place(&mut dev, root as i32)
+            .map_err(nccl_err("broadcast"))?;
+        self.to_host(&dev, buf)
+    }
+
+    fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()> {
+        // Bytes travel as f32 words (NCCL moves them untouched).
+        let mut len = [bytes.len() as f32];
+        self.broadcast(&mut len, root)?;
+        let n = len[0] as usize;
+        let mut words: Vec<f32> = bytes
+            .chunks(4)
+            .map(|c| {
+                let mut w = [0u8; 4];
+                w[..c.len()].copy_from_slice(c);
+                f32::from_le_bytes(w)
+            })
+            .collect();
+        words.resize(n.div_ceil(4), 0.0);
+        self.broadcast(&mut words, root)?;
+        *bytes = words.iter().flat_map(|w| w.to_le_bytes()).take(n).collect();
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.all_reduce(&mut [0.0], Reduce::Sum)
+    }
+}
