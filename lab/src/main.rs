@@ -68,6 +68,8 @@ enum Command {
     Eval(cmd::eval::Args),
     /// Text from a checkpoint (KV cache; greedy or sampled, deterministic for a seed).
     Generate(cmd::generate::Args),
+    /// Relaunch a (data-parallel) job when it dies, torchrun-style: `lab supervise -- mpirun …`.
+    Supervise(cmd::supervise::Args),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd::run::run(args),
         Command::Train(args) => cmd::train::run(args),
+        Command::Supervise(args) => cmd::supervise::run(args),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Budget(args) => cmd::budget::run(args),

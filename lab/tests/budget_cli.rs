@@ -328,7 +328,10 @@ fn projected_over_cap_checkpoints_and_exits_3() {
     // The checkpoint of the stop step is there, verifies and loads.
     let cks = checkpoints(&run);
     assert_eq!(cks.iter().map(|c| c.0).collect::<Vec<_>>(), vec![step]);
-    let loaded = lab_train::checkpoint::load_latest_good(&run, &mut |w| panic!("{w}"))
+    let loaded =
+        lab_train::checkpoint::load_latest_good(&run, &lab_train::checkpoint::every, &mut |w| {
+            panic!("{w}")
+        })
         .unwrap()
         .expect("a loadable checkpoint");
     assert_eq!(loaded.state.step, step);

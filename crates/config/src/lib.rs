@@ -8,6 +8,7 @@ pub mod data;
 pub mod eval;
 pub mod hardware;
 pub mod model;
+pub mod parallel;
 pub mod stability;
 pub mod train;
 
@@ -22,6 +23,7 @@ pub use data::{CurriculumStage, DataConfig};
 pub use eval::EvalConfig;
 pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
+pub use parallel::ParallelConfig;
 pub use stability::{Escalation, SpikeConfig, SpikeKind, SpikePolicy, Stability, StabilityConfig};
 pub use train::{LmHeadLoss, Precision, TrainConfig};
 
@@ -50,6 +52,9 @@ pub struct LabConfig {
     /// `[data]`: a mixture of sources (or a curriculum of mixtures); absent means uniform.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<DataConfig>,
+    /// `[parallel]`: data-parallel degree, ZeRO stage, collectives; absent means one process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelConfig>,
 }
 
 impl LabConfig {
@@ -91,6 +96,9 @@ impl LabConfig {
         }
         if let Some(d) = &self.data {
             d.validate()?;
+        }
+        if let Some(p) = &self.parallel {
+            p.validate()?;
         }
         Ok(())
     }
@@ -142,12 +150,35 @@ impl LabConfig {
             }
         }
         .expect("config serializes");
+        // The data-parallel degree multiplies the global batch; dp 1 leaves earlier hashes
+        // as they were. How many ranks run it (and the ZeRO stage) changes no number.
+        let dp = self.parallel().dp;
+        let json = if dp == 1 {
+            json
+        } else {
+            format!("{json}|dp={dp}")
+        };
         hex::encode(Sha256::digest(json.as_bytes()))
     }
 
-    /// Tokens consumed by one optimizer step on one data-parallel replica.
-    pub fn tokens_per_step(&self) -> usize {
+    /// Tokens one data-parallel replica of the planned layout consumes per optimizer step.
+    pub fn tokens_per_replica_step(&self) -> usize {
         self.train.micro_batch * self.train.grad_accum * self.model.seq_len
+    }
+
+    /// Micro-batches per optimizer step over all replicas (`grad_accum × parallel.dp`).
+    pub fn global_micro_batches(&self) -> usize {
+        self.train.grad_accum * self.parallel().dp
+    }
+
+    /// Tokens consumed by one optimizer step over all data-parallel replicas.
+    pub fn tokens_per_step(&self) -> usize {
+        self.tokens_per_replica_step() * self.parallel().dp
+    }
+
+    /// The `[parallel]` layout (one process when absent).
+    pub fn parallel(&self) -> ParallelConfig {
+        self.parallel.clone().unwrap_or_default()
     }
 }
 

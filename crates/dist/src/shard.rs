@@ -35,7 +35,11 @@ pub struct Shards {
 
 impl Shards {
     pub fn new(sizes: &[usize], world: usize) -> Self {
-        let owner = balance(sizes, world);
+        Self::from_owner(sizes, balance(sizes, world), world)
+    }
+
+    /// The layout for a given assignment of parameters to ranks.
+    pub fn from_owner(sizes: &[usize], owner: Vec<usize>, world: usize) -> Self {
         let mut order: Vec<usize> = (0..sizes.len()).collect();
         order.sort_by_key(|&i| (owner[i], i));
         let mut span = vec![0..0; sizes.len()];

@@ -313,6 +313,15 @@ pub fn to_safetensors_bytes(
 
 /// Reads an fp32 safetensors file written by [`save_safetensors`] (or any tool).
 pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, String>)> {
+    load_safetensors_where(path, &|_| true)
+}
+
+/// As [`load_safetensors`], copying only the tensors `keep` names (the file is mapped, so
+/// the others are never read: a ZeRO-1 rank loads its shard of the optimizer state).
+pub fn load_safetensors_where(
+    path: &Path,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<(TensorMap, HashMap<String, String>)> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     // Mapped, not read: a read of a 1 GB file first page-faults a 1 GB buffer into existence.
@@ -326,6 +335,9 @@ pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, Strin
     let metadata = header.metadata().clone().unwrap_or_default();
     let mut out = TensorMap::new();
     for (name, view) in file.tensors() {
+        if !keep(&name) {
+            continue;
+        }
         if view.dtype() != Dtype::F32 {
             bail!(
                 "{}: tensor {name} is {:?}, expected F32",

@@ -235,7 +235,7 @@ impl OnBackend for CheckpointBench {
         memory::evict_from_page_cache(&written);
 
         let t1 = Instant::now();
-        let mut ck = checkpoint::load(&written)?;
+        let mut ck = checkpoint::load(&written, &checkpoint::every)?;
         let loaded = TrainingState::<B>::from_checkpoint(cfg, &mut ck, &device)?;
         let load_s = t1.elapsed().as_secs_f64();
         drop((loaded, ck));

@@ -139,20 +139,87 @@ pub fn save(
     optimizer: &[PendingTensor<'_>],
 ) -> Result<PathBuf> {
     let name = step_dir_name(state.step);
-    let final_dir = run_dir.join(&name);
     let tmp = run_dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
-    fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-
+    fresh_folder(&tmp)?;
     // Streamed one tensor at a time and hashed on the way out: no second copy of the state
     // in memory, no second pass over the files.
-    let meta = BTreeMap::from([("step".to_string(), state.step.to_string())]);
+    let meta = step_meta(state.step);
     state.files.clear();
     let model_sha = weights::save_pending(&tmp.join(MODEL), model, &meta)?;
     state.files.insert(MODEL.into(), model_sha);
     let optimizer_sha = weights::save_pending(&tmp.join(OPTIMIZER), optimizer, &meta)?;
     state.files.insert(OPTIMIZER.into(), optimizer_sha);
-    let json = serde_json::to_string_pretty(&state)? + "\n";
+    publish(run_dir, &tmp, &state)
+}
+
+/// A rank's part in writing a checkpoint of a data-parallel job with a sharded optimizer
+/// state (ZeRO-1): `barrier` waits for every rank of the job.
+pub struct Part<'a> {
+    pub rank: usize,
+    pub world: usize,
+    pub barrier: &'a dyn Fn() -> Result<()>,
+}
+
+/// The file of rank `rank`'s optimizer shard (Hugging Face's sharded naming).
+pub fn shard_name(rank: usize, world: usize) -> String {
+    format!("optimizer-{rank:05}-of-{world:05}.safetensors")
+}
+
+/// Every rank writes its optimizer shard into one temporary folder; rank 0 adds the model and
+/// state.json (with every shard's sha256) and publishes the folder as [`save`] does. No rank
+/// ever holds the whole optimizer state. Returns the step folder.
+pub fn save_sharded(
+    run_dir: &Path,
+    mut state: TrainState,
+    model: &[PendingTensor<'_>],
+    optimizer: &[PendingTensor<'_>],
+    part: &Part,
+) -> Result<PathBuf> {
+    let name = step_dir_name(state.step);
+    // One name every rank knows; the run folder's lock keeps other jobs out.
+    let tmp = run_dir.join(format!(".{name}.tmp-sharded"));
+    if part.rank == 0 {
+        fresh_folder(&tmp)?;
+    }
+    (part.barrier)()?;
+    let meta = step_meta(state.step);
+    let shard = shard_name(part.rank, part.world);
+    let sha = weights::save_pending(&tmp.join(&shard), optimizer, &meta)?;
+    lab_fsio::write_atomic(&tmp.join(format!("{shard}.sha256")), sha.as_bytes())?;
+    (part.barrier)()?;
+    let final_dir = run_dir.join(&name);
+    if part.rank == 0 {
+        state.files.clear();
+        let model_sha = weights::save_pending(&tmp.join(MODEL), model, &meta)?;
+        state.files.insert(MODEL.into(), model_sha);
+        for r in 0..part.world {
+            let shard = shard_name(r, part.world);
+            let sidecar = tmp.join(format!("{shard}.sha256"));
+            let sha = fs::read_to_string(&sidecar)
+                .with_context(|| format!("rank {r} left no {}", sidecar.display()))?;
+            fs::remove_file(&sidecar)?;
+            state.files.insert(shard, sha);
+        }
+        publish(run_dir, &tmp, &state)?;
+    }
+    (part.barrier)()?;
+    Ok(final_dir)
+}
+
+fn step_meta(step: u64) -> BTreeMap<String, String> {
+    BTreeMap::from([("step".to_string(), step.to_string())])
+}
+
+fn fresh_folder(tmp: &Path) -> Result<()> {
+    let _ = fs::remove_dir_all(tmp);
+    fs::create_dir_all(tmp).with_context(|| format!("cannot create {}", tmp.display()))
+}
+
+/// Writes state.json into `tmp`, renames `tmp` to the step folder and points `latest` at it.
+fn publish(run_dir: &Path, tmp: &Path, state: &TrainState) -> Result<PathBuf> {
+    let name = step_dir_name(state.step);
+    let final_dir = run_dir.join(&name);
+    let json = serde_json::to_string_pretty(state)? + "\n";
     lab_fsio::write_atomic(&tmp.join(STATE), json.as_bytes())?;
 
     // A checkpoint of this step from an earlier attempt is moved aside, not deleted, until
@@ -163,7 +230,7 @@ pub fn save(
         fs::rename(&final_dir, &old)
             .with_context(|| format!("cannot move aside {}", final_dir.display()))?;
     }
-    fs::rename(&tmp, &final_dir)
+    fs::rename(tmp, &final_dir)
         .with_context(|| format!("cannot rename checkpoint into {}", final_dir.display()))?;
     lab_fsio::sync_parent(&final_dir)?;
     if replacing {
@@ -173,11 +240,32 @@ pub fn save(
     Ok(final_dir)
 }
 
+/// Which optimizer moments (`m.<path>`, `v.<path>`) a load keeps: [`every`] one, or a ZeRO-1
+/// rank's share.
+pub type Keep<'a> = &'a dyn Fn(&str) -> bool;
+
+pub fn every(_: &str) -> bool {
+    true
+}
+
+/// The optimizer files a checkpoint lists: `optimizer.safetensors` (one process, or plain
+/// data parallelism) or one shard per rank.
+fn optimizer_files(state: &TrainState) -> Vec<&String> {
+    state
+        .files
+        .keys()
+        .filter(|f| f.starts_with("optimizer"))
+        .collect()
+}
+
 /// Loads and verifies one checkpoint folder.
-pub fn load(dir: &Path) -> Result<Loaded> {
+pub fn load(dir: &Path, keep: Keep) -> Result<Loaded> {
     let state = verify(dir)?;
     let (model, _) = weights::load_safetensors(&dir.join(MODEL))?;
-    let (optimizer, _) = weights::load_safetensors(&dir.join(OPTIMIZER))?;
+    let mut optimizer = TensorMap::new();
+    for file in optimizer_files(&state) {
+        optimizer.extend(weights::load_safetensors_where(&dir.join(file), keep)?.0);
+    }
     Ok(Loaded {
         dir: dir.to_path_buf(),
         state,
@@ -207,11 +295,19 @@ pub fn verify(dir: &Path) -> Result<TrainState> {
             state.step
         );
     }
-    for file in [MODEL, OPTIMIZER] {
-        let expected = state
-            .files
-            .get(file)
-            .with_context(|| format!("{} lists no sha256 for {file}", state_path.display()))?;
+    let shards = optimizer_files(&state);
+    let whole = shards.len() == 1 && *shards[0] == OPTIMIZER;
+    if !whole && (0..shards.len()).any(|r| !state.files.contains_key(&shard_name(r, shards.len())))
+    {
+        bail!(
+            "{} lists neither {OPTIMIZER} nor a complete set of optimizer shards",
+            state_path.display()
+        );
+    }
+    if !state.files.contains_key(MODEL) {
+        bail!("{} lists no sha256 for {MODEL}", state_path.display());
+    }
+    for (file, expected) in &state.files {
         let actual = lab_fsio::sha256_file(&dir.join(file))?;
         if &actual != expected {
             bail!(
@@ -226,8 +322,12 @@ pub fn verify(dir: &Path) -> Result<TrainState> {
 /// The newest checkpoint that verifies, with a warning for each newer one skipped. Skipped
 /// folders are renamed `step-N.corrupt` (kept for inspection, out of retention's and the next
 /// resume's way).
-pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<Option<Loaded>> {
-    load_newest_good_at_most(run_dir, u64::MAX, warn)
+pub fn load_latest_good(
+    run_dir: &Path,
+    keep: Keep,
+    warn: &mut dyn FnMut(String),
+) -> Result<Option<Loaded>> {
+    load_newest_good_at_most(run_dir, u64::MAX, keep, warn)
 }
 
 /// As [`load_latest_good`], among the checkpoints of at most `max_step` steps (a rollback's
@@ -235,10 +335,11 @@ pub fn load_latest_good(run_dir: &Path, warn: &mut dyn FnMut(String)) -> Result<
 pub fn load_newest_good_at_most(
     run_dir: &Path,
     max_step: u64,
+    keep: Keep,
     warn: &mut dyn FnMut(String),
 ) -> Result<Option<Loaded>> {
     for (_, dir) in list(run_dir)?.into_iter().filter(|(s, _)| *s <= max_step) {
-        match load(&dir) {
+        match load(&dir, keep) {
             Ok(loaded) => return Ok(Some(loaded)),
             Err(e) => {
                 let mut quarantine = dir.clone().into_os_string();
@@ -361,7 +462,7 @@ mod tests {
             fs::read_to_string(dir.path().join(LATEST)).unwrap().trim(),
             "step-00000020"
         );
-        let l = load(&dir.path().join("step-00000020")).unwrap();
+        let l = load(&dir.path().join("step-00000020"), &every).unwrap();
         assert_eq!(l.model, tensors(3.0));
         assert_eq!(l.state.cursor.samples_consumed, 80);
 
@@ -372,7 +473,7 @@ mod tests {
         bytes[last] ^= 1;
         fs::write(&f, bytes).unwrap();
         let mut warnings = Vec::new();
-        let l = load_latest_good(dir.path(), &mut |w| warnings.push(w))
+        let l = load_latest_good(dir.path(), &every, &mut |w| warnings.push(w))
             .unwrap()
             .unwrap();
         assert_eq!(l.state.step, 10);
@@ -388,7 +489,7 @@ mod tests {
         // A state.json that disagrees with its folder is refused.
         let moved = dir.path().join("step-00000011");
         fs::rename(dir.path().join("step-00000010"), &moved).unwrap();
-        assert!(format!("{:#}", load(&moved).err().unwrap()).contains("folder name"));
+        assert!(format!("{:#}", load(&moved, &every).err().unwrap()).contains("folder name"));
     }
 
     #[test]
@@ -434,8 +535,87 @@ mod tests {
             .collect();
         assert_eq!(steps, vec![10]);
         assert_eq!(
-            load(&dir.path().join("step-00000010")).unwrap().model,
+            load(&dir.path().join("step-00000010"), &every)
+                .unwrap()
+                .model,
             tensors(1.0)
+        );
+    }
+
+    /// Two ranks (threads meeting at a real barrier) write their shards of one checkpoint;
+    /// it verifies as one folder, loads whole or as one rank's share, and a missing shard is
+    /// refused.
+    #[test]
+    fn a_sharded_checkpoint_is_one_folder_that_loads_whole_or_by_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+        let shard = |r: usize| {
+            TensorMap::from([
+                (
+                    format!("m.p{r}"),
+                    HostTensor {
+                        shape: vec![2],
+                        data: vec![r as f32, 1.0],
+                    },
+                ),
+                (
+                    format!("v.p{r}"),
+                    HostTensor {
+                        shape: vec![2],
+                        data: vec![r as f32, 2.0],
+                    },
+                ),
+            ])
+        };
+        std::thread::scope(|s| {
+            for r in 0..2 {
+                let (run_dir, barrier, opt) = (dir.path(), barrier.clone(), shard(r));
+                s.spawn(move || {
+                    let wait = || -> Result<()> {
+                        barrier.wait();
+                        Ok(())
+                    };
+                    let part = Part {
+                        rank: r,
+                        world: 2,
+                        barrier: &wait,
+                    };
+                    let model = tensors(5.0);
+                    let model = if r == 0 {
+                        pending_from_map(&model)
+                    } else {
+                        Vec::new()
+                    };
+                    save_sharded(run_dir, state(30), &model, &pending_from_map(&opt), &part)
+                        .unwrap();
+                });
+            }
+        });
+        let step = dir.path().join("step-00000030");
+        let all = load(&step, &every).unwrap();
+        assert_eq!(all.model, tensors(5.0));
+        let mut want = shard(0);
+        want.extend(shard(1));
+        assert_eq!(all.optimizer, want);
+        assert_eq!(all.state.files.len(), 3, "{:?}", all.state.files.keys());
+        let mine = load(&step, &|name: &str| name.ends_with("p1")).unwrap();
+        assert_eq!(mine.optimizer, shard(1));
+        assert!(fs::read_dir(dir.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .contains("tmp")));
+
+        // A state.json that lost a shard's entry (and its file) does not verify.
+        fs::remove_file(step.join(shard_name(1, 2))).unwrap();
+        let text = fs::read_to_string(step.join(STATE)).unwrap();
+        let mut st: TrainState = serde_json::from_str(&text).unwrap();
+        st.files.remove(&shard_name(1, 2));
+        fs::write(step.join(STATE), serde_json::to_string(&st).unwrap()).unwrap();
+        let e = verify(&step).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("complete set of optimizer shards"),
+            "{e:#}"
         );
     }
 }

@@ -13,6 +13,7 @@ pub mod hf_init;
 pub mod inject;
 pub mod judge;
 pub mod optim;
+pub mod parallel;
 pub mod policy;
 pub mod run;
 pub mod schedule;

@@ -6,12 +6,13 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::stream::{SampleRange, StepData};
 
 /// Why a run stops early; each maps to an exit code and a final `status.json` state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Stop {
     /// SIGINT/SIGTERM: emergency checkpoint, exit 128 + signal.
     Interrupted { signal: i32 },
@@ -45,7 +46,7 @@ impl Stop {
 
 /// Undo back to the newest good checkpoint at or before `to_step` steps and never train on
 /// `skip` again; with `then_stop`, stop there (exit 5) and let a person decide.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rollback {
     pub to_step: u64,
     pub skip: Vec<SampleRange>,
@@ -54,7 +55,7 @@ pub struct Rollback {
 }
 
 /// A policy's answer, in increasing severity.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Decision {
     Continue,
     /// Take the step (data consumed, step counted) but do not apply its update.

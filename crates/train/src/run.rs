@@ -1,9 +1,14 @@
 //! The run as the trainer keeps it: the locked run folder and its files (metrics, events,
 //! status, config.toml, data.json), the progress bar, alerts, the checkpoint writer, and the
 //! three ways a run moves in time besides stepping: start (fresh or resume), rollback, stop.
+//!
+//! In a data-parallel job every rank keeps a `Run` and walks the same path through it, but
+//! only rank 0 (the leader) writes the folder's logs and status and talks to people; the
+//! others read checkpoints after it and write only their optimizer shards (ZeRO-1).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -19,6 +24,7 @@ use crate::checkpoint::{self, TrainState};
 use crate::hf_init::HfInit;
 use crate::judge::Judge;
 use crate::optim::param_norm;
+use crate::parallel::DataParallel;
 use crate::policy::{Journal, Policies, Rollback, StepView, Stop};
 
 use crate::state::TrainingState;
@@ -60,7 +66,12 @@ pub struct Run {
     /// Fire drill: abort inside the first rollback (`--inject-crash-in-rollback`).
     crash_in_rollback: bool,
     extend_to_steps: Option<u64>,
-    _lock: File,
+    /// The job this process is a rank of (one rank outside data parallelism).
+    pub dp: Rc<DataParallel>,
+    /// Rank 0 writes the run folder; the other ranks only read it (and write their shards).
+    leader: bool,
+    /// Held by the leader.
+    _lock: Option<File>,
     metrics: JsonLines,
     status: Status,
     bar: ProgressBar,
@@ -87,9 +98,15 @@ pub const BEST: &str = "best.json";
 impl Run {
     /// Takes the run folder: creates and locks it, refuses to start fresh over a run, writes
     /// the effective config and the data's identity.
-    pub fn open(opts: &mut TrainOptions, data: &TrainData) -> Result<Run> {
+    pub fn open(opts: &mut TrainOptions, data: &TrainData, dp: Rc<DataParallel>) -> Result<Run> {
         let dir = opts.run_dir.clone();
-        let lock = take_folder(&dir, opts.resume)?;
+        let leader = dp.is_leader();
+        let lock = match leader {
+            true => Some(take_folder(&dir, opts.resume)?),
+            false => None,
+        };
+        // The leader has made the folder (or failed, and its exit ends the job).
+        dp.barrier()?;
         let cfg = opts.config.clone();
         // Written once the run is known to be this one (fresh, or a resume that matches).
         let identity = json!({
@@ -108,7 +125,12 @@ impl Run {
                 started_utc: lab_run::clock::format_utc(lab_run::clock::now_unix()),
                 ..Default::default()
             },
-            bar: lab_plot::progress_bar("train", "{pos}/{len} steps", total, opts.progress),
+            bar: lab_plot::progress_bar(
+                "train",
+                "{pos}/{len} steps",
+                total,
+                opts.progress && leader,
+            ),
             config_sha: cfg.sha256(),
             training_sha: cfg.training_sha256(),
             data_sha: data.meta_sha256.clone(),
@@ -118,6 +140,8 @@ impl Run {
             crash_in_rollback: opts.crash_in_rollback,
             extend_to_steps: opts.extend_to_steps,
             alert: opts.alert.take(),
+            dp,
+            leader,
             cfg,
             dir,
             _lock: lock,
@@ -182,7 +206,10 @@ impl Run {
         }
         let dir = self.dir.clone();
         let mut skipped = Vec::new();
-        let ck = checkpoint::load_latest_good(&dir, &mut |w| skipped.push(w))?;
+        let keep = self.dp.clone();
+        let ck = self.leader_first(|| {
+            checkpoint::load_latest_good(&dir, &|m| keep.keeps_moment(m), &mut |w| skipped.push(w))
+        })?;
         for w in skipped {
             eprintln!("warning: {w}");
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
@@ -199,6 +226,7 @@ impl Run {
         }
         self.check_same_run(&ck.dir, &ck.state)?;
         self.record_identity()?;
+        self.dp.keep_own_counts(&mut ck.state);
         let state = TrainingState::from_checkpoint(&self.cfg, &mut ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
@@ -212,7 +240,12 @@ impl Run {
             );
         }
         let from = ck.dir.file_name().map(|n| n.to_string_lossy().into_owned());
-        self.event(state.step, "resume", json!({ "from": from }));
+        let launch = self.dp.launch();
+        self.event(
+            state.step,
+            "resume",
+            json!({ "from": from, "world_size": self.dp.world(), "restarts": launch.restarts }),
+        );
         println!("resumed from {} (step {})", ck.dir.display(), state.step);
         self.bar.set_position(state.step);
         Ok(state)
@@ -279,6 +312,9 @@ impl Run {
 
     /// The run folder's record of what this run is: config.toml, data.json, hardware.json.
     fn record_identity(&self) -> Result<()> {
+        if !self.leader {
+            return Ok(());
+        }
         let dir = &self.dir;
         lab_fsio::write_atomic(&dir.join(lab_run::CONFIG), self.cfg.to_toml().as_bytes())?;
         let data = serde_json::to_string_pretty(&self.identity)?;
@@ -289,6 +325,9 @@ impl Run {
     /// Lines an interrupted attempt logged after `step` are re-logged by the replay: metrics
     /// are dropped, replayed events moved to events-abandoned.jsonl.
     fn truncate_logs_after(&mut self, step: u64) -> Result<()> {
+        if !self.leader {
+            return Ok(());
+        }
         let path = self.dir.join(lab_run::METRICS);
         lab_run::jsonl::split_after_step(&path, step)?;
         self.metrics = JsonLines::open(&path)?;
@@ -312,6 +351,9 @@ impl Run {
         self.interval = (self.interval.0 + secs, self.interval.1 + 1);
         self.last_loss = view.loss;
         self.bar.set_position(step);
+        if !self.leader {
+            return Ok(None);
+        }
         let judged = if step.is_multiple_of(tc.eval_every as u64) || step == total {
             Some(self.judge.judge(&state.model.valid(), data, &self.cfg)?)
         } else {
@@ -346,7 +388,7 @@ impl Run {
             tokens: step as f64 * self.cfg.tokens_per_step() as f64,
             samples: state.cursor.samples_consumed,
             tokens_per_s,
-            mfu: mfu(&self.cfg, tokens_per_s),
+            mfu: mfu(&self.cfg, tokens_per_s) / self.dp.world() as f64,
             elapsed_s: self.started.elapsed().as_secs_f64(),
             time_utc: Some(lab_run::clock::format_utc(lab_run::clock::now_unix())),
             val_loss,
@@ -395,6 +437,9 @@ impl Run {
     }
 
     fn write_status(&mut self, state: &str, step: u64) -> Result<()> {
+        if !self.leader {
+            return Ok(());
+        }
         self.status.state = state.into();
         self.status.step = step;
         self.status.elapsed_s = self.started.elapsed().as_secs_f64();
@@ -428,7 +473,10 @@ impl Run {
             lab_version: env!("CARGO_PKG_VERSION").into(),
             files: Default::default(),
         };
-        let dir = state.save(&self.dir, train_state)?;
+        let dir = self.save(state, train_state)?;
+        if !self.leader {
+            return Ok(dir);
+        }
         let mut protect = vec![state.step];
         if let Some((best, val)) = self.best {
             if self.best_pending && best == state.step {
@@ -474,8 +522,13 @@ impl Run {
         drop(failed);
         let dir = self.dir.clone();
         let mut warnings = Vec::new();
-        let mut ck =
-            checkpoint::load_newest_good_at_most(&dir, plan.to_step, &mut |w| warnings.push(w))?;
+        let keep = self.dp.clone();
+        let mut ck = self.leader_first(|| {
+            let keep = |m: &str| keep.keeps_moment(m);
+            checkpoint::load_newest_good_at_most(&dir, plan.to_step, &keep, &mut |w| {
+                warnings.push(w)
+            })
+        })?;
         for w in warnings {
             self.event(from, "checkpoint_skipped", json!({ "reason": w }));
         }
@@ -483,6 +536,7 @@ impl Run {
             Some(ck) => {
                 self.check_same_run(&ck.dir, &ck.state)?;
                 policies.restore(&ck.state.policies)?;
+                self.dp.keep_own_counts(&mut ck.state);
                 TrainingState::from_checkpoint(&self.cfg, ck, device)?
             }
             None => {
@@ -497,7 +551,9 @@ impl Run {
         self.flag = None; // the flagged step is undone
         self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         self.best_pending = false;
-        checkpoint::remove_after(&dir, state.step)?;
+        if self.leader {
+            checkpoint::remove_after(&dir, state.step)?;
+        }
         if self.crash_in_rollback && rollbacks == 1 {
             eprintln!("fire drill: crashing in the middle of a rollback");
             std::process::abort();
@@ -525,6 +581,9 @@ impl Run {
 
     /// Moves metrics rows after `step` into metrics-abandoned.jsonl, tagged with the rollback.
     fn abandon_rows_after(&mut self, step: u64, rollback: u32) -> Result<()> {
+        if !self.leader {
+            return Ok(());
+        }
         let path = self.dir.join(lab_run::METRICS);
         // Copied aside before they leave metrics.jsonl: a kill in between duplicates them in
         // the aside file rather than losing them.
@@ -616,6 +675,46 @@ impl Run {
         })
     }
 
+    /// Writes `state` as a checkpoint: whole by the leader, or (ZeRO-1) each rank its
+    /// optimizer shard. Every rank returns once the folder is in place.
+    fn save<B: TrainBackend>(&self, state: &TrainingState<B>, meta: TrainState) -> Result<PathBuf> {
+        let dp = &self.dp;
+        if !dp.zero1() {
+            let dir = match self.leader {
+                true => state.save(&self.dir, meta)?,
+                false => self.dir.join(checkpoint::step_dir_name(meta.step)),
+            };
+            dp.barrier()?;
+            return Ok(dir);
+        }
+        let barrier = || dp.barrier();
+        let part = checkpoint::Part {
+            rank: dp.rank(),
+            world: dp.world(),
+            barrier: &barrier,
+        };
+        let model = match self.leader {
+            true => lab_model::weights::pending_tensors(&state.model.valid()),
+            false => Vec::new(),
+        };
+        let moments = state.optim.pending_state();
+        checkpoint::save_sharded(&self.dir, meta, &model, &moments, &part)
+    }
+
+    /// Runs `read` on the leader first, then on the others: the leader sets aside a corrupt
+    /// checkpoint before anyone else looks, and nobody writes while another rank reads.
+    fn leader_first<T>(&self, read: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !self.leader {
+            self.dp.barrier()?;
+        }
+        let out = read()?;
+        if self.leader {
+            self.dp.barrier()?;
+        }
+        self.dp.barrier()?;
+        Ok(out)
+    }
+
     pub fn elapsed_s(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
     }
@@ -623,12 +722,18 @@ impl Run {
 
 impl Journal for Run {
     fn event(&mut self, step: u64, kind: &str, fields: Value) {
+        if !self.leader {
+            return;
+        }
         if let Err(e) = lab_run::append_event(&self.dir, step, kind, fields) {
             eprintln!("warning: {e:#}");
         }
     }
 
     fn alert(&mut self, text: &str) {
+        if !self.leader {
+            return;
+        }
         if let Some(send) = &self.alert {
             if let Err(e) = send(text) {
                 eprintln!("warning: alert webhook failed: {e:#}");
@@ -637,6 +742,9 @@ impl Journal for Run {
     }
 
     fn say(&mut self, line: &str) {
+        if !self.leader {
+            return;
+        }
         if self.bar.is_hidden() {
             println!("{line}");
         } else {

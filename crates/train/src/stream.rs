@@ -249,7 +249,7 @@ impl TrainData {
             order,
             spike,
             micro_batch: cfg.train.micro_batch,
-            grad_accum: cfg.train.grad_accum,
+            grad_accum: cfg.global_micro_batches(),
             seq_len,
         })
     }

@@ -4,6 +4,7 @@
 //! logs, checkpoints, rollback and stop sequence (`run`).
 
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -12,9 +13,10 @@ use lab_config::LabConfig;
 use serde_json::json;
 
 use crate::backend::{OnBackend, TrainBackend};
+use crate::parallel::DataParallel;
 use crate::policy::{Decision, Journal, Policies, StepPolicy, StepView, Stop};
 use crate::run::Run;
-use crate::{freeze, hf_init, optim};
+use crate::{freeze, hf_init};
 
 use crate::signals::StopSignal;
 use crate::stability::{NonFinite, Signals, SpikeResponse};
@@ -52,6 +54,8 @@ pub struct TrainOptions {
     /// `--init-from-hf`: a fresh run starts from this Hugging Face folder's weights (see
     /// [`crate::hf_init`]).
     pub init_from_hf: Option<PathBuf>,
+    /// This process's place in a data-parallel job (`Launch::alone()` outside one).
+    pub launch: lab_dist::Launch,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -111,9 +115,11 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         ),
         None => None,
     };
-    let mut run = Run::open(&mut opts, &data)?;
+    let dp = Rc::new(join_job::<B>(&cfg, &opts, &device)?);
+    let mut run = Run::open(&mut opts, &data, dp.clone())?;
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
     let mut state = run.start::<B>(&mut policies, &device, init)?;
+    record_job(&mut run, &dp, state.step);
     let total = state.schedule.total_steps();
     if let Some(mix) = data.mixture_report(&cfg, total) {
         report_mixture(&mut run, state.step, mix);
@@ -124,21 +130,23 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
     }
 
     while state.step < total {
-        if let Decision::Stop(stop) = policies.before_step(state.step, &mut run) {
+        if let Decision::Stop(stop) = dp.agree(policies.before_step(state.step, &mut run))? {
             return run.stop(stop, &state, &policies);
         }
         let started = Instant::now();
         let lr = state.schedule.lr(state.step);
         let mut cursor = state.cursor.clone();
         let batch = data.next_step(state.step, &mut cursor)?;
-        let (grads, loss) = forward_backward(&state.model, &batch.micro, &device, None);
+        let (grads, loss) = forward_backward(&state.model, dp.local(&batch.micro), &device, None);
+        let (grads, loss) = dp.reduce(&state.model, grads, loss)?;
         let grads = fire_drill(&opts, &state, grads);
         let grads = freeze::trainable_grads(&cfg, state.step, &state.model, grads);
-        let grad_norm = optim::grad_norm(&state.model, &grads);
+        let grad_norm = dp.grad_norm(&state.model, &grads)?;
         let mut view = observe(&cfg, &state, &run, &batch, loss, grad_norm, lr);
-        let update_skipped = match policies.after_backward(&view, &mut run) {
+        let update_skipped = match dp.agree(policies.after_backward(&view, &mut run))? {
             Decision::Continue => {
                 state = state.apply(grads, lr, view.clip_scale);
+                state.model = dp.gather_params(state.model)?;
                 false
             }
             Decision::SkipUpdate { reason } => {
@@ -164,14 +172,45 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         state.cursor = cursor;
         let secs = started.elapsed().as_secs_f64();
         view.val_loss = run.record_step(&state, &view, &data, secs, update_skipped)?;
-        if let Decision::Stop(stop) = policies.after_update(&view, &mut run) {
+        if let Decision::Stop(stop) = dp.agree(policies.after_update(&view, &mut run))? {
             return run.stop(stop, &state, &policies);
         }
-        if view.at_checkpoint || run.new_best_pending() {
+        if dp.agree_flag(view.at_checkpoint || run.new_best_pending())? {
             run.checkpoint(&state, &policies)?;
         }
     }
     run.finish(&state)
+}
+
+/// Joins the data-parallel job the launcher started (one process: a job of one). ZeRO-1
+/// deals the parameters out from the model's shapes before any checkpoint is read.
+fn join_job<B: TrainBackend>(
+    cfg: &LabConfig,
+    opts: &TrainOptions,
+    device: &B::Device,
+) -> Result<DataParallel> {
+    let mut dp = DataParallel::connect(cfg, opts.launch.clone())?;
+    if dp.zero1() {
+        dp.learn_layout(&lab_model::Llama::<B>::new(
+            &cfg.model,
+            cfg.train.seed,
+            device,
+        ));
+    }
+    Ok(dp)
+}
+
+/// Events of a data-parallel job's start: its layout and, after a relaunch, the restart.
+fn record_job(run: &mut Run, dp: &DataParallel, step: u64) {
+    let launch = dp.launch();
+    if dp.world() > 1 {
+        let fields = json!({ "world_size": dp.world(), "engine": dp.engine(), "launcher": launch.launcher.name(), "zero": if dp.zero1() { 1 } else { 0 } });
+        run.event(step, "data_parallel", fields);
+    }
+    if launch.restarts > 0 {
+        let fields = json!({ "restarts": launch.restarts, "resumed_at_step": step, "world_size": dp.world() });
+        run.event(step, "restarted", fields);
+    }
 }
 
 /// What the policies see of the step being taken.

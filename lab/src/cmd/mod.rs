@@ -13,5 +13,6 @@ pub mod plan;
 pub mod postmortem;
 pub mod run;
 pub mod status;
+pub mod supervise;
 pub mod tokenizer;
 pub mod train;

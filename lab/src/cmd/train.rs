@@ -218,12 +218,17 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
             dir
         }
     };
-    let guard = RunGuard::new(
-        &args.budget,
-        config.budget.as_ref(),
-        &run_dir,
-        args.resume_from_latest,
-    )?;
+    // Rank 0 of a data-parallel job talks to the budget guard; the others follow its stops.
+    let launch = lab_dist::Launch::from_env()?;
+    let guard = match launch.rank {
+        0 => RunGuard::new(
+            &args.budget,
+            config.budget.as_ref(),
+            &run_dir,
+            args.resume_from_latest,
+        )?,
+        _ => None,
+    };
     // The run records the budget it ran under, flags included.
     config.budget = guard.as_ref().map(|g| g.config().clone());
     let alert = guard.as_ref().and_then(RunGuard::webhook).map(|url| {
@@ -245,6 +250,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         crash_in_rollback: args.spike.inject_crash_in_rollback,
         extend_to_steps: args.extend_to_steps,
         init_from_hf: args.init.init_from_hf.clone(),
+        launch,
     };
     Ok((opts, guard))
 }

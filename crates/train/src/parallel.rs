@@ -1,0 +1,422 @@
+//! Data parallelism over the [`lab_dist::Collectives`] seam.
+//!
+//! The global sample order is the single-process order: every rank draws the step's
+//! `grad_accum × dp` micro-batches and computes on its own consecutive slice of them, so `W`
+//! ranks accumulating `a` each equal one process accumulating `W·a`. Gradients are averaged
+//! (all-reduce; with ZeRO-1 a reduce-scatter hands each rank only the parameters whose
+//! optimizer state it owns, and an all-gather returns the updated weights). The loss, the
+//! gradient norm and every stop decision are the same on every rank: rank 0 decides, the
+//! others follow, and a signal on any rank stops them all (as torchtitan all-reduces its
+//! finite flag). With one rank every method is the identity and costs nothing.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use anyhow::{bail, Context, Result};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+use lab_config::LabConfig;
+use lab_data::Batch;
+use lab_dist::{Collectives, Engine, Launch, Reduce, Shards, Single, Timeout};
+use lab_model::weights::PathStack;
+use lab_model::Llama;
+
+use crate::backend::TrainBackend;
+use crate::policy::{Decision, Stop};
+
+pub struct DataParallel {
+    coll: Box<dyn Collectives>,
+    launch: Launch,
+    /// Micro-batches this rank computes per step.
+    local_accum: usize,
+    /// ZeRO-1: each rank keeps the optimizer state of its share of the parameters.
+    zero1: bool,
+    /// All-reduce bucket size, elements.
+    bucket: usize,
+    /// ZeRO-1: the rank that keeps each parameter's optimizer state, by path (see
+    /// [`DataParallel::learn_layout`]).
+    owner: BTreeMap<String, usize>,
+}
+
+impl DataParallel {
+    /// One process: nothing to share.
+    pub fn single(cfg: &LabConfig) -> Self {
+        Self {
+            coll: Box::new(Single),
+            launch: Launch::alone(),
+            local_accum: cfg.global_micro_batches(),
+            zero1: false,
+            bucket: usize::MAX,
+            owner: BTreeMap::new(),
+        }
+    }
+
+    /// Joins the job `launch` describes with the engine `[parallel]` names.
+    pub fn connect(cfg: &LabConfig, launch: Launch) -> Result<Self> {
+        let p = cfg.parallel();
+        if p.tp > 1 || p.pp > 1 || p.zero > 1 {
+            bail!(
+                "[parallel] tp = {}, pp = {}, zero = {}: the trainer runs data parallelism with ZeRO 0 or 1; tensor/pipeline parallelism and ZeRO 2-3 are for `lab plan` only",
+                p.tp, p.pp, p.zero
+            );
+        }
+        let local_accum = p.local_accum(cfg.train.grad_accum, launch.world)?;
+        if launch.world == 1 {
+            return Ok(Self {
+                launch,
+                ..Self::single(cfg)
+            });
+        }
+        let engine: Engine = p.engine.parse()?;
+        let timeout = Timeout(std::time::Duration::from_secs_f64(p.timeout_s));
+        let coll = lab_dist::connect(&launch, engine, timeout)?;
+        Ok(Self {
+            coll,
+            launch,
+            local_accum,
+            zero1: p.zero == 1,
+            bucket: (p.bucket_mb * 1024.0 * 1024.0 / 4.0) as usize,
+            owner: BTreeMap::new(),
+        })
+    }
+
+    /// ZeRO-1: deals `model`'s parameters out to the ranks, balanced by size. The deal is a
+    /// function of the parameters' paths and sizes only, so a checkpoint's shards can be
+    /// re-dealt to any world size.
+    pub fn learn_layout<B: Backend, M: Module<B>>(&mut self, model: &M) {
+        if !self.zero1() {
+            return;
+        }
+        let mut params: Vec<(String, usize)> = slots(model)
+            .into_iter()
+            .map(|s| (s.numel(), s.path))
+            .map(|(n, p)| (p, n))
+            .collect();
+        params.sort();
+        let sizes: Vec<usize> = params.iter().map(|(_, n)| *n).collect();
+        let owners = lab_dist::balance(&sizes, self.world());
+        self.owner = params.into_iter().map(|(p, _)| p).zip(owners).collect();
+    }
+
+    /// Whether this rank keeps the optimizer tensor `name` (`m.<path>` or `v.<path>`).
+    pub fn keeps_moment(&self, name: &str) -> bool {
+        if !self.zero1() {
+            return true;
+        }
+        let path = name.get(2..).unwrap_or(name);
+        self.owner.get(path) == Some(&self.rank())
+    }
+
+    /// Drops the update counts of parameters another rank keeps (ZeRO-1).
+    pub fn keep_own_counts(&self, state: &mut crate::checkpoint::TrainState) {
+        if self.zero1() {
+            state
+                .param_updates
+                .retain(|p, _| self.owner.get(p) == Some(&self.rank()));
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.coll.rank()
+    }
+    pub fn world(&self) -> usize {
+        self.coll.world()
+    }
+    /// Rank 0 writes the run folder and talks to the budget guard.
+    pub fn is_leader(&self) -> bool {
+        self.rank() == 0
+    }
+    pub fn zero1(&self) -> bool {
+        self.zero1 && self.world() > 1
+    }
+    pub fn launch(&self) -> &Launch {
+        &self.launch
+    }
+    pub fn engine(&self) -> &'static str {
+        self.coll.engine()
+    }
+    pub fn collectives(&self) -> &dyn Collectives {
+        self.coll.as_ref()
+    }
+
+    /// This rank's micro-batches of the step.
+    pub fn local<'a>(&self, micro: &'a [Batch]) -> &'a [Batch] {
+        let a = self.local_accum;
+        &micro[self.rank() * a..(self.rank() + 1) * a]
+    }
+
+    /// Averages the ranks' gradients and losses. With ZeRO-1 the gradients returned are this
+    /// rank's parameters' only.
+    pub fn reduce<B: TrainBackend>(
+        &self,
+        model: &Llama<B>,
+        mut grads: GradientsParams,
+        loss: f64,
+    ) -> Result<(GradientsParams, f64)> {
+        if self.world() == 1 {
+            return Ok((grads, loss));
+        }
+        let inner = model.valid();
+        let slots = slots(&inner);
+        let loss = self.gather_f64(loss)?.iter().sum::<f64>() / self.world() as f64;
+        let local = take_grads(&inner, &mut grads);
+        if !self.zero1() {
+            let mut flat: Vec<f32> = local.concat();
+            let sizes: Vec<usize> = slots.iter().map(|s| s.numel()).collect();
+            let buckets = lab_dist::buckets(&sizes, self.bucket);
+            lab_dist::all_reduce_bucketed(self.collectives(), &mut flat, &buckets, Reduce::Avg)?;
+            let spans = back_to_back(&sizes);
+            return Ok((put_grads(&inner, &flat, &spans, |_| true), loss));
+        }
+        let shards = self.shards(&slots);
+        let mut flat = vec![0.0f32; shards.counts.iter().sum()];
+        for (i, g) in local.iter().enumerate() {
+            flat[shards.span[i].clone()].copy_from_slice(g);
+        }
+        let (me, at) = (self.rank(), shards.offset(self.rank()));
+        let mut block = vec![0.0f32; shards.counts[me]];
+        self.coll
+            .reduce_scatter(&flat, &shards.counts, &mut block, Reduce::Avg)?;
+        flat[at..at + block.len()].copy_from_slice(&block);
+        let owned = |i: usize| shards.owner[i] == me;
+        Ok((put_grads(&inner, &flat, &shards.span, owned), loss))
+    }
+
+    /// The global gradient norm. Every rank holds the whole reduced gradient, except under
+    /// ZeRO-1, where the ranks' sums of squares are added in rank order.
+    pub fn grad_norm<B: TrainBackend>(
+        &self,
+        model: &Llama<B>,
+        grads: &GradientsParams,
+    ) -> Result<f64> {
+        if !self.zero1() {
+            return Ok(crate::optim::grad_norm(model, grads));
+        }
+        let mine = crate::optim::grad_norm(model, grads).powi(2);
+        Ok(self.gather_f64(mine)?.iter().sum::<f64>().sqrt())
+    }
+
+    /// ZeRO-1, after the update: every rank takes the other ranks' updated parameters.
+    pub fn gather_params<B: TrainBackend>(&self, model: Llama<B>) -> Result<Llama<B>> {
+        if !self.zero1() {
+            return Ok(model);
+        }
+        let inner = model.valid();
+        let slots = slots(&inner);
+        let shards = self.shards(&slots);
+        let me = self.rank();
+        let values = param_values(&inner);
+        let mine: Vec<f32> = shards
+            .order
+            .iter()
+            .filter(|&&i| shards.owner[i] == me)
+            .flat_map(|&i| values[i].iter().copied())
+            .collect();
+        let mut all = vec![0.0f32; shards.counts.iter().sum()];
+        self.coll.all_gather(&mine, &shards.counts, &mut all)?;
+        let mut mapper = SetParams {
+            flat: &all,
+            spans: &shards.span,
+            keep: |i| shards.owner[i] != me,
+            at: 0,
+        };
+        Ok(model.map(&mut mapper))
+    }
+
+    fn shards(&self, slots: &[Slot]) -> Shards {
+        let sizes: Vec<usize> = slots.iter().map(|s| s.numel()).collect();
+        let owner = slots.iter().map(|s| self.owner[&s.path]).collect();
+        Shards::from_owner(&sizes, owner, self.world())
+    }
+
+    /// Rank 0's decision, taken by every rank; a signal any rank caught stops them all.
+    pub fn agree(&self, local: Decision) -> Result<Decision> {
+        if self.world() == 1 {
+            return Ok(local);
+        }
+        let signal = match &local {
+            Decision::Stop(Stop::Interrupted { signal }) => *signal as f64,
+            _ => 0.0,
+        };
+        let caught = self.gather_f64(signal)?.into_iter().fold(0.0, f64::max) as i32;
+        let mut bytes = serde_json::to_vec(&local)?;
+        self.coll.broadcast_bytes(&mut bytes, 0)?;
+        let leader: Decision = serde_json::from_slice(&bytes).context("rank 0's decision")?;
+        Ok(match leader {
+            Decision::Continue if caught > 0 => {
+                Decision::Stop(Stop::Interrupted { signal: caught })
+            }
+            d => d,
+        })
+    }
+
+    /// Rank 0's answer to a yes/no question (whether to checkpoint after this step).
+    pub fn agree_flag(&self, leader_says: bool) -> Result<bool> {
+        let mut v = [leader_says as u8 as f32];
+        self.coll.broadcast(&mut v, 0)?;
+        Ok(v[0] != 0.0)
+    }
+
+    pub fn barrier(&self) -> Result<()> {
+        self.coll.barrier()
+    }
+
+    /// Every rank's `x`, exactly (the bits travel; the sum is taken on the host in rank
+    /// order, so every rank computes the same number).
+    fn gather_f64(&self, x: f64) -> Result<Vec<f64>> {
+        let bits = x.to_bits();
+        let mine = [
+            f32::from_bits(bits as u32),
+            f32::from_bits((bits >> 32) as u32),
+        ];
+        let mut all = vec![0.0f32; 2 * self.world()];
+        self.coll
+            .all_gather(&mine, &vec![2; self.world()], &mut all)?;
+        Ok(all
+            .chunks(2)
+            .map(|w| f64::from_bits(w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32))
+            .collect())
+    }
+}
+
+/// A float parameter in visit order.
+struct Slot {
+    path: String,
+    dims: Vec<usize>,
+}
+
+impl Slot {
+    fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+fn back_to_back(sizes: &[usize]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    sizes
+        .iter()
+        .map(|&n| {
+            at += n;
+            at - n..at
+        })
+        .collect()
+}
+
+fn slots<B: Backend, M: Module<B>>(model: &M) -> Vec<Slot> {
+    struct V(PathStack, Vec<Slot>);
+    impl<B: Backend> ModuleVisitor<B> for V {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.enter(name);
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.exit();
+        }
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.1.push(Slot {
+                path: self.0.path(),
+                dims: p.val().dims().to_vec(),
+            });
+        }
+    }
+    let mut v = V(PathStack::default(), Vec::new());
+    model.visit(&mut v);
+    v.1
+}
+
+fn host(t: TensorData) -> Vec<f32> {
+    t.convert::<f32>().into_vec::<f32>().expect("f32 data")
+}
+
+/// Each parameter's gradient in visit order, moved out of `grads` (zeros where it has none:
+/// every rank then sends the same layout).
+fn take_grads<B: Backend, M: Module<B>>(model: &M, grads: &mut GradientsParams) -> Vec<Vec<f32>> {
+    struct V<'a>(&'a mut GradientsParams, Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for V<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            let n: usize = p.val().dims().iter().product();
+            let g = self.0.remove::<B, D>(p.id);
+            self.1.push(
+                g.map(|g| host(g.into_data()))
+                    .unwrap_or_else(|| vec![0.0; n]),
+            );
+        }
+    }
+    let mut v = V(grads, Vec::new());
+    model.visit(&mut v);
+    v.1
+}
+
+/// Gradients of the parameters `keep` selects, read from `flat` at their `spans`.
+fn put_grads<B: Backend, M: Module<B>>(
+    model: &M,
+    flat: &[f32],
+    spans: &[Range<usize>],
+    keep: impl Fn(usize) -> bool,
+) -> GradientsParams {
+    struct V<'a, K> {
+        flat: &'a [f32],
+        spans: &'a [Range<usize>],
+        keep: K,
+        at: usize,
+        out: GradientsParams,
+    }
+    impl<B: Backend, K: Fn(usize) -> bool> ModuleVisitor<B> for V<'_, K> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            let i = self.at;
+            self.at += 1;
+            if (self.keep)(i) {
+                let t = p.val();
+                let data = TensorData::new(self.flat[self.spans[i].clone()].to_vec(), t.dims());
+                self.out
+                    .register::<B, D>(p.id, Tensor::from_data(data, &t.device()));
+            }
+        }
+    }
+    let mut v = V {
+        flat,
+        spans,
+        keep,
+        at: 0,
+        out: GradientsParams::new(),
+    };
+    model.visit(&mut v);
+    v.out
+}
+
+/// Every parameter's values, in visit order.
+fn param_values<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
+    struct V(Vec<Vec<f32>>);
+    impl<B: Backend> ModuleVisitor<B> for V {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            self.0.push(host(p.val().into_data()));
+        }
+    }
+    let mut v = V(Vec::new());
+    model.visit(&mut v);
+    v.0
+}
+
+/// Replaces the parameters `keep` selects with their values in `flat`.
+struct SetParams<'a, K> {
+    flat: &'a [f32],
+    spans: &'a [Range<usize>],
+    keep: K,
+    at: usize,
+}
+
+impl<AB: burn::tensor::backend::AutodiffBackend, K: Fn(usize) -> bool> ModuleMapper<AB>
+    for SetParams<'_, K>
+{
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let i = self.at;
+        self.at += 1;
+        if !(self.keep)(i) {
+            return param;
+        }
+        let (id, tensor, mapper): (ParamId, _, _) = param.consume();
+        let data = TensorData::new(self.flat[self.spans[i].clone()].to_vec(), tensor.dims());
+        let t = Tensor::<AB, D>::from_data(data, &tensor.device()).require_grad();
+        Param::from_mapped_value(id, t, mapper)
+    }
+}

@@ -1,0 +1,111 @@
+//! `lab supervise [--max-restarts N] -- CMD …`: torchrun's elastic restart for any launch
+//! (`mpirun`, `srun`, a plain `lab train`). When the job dies (a rank was killed, a node was
+//! preempted) it is started again, with `LAB_RESTART_COUNT` telling the trainer which attempt
+//! this is; `lab train --resume-from-latest` then resumes from the newest checkpoint that
+//! verifies, at whatever world size the launch asks for.
+//!
+//! Not restarted: success, and the exits that are decisions rather than failures: usage (2),
+//! the budget guard (3, 4), the stability policy (5), and a stop the supervisor itself was
+//! asked for (SIGINT/SIGTERM are passed on to the job, which checkpoints and exits).
+
+use std::process::{Command, ExitCode, ExitStatus};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+#[derive(Parser)]
+pub struct Args {
+    /// How many times a failed job is started again.
+    #[arg(long, default_value_t = 3)]
+    pub max_restarts: u32,
+    /// Seconds to wait before each restart (a preempted node's replacement may need them).
+    #[arg(long, default_value_t = 1.0)]
+    pub backoff_s: f64,
+    /// The launch command, after `--` (e.g. `mpirun -np 2 lab train … --resume-from-latest`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Exit codes that are decisions, not failures: a restart would repeat them.
+const FINAL: [i32; 5] = [0, 2, 3, 4, 5];
+
+pub fn run(args: Args) -> Result<ExitCode> {
+    let (program, rest) = args.command.split_first().context("no command after --")?;
+    if args.command.iter().any(|a| a == "train")
+        && !args.command.iter().any(|a| a == "--resume-from-latest")
+    {
+        eprintln!("warning: the command has no --resume-from-latest: a restart would refuse the run folder instead of resuming it");
+    }
+    let stop = Arc::new(AtomicUsize::new(0));
+    for sig in [SIGINT, SIGTERM] {
+        signal_hook::flag::register_usize(sig, stop.clone(), sig as usize)?;
+    }
+    let mut restarts = 0;
+    loop {
+        let mut child = Command::new(program)
+            .args(rest)
+            .env("LAB_RESTART_COUNT", restarts.to_string())
+            .spawn()
+            .with_context(|| format!("cannot start {program}"))?;
+        let status = wait_passing_signals(&mut child, &stop)?;
+        let why = describe(&status);
+        let code = status.code();
+        if stop.load(Ordering::SeqCst) != 0 || code.is_some_and(|c| FINAL.contains(&c)) {
+            if code != Some(0) {
+                eprintln!("lab supervise: the job {why}; not restarting");
+            }
+            return Ok(ExitCode::from(exit_byte(&status)));
+        }
+        if restarts >= args.max_restarts {
+            bail!(
+                "the job {why}, and {restarts} restart(s) (--max-restarts {}) are used up",
+                args.max_restarts
+            );
+        }
+        restarts += 1;
+        eprintln!(
+            "lab supervise: the job {why} (a rank died or was preempted); restart {restarts} of {} from the latest checkpoint",
+            args.max_restarts
+        );
+        std::thread::sleep(Duration::from_secs_f64(args.backoff_s.max(0.0)));
+    }
+}
+
+/// Waits for the job, passing a SIGINT/SIGTERM the supervisor receives on to it (once).
+fn wait_passing_signals(child: &mut std::process::Child, stop: &AtomicUsize) -> Result<ExitStatus> {
+    let mut passed = false;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        let sig = stop.load(Ordering::SeqCst);
+        if sig != 0 && !passed {
+            // SAFETY: signals a child process we started and have not yet reaped.
+            unsafe { libc::kill(child.id() as i32, sig as i32) };
+            passed = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn describe(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with code {c}"),
+        (None, Some(s)) => format!("was killed by signal {s}"),
+        _ => "ended".into(),
+    }
+}
+
+fn exit_byte(status: &ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(s)) => (128 + s) as u8,
+        _ => 1,
+    }
+}

@@ -1,0 +1,305 @@
+//! Data parallelism on real processes under `mpirun` (CI installs Open MPI with apt and
+//! builds with `--features lab/mpi`): W ranks × accumulation a against one process ×
+//! accumulation W·a, ZeRO-1 against plain data parallelism, kill -9 of a rank under
+//! `lab supervise`, SIGTERM on every rank, and resuming at another world size.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use lab_model::weights::load_safetensors;
+
+/// The micro config over 30 steps (two micro-batches of 4 per step), with `[parallel]`
+/// settings appended.
+fn config(dir: &Path, steps: u64, parallel: &str) -> PathBuf {
+    let micro = std::fs::read_to_string(micro_config(dir)).unwrap();
+    let text = micro
+        .replace("total_steps = 60", &format!("total_steps = {steps}"))
+        .replace("log_every = 5", "log_every = 1")
+        + parallel;
+    let path = dir.join(format!("dp-{steps}-{}.toml", parallel.len()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn mpirun(np: usize) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "-np", &np.to_string()])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .arg(env!("CARGO_BIN_EXE_lab"));
+    c
+}
+
+/// `lab train` of `cfg` into `run`, launched by `launcher`.
+fn train_with(mut launcher: Command, cfg: &Path, run: &Path) -> Command {
+    launcher.args(["train", "--config"]).arg(cfg);
+    launcher
+        .arg("--data-dir")
+        .arg(data_dir())
+        .arg("--ckpt-dir")
+        .arg(run);
+    launcher
+}
+
+/// (step, loss, samples consumed) of every metrics row.
+fn rows(run: &Path) -> Vec<(u64, f64, u64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss"].as_f64().unwrap(),
+                v["samples"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The largest |a - b| over every weight of two safetensors files.
+fn max_weight_diff(a: &Path, b: &Path) -> f32 {
+    let (a, b) = (
+        load_safetensors(a).unwrap().0,
+        load_safetensors(b).unwrap().0,
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .flat_map(|(k, t)| t.data.iter().zip(&b[k].data).map(|(x, y)| (x - y).abs()))
+        .fold(0.0, f32::max)
+}
+
+/// Losses within `rel` of each other step by step, and the same samples consumed.
+fn assert_same_run(a: &Path, b: &Path, rel: f64) {
+    let (a, b) = (rows(a), rows(b));
+    assert_eq!(a.len(), b.len());
+    for ((s, la, na), (t, lb, nb)) in a.iter().zip(&b) {
+        assert_eq!((s, na), (t, nb), "step and samples consumed");
+        assert!(
+            (la - lb).abs() <= rel * la.abs(),
+            "step {s}: loss {la} vs {lb}"
+        );
+    }
+}
+
+/// Tolerance on final weights after 30 AdamW steps: the ranks add the same gradients in
+/// another order (about 1e-7 relative), and Adam's normalised update `m / √v` can turn that
+/// into up to about `lr` on an element whose gradient is near zero. A tenth of the peak
+/// learning rate (3e-3) is far below one step's movement and far above what was seen (7e-5).
+const WEIGHT_TOL: f32 = 3e-4;
+
+#[test]
+fn two_ranks_accumulating_one_equal_one_process_accumulating_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "");
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    run_ok(&mut train_on(&cfg, &data_dir(), &one));
+    run_ok(&mut train_with(mpirun(2), &cfg, &two));
+    assert_same_run(&one, &two, 1e-5);
+    let d = max_weight_diff(&final_weights(&one, 30), &final_weights(&two, 30));
+    assert!(d <= WEIGHT_TOL, "final weights differ by {d}");
+    let dp = events(&two, "data_parallel");
+    assert_eq!(dp.len(), 1, "{dp:?}");
+    assert_eq!(
+        (dp[0]["world_size"].as_u64(), dp[0]["engine"].as_str()),
+        (Some(2), Some("mpi"))
+    );
+    // Only rank 0 writes the logs: one row per step, every step.
+    let steps: Vec<u64> = rows(&two).iter().map(|r| r.0).collect();
+    assert_eq!(steps, (1..=30).collect::<Vec<_>>());
+}
+
+#[test]
+fn zero_1_halves_the_optimizer_state_per_rank_and_matches_plain_data_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plain, zero) = (
+        config(dir.path(), 30, ""),
+        config(dir.path(), 30, "[parallel]\nzero = 1\n"),
+    );
+    let (a, b) = (dir.path().join("plain"), dir.path().join("zero"));
+    run_ok(&mut train_with(mpirun(2), &plain, &a));
+    run_ok(&mut train_with(mpirun(2), &zero, &b));
+    assert_same_run(&a, &b, 1e-6);
+    let d = max_weight_diff(&final_weights(&a, 30), &final_weights(&b, 30));
+    assert!(d <= WEIGHT_TOL, "final weights differ by {d}");
+    let step = b.join("step-00000030");
+    let whole = std::fs::metadata(a.join("step-00000030/optimizer.safetensors"))
+        .unwrap()
+        .len() as f64;
+    for r in 0..2 {
+        let shard = step.join(lab_train::checkpoint::shard_name(r, 2));
+        let bytes = std::fs::metadata(&shard).unwrap().len() as f64;
+        assert!(
+            (bytes / whole - 0.5).abs() < 0.05,
+            "rank {r} holds {bytes} of {whole} bytes"
+        );
+    }
+    assert!(!step.join("optimizer.safetensors").exists());
+}
+
+/// The pid of rank `rank` of the `lab train` writing into `run`.
+fn rank_pid(rank: usize, run: &Path) -> Option<i32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let env = std::fs::read(e.path().join("environ")).ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let has = |hay: &[u8], needle: &[u8]| hay.split(|&b| b == 0).any(|s| s == needle);
+        (has(&env, want.as_bytes()) && has(&cmd, run.as_os_str().as_encoded_bytes())).then_some(pid)
+    })
+}
+
+fn wait_for(path: &Path) {
+    while !path.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn kill_9_of_a_rank_under_supervise_restarts_and_finishes_as_if_uninterrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 60, "[parallel]\nzero = 1\n");
+    let (clean, killed) = (dir.path().join("clean"), dir.path().join("killed"));
+    run_ok(&mut train_with(mpirun(2), &cfg, &clean));
+
+    let mut sup = lab();
+    sup.args(["supervise", "--max-restarts", "2", "--backoff-s", "0", "--"]);
+    let job = train_with(mpirun(2), &cfg, &killed);
+    sup.arg(job.get_program())
+        .args(job.get_args())
+        .arg("--resume-from-latest");
+    sup.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    let child = sup
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&killed.join("step-00000010"));
+    let pid = rank_pid(1, &killed).expect("rank 1 is running");
+    // SAFETY: kills a process this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("restart 1 of 2 from the latest checkpoint"),
+        "{stderr}"
+    );
+
+    let restarted = events(&killed, "restarted");
+    assert_eq!(restarted.len(), 1, "{restarted:?}");
+    assert_eq!(restarted[0]["restarts"], 1);
+    let at = restarted[0]["resumed_at_step"].as_u64().unwrap();
+    assert!(
+        (10..60).contains(&at) && at.is_multiple_of(10),
+        "resumed at {at}"
+    );
+    // Resuming is exact at the same world size: the same weights, bit for bit.
+    assert_eq!(
+        sha256(&final_weights(&killed, 60)),
+        sha256(&final_weights(&clean, 60))
+    );
+}
+
+#[test]
+fn sigterm_checkpoints_every_rank_and_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 2000, "[parallel]\nzero = 1\n");
+    let run = dir.path().join("run");
+    let mut job = train_with(mpirun(2), &cfg, &run);
+    let child = job
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&run.join("step-00000010"));
+    // A spot notice reaches every task of the job (as Slurm sends it).
+    for r in 0..2 {
+        let pid = rank_pid(r, &run).expect("rank running");
+        // SAFETY: signals a process this test started.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stopped = events(&run, "interrupted");
+    assert_eq!(stopped.len(), 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let step = stopped[0]["step"].as_u64().unwrap();
+    let dir = run.join(format!("step-{step:08}"));
+    for r in 0..2 {
+        assert!(
+            dir.join(lab_train::checkpoint::shard_name(r, 2)).exists(),
+            "rank {r}'s shard"
+        );
+    }
+    lab_train::checkpoint::verify(&dir).unwrap();
+}
+
+/// Copies a run folder without its checkpoints after `step` (the state a job died in).
+fn fork_at(from: &Path, to: &Path, step: u64) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let keep = name
+            .strip_prefix("step-")
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_none_or(|s| s <= step);
+        if !keep {
+            continue;
+        }
+        if e.path().is_dir() {
+            std::fs::create_dir_all(to.join(&name)).unwrap();
+            for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+                std::fs::copy(f.path(), to.join(&name).join(f.file_name())).unwrap();
+            }
+        } else {
+            std::fs::copy(e.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_job_resumes_at_another_world_size_two_to_one_and_one_to_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "[parallel]\nzero = 1\n");
+    let (two, one) = (dir.path().join("two"), dir.path().join("one"));
+    run_ok(&mut train_with(mpirun(2), &cfg, &two));
+    run_ok(&mut train_on(&cfg, &data_dir(), &one));
+    for (from, launcher, name) in [(&two, None, "2to1"), (&one, Some(mpirun(2)), "1to2")] {
+        let forked = dir.path().join(name);
+        fork_at(from, &forked, 20);
+        let again = |run: &Path| {
+            let l = launcher
+                .as_ref()
+                .map(|_| mpirun(2))
+                .unwrap_or_else(|| Command::new(env!("CARGO_BIN_EXE_lab")));
+            let mut c = if launcher.is_some() {
+                train_with(l, &cfg, run)
+            } else {
+                train_on(&cfg, &data_dir(), run)
+            };
+            run_ok(c.arg("--resume-from-latest"));
+        };
+        let twin = dir.path().join(format!("{name}-twin"));
+        fork_at(from, &twin, 20);
+        again(&forked);
+        again(&twin);
+        // Reproducible at the new size, and the same run as the one it left.
+        assert_eq!(
+            sha256(&final_weights(&forked, 30)),
+            sha256(&final_weights(&twin, 30)),
+            "{name}"
+        );
+        assert_same_run(from, &forked, 1e-5);
+        let d = max_weight_diff(&final_weights(from, 30), &final_weights(&forked, 30));
+        assert!(d <= WEIGHT_TOL, "{name}: final weights differ by {d}");
+        assert_eq!(
+            events(&forked, "resume").last().unwrap()["world_size"],
+            if name == "2to1" { 1 } else { 2 }
+        );
+    }
+}
