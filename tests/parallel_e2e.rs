@@ -108,6 +108,11 @@ fn two_ranks_accumulating_one_equal_one_process_accumulating_two() {
         (dp[0]["world_size"].as_u64(), dp[0]["engine"].as_str()),
         (Some(2), Some("mpi"))
     );
+    // The share of step time in collectives is logged, and is a share.
+    let metrics = std::fs::read_to_string(two.join("metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    let share = first["comm_share"].as_f64().expect("comm_share logged");
+    assert!(share > 0.0 && share < 1.0, "{share}");
     // Only rank 0 writes the logs: one row per step, every step.
     let steps: Vec<u64> = rows(&two).iter().map(|r| r.0).collect();
     assert_eq!(steps, (1..=30).collect::<Vec<_>>());
@@ -302,4 +307,19 @@ fn a_job_resumes_at_another_world_size_two_to_one_and_one_to_two() {
             if name == "2to1" { 1 } else { 2 }
         );
     }
+}
+
+#[test]
+fn ranks_that_cannot_share_the_global_batch_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "");
+    let run = dir.path().join("run");
+    let out = train_with(mpirun(3), &cfg, &run).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let line = "error: 3 ranks cannot share a global batch of 2 micro-batches (train.grad_accum 2 × parallel.dp 1); launch a number of ranks that divides 2";
+    // Each rank refuses before joining; mpirun ends the job at the first refusal.
+    assert!(stderr.contains(line), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!run.join("step-00000000").exists() && !run.join("metrics.jsonl").exists());
 }

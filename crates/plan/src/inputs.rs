@@ -158,7 +158,10 @@ impl PlanInputs {
             },
         );
 
-        let gpus = at_least_one("--gpus", req.gpus.unwrap_or(1))?;
+        // `[parallel]` is the layout the trainer launches with: the plan's defaults.
+        let layout_cfg = cfg.parallel.clone();
+        let planned = layout_cfg.as_ref().map(|p| p.dp * p.tp * p.pp);
+        let gpus = at_least_one("--gpus", req.gpus.or(planned).unwrap_or(1))?;
         let gpus_per_node =
             at_least_one("--gpus-per-node", req.gpus_per_node.unwrap_or(gpus.min(8)))?;
         note(
@@ -167,15 +170,14 @@ impl PlanInputs {
                 "{gpus} ({} node(s) of {gpus_per_node})",
                 gpus.div_ceil(gpus_per_node)
             ),
-            if req.gpus.is_some() {
-                "--gpus"
-            } else {
-                "default 1 (--gpus)"
-            }
-            .into(),
+            match (req.gpus, planned) {
+                (Some(_), _) => "--gpus".into(),
+                (None, Some(_)) => "config [parallel]: dp × tp × pp".into(),
+                (None, None) => "default 1 (--gpus)".into(),
+            },
         );
 
-        let per_gpu_tokens = cfg.tokens_per_step();
+        let per_gpu_tokens = cfg.tokens_per_replica_step();
         let global_batch_tokens = match req.batch_tokens {
             Some(b) => positive("--batch-tokens", b)?,
             None => (per_gpu_tokens * gpus) as f64,
@@ -210,8 +212,14 @@ impl PlanInputs {
         );
 
         // Parallel layout.
-        let tp = at_least_one("--tp", req.tp.unwrap_or(1))?;
-        let pp = at_least_one("--pp", req.pp.unwrap_or(1))?;
+        let tp = at_least_one(
+            "--tp",
+            req.tp.or(layout_cfg.as_ref().map(|p| p.tp)).unwrap_or(1),
+        )?;
+        let pp = at_least_one(
+            "--pp",
+            req.pp.or(layout_cfg.as_ref().map(|p| p.pp)).unwrap_or(1),
+        )?;
         if !gpus.is_multiple_of(tp * pp) {
             bail!(
                 "--gpus {gpus} is not divisible by --tp {tp} × --pp {pp}; use a multiple of {}",
@@ -235,7 +243,7 @@ impl PlanInputs {
             (Some(z), _) if z > 3 => bail!("--zero {z} is not a ZeRO stage; use 0, 1, 2 or 3"),
             (Some(z), _) => z,
             (None, Some(_)) => 3,
-            (None, None) => 0,
+            (None, None) => layout_cfg.as_ref().map_or(0, |p| p.zero),
         };
         let shard = match req.fsdp {
             Some(s) if zero_stage == 0 && s > 1 => {
@@ -272,7 +280,10 @@ impl PlanInputs {
         note(
             "layout",
             format!("DP {dp} × TP {tp} × PP {pp}, {zero_words}"),
-            "--tp, --pp, --zero, --fsdp (default: pure data parallel)".into(),
+            match &layout_cfg {
+                Some(_) => "--tp, --pp, --zero, --fsdp (default: config [parallel])".into(),
+                None => "--tp, --pp, --zero, --fsdp (default: pure data parallel)".into(),
+            },
         );
         note(
             "micro-batch",
@@ -557,6 +568,35 @@ mod tests {
         cfg.train.precision = Precision::Fp32;
         let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
         assert_eq!(i.peak_flops_per_gpu, 19.5e12);
+    }
+
+    /// `[parallel]` is the layout the trainer launches: the plan reads its defaults there,
+    /// and plans the same global batch the trainer steps with.
+    #[test]
+    fn the_parallel_section_sets_the_layout_defaults() {
+        let mut cfg = x1();
+        cfg.parallel = Some(lab_config::ParallelConfig {
+            dp: 4,
+            zero: 1,
+            ..Default::default()
+        });
+        let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
+        assert_eq!(i.layout.gpus, 4);
+        assert_eq!(
+            (i.layout.dp, i.layout.zero_stage, i.layout.shard),
+            (4, 1, 4)
+        );
+        assert_eq!(i.global_batch_tokens, cfg.tokens_per_step() as f64);
+        let gpus = i.assumptions.iter().find(|a| a.name == "gpus").unwrap();
+        assert!(gpus.source.contains("[parallel]"), "{}", gpus.source);
+        // A flag still wins over the config.
+        let req = PlanRequest {
+            zero: Some(0),
+            gpus: Some(8),
+            ..Default::default()
+        };
+        let i = PlanInputs::resolve(&cfg, &req).unwrap();
+        assert_eq!((i.layout.gpus, i.layout.zero_stage), (8, 0));
     }
 
     #[test]

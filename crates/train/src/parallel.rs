@@ -9,8 +9,10 @@
 //! others follow, and a signal on any rank stops them all (as torchtitan all-reduces its
 //! finite flag). With one rank every method is the identity and costs nothing.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
@@ -37,6 +39,8 @@ pub struct DataParallel {
     /// ZeRO-1: the rank that keeps each parameter's optimizer state, by path (see
     /// [`DataParallel::learn_layout`]).
     owner: BTreeMap<String, usize>,
+    /// Seconds spent moving gradients and weights since [`DataParallel::take_comm_s`].
+    comm_s: Cell<f64>,
 }
 
 impl DataParallel {
@@ -49,6 +53,7 @@ impl DataParallel {
             zero1: false,
             bucket: usize::MAX,
             owner: BTreeMap::new(),
+            comm_s: Cell::new(0.0),
         }
     }
 
@@ -78,6 +83,7 @@ impl DataParallel {
             zero1: p.zero == 1,
             bucket: (p.bucket_mb * 1024.0 * 1024.0 / 4.0) as usize,
             owner: BTreeMap::new(),
+            comm_s: Cell::new(0.0),
         })
     }
 
@@ -151,12 +157,25 @@ impl DataParallel {
     pub fn reduce<B: TrainBackend>(
         &self,
         model: &Llama<B>,
-        mut grads: GradientsParams,
+        grads: GradientsParams,
         loss: f64,
     ) -> Result<(GradientsParams, f64)> {
         if self.world() == 1 {
             return Ok((grads, loss));
         }
+        let started = Instant::now();
+        let out = self.reduce_across(model, grads, loss);
+        self.comm_s
+            .set(self.comm_s.get() + started.elapsed().as_secs_f64());
+        out
+    }
+
+    fn reduce_across<B: TrainBackend>(
+        &self,
+        model: &Llama<B>,
+        mut grads: GradientsParams,
+        loss: f64,
+    ) -> Result<(GradientsParams, f64)> {
         let inner = model.valid();
         let slots = slots(&inner);
         let loss = self.gather_f64(loss)?.iter().sum::<f64>() / self.world() as f64;
@@ -202,6 +221,7 @@ impl DataParallel {
         if !self.zero1() {
             return Ok(model);
         }
+        let started = Instant::now();
         let inner = model.valid();
         let slots = slots(&inner);
         let shards = self.shards(&slots);
@@ -221,7 +241,16 @@ impl DataParallel {
             keep: |i| shards.owner[i] != me,
             at: 0,
         };
-        Ok(model.map(&mut mapper))
+        let model = model.map(&mut mapper);
+        self.comm_s
+            .set(self.comm_s.get() + started.elapsed().as_secs_f64());
+        Ok(model)
+    }
+
+    /// Seconds spent in gradient and weight collectives (host copies included) since the
+    /// last call.
+    pub fn take_comm_s(&self) -> f64 {
+        self.comm_s.replace(0.0)
     }
 
     fn shards(&self, slots: &[Slot]) -> Shards {

@@ -215,14 +215,17 @@ impl Run {
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
         }
         let Some(mut ck) = ck else {
-            println!("no checkpoint in {}: starting fresh", dir.display());
+            self.say(&format!(
+                "no checkpoint in {}: starting fresh",
+                dir.display()
+            ));
             // Lines of an attempt that never checkpointed are not part of this run.
             self.truncate_logs_after(0)?;
             self.record_identity()?;
             return self.initial(policies, device, init);
         };
         if init.is_some() {
-            println!("--init-from-hf: the run resumes from its checkpoint; the folder's weights are not used");
+            self.say("--init-from-hf: the run resumes from its checkpoint; the folder's weights are not used");
         }
         self.check_same_run(&ck.dir, &ck.state)?;
         self.record_identity()?;
@@ -246,7 +249,11 @@ impl Run {
             "resume",
             json!({ "from": from, "world_size": self.dp.world(), "restarts": launch.restarts }),
         );
-        println!("resumed from {} (step {})", ck.dir.display(), state.step);
+        self.say(&format!(
+            "resumed from {} (step {})",
+            ck.dir.display(),
+            state.step
+        ));
         self.bar.set_position(state.step);
         Ok(state)
     }
@@ -375,10 +382,11 @@ impl Run {
         if !(log_now || val_loss.is_some() || flag.is_some() || update_skipped) {
             return Ok(val_loss);
         }
-        let secs_per_step = self.interval.0 / self.interval.1.max(1) as f64;
+        let steps = self.interval.1.max(1) as f64;
+        let secs_per_step = self.interval.0 / steps;
         self.interval = (0.0, 0);
         let tokens_per_s = self.cfg.tokens_per_step() as f64 / secs_per_step;
-        let row = MetricsRow {
+        let mut row = MetricsRow {
             step,
             loss: view.loss,
             lr: view.lr,
@@ -397,6 +405,13 @@ impl Run {
             flag,
             extra: judged.map(|j| j.extra).unwrap_or_default(),
         };
+        if self.dp.world() > 1 {
+            // The share of the interval's step time spent in collectives (rank 0's view).
+            row.extra.insert(
+                "comm_share".into(),
+                self.dp.take_comm_s() / (secs_per_step * steps),
+            );
+        }
         self.metrics.append(&row)?;
         self.say_row(&row, total);
         self.status.step = step;

@@ -305,14 +305,17 @@ pub fn train(args: &Args) -> Result<Ended> {
     backend.ensure_available()?;
     let (mut opts, mut guard) = options(args, backend)?;
     let p = opts.config.model.param_count();
-    println!(
-        "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
-        opts.config.name,
-        p.total() as f64 / 1e6,
-        p.non_embedding() as f64 / 1e6,
-        backend.name(),
-        opts.run_dir.display()
-    );
+    let leader = opts.launch.rank == 0;
+    if leader {
+        println!(
+            "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
+            opts.config.name,
+            p.total() as f64 / 1e6,
+            p.non_embedding() as f64 / 1e6,
+            backend.name(),
+            opts.run_dir.display()
+        );
+    }
     if let Some(g) = guard.as_mut() {
         if let Some(code) = budget_prelaunch(g, &opts) {
             return Ok(Ended::Refused(code));
@@ -324,7 +327,7 @@ pub fn train(args: &Args) -> Result<Ended> {
     }
     let run_dir = opts.run_dir.clone();
     let result = backend.dispatch(opts);
-    if let Some(uri) = &args.mlflow_uri {
+    if let Some(uri) = args.mlflow_uri.as_ref().filter(|_| leader) {
         super::export::log_mlflow(uri, &run_dir, None);
     }
     // --terminate-on-exit: a finished, budget-stopped or failed run stops paying; an
