@@ -11,12 +11,18 @@ use mpi::topology::Communicator;
 
 use crate::{check_counts, Collectives, Launch, Reduce, Timeout};
 
+/// How long a wait polls without sleeping.
+const SPIN: Duration = Duration::from_millis(200);
+
 pub struct Mpi {
     // Dropped last: finalizes MPI.
     _universe: mpi::environment::Universe,
     rank: usize,
     world: usize,
     timeout: Timeout,
+    /// The send side of an all-reduce (the `mpi` crate has no `MPI_IN_PLACE`), kept between
+    /// calls so each step does not page-fault a fresh copy of the gradient into existence.
+    send: std::cell::RefCell<Vec<f32>>,
 }
 
 impl Mpi {
@@ -37,14 +43,14 @@ impl Mpi {
             rank,
             world,
             timeout,
+            send: Default::default(),
         })
     }
 
     /// Polls `request` until it completes. Past the deadline the process exits: an MPI
     /// request still in flight cannot be cancelled, and its buffers cannot be freed under it.
     fn wait(&self, mut request: ffi::MPI_Request, what: &str) -> Result<()> {
-        let deadline = Instant::now() + self.timeout.0;
-        let mut nap = Duration::from_micros(1);
+        let started = Instant::now();
         loop {
             let mut done: i32 = 0;
             // SAFETY: `request` came from a started non-blocking call whose buffers the
@@ -53,15 +59,21 @@ impl Mpi {
             if done != 0 {
                 return Ok(());
             }
-            if Instant::now() > deadline {
+            let waited = started.elapsed();
+            if waited > self.timeout.0 {
                 eprintln!(
                     "error: rank {} of {}: {what} waited {:?} for its peers (a rank died or hangs; [parallel] timeout_s sets the wait); exiting",
                     self.rank, self.world, self.timeout.0
                 );
                 std::process::exit(1);
             }
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(Duration::from_millis(1));
+            // Poll hot while a transfer is plausibly in flight (as MPI's blocking calls do),
+            // then politely: a rank waiting out rank 0's evaluation should not burn a core.
+            if waited < SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 
@@ -108,7 +120,9 @@ impl Collectives for Mpi {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()> {
-        let send = buf.to_vec();
+        let mut send = self.send.borrow_mut();
+        send.clear();
+        send.extend_from_slice(buf);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: `send` and `buf` outlive the request, which `wait` completes.
         unsafe {
