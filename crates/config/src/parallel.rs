@@ -37,7 +37,7 @@ impl Default for ParallelConfig {
             pp: 1,
             engine: "auto".into(),
             bucket_mb: 25.0,
-            timeout_s: 300.0,
+            timeout_s: 600.0,
         }
     }
 }

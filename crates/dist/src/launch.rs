@@ -71,7 +71,9 @@ impl Launch {
             (Launcher::Mpirun, names)
         } else if var("WORLD_SIZE").is_some() && var("RANK").is_some() {
             (Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK"])
-        } else if var("SLURM_NTASKS").is_some() && var("SLURM_PROCID").is_some() {
+        } else if var("SLURM_STEP_ID").is_some() && var("SLURM_NTASKS").is_some() {
+            // Only an `srun` step is a launch: a batch script also sees SLURM_NTASKS, and a
+            // bare `lab train` in it is one process.
             (
                 Launcher::Slurm,
                 ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
@@ -212,6 +214,7 @@ mod tests {
         let l = launch(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "256"),
+            ("SLURM_STEP_ID", "0"),
             ("SLURM_LOCALID", "5"),
             ("SLURM_JOB_NODELIST", "gpu[003-005,010],cpu01"),
             ("SLURM_JOB_ID", "123456"),
@@ -225,6 +228,13 @@ mod tests {
     #[test]
     fn nothing_set_is_one_process_and_supervise_counts_restarts() {
         assert_eq!(launch(&[]).unwrap(), Launch::alone());
+        // The batch script of an sbatch job is not a job step.
+        let batch = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "256"),
+            ("SLURM_JOB_ID", "7"),
+        ];
+        assert_eq!(launch(&batch).unwrap(), Launch::alone());
         assert_eq!(launch(&[("LAB_RESTART_COUNT", "4")]).unwrap().restarts, 4);
     }
 

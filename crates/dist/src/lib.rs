@@ -4,7 +4,8 @@
 //! The engines are ones that exist: [`Single`] (one process, every collective the identity),
 //! Open MPI through the `mpi` crate (feature `mpi`), NCCL through cudarc (feature `cuda`). No
 //! collective waits forever: each has a deadline ([`Timeout`]), so a dead peer becomes a
-//! one-line error and a non-zero exit, never a hang.
+//! one-line error and a non-zero exit, never a hang (NCCL's deadline covers its rendezvous
+//! only, see `nccl`).
 
 mod bucket;
 mod launch;
@@ -26,6 +27,20 @@ pub use rendezvous::{exchange_bytes, Rendezvous};
 pub use shard::{balance, Shards};
 pub use single::Single;
 
+/// The GPU this rank computes on: `local_rank` modulo the GPUs the process sees (one, when the
+/// launcher binds a GPU per task through `CUDA_VISIBLE_DEVICES`).
+#[cfg(feature = "cuda")]
+pub fn gpu_index(launch: &Launch) -> Result<usize> {
+    let n = cudarc::driver::CudaContext::device_count()
+        .map_err(|e| anyhow::anyhow!("cannot count CUDA devices: {e:?}"))? as usize;
+    anyhow::ensure!(
+        n > 0,
+        "no CUDA device is visible to rank {} (CUDA_VISIBLE_DEVICES?)",
+        launch.rank
+    );
+    Ok(launch.local_rank % n)
+}
+
 /// How an all-reduce combines the ranks' buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduce {
@@ -40,10 +55,11 @@ pub enum Reduce {
 pub struct Timeout(pub Duration);
 
 impl Default for Timeout {
-    /// Five minutes: longer than rank 0's evaluation or checkpoint, which the others wait for
-    /// in their next collective. A dead peer is usually noticed sooner by the launcher.
+    /// Ten minutes (NCCL's default in PyTorch): longer than rank 0's evaluation or checkpoint,
+    /// which the others wait for in their next collective. A dead peer is usually noticed much
+    /// sooner by the launcher.
     fn default() -> Self {
-        Timeout(Duration::from_secs(300))
+        Timeout(Duration::from_secs(600))
     }
 }
 
@@ -156,6 +172,12 @@ fn connect_nccl(launch: &Launch, _: Timeout) -> Result<Box<dyn Collectives>> {
 
 /// Checks the lengths a collective was given (one line naming what is wrong).
 fn check_counts(what: &str, counts: &[usize], world: usize, total: usize) -> Result<()> {
+    // MPI counts and displacements are C ints.
+    anyhow::ensure!(
+        total <= i32::MAX as usize,
+        "{what}: {total} elements exceed one MPI call's limit ({}); lower [parallel] bucket_mb or use ZeRO 0",
+        i32::MAX
+    );
     anyhow::ensure!(
         counts.len() == world,
         "{what}: {} counts for {world} ranks",

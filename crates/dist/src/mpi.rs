@@ -33,7 +33,7 @@ impl Mpi {
         let (rank, world) = (comm.rank() as usize, comm.size() as usize);
         anyhow::ensure!(
             (rank, world) == (launch.rank, launch.world),
-            "MPI says rank {rank} of {world} but {} set rank {} of {}; launch with one launcher",
+            "MPI says rank {rank} of {world} but {} set rank {} of {}; launch with one launcher (under Slurm: srun --mpi=pmix)",
             launch.launcher.name(),
             launch.rank,
             launch.world
@@ -233,6 +233,10 @@ impl Collectives for Mpi {
         }
         self.wait(req, "broadcast")?;
         bytes.resize(len[0] as usize, 0);
+        if bytes.is_empty() {
+            // An empty Vec<u8>'s pointer is 0x1, which is Open MPI's MPI_IN_PLACE.
+            return Ok(());
+        }
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         unsafe {
             ffi::MPI_Ibcast(

@@ -5,6 +5,9 @@
 //!
 //! The deadline covers the rendezvous; a collective itself waits on the CUDA stream (giving
 //! up on one needs `ncclCommAbort`, which is not wired yet).
+//!
+//! Staging through the host keeps the seam one for every engine, at the cost of copies; a GPU
+//! trainer should hand NCCL device buffers (the GPU path of the trainer is not built yet).
 
 use std::sync::Arc;
 
@@ -27,9 +30,9 @@ fn nccl_err(what: &str) -> impl Fn(cudarc::nccl::result::NcclError) -> anyhow::E
 
 impl Nccl {
     pub fn connect(launch: &Launch, timeout: Timeout) -> Result<Self> {
-        let ctx = CudaContext::new(launch.local_rank).with_context(|| {
-            format!("no CUDA device {} (LOCAL_RANK) for NCCL", launch.local_rank)
-        })?;
+        let gpu = crate::gpu_index(launch)?;
+        let ctx = CudaContext::new(gpu)
+            .with_context(|| format!("no CUDA device {gpu} (LOCAL_RANK) for NCCL"))?;
         let stream = ctx.default_stream();
         let id = if launch.world == 1 {
             Id::new().map_err(nccl_err("unique id"))?
@@ -43,9 +46,10 @@ impl Nccl {
             } else {
                 Vec::new()
             };
+            // torchrun's own store already listens on MASTER_PORT: ours takes the next port.
             let rdv = Rendezvous {
                 addr,
-                port,
+                port: rendezvous_port(port)?,
                 rank: launch.rank,
                 world: launch.world,
             };
@@ -111,6 +115,12 @@ impl Collectives for Nccl {
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
         check_counts("all_gather", counts, self.world, out.len())?;
+        anyhow::ensure!(
+            mine.len() == counts[self.rank],
+            "all_gather: this rank's block has {} elements, counts say {}",
+            mine.len(),
+            counts[self.rank]
+        );
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = mine.to_vec();
         padded.resize(block, 0.0);
@@ -164,10 +174,11 @@ impl Collectives for Nccl {
     }
 
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()> {
-        // Bytes travel as f32 words (NCCL moves them untouched).
-        let mut len = [bytes.len() as f32];
+        // Bytes travel as f32 words (NCCL moves them untouched); the length as two 32-bit halves.
+        let n = bytes.len() as u64;
+        let mut len = [f32::from_bits(n as u32), f32::from_bits((n >> 32) as u32)];
         self.broadcast(&mut len, root)?;
-        let n = len[0] as usize;
+        let n = (len[0].to_bits() as u64 | (len[1].to_bits() as u64) << 32) as usize;
         let mut words: Vec<f32> = bytes
             .chunks(4)
             .map(|c| {
@@ -184,5 +195,19 @@ impl Collectives for Nccl {
 
     fn barrier(&self) -> Result<()> {
         self.all_reduce(&mut [0.0], Reduce::Sum)
+    }
+}
+
+/// The port of lab's NCCL id rendezvous: `LAB_RDZV_PORT`, else `MASTER_PORT + 1` (torchrun's
+/// store holds `MASTER_PORT` itself).
+fn rendezvous_port(master_port: u16) -> Result<u16> {
+    match std::env::var("LAB_RDZV_PORT") {
+        Ok(p) => p
+            .trim()
+            .parse()
+            .with_context(|| format!("LAB_RDZV_PORT={p:?} is not a port number")),
+        Err(_) => master_port
+            .checked_add(1)
+            .context("MASTER_PORT 65535 leaves no port for the rendezvous; set LAB_RDZV_PORT"),
     }
 }

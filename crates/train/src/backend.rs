@@ -66,7 +66,7 @@ impl BackendKind {
         match self {
             Self::Cpu => work.run::<Cpu>(Default::default()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => work.run::<Cuda>(Default::default()),
+            Self::Cuda => work.run::<Cuda>(cuda_device()?),
             #[cfg(feature = "wgpu")]
             Self::Wgpu => work.run::<Wgpu>(Default::default()),
             #[allow(unreachable_patterns)]
@@ -81,6 +81,15 @@ impl BackendKind {
             Self::Wgpu => "wgpu",
         }
     }
+}
+
+/// The GPU of this rank: its local rank among the GPUs it sees (device 0 alone).
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<burn::backend::cuda::CudaDevice> {
+    let launch = lab_dist::Launch::from_env()?;
+    Ok(burn::backend::cuda::CudaDevice {
+        index: lab_dist::gpu_index(&launch)?,
+    })
 }
 
 /// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic

@@ -63,6 +63,14 @@ fn check(c: &dyn Collectives) -> Result<()> {
     };
     c.broadcast_bytes(&mut bytes, 0)?;
     ensure!(bytes == b"stop: budget", "broadcast_bytes gave {bytes:?}");
+    // Nothing to say is a message too (no checkpoint to resume from).
+    let mut empty = if rank == 0 {
+        Vec::new()
+    } else {
+        b"stale".to_vec()
+    };
+    c.broadcast_bytes(&mut empty, 0)?;
+    ensure!(empty.is_empty(), "empty broadcast_bytes gave {empty:?}");
     c.barrier()?;
     println!("rank {rank} of {world}: all collectives agree with the host");
     Ok(())
