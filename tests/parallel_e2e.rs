@@ -158,10 +158,16 @@ fn rank_pid(rank: usize, run: &Path) -> Option<i32> {
     })
 }
 
+/// Polls for `path` (a checkpoint a job is about to write); a job that died before writing
+/// it fails the test instead of hanging it.
 fn wait_for(path: &Path) {
-    while !path.exists() {
+    for _ in 0..30_000 {
+        if path.exists() {
+            return;
+        }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    panic!("{} never appeared", path.display());
 }
 
 #[test]
@@ -230,7 +236,12 @@ fn sigterm_checkpoints_every_rank_and_exits_143() {
         unsafe { libc::kill(pid, libc::SIGTERM) };
     }
     let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stopped = events(&run, "interrupted");
     assert_eq!(stopped.len(), 1, "{}", String::from_utf8_lossy(&out.stderr));
     let step = stopped[0]["step"].as_u64().unwrap();
@@ -322,4 +333,61 @@ fn ranks_that_cannot_share_the_global_batch_are_refused_in_one_line() {
     assert!(stderr.contains(line), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(!run.join("step-00000000").exists() && !run.join("metrics.jsonl").exists());
+}
+
+/// Under ZeRO-1 each rank counts the updates of the parameters it keeps; parameters frozen for
+/// the first steps count fewer. A resume must restore every rank's counts, not rank 0's only.
+#[test]
+fn a_zero_1_resume_restores_every_ranks_update_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "[parallel]\nzero = 1\n");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let frozen = text.replace("[train]\n", "[train]\nfreeze_non_embedding_steps = 5\n");
+    std::fs::write(&cfg, frozen).unwrap();
+    let (clean, resumed) = (dir.path().join("clean"), dir.path().join("resumed"));
+    run_ok(&mut train_with(mpirun(2), &cfg, &clean));
+    fork_at(&clean, &resumed, 20);
+    run_ok(train_with(mpirun(2), &cfg, &resumed).arg("--resume-from-latest"));
+    let state = std::fs::read_to_string(clean.join("step-00000020/state.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let counts = state["param_updates"].as_object().unwrap();
+    assert!(
+        counts.len() > 2 && counts.values().all(|t| t == 15),
+        "{counts:?}"
+    );
+    assert_eq!(
+        sha256(&final_weights(&resumed, 30)),
+        sha256(&final_weights(&clean, 30))
+    );
+}
+
+/// Ctrl-C on the supervisor reaches the job once: it writes its emergency checkpoint and exits
+/// 130, and the supervisor does not restart it.
+#[test]
+fn supervise_passes_a_stop_on_once_and_does_not_restart_a_stopped_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 2000, "");
+    let run = dir.path().join("run");
+    let mut sup = lab();
+    sup.args(["supervise", "--"]);
+    let job = train_on(&cfg, &data_dir(), &run);
+    sup.arg(job.get_program())
+        .args(job.get_args())
+        .arg("--resume-from-latest");
+    let child = sup
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&run.join("step-00000010"));
+    // SAFETY: signals a process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(!stderr.contains("restart 1"), "{stderr}");
+    let stopped = events(&run, "interrupted");
+    assert_eq!(stopped.len(), 1, "{stderr}");
+    assert_eq!(stopped[0]["signal"], 2);
+    assert!(stopped[0]["checkpoint"].is_string(), "{:?}", stopped[0]);
 }

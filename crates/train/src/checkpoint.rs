@@ -297,7 +297,9 @@ pub fn verify(dir: &Path) -> Result<TrainState> {
     }
     let shards = optimizer_files(&state);
     let whole = shards.len() == 1 && *shards[0] == OPTIMIZER;
-    if !whole && (0..shards.len()).any(|r| !state.files.contains_key(&shard_name(r, shards.len())))
+    if shards.is_empty()
+        || !whole
+            && (0..shards.len()).any(|r| !state.files.contains_key(&shard_name(r, shards.len())))
     {
         bail!(
             "{} lists neither {OPTIMIZER} nor a complete set of optimizer shards",

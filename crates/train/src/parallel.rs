@@ -96,8 +96,7 @@ impl DataParallel {
         }
         let mut params: Vec<(String, usize)> = slots(model)
             .into_iter()
-            .map(|s| (s.numel(), s.path))
-            .map(|(n, p)| (p, n))
+            .map(|s| (s.path.clone(), s.numel()))
             .collect();
         params.sort();
         let sizes: Vec<usize> = params.iter().map(|(_, n)| *n).collect();
@@ -177,18 +176,35 @@ impl DataParallel {
         loss: f64,
     ) -> Result<(GradientsParams, f64)> {
         let inner = model.valid();
-        let slots = slots(&inner);
         let loss = self.gather_f64(loss)?.iter().sum::<f64>() / self.world() as f64;
         let local = take_grads(&inner, &mut grads);
-        if !self.zero1() {
-            let mut flat: Vec<f32> = local.concat();
-            let sizes: Vec<usize> = slots.iter().map(|s| s.numel()).collect();
-            let buckets = lab_dist::buckets(&sizes, self.bucket);
-            lab_dist::all_reduce_bucketed(self.collectives(), &mut flat, &buckets, Reduce::Avg)?;
-            let spans = back_to_back(&sizes);
-            return Ok((put_grads(&inner, &flat, &spans, |_| true), loss));
-        }
-        let shards = self.shards(&slots);
+        let grads = match self.zero1() {
+            false => self.all_reduce_grads(&inner, local)?,
+            true => self.reduce_scatter_grads(&inner, local)?,
+        };
+        Ok((grads, loss))
+    }
+
+    /// Plain data parallelism: every rank gets the whole mean gradient, bucket by bucket.
+    fn all_reduce_grads<B: Backend, M: Module<B>>(
+        &self,
+        model: &M,
+        local: Vec<Vec<f32>>,
+    ) -> Result<GradientsParams> {
+        let sizes: Vec<usize> = local.iter().map(Vec::len).collect();
+        let mut flat: Vec<f32> = local.concat();
+        let buckets = lab_dist::buckets(&sizes, self.bucket);
+        lab_dist::all_reduce_bucketed(self.collectives(), &mut flat, &buckets, Reduce::Avg)?;
+        Ok(put_grads(model, &flat, &back_to_back(&sizes), |_| true))
+    }
+
+    /// ZeRO-1: each rank gets the mean gradient of the parameters it keeps, and only those.
+    fn reduce_scatter_grads<B: Backend, M: Module<B>>(
+        &self,
+        model: &M,
+        local: Vec<Vec<f32>>,
+    ) -> Result<GradientsParams> {
+        let shards = self.shards(&slots(model));
         let mut flat = vec![0.0f32; shards.counts.iter().sum()];
         for (i, g) in local.iter().enumerate() {
             flat[shards.span[i].clone()].copy_from_slice(g);
@@ -198,8 +214,9 @@ impl DataParallel {
         self.coll
             .reduce_scatter(&flat, &shards.counts, &mut block, Reduce::Avg)?;
         flat[at..at + block.len()].copy_from_slice(&block);
-        let owned = |i: usize| shards.owner[i] == me;
-        Ok((put_grads(&inner, &flat, &shards.span, owned), loss))
+        Ok(put_grads(model, &flat, &shards.span, |i| {
+            shards.owner[i] == me
+        }))
     }
 
     /// The global gradient norm. Every rank holds the whole reduced gradient, except under
@@ -257,6 +274,24 @@ impl DataParallel {
         let sizes: Vec<usize> = slots.iter().map(|s| s.numel()).collect();
         let owner = slots.iter().map(|s| self.owner[&s.path]).collect();
         Shards::from_owner(&sizes, owner, self.world())
+    }
+
+    /// Every rank's per-parameter update counts, merged (under ZeRO-1 each rank counts only
+    /// the parameters it keeps, and rank 0 writes state.json for all).
+    pub fn all_counts(&self, mine: BTreeMap<String, u64>) -> Result<BTreeMap<String, u64>> {
+        if !self.zero1() {
+            return Ok(mine);
+        }
+        let mut all = BTreeMap::new();
+        for r in 0..self.world() {
+            let mut bytes = match r == self.rank() {
+                true => serde_json::to_vec(&mine)?,
+                false => Vec::new(),
+            };
+            self.coll.broadcast_bytes(&mut bytes, r)?;
+            all.extend(serde_json::from_slice::<BTreeMap<String, u64>>(&bytes)?);
+        }
+        Ok(all)
     }
 
     /// Rank 0's decision, taken by every rank; a signal any rank caught stops them all.

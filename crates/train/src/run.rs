@@ -206,10 +206,7 @@ impl Run {
         }
         let dir = self.dir.clone();
         let mut skipped = Vec::new();
-        let keep = self.dp.clone();
-        let ck = self.leader_first(|| {
-            checkpoint::load_latest_good(&dir, &|m| keep.keeps_moment(m), &mut |w| skipped.push(w))
-        })?;
+        let ck = self.load_agreed(u64::MAX, &mut |w| skipped.push(w))?;
         for w in skipped {
             eprintln!("warning: {w}");
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
@@ -472,7 +469,7 @@ impl Run {
         let train_state = TrainState {
             step: state.step,
             optimizer_updates: state.optim.updates(),
-            param_updates: state.optim.param_updates(),
+            param_updates: self.dp.all_counts(state.optim.param_updates())?,
             cursor: state.cursor.clone(),
             rollbacks: state.rollbacks,
             policies: policies.save(),
@@ -537,13 +534,7 @@ impl Run {
         drop(failed);
         let dir = self.dir.clone();
         let mut warnings = Vec::new();
-        let keep = self.dp.clone();
-        let mut ck = self.leader_first(|| {
-            let keep = |m: &str| keep.keeps_moment(m);
-            checkpoint::load_newest_good_at_most(&dir, plan.to_step, &keep, &mut |w| {
-                warnings.push(w)
-            })
-        })?;
+        let mut ck = self.load_agreed(plan.to_step, &mut |w| warnings.push(w))?;
         for w in warnings {
             self.event(from, "checkpoint_skipped", json!({ "reason": w }));
         }
@@ -716,18 +707,46 @@ impl Run {
         checkpoint::save_sharded(&self.dir, meta, &model, &moments, &part)
     }
 
-    /// Runs `read` on the leader first, then on the others: the leader sets aside a corrupt
-    /// checkpoint before anyone else looks, and nobody writes while another rank reads.
-    fn leader_first<T>(&self, read: impl FnOnce() -> Result<T>) -> Result<T> {
-        if !self.leader {
-            self.dp.barrier()?;
-        }
-        let out = read()?;
-        if self.leader {
-            self.dp.barrier()?;
-        }
-        self.dp.barrier()?;
-        Ok(out)
+    /// The newest good checkpoint of at most `max_step` steps, the same one on every rank:
+    /// the leader picks it (verifying, and setting aside any that fails, with a warning) and
+    /// names it to the others, which load that folder or fail. Each rank keeps its own share
+    /// of the optimizer state. Returns once every rank has read, so nobody writes under a
+    /// reader.
+    fn load_agreed(
+        &self,
+        max_step: u64,
+        warn: &mut dyn FnMut(String),
+    ) -> Result<Option<checkpoint::Loaded>> {
+        let dp = &self.dp;
+        let keep = |m: &str| dp.keeps_moment(m);
+        let (ck, mut name) = if self.leader {
+            let ck = checkpoint::load_newest_good_at_most(&self.dir, max_step, &keep, warn)?;
+            let name = ck
+                .as_ref()
+                .and_then(|c| c.dir.file_name())
+                .map(|n| n.to_string_lossy().into_owned());
+            (ck, name.unwrap_or_default().into_bytes())
+        } else {
+            (None, Vec::new())
+        };
+        dp.collectives().broadcast_bytes(&mut name, 0)?;
+        let ck = match (ck, name.is_empty()) {
+            (Some(ck), _) => Some(ck),
+            (None, true) => None,
+            (None, false) => {
+                let dir = self.dir.join(String::from_utf8_lossy(&name).as_ref());
+                let ck = checkpoint::load(&dir, &keep).with_context(|| {
+                    format!(
+                        "rank {}: cannot load {}, which rank 0 resumes from",
+                        dp.rank(),
+                        dir.display()
+                    )
+                })?;
+                Some(ck)
+            }
+        };
+        dp.barrier()?;
+        Ok(ck)
     }
 
     pub fn elapsed_s(&self) -> f64 {

@@ -5,9 +5,12 @@
 //! verifies, at whatever world size the launch asks for.
 //!
 //! Not restarted: success, and the exits that are decisions rather than failures: usage (2),
-//! the budget guard (3, 4), the stability policy (5), and a stop the supervisor itself was
-//! asked for (SIGINT/SIGTERM are passed on to the job, which checkpoints and exits).
+//! the budget guard (3, 4), the stability policy (5), and a stop by SIGINT/SIGTERM (130, 143:
+//! the job wrote its emergency checkpoint; a scheduler that preempts requeues the job itself).
+//! The job runs in its own process group, so a Ctrl-C reaches it once: passed on by the
+//! supervisor, not also from the terminal (a second signal would skip the checkpoint).
 
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,7 +34,7 @@ pub struct Args {
 }
 
 /// Exit codes that are decisions, not failures: a restart would repeat them.
-const FINAL: [i32; 5] = [0, 2, 3, 4, 5];
+const FINAL: [i32; 7] = [0, 2, 3, 4, 5, 130, 143];
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (program, rest) = args.command.split_first().context("no command after --")?;
@@ -48,6 +51,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     loop {
         let mut child = Command::new(program)
             .args(rest)
+            .process_group(0)
             .env("LAB_RESTART_COUNT", restarts.to_string())
             .spawn()
             .with_context(|| format!("cannot start {program}"))?;
@@ -84,8 +88,9 @@ fn wait_passing_signals(child: &mut std::process::Child, stop: &AtomicUsize) -> 
         }
         let sig = stop.load(Ordering::SeqCst);
         if sig != 0 && !passed {
-            // SAFETY: signals a child process we started and have not yet reaped.
-            unsafe { libc::kill(child.id() as i32, sig as i32) };
+            // SAFETY: signals the process group of a child we started and have not reaped
+            // (mpirun or srun passes it on to the ranks).
+            unsafe { libc::kill(-(child.id() as i32), sig as i32) };
             passed = true;
         }
         std::thread::sleep(Duration::from_millis(50));
