@@ -146,6 +146,19 @@ fn zero_1_halves_the_optimizer_state_per_rank_and_matches_plain_data_parallelism
     assert!(!step.join("optimizer.safetensors").exists());
 }
 
+/// `lab supervise FLAGS -- JOB --resume-from-latest`, its output captured.
+fn supervised(job: &Command, flags: &[&str]) -> Command {
+    let mut sup = lab();
+    sup.arg("supervise").args(flags).arg("--");
+    sup.arg(job.get_program()).args(job.get_args());
+    sup.arg("--resume-from-latest");
+    // The launcher's environment (mpirun's run-as-root consent) goes along.
+    sup.envs(job.get_envs().filter_map(|(k, v)| Some((k, v?))));
+    sup.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    sup
+}
+
 /// The pid of rank `rank` of the `lab train` writing into `run`.
 fn rank_pid(rank: usize, run: &Path) -> Option<i32> {
     let want = format!("OMPI_COMM_WORLD_RANK={rank}");
@@ -177,17 +190,8 @@ fn kill_9_of_a_rank_under_supervise_restarts_and_finishes_as_if_uninterrupted() 
     let (clean, killed) = (dir.path().join("clean"), dir.path().join("killed"));
     run_ok(&mut train_with(mpirun(2), &cfg, &clean));
 
-    let mut sup = lab();
-    sup.args(["supervise", "--max-restarts", "2", "--backoff-s", "0", "--"]);
     let job = train_with(mpirun(2), &cfg, &killed);
-    sup.arg(job.get_program())
-        .args(job.get_args())
-        .arg("--resume-from-latest");
-    sup.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    let child = sup
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+    let child = supervised(&job, &["--max-restarts", "2", "--backoff-s", "0"])
         .spawn()
         .unwrap();
     wait_for(&killed.join("step-00000010"));
@@ -368,17 +372,8 @@ fn supervise_passes_a_stop_on_once_and_does_not_restart_a_stopped_job() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), 2000, "");
     let run = dir.path().join("run");
-    let mut sup = lab();
-    sup.args(["supervise", "--"]);
     let job = train_on(&cfg, &data_dir(), &run);
-    sup.arg(job.get_program())
-        .args(job.get_args())
-        .arg("--resume-from-latest");
-    let child = sup
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = supervised(&job, &[]).spawn().unwrap();
     wait_for(&run.join("step-00000010"));
     // SAFETY: signals a process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
