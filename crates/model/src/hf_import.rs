@@ -9,11 +9,10 @@ use std::path::{Component, Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use lab_config::ModelConfig;
-use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use crate::hf;
-use crate::weights::{HostTensor, TensorMap};
+use crate::weights::TensorMap;
 
 pub const CONFIG: &str = "config.json";
 /// The weights in one file.
@@ -166,35 +165,7 @@ fn is_plain_file_name(f: &str) -> bool {
 
 /// A safetensors file's tensors as fp32 (bf16 and fp16 widen exactly).
 pub fn load_widened(path: &Path) -> Result<TensorMap> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    // SAFETY: read-only mapping of a file nobody writes while lab reads it.
-    let bytes = unsafe { memmap2::Mmap::map(&file) }
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .with_context(|| format!("{} is not a valid safetensors file", path.display()))?;
-    let mut out = TensorMap::new();
-    for (name, view) in st.tensors() {
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytemuck::pod_collect_to_vec(raw),
-            Dtype::BF16 => halves(raw, |h| half::bf16::from_bits(h).to_f32()),
-            Dtype::F16 => halves(raw, |h| half::f16::from_bits(h).to_f32()),
-            other => bail!(
-                "{}: tensor {name} is {other:?}; lab reads F32, BF16 and F16",
-                path.display()
-            ),
-        };
-        let shape = view.shape().to_vec();
-        out.insert(name, HostTensor { shape, data });
-    }
-    Ok(out)
-}
-
-fn halves(raw: &[u8], widen: impl Fn(u16) -> f32) -> Vec<f32> {
-    raw.chunks_exact(2)
-        .map(|b| widen(u16::from_le_bytes([b[0], b[1]])))
-        .collect()
+    Ok(crate::weights::load_safetensors(path)?.0)
 }
 
 /// HF tensors under lab's names and layouts. A tied model takes no `lm_head.weight` (some
@@ -211,7 +182,8 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::weights::save_safetensors;
+    use crate::weights::{save_safetensors, HostTensor};
+    use safetensors::Dtype;
 
     fn cfg() -> ModelConfig {
         ModelConfig {

@@ -311,7 +311,8 @@ pub fn to_safetensors_bytes(
     Ok(out)
 }
 
-/// Reads an fp32 safetensors file written by [`save_safetensors`] (or any tool).
+/// Reads a safetensors file written by [`save_safetensors`] or any tool (a Hugging Face
+/// folder's bf16 and fp16 tensors widen to fp32 exactly).
 pub fn load_safetensors(path: &Path) -> Result<(TensorMap, HashMap<String, String>)> {
     load_safetensors_where(path, &|_| true)
 }
@@ -338,23 +339,27 @@ pub fn load_safetensors_where(
         if !keep(&name) {
             continue;
         }
-        if view.dtype() != Dtype::F32 {
-            bail!(
-                "{}: tensor {name} is {:?}, expected F32",
-                path.display(),
-                view.dtype()
-            );
-        }
-        let data = bytemuck::pod_collect_to_vec(view.data());
-        out.insert(
-            name,
-            HostTensor {
-                shape: view.shape().to_vec(),
-                data,
-            },
-        );
+        let data = widened(view.data(), view.dtype())
+            .with_context(|| format!("{}: tensor {name}", path.display()))?;
+        let shape = view.shape().to_vec();
+        out.insert(name, HostTensor { shape, data });
     }
     Ok((out, metadata))
+}
+
+/// A tensor's bytes as fp32.
+fn widened(raw: &[u8], dtype: Dtype) -> Result<Vec<f32>> {
+    let halves = |widen: fn(u16) -> f32| {
+        raw.chunks_exact(2)
+            .map(|b| widen(u16::from_le_bytes([b[0], b[1]])))
+            .collect()
+    };
+    Ok(match dtype {
+        Dtype::F32 => bytemuck::pod_collect_to_vec(raw),
+        Dtype::BF16 => halves(|h| half::bf16::from_bits(h).to_f32()),
+        Dtype::F16 => halves(|h| half::f16::from_bits(h).to_f32()),
+        other => bail!("is {other:?}; lab reads F32, BF16 and F16"),
+    })
 }
 
 #[cfg(test)]
