@@ -178,9 +178,10 @@ impl DataParallel {
         let inner = model.valid();
         let loss = self.gather_f64(loss)?.iter().sum::<f64>() / self.world() as f64;
         let local = take_grads(&inner, &mut grads);
-        let grads = match self.zero1() {
-            false => self.all_reduce_grads(&inner, local)?,
-            true => self.reduce_scatter_grads(&inner, local)?,
+        let grads = if self.zero1() {
+            self.reduce_scatter_grads(&inner, local)?
+        } else {
+            self.all_reduce_grads(&inner, local)?
         };
         Ok((grads, loss))
     }
@@ -284,9 +285,10 @@ impl DataParallel {
         }
         let mut all = BTreeMap::new();
         for r in 0..self.world() {
-            let mut bytes = match r == self.rank() {
-                true => serde_json::to_vec(&mine)?,
-                false => Vec::new(),
+            let mut bytes = if r == self.rank() {
+                serde_json::to_vec(&mine)?
+            } else {
+                Vec::new()
             };
             self.coll.broadcast_bytes(&mut bytes, r)?;
             all.extend(serde_json::from_slice::<BTreeMap<String, u64>>(&bytes)?);

@@ -68,8 +68,6 @@ pub struct Run {
     extend_to_steps: Option<u64>,
     /// The job this process is a rank of (one rank outside data parallelism).
     pub dp: Rc<DataParallel>,
-    /// Rank 0 writes the run folder; the other ranks only read it (and write their shards).
-    leader: bool,
     /// Held by the leader.
     _lock: Option<File>,
     metrics: JsonLines,
@@ -101,9 +99,10 @@ impl Run {
     pub fn open(opts: &mut TrainOptions, data: &TrainData, dp: Rc<DataParallel>) -> Result<Run> {
         let dir = opts.run_dir.clone();
         let leader = dp.is_leader();
-        let lock = match leader {
-            true => Some(take_folder(&dir, opts.resume)?),
-            false => None,
+        let lock = if leader {
+            Some(take_folder(&dir, opts.resume)?)
+        } else {
+            None
         };
         // The leader has made the folder (or failed, and its exit ends the job).
         dp.barrier()?;
@@ -141,7 +140,6 @@ impl Run {
             extend_to_steps: opts.extend_to_steps,
             alert: opts.alert.take(),
             dp,
-            leader,
             cfg,
             dir,
             _lock: lock,
@@ -316,7 +314,7 @@ impl Run {
 
     /// The run folder's record of what this run is: config.toml, data.json, hardware.json.
     fn record_identity(&self) -> Result<()> {
-        if !self.leader {
+        if !self.leader() {
             return Ok(());
         }
         let dir = &self.dir;
@@ -329,7 +327,7 @@ impl Run {
     /// Lines an interrupted attempt logged after `step` are re-logged by the replay: metrics
     /// are dropped, replayed events moved to events-abandoned.jsonl.
     fn truncate_logs_after(&mut self, step: u64) -> Result<()> {
-        if !self.leader {
+        if !self.leader() {
             return Ok(());
         }
         let path = self.dir.join(lab_run::METRICS);
@@ -355,7 +353,7 @@ impl Run {
         self.interval = (self.interval.0 + secs, self.interval.1 + 1);
         self.last_loss = view.loss;
         self.bar.set_position(step);
-        if !self.leader {
+        if !self.leader() {
             return Ok(None);
         }
         let judged = if step.is_multiple_of(tc.eval_every as u64) || step == total {
@@ -449,7 +447,7 @@ impl Run {
     }
 
     fn write_status(&mut self, state: &str, step: u64) -> Result<()> {
-        if !self.leader {
+        if !self.leader() {
             return Ok(());
         }
         self.status.state = state.into();
@@ -486,7 +484,7 @@ impl Run {
             files: Default::default(),
         };
         let dir = self.save(state, train_state)?;
-        if !self.leader {
+        if !self.leader() {
             return Ok(dir);
         }
         let mut protect = vec![state.step];
@@ -557,7 +555,7 @@ impl Run {
         self.flag = None; // the flagged step is undone
         self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         self.best_pending = false;
-        if self.leader {
+        if self.leader() {
             checkpoint::remove_after(&dir, state.step)?;
         }
         if self.crash_in_rollback && rollbacks == 1 {
@@ -587,7 +585,7 @@ impl Run {
 
     /// Moves metrics rows after `step` into metrics-abandoned.jsonl, tagged with the rollback.
     fn abandon_rows_after(&mut self, step: u64, rollback: u32) -> Result<()> {
-        if !self.leader {
+        if !self.leader() {
             return Ok(());
         }
         let path = self.dir.join(lab_run::METRICS);
@@ -686,9 +684,10 @@ impl Run {
     fn save<B: TrainBackend>(&self, state: &TrainingState<B>, meta: TrainState) -> Result<PathBuf> {
         let dp = &self.dp;
         if !dp.zero1() {
-            let dir = match self.leader {
-                true => state.save(&self.dir, meta)?,
-                false => self.dir.join(checkpoint::step_dir_name(meta.step)),
+            let dir = if self.leader() {
+                state.save(&self.dir, meta)?
+            } else {
+                self.dir.join(checkpoint::step_dir_name(meta.step))
             };
             dp.barrier()?;
             return Ok(dir);
@@ -699,9 +698,10 @@ impl Run {
             world: dp.world(),
             barrier: &barrier,
         };
-        let model = match self.leader {
-            true => lab_model::weights::pending_tensors(&state.model.valid()),
-            false => Vec::new(),
+        let model = if self.leader() {
+            lab_model::weights::pending_tensors(&state.model.valid())
+        } else {
+            Vec::new()
         };
         let moments = state.optim.pending_state();
         checkpoint::save_sharded(&self.dir, meta, &model, &moments, &part)
@@ -719,7 +719,7 @@ impl Run {
     ) -> Result<Option<checkpoint::Loaded>> {
         let dp = &self.dp;
         let keep = |m: &str| dp.keeps_moment(m);
-        let (ck, mut name) = if self.leader {
+        let (ck, mut name) = if self.leader() {
             let ck = checkpoint::load_newest_good_at_most(&self.dir, max_step, &keep, warn)?;
             let name = ck
                 .as_ref()
@@ -749,6 +749,11 @@ impl Run {
         Ok(ck)
     }
 
+    /// Rank 0 writes the run folder; the other ranks only read it (and write their shards).
+    fn leader(&self) -> bool {
+        self.dp.is_leader()
+    }
+
     pub fn elapsed_s(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
     }
@@ -756,7 +761,7 @@ impl Run {
 
 impl Journal for Run {
     fn event(&mut self, step: u64, kind: &str, fields: Value) {
-        if !self.leader {
+        if !self.leader() {
             return;
         }
         if let Err(e) = lab_run::append_event(&self.dir, step, kind, fields) {
@@ -765,7 +770,7 @@ impl Journal for Run {
     }
 
     fn alert(&mut self, text: &str) {
-        if !self.leader {
+        if !self.leader() {
             return;
         }
         if let Some(send) = &self.alert {
@@ -776,7 +781,7 @@ impl Journal for Run {
     }
 
     fn say(&mut self, line: &str) {
-        if !self.leader {
+        if !self.leader() {
             return;
         }
         if self.bar.is_hidden() {
