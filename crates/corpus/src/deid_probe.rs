@@ -666,10 +666,7 @@ fn atoms(p: &Planted) -> Vec<String> {
 
 /// `part` still appears in `text` as a whole word (not inside a longer word or number).
 pub fn survives(text: &str, part: &str) -> bool {
-    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric());
-    text.match_indices(part).any(|(i, _)| {
-        !is_word(text[..i].chars().next_back()) && !is_word(text[i + part.len()..].chars().next())
-    })
+    crate::redact::names::is_whole_word_in(text, part)
 }
 
 /// Eponymous terms of medicine: each must survive redaction where it names a condition,
@@ -809,8 +806,11 @@ fn eponym_examples(
         .split_inclusive(['.', '\n'])
         .filter(|s| word.is_match(s))
     {
+        if list.len() >= 3 {
+            return; // enough examples: no more redaction to find them
+        }
         let (out, _) = redactor.redact(sentence);
-        if list.len() < 3 && word.find_iter(&out).count() < word.find_iter(sentence).count() {
+        if word.find_iter(&out).count() < word.find_iter(sentence).count() {
             list.push((sentence.trim().to_string(), out.trim().to_string()));
         }
     }

@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 
 use crate::dedup::{DedupIndex, Signature, Verdict, NUM_PERM};
 use crate::prepare::{
-    create_output_dir, decide, finish, reaches_dedup, read_and_process, start_over, Decisions,
+    create_output_dir, decide, early_removal, finish, read_and_process, start_over, Decisions,
     Dedup, Doc, PrepareConfig, PrepareOutcome, Processed, Stage, Stages,
 };
 use crate::reader::Skip;
@@ -107,7 +107,7 @@ pub fn dedup(cfg: PrepareConfig, of: usize) -> Result<String> {
         for record in merged(&cfg.output_dir, of, false)? {
             let (p, n_tokens) = record?;
             let Ok(doc) = &p.outcome else { continue };
-            if !reaches_dedup(&cfg, n_tokens, doc.non_alnum) {
+            if early_removal(&cfg, n_tokens, doc.non_alnum).is_some() {
                 continue;
             }
             checked += 1;

@@ -545,12 +545,28 @@ impl Decisions {
     }
 }
 
-/// Whether a document reaches the dedup filter: the per-document filters before it pass.
-pub(crate) fn reaches_dedup(cfg: &PrepareConfig, n_tokens: u64, non_alnum: f64) -> bool {
-    // Exactly the negation of `decide`'s two checks (a NaN fraction passes both ways).
-    let removed = cfg.max_non_alnum.is_some_and(|max| non_alnum > max)
-        || cfg.min_tokens.is_some_and(|min| n_tokens < min);
-    !removed
+/// The per-document filter before dedup that removes a document, if one does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EarlyRemoval {
+    NonAlnum,
+    MinTokens,
+}
+
+/// Which filter before dedup removes a document of `n_tokens` tokens and that share of
+/// non-alphanumeric characters (a NaN share passes): `decide` counts it, and the parts'
+/// dedup stage skips documents that never reach dedup.
+pub(crate) fn early_removal(
+    cfg: &PrepareConfig,
+    n_tokens: u64,
+    non_alnum: f64,
+) -> Option<EarlyRemoval> {
+    if cfg.max_non_alnum.is_some_and(|max| non_alnum > max) {
+        Some(EarlyRemoval::NonAlnum)
+    } else if cfg.min_tokens.is_some_and(|min| n_tokens < min) {
+        Some(EarlyRemoval::MinTokens)
+    } else {
+        None
+    }
 }
 
 /// Removes meta.json (the directory is incomplete until it is rewritten) and temp files
@@ -645,13 +661,16 @@ pub(crate) fn decide(
     if doc.redaction.truncated_bytes > 0 {
         d.truncated.add(ty, n, b);
     }
-    if cfg.max_non_alnum.is_some_and(|max| doc.non_alnum > max) {
-        d.non_alnum.add(ty, n, b);
-        return Ok(());
-    }
-    if cfg.min_tokens.is_some_and(|min| n < min) {
-        d.min_tokens.add(ty, n, b);
-        return Ok(());
+    match early_removal(cfg, n, doc.non_alnum) {
+        Some(EarlyRemoval::NonAlnum) => {
+            d.non_alnum.add(ty, n, b);
+            return Ok(());
+        }
+        Some(EarlyRemoval::MinTokens) => {
+            d.min_tokens.add(ty, n, b);
+            return Ok(());
+        }
+        None => {}
     }
     if cfg.dedup {
         match d

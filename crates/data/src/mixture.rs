@@ -347,7 +347,12 @@ mod tests {
             let weights: Vec<(&str, f64)> = names.iter().zip(&raw).map(|(n, &x)| (n.as_str(), x as f64 / total)).collect();
             let m = MixtureSampler::new(&meta_with(&sources), "train.bin", 16, seed, &[stage(&weights, None)]).unwrap();
             let samples = 10_000 * rows;
-            let draws = m.draws(samples);
+            // Counted sample by sample, as training draws them (`draws` alone would only
+            // restate the per-block quotas).
+            let mut draws = vec![0u64; names.len()];
+            for i in 0..samples {
+                draws[m.pick(i).0] += 1;
+            }
             for ((_, w), d) in weights.iter().zip(&draws) {
                 let share = *d as f64 / samples as f64;
                 // Shares are exact to 1/BLOCK: within 1 % of any weight of 1 % or more.

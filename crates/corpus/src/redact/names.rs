@@ -339,10 +339,15 @@ fn stem(word: &str) -> String {
 /// The document also writes `lower` in lower case as a word ("chest", "brain"): a word the
 /// name rules mistook for a name, not a name to look for everywhere.
 fn used_as_a_word(text: &str, lower: &str) -> bool {
+    is_whole_word_in(text, lower)
+}
+
+/// `word` appears in `text` as a whole word (not inside a longer word or number).
+pub(crate) fn is_whole_word_in(text: &str, word: &str) -> bool {
     let is_letter = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
-    text.match_indices(lower).any(|(i, _)| {
+    text.match_indices(word).any(|(i, _)| {
         !is_letter(text[..i].chars().next_back())
-            && !is_letter(text[i + lower.len()..].chars().next())
+            && !is_letter(text[i + word.len()..].chars().next())
     })
 }
 
