@@ -37,8 +37,9 @@ pub fn load_run_model<B: Backend>(
     let cfg = LabConfig::from_toml(&text).with_context(|| config.display().to_string())?;
     let (dir, state) = choose_checkpoint(run, choice)?;
     let (tensors, _) = weights::load_safetensors(&checkpoint::model_file(&dir))?;
-    let model = weights::load_tensor_map(Llama::new(&cfg.model, cfg.train.seed, device), &tensors)
-        .with_context(|| dir.display().to_string())?;
+    let model =
+        weights::load_tensor_map_owned(Llama::new(&cfg.model, cfg.train.seed, device), tensors)
+            .with_context(|| dir.display().to_string())?;
     let data: serde_json::Value = std::fs::read_to_string(run.join(lab_train::run::DATA))
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())

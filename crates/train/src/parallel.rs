@@ -39,6 +39,8 @@ pub struct DataParallel {
     /// ZeRO-1: the rank that keeps each parameter's optimizer state, by path (see
     /// [`DataParallel::learn_layout`]).
     owner: BTreeMap<String, usize>,
+    /// ZeRO-1: where each parameter sits in the flat buffers (see [`DataParallel::learn_layout`]).
+    shards: Option<Shards>,
     /// Seconds spent moving gradients and weights since [`DataParallel::take_comm_s`].
     comm_s: Cell<f64>,
 }
@@ -53,6 +55,7 @@ impl DataParallel {
             zero1: false,
             bucket: usize::MAX,
             owner: BTreeMap::new(),
+            shards: None,
             comm_s: Cell::new(0.0),
         }
     }
@@ -83,6 +86,7 @@ impl DataParallel {
             zero1: p.zero == 1,
             bucket: (p.bucket_mb * 1024.0 * 1024.0 / 4.0) as usize,
             owner: BTreeMap::new(),
+            shards: None,
             comm_s: Cell::new(0.0),
         })
     }
@@ -102,6 +106,11 @@ impl DataParallel {
         let sizes: Vec<usize> = params.iter().map(|(_, n)| *n).collect();
         let owners = lab_dist::balance(&sizes, self.world());
         self.owner = params.into_iter().map(|(p, _)| p).zip(owners).collect();
+        // The flat layout of every step, in visit order (it never changes).
+        let slots = slots(model);
+        let sizes: Vec<usize> = slots.iter().map(Slot::numel).collect();
+        let owner = slots.iter().map(|s| self.owner[&s.path]).collect();
+        self.shards = Some(Shards::from_owner(&sizes, owner, self.world()));
     }
 
     /// Whether this rank keeps the optimizer tensor `name` (`m.<path>` or `v.<path>`).
@@ -205,7 +214,7 @@ impl DataParallel {
         model: &M,
         local: Vec<Vec<f32>>,
     ) -> Result<GradientsParams> {
-        let shards = self.shards(&slots(model));
+        let shards = self.shards();
         let mut flat = vec![0.0f32; shards.counts.iter().sum()];
         for (i, g) in local.iter().enumerate() {
             flat[shards.span[i].clone()].copy_from_slice(g);
@@ -240,17 +249,10 @@ impl DataParallel {
             return Ok(model);
         }
         let started = Instant::now();
-        let inner = model.valid();
-        let slots = slots(&inner);
-        let shards = self.shards(&slots);
+        let shards = self.shards();
         let me = self.rank();
-        let values = param_values(&inner);
-        let mine: Vec<f32> = shards
-            .order
-            .iter()
-            .filter(|&&i| shards.owner[i] == me)
-            .flat_map(|&i| values[i].iter().copied())
-            .collect();
+        // This rank's parameters, in visit order, which is their order in its block.
+        let mine = param_values(&model.valid(), |i| shards.owner[i] == me).concat();
         let mut all = vec![0.0f32; shards.counts.iter().sum()];
         self.coll.all_gather(&mine, &shards.counts, &mut all)?;
         let mut mapper = SetParams {
@@ -271,10 +273,10 @@ impl DataParallel {
         self.comm_s.replace(0.0)
     }
 
-    fn shards(&self, slots: &[Slot]) -> Shards {
-        let sizes: Vec<usize> = slots.iter().map(|s| s.numel()).collect();
-        let owner = slots.iter().map(|s| self.owner[&s.path]).collect();
-        Shards::from_owner(&sizes, owner, self.world())
+    fn shards(&self) -> &Shards {
+        self.shards
+            .as_ref()
+            .expect("learn_layout runs before the first ZeRO-1 step")
     }
 
     /// Every rank's per-parameter update counts, merged (under ZeRO-1 each rank counts only
@@ -379,9 +381,11 @@ fn slots<B: Backend, M: Module<B>>(model: &M) -> Vec<Slot> {
             self.0.exit();
         }
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            // The lazy shape: reading it leaves a parameter not yet drawn undrawn.
+            let dims = p.lazy_shape().dims::<D>().to_vec();
             self.1.push(Slot {
                 path: self.0.path(),
-                dims: p.val().dims().to_vec(),
+                dims,
             });
         }
     }
@@ -450,17 +454,26 @@ fn put_grads<B: Backend, M: Module<B>>(
     v.out
 }
 
-/// Every parameter's values, in visit order.
-fn param_values<B: Backend, M: Module<B>>(model: &M) -> Vec<Vec<f32>> {
-    struct V(Vec<Vec<f32>>);
-    impl<B: Backend> ModuleVisitor<B> for V {
+/// The values of the parameters `keep` selects, in visit order (empty for the others).
+fn param_values<B: Backend, M: Module<B>>(
+    model: &M,
+    keep: impl Fn(usize) -> bool,
+) -> Vec<Vec<f32>> {
+    struct V<K>(K, Vec<Vec<f32>>);
+    impl<B: Backend, K: Fn(usize) -> bool> ModuleVisitor<B> for V<K> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            self.0.push(host(p.val().into_data()));
+            let i = self.1.len();
+            let values = if (self.0)(i) {
+                host(p.val().into_data())
+            } else {
+                Vec::new()
+            };
+            self.1.push(values);
         }
     }
-    let mut v = V(Vec::new());
+    let mut v = V(keep, Vec::new());
     model.visit(&mut v);
-    v.0
+    v.1
 }
 
 /// Replaces the parameters `keep` selects with their values in `flat`.

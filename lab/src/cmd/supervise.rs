@@ -38,6 +38,12 @@ const FINAL: [i32; 7] = [0, 2, 3, 4, 5, 130, 143];
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let (program, rest) = args.command.split_first().context("no command after --")?;
+    if !args.backoff_s.is_finite() {
+        bail!(
+            "--backoff-s {}: give a finite number of seconds",
+            args.backoff_s
+        );
+    }
     if args.command.iter().any(|a| a == "train")
         && !args.command.iter().any(|a| a == "--resume-from-latest")
     {
