@@ -1,6 +1,7 @@
 //! lab-ops: fused training ops that burn does not provide.
 //!
-//! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]).
+//! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), and one AdamW
+//! update of one parameter in one pass ([`FusedAdamW`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -21,9 +22,13 @@ use burn::tensor::{
     Int, Tensor, TensorPrimitive,
 };
 
+mod adamw;
+mod adamw_flex;
 mod autodiff;
 mod flex;
 mod generic;
+
+pub use adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

@@ -4,11 +4,13 @@
 use anyhow::{bail, Result};
 use burn::tensor::backend::AutodiffBackend;
 use lab_model::FusedLoss;
+use lab_ops::FusedAdamW;
 
 /// What the trainer needs of a backend: automatic differentiation over some inner backend,
-/// and the fused LM-head loss on both (the inner one serves evaluation).
-pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedLoss> + FusedLoss {}
-impl<B: AutodiffBackend<InnerBackend: FusedLoss> + FusedLoss> TrainBackend for B {}
+/// the fused LM-head loss on both (the inner one serves evaluation), and the inner one's
+/// AdamW update.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedLoss + FusedAdamW> + FusedLoss {}
+impl<B: AutodiffBackend<InnerBackend: FusedLoss + FusedAdamW> + FusedLoss> TrainBackend for B {}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;

@@ -6,7 +6,8 @@
 //!    [`AdamW::clip_scale`]: `scale = min(1, clip / norm)`;
 //! 2. [`AdamW::apply`], per parameter: `g ← scale·g`, `m ← β1·m + (1-β1)·g`, `v ← β2·v + (1-β2)·g²`,
 //!    `p ← p·(1 - lr·wd) - lr · (m / (1-β1ᵗ)) / (sqrt(v / (1-β2ᵗ)) + ε)` (decoupled decay,
-//!    as PyTorch's AdamW).
+//!    as PyTorch's AdamW), done by the backend's [`FusedAdamW`] (one pass over memory on the
+//!    CPU, the same bits as the tensor ops).
 //!
 //! Weight decay applies to matrices only (projections, embedding, LM head); the 1-D RMSNorm
 //! gains are not decayed (nanoGPT's rule: decay every parameter of rank ≥ 2).
@@ -23,10 +24,11 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{
     backend::{AutodiffBackend, Backend},
-    ElementConversion, Tensor,
+    ElementConversion, Tensor, TensorPrimitive,
 };
 use lab_config::TrainConfig;
 use lab_model::weights::{PathStack, PendingTensor, TensorMap};
+use lab_ops::{AdamWStep, FusedAdamW};
 
 /// First and second moments of one parameter, flattened, and the updates applied to it.
 struct Moments<B: Backend> {
@@ -76,6 +78,7 @@ impl<B: Backend> AdamW<B> {
     /// [`AdamW::clip_scale`]). The caller has checked the loss and [`grad_norm`] are finite.
     pub fn apply<AB, M>(&mut self, model: M, grads: GradientsParams, lr: f64, clip_scale: f64) -> M
     where
+        B: FusedAdamW,
         AB: AutodiffBackend<InnerBackend = B>,
         M: AutodiffModule<AB>,
     {
@@ -233,7 +236,7 @@ struct UpdateMapper<'a, B: Backend> {
 impl<AB, B> ModuleMapper<AB> for UpdateMapper<'_, B>
 where
     AB: AutodiffBackend<InnerBackend = B>,
-    B: Backend,
+    B: FusedAdamW,
 {
     fn enter_module(&mut self, name: &str, _: &str) {
         self.path.enter(name);
@@ -252,29 +255,32 @@ where
         let numel: usize = dims.iter().product();
         let decay = if D >= 2 { opt.weight_decay } else { 0.0 };
 
-        let p = tensor.inner().reshape([numel]);
-        let g = grad.reshape([numel]) * self.clip_scale;
         let path = self.path.path();
-        let (m, v, t) = match opt.moments.remove(&path) {
-            Some(mo) => (
-                mo.m * opt.beta1 + g.clone() * (1.0 - opt.beta1),
-                mo.v * opt.beta2 + g.square() * (1.0 - opt.beta2),
-                mo.t + 1,
-            ),
-            // First update of this parameter: the moments start at zero.
-            None => (
-                g.clone() * (1.0 - opt.beta1),
-                g.square() * (1.0 - opt.beta2),
-                1,
-            ),
+        let old = opt.moments.remove(&path);
+        let step = AdamWStep {
+            clip_scale: self.clip_scale,
+            beta1: opt.beta1,
+            beta2: opt.beta2,
+            eps: opt.eps,
+            lr: self.lr,
+            weight_decay: decay,
+            t: old.as_ref().map_or(1, |mo| mo.t + 1),
         };
-        let (bias1, bias2) = (
-            1.0 - opt.beta1.powi(t as i32),
-            1.0 - opt.beta2.powi(t as i32),
+        let flat = |t: Tensor<B, D>| t.reshape([numel]).into_primitive().tensor();
+        let (p, m, v) = B::adamw_update(
+            flat(tensor.inner()),
+            flat(grad),
+            old.map(|mo| {
+                (
+                    mo.m.into_primitive().tensor(),
+                    mo.v.into_primitive().tensor(),
+                )
+            }),
+            &step,
         );
-        let update = (m.clone() / bias1) / ((v.clone() / bias2).sqrt() + opt.eps);
-        let p = p * (1.0 - self.lr * decay) - update * self.lr;
-        opt.moments.insert(path, Moments { m, v, t });
+        let float = |x| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x));
+        let (p, m, v) = (float(p), float(m), float(v));
+        opt.moments.insert(path, Moments { m, v, t: step.t });
 
         let p = Tensor::<AB, D>::from_inner(p.reshape(dims)).require_grad();
         Param::from_mapped_value(id, p, mapper)
