@@ -1,0 +1,534 @@
+//! Causal grouped-query flash attention, forward and backward, as cubecl kernels.
+//!
+//! Shapes: `q [B, H, T, hd]`, `k, v [B, KV, T, hd]` with `H = KV · group`; query head `h`
+//! reads key/value head `h / group` in place (no repeated K/V). Scores are `scale · q·k`,
+//! causal (key `j` is visible to query `i` when `j ≤ i`).
+//!
+//! Forward (FlashAttention-2's order): a cube owns `block` consecutive query rows of one
+//! head, one unit per row. Key/value rows come through shared memory `block` at a time; each
+//! unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
+//! the max grows (online softmax). It writes the output and `lse = m + ln l` per row: the one
+//! number per row backward needs to rebuild a probability, `p = exp(s − lse)`. No `T × T`
+//! tensor exists anywhere.
+//!
+//! Backward, with `D_i = dO_i · O_i` (a small kernel of its own):
+//! - `dQ_i = scale · Σ_{j≤i} p_ij (dO_i·v_j − D_i) k_j`: one unit per query row, keys tiled
+//!   as in the forward;
+//! - `dK_j = scale · Σ_{h in group} Σ_{i≥j} p_ij (dO_i·v_j − D_i) q_i` and
+//!   `dV_j = Σ_h Σ_{i≥j} p_ij dO_i`: one unit per key row of a key/value head, the query rows
+//!   of every head of its group tiled through shared memory. Each unit owns its key row for
+//!   the whole group, so no atomics are needed and the sums have a fixed order.
+//!
+//! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
+//! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
+//!
+//! Masked scores never enter a sum (a branch on `j ≤ i`), so no −∞ is needed (WGSL rejects
+//! it); the running max starts at the type's lowest finite value, and the first visible key
+//! (`j = 0`, always visible) replaces it.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{
+    kernel::into_contiguous, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor,
+    CubeRuntime,
+};
+use cubecl::prelude::*;
+
+/// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles must
+/// fit in 16 KiB of shared memory (lavapipe has 32 KiB; CUDA 48 KiB by default).
+pub fn block_rows(head_dim: usize) -> usize {
+    (2048 / head_dim).clamp(1, 32)
+}
+
+#[cube(launch)]
+fn forward_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<A>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * block;
+    let u = UNIT_POS_X as usize;
+    let i = row0 + u;
+    let live = i < seq;
+    let row = (b * heads + h) * seq + i;
+    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+
+    let mut qi = Array::<A>::new(head_dim);
+    let mut acc = Array::<A>::new(head_dim);
+    for d in 0..head_dim {
+        qi[d] = A::new(0.0);
+        acc[d] = A::new(0.0);
+        if live {
+            qi[d] = A::cast_from(q[row * head_dim + d]) * A::cast_from(scale);
+        }
+    }
+    let mut k_tile = SharedMemory::<A>::new(block * head_dim);
+    let mut v_tile = SharedMemory::<A>::new(block * head_dim);
+    let mut m = A::min_value();
+    let mut l = A::new(0.0);
+
+    // Keys 0 ..= the block's last query row.
+    let mut end = row0 + block;
+    if end > seq {
+        end = seq;
+    }
+    let mut start = 0;
+    while start < end {
+        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim);
+        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim);
+        sync_cube();
+        if live {
+            for jj in 0..block {
+                if start + jj <= i {
+                    let mut s = A::new(0.0);
+                    for d in 0..head_dim {
+                        s += qi[d] * k_tile[jj * head_dim + d];
+                    }
+                    let mut m_new = m;
+                    if s > m {
+                        m_new = s;
+                    }
+                    let rescale = (m - m_new).exp();
+                    let p = (s - m_new).exp();
+                    l = l * rescale + p;
+                    for d in 0..head_dim {
+                        acc[d] = acc[d] * rescale + p * v_tile[jj * head_dim + d];
+                    }
+                    m = m_new;
+                }
+            }
+        }
+        sync_cube();
+        start += block;
+    }
+    if live {
+        for d in 0..head_dim {
+            out[row * head_dim + d] = F::cast_from(acc[d] / l);
+        }
+        lse[row] = m + l.ln();
+    }
+}
+
+/// Unit `u` of the cube copies row `start + u` (zeros past the end) of the head at `base`
+/// into row `u` of `tile`, widened to `A`.
+#[cube]
+fn load_rows<F: Float, A: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<A>,
+    base: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+) {
+    let u = UNIT_POS_X as usize;
+    let r = start + u;
+    for d in 0..head_dim {
+        let mut x = A::new(0.0);
+        if r < seq {
+            x = A::cast_from(src[base + r * head_dim + d]);
+        }
+        tile[u * head_dim + d] = x;
+    }
+}
+
+/// `D_i = Σ_d dO_i,d · O_i,d` for every row.
+#[cube(launch)]
+fn delta_kernel<F: Float, A: Float>(
+    out: &Tensor<F>,
+    d_out: &Tensor<F>,
+    delta: &mut Tensor<A>,
+    #[comptime] head_dim: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let row = ABSOLUTE_POS;
+    if row < delta.len() {
+        let mut s = A::new(0.0);
+        for d in 0..head_dim {
+            s += A::cast_from(d_out[row * head_dim + d]) * A::cast_from(out[row * head_dim + d]);
+        }
+        delta[row] = s;
+    }
+}
+
+#[cube(launch)]
+fn grad_q_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_q: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * block;
+    let i = row0 + UNIT_POS_X as usize;
+    let live = i < seq;
+    let row = (b * heads + h) * seq + i;
+    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let scale = A::cast_from(scale);
+
+    let mut qi = Array::<A>::new(head_dim);
+    let mut doi = Array::<A>::new(head_dim);
+    let mut dq = Array::<A>::new(head_dim);
+    let mut lse_i = A::new(0.0);
+    let mut delta_i = A::new(0.0);
+    for d in 0..head_dim {
+        qi[d] = A::new(0.0);
+        doi[d] = A::new(0.0);
+        dq[d] = A::new(0.0);
+        if live {
+            qi[d] = A::cast_from(q[row * head_dim + d]) * scale;
+            doi[d] = A::cast_from(d_out[row * head_dim + d]);
+        }
+    }
+    if live {
+        lse_i = lse[row];
+        delta_i = delta[row];
+    }
+    let mut k_tile = SharedMemory::<A>::new(block * head_dim);
+    let mut v_tile = SharedMemory::<A>::new(block * head_dim);
+
+    let mut end = row0 + block;
+    if end > seq {
+        end = seq;
+    }
+    let mut start = 0;
+    while start < end {
+        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim);
+        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim);
+        sync_cube();
+        if live {
+            for jj in 0..block {
+                if start + jj <= i {
+                    let mut s = A::new(0.0);
+                    let mut dp = A::new(0.0);
+                    for d in 0..head_dim {
+                        s += qi[d] * k_tile[jj * head_dim + d];
+                        dp += doi[d] * v_tile[jj * head_dim + d];
+                    }
+                    let ds = (s - lse_i).exp() * (dp - delta_i);
+                    for d in 0..head_dim {
+                        dq[d] += ds * k_tile[jj * head_dim + d];
+                    }
+                }
+            }
+        }
+        sync_cube();
+        start += block;
+    }
+    if live {
+        for d in 0..head_dim {
+            d_q[row * head_dim + d] = F::cast_from(dq[d] * scale);
+        }
+    }
+}
+
+#[cube(launch)]
+fn grad_kv_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_k: &mut Tensor<F>,
+    d_v: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let group = heads / kv_heads;
+    let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * block;
+    let u = UNIT_POS_X as usize;
+    let j = row0 + u;
+    let live = j < seq;
+    let kv_row = (b * kv_heads + kvh) * seq + j;
+    let scale = A::cast_from(scale);
+
+    let mut kj = Array::<A>::new(head_dim);
+    let mut vj = Array::<A>::new(head_dim);
+    let mut dk = Array::<A>::new(head_dim);
+    let mut dv = Array::<A>::new(head_dim);
+    for d in 0..head_dim {
+        kj[d] = A::new(0.0);
+        vj[d] = A::new(0.0);
+        dk[d] = A::new(0.0);
+        dv[d] = A::new(0.0);
+        if live {
+            kj[d] = A::cast_from(k[kv_row * head_dim + d]) * scale;
+            vj[d] = A::cast_from(v[kv_row * head_dim + d]);
+        }
+    }
+    let mut q_tile = SharedMemory::<A>::new(block * head_dim);
+    let mut do_tile = SharedMemory::<A>::new(block * head_dim);
+    let mut lse_tile = SharedMemory::<A>::new(block);
+    let mut delta_tile = SharedMemory::<A>::new(block);
+
+    for g in 0..group {
+        let head_rows = (b * heads + kvh * group + g) * seq;
+        // Queries from the block's first key row to the end.
+        let mut start = row0;
+        while start < seq {
+            load_rows::<F, A>(q, &mut q_tile, head_rows * head_dim, start, seq, head_dim);
+            load_rows::<F, A>(
+                d_out,
+                &mut do_tile,
+                head_rows * head_dim,
+                start,
+                seq,
+                head_dim,
+            );
+            let r = start + u;
+            let mut lse_r = A::new(0.0);
+            let mut delta_r = A::new(0.0);
+            if r < seq {
+                lse_r = lse[head_rows + r];
+                delta_r = delta[head_rows + r];
+            }
+            lse_tile[u] = lse_r;
+            delta_tile[u] = delta_r;
+            sync_cube();
+            if live {
+                for ii in 0..block {
+                    let i = start + ii;
+                    if i < seq && i >= j {
+                        let mut s = A::new(0.0);
+                        let mut dp = A::new(0.0);
+                        for d in 0..head_dim {
+                            s += q_tile[ii * head_dim + d] * kj[d];
+                            dp += do_tile[ii * head_dim + d] * vj[d];
+                        }
+                        let p = (s - lse_tile[ii]).exp();
+                        let ds = p * (dp - delta_tile[ii]);
+                        for d in 0..head_dim {
+                            dv[d] += p * do_tile[ii * head_dim + d];
+                            dk[d] += ds * q_tile[ii * head_dim + d];
+                        }
+                    }
+                }
+            }
+            sync_cube();
+            start += block;
+        }
+    }
+    if live {
+        for d in 0..head_dim {
+            d_k[kv_row * head_dim + d] = F::cast_from(dk[d] * scale);
+            d_v[kv_row * head_dim + d] = F::cast_from(dv[d]);
+        }
+    }
+}
+
+/// The dimensions of one attention call, read from (and checked against) its tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub seq: usize,
+    pub head_dim: usize,
+}
+
+impl Dims {
+    /// Panics (a caller's bug, not a user's) unless `q [B, H, T, hd]`, `k` and `v`
+    /// `[B, KV, T, hd]` with `KV` dividing `H`.
+    pub fn of<R: CubeRuntime>(q: &CubeTensor<R>, k: &CubeTensor<R>, v: &CubeTensor<R>) -> Self {
+        let dims = |t: &CubeTensor<R>| -> [usize; 4] {
+            let s = t.meta.shape();
+            assert_eq!(s.num_dims(), 4, "attention: tensors are [B, heads, T, hd]");
+            [s[0], s[1], s[2], s[3]]
+        };
+        let ([b, h, t, hd], kd, vd) = (dims(q), dims(k), dims(v));
+        assert_eq!(kd, vd, "attention: k and v shapes differ");
+        let [kb, kv, kt, khd] = kd;
+        assert!(
+            kb == b && kt == t && khd == hd && kv > 0 && h % kv == 0,
+            "attention: q {:?} and k/v {:?} do not form grouped-query attention",
+            [b, h, t, hd],
+            kd
+        );
+        Self {
+            batch: b,
+            heads: h,
+            kv_heads: kv,
+            seq: t,
+            head_dim: hd,
+        }
+    }
+
+    fn rows(&self) -> usize {
+        self.batch * self.heads * self.seq
+    }
+}
+
+/// The forward's outputs: `out [B, H, T, hd]` in the inputs' dtype, `lse [B, H, T]` f32.
+pub struct Forward<R: CubeRuntime> {
+    pub out: CubeTensor<R>,
+    pub lse: CubeTensor<R>,
+}
+
+/// The backward's outputs, shaped and typed as `q`, `k`, `v`.
+pub struct Grads<R: CubeRuntime> {
+    pub q: CubeTensor<R>,
+    pub k: CubeTensor<R>,
+    pub v: CubeTensor<R>,
+}
+
+fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Vec<usize>, dtype: DType) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(shape),
+        dtype,
+    )
+}
+
+/// Causal GQA attention `softmax(scale · q kᵀ + causal) v` and its per-row log-sum-exp.
+pub fn forward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    scale: f32,
+) -> Forward<R> {
+    let d = Dims::of(&q, &k, &v);
+    let out = empty(&q, vec![d.batch, d.heads, d.seq, d.head_dim], q.dtype);
+    let lse = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
+    forward_into(q, k, v, Forward { out, lse }, scale)
+}
+
+/// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
+/// elements). They must be contiguous and shaped as [`forward`]'s.
+pub fn forward_into<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    outputs: Forward<R>,
+    scale: f32,
+) -> Forward<R> {
+    let d = Dims::of(&q, &k, &v);
+    let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+    let block = block_rows(d.head_dim);
+    let client = q.client.clone();
+    let dtype = q.dtype;
+    forward_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
+        CubeDim::new_1d(block as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        outputs.out.clone().into_tensor_arg(),
+        outputs.lse.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        block,
+        [dtype.into(), DType::F32.into()],
+    );
+    outputs
+}
+
+/// Gradients of [`forward`] for the upstream gradient `d_out` (shaped as `out`), from the
+/// forward's `out` and `lse`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    out: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    d_out: CubeTensor<R>,
+    scale: f32,
+) -> Grads<R> {
+    let grads = Grads {
+        q: empty(&q, q.meta.shape().to_vec(), q.dtype),
+        k: empty(&k, k.meta.shape().to_vec(), k.dtype),
+        v: empty(&v, v.meta.shape().to_vec(), v.dtype),
+    };
+    backward_into(q, k, v, out, lse, d_out, grads, scale)
+}
+
+/// [`backward`] into gradients the caller allocated (contiguous, shaped as `q`, `k`, `v`).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_into<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    out: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    d_out: CubeTensor<R>,
+    grads: Grads<R>,
+    scale: f32,
+) -> Grads<R> {
+    let d = Dims::of(&q, &k, &v);
+    let [q, k, v, out, lse, d_out] = [q, k, v, out, lse, d_out].map(into_contiguous);
+    let block = block_rows(d.head_dim);
+    let client = q.client.clone();
+    let types = [q.dtype.into(), DType::F32.into()];
+
+    let delta = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
+    let cube = CubeDim::new_1d(64);
+    delta_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(d.rows().div_ceil(64) as u32, 1, 1),
+        cube,
+        out.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        delta.clone().into_tensor_arg(),
+        d.head_dim,
+        types,
+    );
+    grad_q_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
+        CubeDim::new_1d(block as u32),
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        delta.clone().into_tensor_arg(),
+        grads.q.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        block,
+        types,
+    );
+    grad_kv_kernel::launch::<R>(
+        &client,
+        CubeCount::Static(
+            d.seq.div_ceil(block) as u32,
+            d.kv_heads as u32,
+            d.batch as u32,
+        ),
+        CubeDim::new_1d(block as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        delta.into_tensor_arg(),
+        grads.k.clone().into_tensor_arg(),
+        grads.v.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        block,
+        types,
+    );
+    grads
+}

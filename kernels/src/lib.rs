@@ -1,0 +1,11 @@
+//! lab-kernels: cubecl GPU kernels for lab's fused ops.
+//!
+//! The same `#[cube]` source compiles for CUDA (NVRTC) and for wgpu (WGSL, SPIR-V), so the
+//! kernels' correctness is tested in CI on Mesa's software Vulkan device (lavapipe) and only
+//! their speed and bf16 need a GPU. Everything here sits behind the `cube` feature (turned on
+//! by `wgpu` or `cuda`): the default CPU build compiles none of it.
+//!
+//! Today: causal GQA flash attention, forward and backward ([`attention`]).
+
+#[cfg(feature = "cube")]
+pub mod attention;

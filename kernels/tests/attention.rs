@@ -1,0 +1,359 @@
+//! The flash attention kernels against an fp64 host reference and against burn's own
+//! decomposed attention under autodiff, on whatever wgpu device the machine has (Mesa's
+//! lavapipe in CI: `apt-get install mesa-vulkan-drivers libvulkan1`).
+//!
+//! Outputs are poisoned with NaN before each launch, so an element a kernel forgot to write
+//! fails the comparison. Shapes include sequence lengths that are not multiples of the
+//! kernels' row block, single rows, and GQA groups of 1, 2 and 3.
+//!
+//! Tolerances, as a fraction of the largest reference magnitude (at least 1):
+//! - f32: 2e-5. Every sum runs in f32 over at most T·hd ≈ 2,300 terms of O(1) values; the
+//!   softmax rescaling adds a few roundings per key.
+//! - f16 storage (f32 arithmetic inside): 4e-3. Inputs are rounded to f16 before the
+//!   reference sees them, so only the output's own rounding (2^-11 ≈ 4.9e-4 relative) and
+//!   f32 arithmetic remain; 4e-3 leaves room for gradients of magnitude up to ~8 at f16's
+//!   absolute spacing there.
+#![cfg(feature = "wgpu")]
+
+use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
+use burn::backend::Autodiff;
+use burn::tensor::{
+    activation::softmax, backend::Backend, DType, Distribution, Tensor, TensorData, TensorPrimitive,
+};
+use lab_kernels::attention::{self, Forward, Grads};
+use proptest::prelude::*;
+
+type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
+type Prim = CubeTensor<WgpuRuntime>;
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    seq: usize,
+    head_dim: usize,
+}
+
+impl Case {
+    fn q_shape(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.seq, self.head_dim]
+    }
+    fn kv_shape(&self) -> [usize; 4] {
+        [self.batch, self.kv_heads, self.seq, self.head_dim]
+    }
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// Seeded host values, N(0, 1), rounded to `dtype` so the reference sees what the GPU sees.
+fn values(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (uniform(), uniform());
+            let x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32;
+            if dtype == DType::F16 {
+                burn::tensor::f16::from_f32(x).to_f32()
+            } else {
+                x
+            }
+        })
+        .collect()
+}
+
+fn device() -> WgpuDevice {
+    WgpuDevice::default()
+}
+
+fn upload(data: &[f32], shape: [usize; 4], dtype: DType) -> Prim {
+    let t = Tensor::<B, 4>::from_data(TensorData::new(data.to_vec(), shape), &device());
+    let t = if dtype == DType::F32 {
+        t
+    } else {
+        t.cast(dtype)
+    };
+    t.into_primitive().tensor()
+}
+
+/// A tensor of `dims` filled with NaN in `dtype`: what the kernels must overwrite.
+fn poisoned(dims: Vec<usize>, dtype: DType) -> Prim {
+    let n = dims.iter().product();
+    let t = Tensor::<B, 1>::from_data(TensorData::new(vec![f32::NAN; n], [n]), &device());
+    let t = if dtype == DType::F32 {
+        t
+    } else {
+        t.cast(dtype)
+    };
+    let t: Tensor<B, 1> = t;
+    match dims.len() {
+        3 => t
+            .reshape([dims[0], dims[1], dims[2]])
+            .into_primitive()
+            .tensor(),
+        _ => t
+            .reshape([dims[0], dims[1], dims[2], dims[3]])
+            .into_primitive()
+            .tensor(),
+    }
+}
+
+fn download(t: Prim) -> Vec<f32> {
+    B::sync(&device()).expect("a kernel failed");
+    let dims = t.meta.shape().num_dims();
+    let data = match dims {
+        3 => Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(t)).into_data(),
+        _ => Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t)).into_data(),
+    };
+    data.convert::<f32>().to_vec::<f32>().unwrap()
+}
+
+/// fp64 reference: `(out, lse, dq, dk, dv)` for upstream gradient `dout`.
+struct Reference {
+    out: Vec<f64>,
+    lse: Vec<f64>,
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+}
+
+fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> Reference {
+    let (t, hd, group) = (c.seq, c.head_dim, c.heads / c.kv_heads);
+    let scale = c.scale() as f64;
+    let mut r = Reference {
+        out: vec![0.0; q.len()],
+        lse: vec![0.0; c.batch * c.heads * t],
+        dq: vec![0.0; q.len()],
+        dk: vec![0.0; k.len()],
+        dv: vec![0.0; v.len()],
+    };
+    let at = |x: &[f32], row: usize, d: usize| x[row * hd + d] as f64;
+    for b in 0..c.batch {
+        for h in 0..c.heads {
+            let kv = b * c.kv_heads + h / group;
+            for i in 0..t {
+                let qi = (b * c.heads + h) * t + i;
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        scale
+                            * (0..hd)
+                                .map(|d| at(q, qi, d) * at(k, kv * t + j, d))
+                                .sum::<f64>()
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let l: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / l).collect();
+                r.lse[qi] = m + l.ln();
+                for d in 0..hd {
+                    r.out[qi * hd + d] = (0..=i).map(|j| p[j] * at(v, kv * t + j, d)).sum();
+                }
+                let dp: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|d| at(dout, qi, d) * at(v, kv * t + j, d))
+                            .sum()
+                    })
+                    .collect();
+                let delta: f64 = (0..=i).map(|j| p[j] * dp[j]).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - delta);
+                    for d in 0..hd {
+                        r.dq[qi * hd + d] += scale * ds * at(k, kv * t + j, d);
+                        r.dk[(kv * t + j) * hd + d] += scale * ds * at(q, qi, d);
+                        r.dv[(kv * t + j) * hd + d] += p[j] * at(dout, qi, d);
+                    }
+                }
+            }
+        }
+    }
+    r
+}
+
+fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(1.0f64, |a, x| a.max(x.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= tol * scale,
+            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
+            tol * scale
+        );
+    }
+}
+
+fn check(c: Case, dtype: DType, seed: u64) {
+    let tol = if dtype == DType::F32 { 2e-5 } else { 4e-3 };
+    let nq: usize = c.q_shape().iter().product();
+    let nkv: usize = c.kv_shape().iter().product();
+    let (q, k, v) = (
+        values(nq, seed, dtype),
+        values(nkv, seed + 1, dtype),
+        values(nkv, seed + 2, dtype),
+    );
+    let dout = values(nq, seed + 3, dtype);
+    let want = reference(&c, &q, &k, &v, &dout);
+
+    let up = |x: &[f32], s| upload(x, s, dtype);
+    let fwd = attention::forward_into(
+        up(&q, c.q_shape()),
+        up(&k, c.kv_shape()),
+        up(&v, c.kv_shape()),
+        Forward {
+            out: poisoned(c.q_shape().to_vec(), dtype),
+            lse: poisoned(vec![c.batch, c.heads, c.seq], DType::F32),
+        },
+        c.scale(),
+    );
+    let out = download(fwd.out.clone());
+    assert_close("out", &out, &want.out, tol);
+    assert_close("lse", &download(fwd.lse.clone()), &want.lse, tol);
+
+    let grads = attention::backward_into(
+        up(&q, c.q_shape()),
+        up(&k, c.kv_shape()),
+        up(&v, c.kv_shape()),
+        fwd.out,
+        fwd.lse,
+        up(&dout, c.q_shape()),
+        Grads {
+            q: poisoned(c.q_shape().to_vec(), dtype),
+            k: poisoned(c.kv_shape().to_vec(), dtype),
+            v: poisoned(c.kv_shape().to_vec(), dtype),
+        },
+        c.scale(),
+    );
+    assert_close("dq", &download(grads.q), &want.dq, tol);
+    assert_close("dk", &download(grads.k), &want.dk, tol);
+    assert_close("dv", &download(grads.v), &want.dv, tol);
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        seq: 1,
+        head_dim: 8,
+    },
+    Case {
+        batch: 2,
+        heads: 4,
+        kv_heads: 2,
+        seq: 37,
+        head_dim: 16,
+    },
+    Case {
+        batch: 1,
+        heads: 3,
+        kv_heads: 3,
+        seq: 70,
+        head_dim: 32,
+    },
+    Case {
+        batch: 1,
+        heads: 6,
+        kv_heads: 2,
+        seq: 65,
+        head_dim: 64,
+    },
+];
+
+#[test]
+fn f32_matches_the_fp64_reference() {
+    for (n, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F32, 10 * n as u64 + 1);
+    }
+}
+
+#[test]
+fn f16_matches_the_fp64_reference() {
+    assert!(
+        B::supports_dtype(&device(), DType::F16),
+        "this wgpu device has no f16 (lavapipe has it)"
+    );
+    for (n, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F16, 10 * n as u64 + 5);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+    /// Random batch, group and length (the kernels compile once per head width).
+    #[test]
+    fn random_shapes_match_the_reference(
+        batch in 1usize..3, kv_heads in 1usize..3, group in 1usize..4, seq in 1usize..50,
+        seed in 0u64..1000,
+    ) {
+        let c = Case { batch, heads: kv_heads * group, kv_heads, seq, head_dim: 16 };
+        check(c, DType::F32, seed);
+    }
+}
+
+/// The decomposed attention the model uses today (repeat K/V heads, full scores, causal
+/// mask, softmax), differentiated by burn's autodiff on the same device: the kernels'
+/// gradients must equal its gradients.
+#[test]
+fn backward_matches_the_decomposed_attention_under_autodiff() {
+    type AD = Autodiff<B>;
+    let c = Case {
+        batch: 2,
+        heads: 4,
+        kv_heads: 2,
+        seq: 29,
+        head_dim: 16,
+    };
+    let dev = device();
+    <AD as Backend>::seed(&dev, 7);
+    let leaf = |shape: [usize; 4]| {
+        Tensor::<AD, 4>::random(shape, Distribution::Normal(0.0, 1.0), &dev).require_grad()
+    };
+    let (q, k, v) = (leaf(c.q_shape()), leaf(c.kv_shape()), leaf(c.kv_shape()));
+    let dout = Tensor::<AD, 4>::random(c.q_shape(), Distribution::Normal(0.0, 1.0), &dev);
+
+    let group = c.heads / c.kv_heads;
+    let repeat = |x: Tensor<AD, 4>| {
+        x.unsqueeze_dim::<5>(2)
+            .repeat_dim(2, group)
+            .reshape(c.q_shape())
+    };
+    let scores = q.clone().matmul(repeat(k.clone()).swap_dims(2, 3)) * c.scale() as f64;
+    let future = Tensor::<AD, 2, burn::tensor::Bool>::tril_mask([c.seq, c.seq], 0, &dev)
+        .unsqueeze::<4>()
+        .expand([c.batch, c.heads, c.seq, c.seq]);
+    let probs = softmax(scores.mask_fill(future, -1e30), 3);
+    let out = probs.matmul(repeat(v.clone()));
+    let grads = (out.clone() * dout.clone().detach()).sum().backward();
+    let host = |t: Tensor<B, 4>| t.into_data().convert::<f32>().to_vec::<f32>().unwrap();
+    let want_out = host(out.inner());
+    let (want_dq, want_dk, want_dv) = (
+        host(q.grad(&grads).unwrap()),
+        host(k.grad(&grads).unwrap()),
+        host(v.grad(&grads).unwrap()),
+    );
+
+    let prim = |t: &Tensor<AD, 4>| t.clone().inner().into_primitive().tensor();
+    let fwd = attention::forward(prim(&q), prim(&k), prim(&v), c.scale());
+    let got = attention::backward(
+        prim(&q),
+        prim(&k),
+        prim(&v),
+        fwd.out.clone(),
+        fwd.lse,
+        prim(&dout),
+        c.scale(),
+    );
+    let f64s = |x: Vec<f32>| x.into_iter().map(f64::from).collect::<Vec<_>>();
+    assert_close("out", &download(fwd.out), &f64s(want_out), 2e-5);
+    assert_close("dq", &download(got.q), &f64s(want_dq), 2e-5);
+    assert_close("dk", &download(got.k), &f64s(want_dk), 2e-5);
+    assert_close("dv", &download(got.v), &f64s(want_dv), 2e-5);
+}
