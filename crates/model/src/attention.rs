@@ -6,8 +6,19 @@
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Bool, Tensor};
+use lab_ops::AttentionFn;
 
 use crate::layers::{Linear, Rope};
+
+/// How a forward without a KV cache turns queries, keys and values into outputs.
+#[derive(Clone, Debug)]
+pub enum Attend<B: Backend> {
+    /// burn's tensor ops, full scores; the mask is [`causal_mask`] for this `T` and group
+    /// size. Any backend; the only path on the CPU.
+    Decomposed(Tensor<B, 2, Bool>),
+    /// The backend's fused causal kernel (`lab_ops::fused_attention`): no `T × T` scores.
+    Fused(AttentionFn<B>),
+}
 
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
@@ -38,16 +49,22 @@ impl<B: Backend> Attention<B> {
         }
     }
 
-    /// `x: [B·T, d]` → `[B·T, d]`; `future` is [`causal_mask`] for this `T` and group size.
+    /// `x: [B·T, d]` → `[B·T, d]`, causal.
     pub fn forward(
         &self,
         x: Tensor<B, 2>,
         batch: usize,
         rope: &Rope<B>,
-        future: &Tensor<B, 2, Bool>,
+        how: &Attend<B>,
     ) -> Tensor<B, 2> {
         let (q, k, v) = self.project(x, batch, rope, 0);
-        self.attend(q, k, v, future)
+        match how {
+            Attend::Decomposed(future) => self.attend(q, k, v, future),
+            Attend::Fused(kernel) => {
+                let out = kernel(q, k, v, 1.0 / (self.head_dim as f32).sqrt());
+                self.merge_heads(out)
+            }
+        }
     }
 
     /// As [`Attention::forward`] for tokens that follow the `cache` (decoding): their keys and
@@ -108,13 +125,15 @@ impl<B: Backend> Attention<B> {
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let probs = softmax(scores, 3);
         let out = probs.matmul(v); // [B, KV, group·T, hd]
+                                   // Query heads in order h = kv·group + g.
+        self.merge_heads(out.reshape([batch, h, t, hd]))
+    }
 
-        // Back to [B·T, h·hd], query heads in order h = kv·group + g.
-        let out = out
-            .reshape([batch, h, t, hd])
-            .swap_dims(1, 2)
-            .reshape([batch * t, h * hd]);
-        self.wo.forward(out)
+    /// `[B, h, T, hd]` → `[B·T, h·hd]`, then the output projection.
+    fn merge_heads(&self, out: Tensor<B, 4>) -> Tensor<B, 2> {
+        let [batch, h, t, hd] = out.dims();
+        self.wo
+            .forward(out.swap_dims(1, 2).reshape([batch * t, h * hd]))
     }
 }
 

@@ -16,5 +16,5 @@ pub mod vocab_swap;
 pub mod weights;
 
 pub use attention::LayerCache;
-pub use lab_ops::FusedLoss;
+pub use lab_ops::{FusedLoss, FusedOps};
 pub use transformer::{KvCache, Llama};

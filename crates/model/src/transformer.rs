@@ -4,9 +4,9 @@
 use burn::module::{Module, Param};
 use burn::tensor::{activation::silu, backend::Backend, Bool, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig};
-use lab_ops::FusedLoss;
+use lab_ops::{AttentionFn, FusedOps};
 
-use crate::attention::{Attention, LayerCache};
+use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
 use crate::layers::{Linear, RmsNorm, Rope};
 
@@ -72,12 +72,12 @@ impl<B: Backend> Block<B> {
         x: Tensor<B, 2>,
         batch: usize,
         rope: &Rope<B>,
-        future: &Tensor<B, 2, Bool>,
+        how: &Attend<B>,
     ) -> Tensor<B, 2> {
         let x = x.clone()
             + self
                 .attn
-                .forward(self.attn_norm.forward(x), batch, rope, future);
+                .forward(self.attn_norm.forward(x), batch, rope, how);
         x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
     }
 }
@@ -134,8 +134,18 @@ impl<B: Backend> Llama<B> {
         self
     }
 
-    /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm).
+    /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
+    /// the tensor-op attention.
     pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        self.hidden_with(tokens, None)
+    }
+
+    /// [`Llama::hidden`] through a fused attention kernel where one is given.
+    pub fn hidden_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        kernel: Option<AttentionFn<B>>,
+    ) -> Tensor<B, 2> {
         let [batch, t] = tokens.dims();
         assert!(
             t <= self.seq_len,
@@ -145,12 +155,15 @@ impl<B: Backend> Llama<B> {
         let device = tokens.device();
         // Position tables, built once per forward and shared by every layer.
         let rope = Rope::new(t, self.head_dim, self.rope_base, &device);
-        let future = crate::attention::causal_mask::<B>(t, self.group, &device);
+        let how = match kernel {
+            Some(kernel) => Attend::Fused(kernel),
+            None => Attend::Decomposed(crate::attention::causal_mask::<B>(t, self.group, &device)),
+        };
         let x = burn::tensor::module::embedding(self.embed.val(), tokens);
         let d = x.dims()[2];
         let mut x = x.reshape([batch * t, d]);
         for block in &self.blocks {
-            x = block.forward(x, batch, &rope, &future);
+            x = block.forward(x, batch, &rope, &how);
         }
         self.norm.forward(x)
     }
@@ -252,8 +265,10 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// The loss needs a backend with the fused LM-head cross-entropy (`lab-ops`).
-impl<B: FusedLoss> Llama<B> {
+/// The loss needs a backend with lab-ops' fused ops: the LM-head cross-entropy, and the
+/// fused attention where the backend has a kernel for it (the GPUs; the CPU keeps the
+/// tensor-op attention).
+impl<B: FusedOps> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];
@@ -263,7 +278,7 @@ impl<B: FusedLoss> Llama<B> {
             LmHeadLoss::Fused
         };
         crate::loss::lm_head_loss(
-            self.hidden(tokens),
+            self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>()),
             self.head_weight(),
             targets.reshape([n]),
             kind,

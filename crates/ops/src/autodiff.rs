@@ -14,7 +14,7 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::ops::{FloatTensor, IntTensor};
 
-use crate::FusedLoss;
+use crate::{FusedAttention, FusedLoss};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -70,6 +70,66 @@ impl<B: FusedLoss, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {
                 weight.primitive,
                 targets,
                 chunk_rows,
+            )),
+        }
+    }
+}
+
+/// Fused attention's node: saves the inputs, the output and the per-row log-sum-exp (no
+/// `T × T` tensor); backward is the kernel's.
+#[derive(Debug)]
+struct FusedAttentionBackward {
+    scale: f32,
+}
+
+/// q, k, v, out, lse.
+type AttentionState<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+);
+
+impl<B: FusedAttention> Backward<B, 3> for FusedAttentionBackward {
+    type State = AttentionState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (q, k, v, out, lse) = ops.state;
+        let d_out = grads.consume::<B>(&ops.node);
+        let (dq, dk, dv) = B::fused_attention_backward(q, k, v, out, lse, d_out, self.scale);
+        for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: FusedAttention, C: CheckpointStrategy> FusedAttention for Autodiff<B, C> {
+    fn has_fused_attention() -> bool {
+        B::has_fused_attention()
+    }
+
+    fn fused_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        let parents = [q.node.clone(), k.node.clone(), v.node.clone()];
+        let node = FusedAttentionBackward { scale };
+        match node.prepare::<C>(parents).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let (q, k, v) = (q.primitive, k.primitive, v.primitive);
+                let (out, lse) = B::fused_attention_forward(q.clone(), k.clone(), v.clone(), scale);
+                prep.finish((q, k, v, out.clone(), lse), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::fused_attention(
+                q.primitive,
+                k.primitive,
+                v.primitive,
+                scale,
             )),
         }
     }

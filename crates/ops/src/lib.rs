@@ -1,7 +1,8 @@
 //! lab-ops: fused training ops that burn does not provide.
 //!
-//! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), and one AdamW
-//! update of one parameter in one pass ([`FusedAdamW`]).
+//! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), causal GQA
+//! attention as one op where a GPU kernel exists ([`FusedAttention`]), and one AdamW update of
+//! one parameter in one pass ([`FusedAdamW`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -24,11 +25,22 @@ use burn::tensor::{
 
 mod adamw;
 mod adamw_flex;
+mod attention;
 mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
 mod flex;
 mod generic;
 
 pub use adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
+pub use attention::{
+    fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
+    FusedAttention,
+};
+
+/// Every fused op the model calls: what a backend must provide to train.
+pub trait FusedOps: FusedLoss + FusedAttention {}
+impl<B: FusedLoss + FusedAttention> FusedOps for B {}
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

@@ -3,14 +3,14 @@
 
 use anyhow::{bail, Result};
 use burn::tensor::backend::AutodiffBackend;
-use lab_model::FusedLoss;
+use lab_model::FusedOps;
 use lab_ops::FusedAdamW;
 
 /// What the trainer needs of a backend: automatic differentiation over some inner backend,
-/// the fused LM-head loss on both (the inner one serves evaluation), and the inner one's
-/// AdamW update.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedLoss + FusedAdamW> + FusedLoss {}
-impl<B: AutodiffBackend<InnerBackend: FusedLoss + FusedAdamW> + FusedLoss> TrainBackend for B {}
+/// lab-ops' fused ops on both (the LM-head loss, attention where a kernel exists; the inner
+/// one serves evaluation), and the inner one's AdamW update.
+pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps {}
+impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps> TrainBackend for B {}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;

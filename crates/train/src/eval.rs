@@ -6,12 +6,12 @@ use burn::module::Module;
 use burn::tensor::ElementConversion;
 use lab_config::LabConfig;
 use lab_data::{sampler, TokenFile};
-use lab_model::{FusedLoss, Llama};
+use lab_model::{FusedOps, Llama};
 
 use crate::step::to_tensors;
 
 /// Mean loss over `train.eval_batches` batches of `train.micro_batch` windows.
-pub fn evaluate<B: FusedLoss>(model: &Llama<B>, val: &TokenFile, cfg: &LabConfig) -> Result<f64> {
+pub fn evaluate<B: FusedOps>(model: &Llama<B>, val: &TokenFile, cfg: &LabConfig) -> Result<f64> {
     let (rows, n) = (cfg.train.micro_batch, cfg.train.eval_batches);
     let mut total = 0.0;
     for b in 0..n {

@@ -8,7 +8,7 @@ use lab_config::{EvalConfig, LabConfig};
 use lab_corpus::tokenize::Tokenizer;
 use lab_eval::mc::{self, McItem, McOptions};
 use lab_model::generate::{generate, Sampling};
-use lab_model::{FusedLoss, Llama};
+use lab_model::{FusedOps, Llama};
 use serde_json::{json, Value};
 
 use crate::eval::evaluate;
@@ -59,7 +59,7 @@ impl Judge {
         })
     }
 
-    pub fn judge<B: FusedLoss>(
+    pub fn judge<B: FusedOps>(
         &self,
         model: &Llama<B>,
         data: &TrainData,

@@ -1,0 +1,94 @@
+//! The model on a GPU backend (wgpu; lavapipe in CI) trains through the fused attention
+//! kernel (lab-kernels, wired by lab-ops as an autodiff node and a Fusion custom op), and
+//! gives the loss and gradients of the tensor-op attention it replaces.
+#![cfg(feature = "wgpu")]
+
+use burn::backend::{Autodiff, Wgpu};
+use burn::module::Param;
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use lab_config::{LmHeadLoss, ModelConfig};
+use lab_model::Llama;
+
+type B = Autodiff<Wgpu>;
+
+fn cfg() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 61,
+        n_layer: 2,
+        d_model: 48,
+        n_head: 6,
+        n_kv_head: 2,
+        d_ff: 64,
+        seq_len: 23,
+        rope_base: 10_000.0,
+        norm_eps: 1e-5,
+        init_std: 0.2,
+        head_dim: None,
+        tie_embeddings: false,
+        init_depth_scaled: false,
+    }
+}
+
+fn ids(batch: usize, t: usize, salt: usize) -> Tensor<B, 2, Int> {
+    let data: Vec<i64> = (0..batch * t)
+        .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(data, [batch, t]), &Default::default())
+}
+
+fn host<const D: usize>(
+    t: Tensor<<B as burn::tensor::backend::AutodiffBackend>::InnerBackend, D>,
+) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().unwrap()
+}
+
+fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
+    let scale = want.iter().fold(1e-3f32, |a, x| a.max(x.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= tol * scale,
+        "{name}: worst difference {worst:.3e} > {:.3e} (largest value {scale:.3e})",
+        tol * scale
+    );
+}
+
+#[test]
+fn training_loss_and_gradients_equal_the_tensor_op_attention() {
+    assert!(
+        lab_ops::fused_attention_fn::<B>().is_some(),
+        "Autodiff<Wgpu> must have the fused attention"
+    );
+    let device = Default::default();
+    let model = Llama::<B>::new(&cfg(), 3, &device);
+    let (tokens, targets) = (ids(2, 23, 0), ids(2, 23, 1));
+    let n = 2 * 23;
+
+    // What training runs: Llama::loss, through the kernel.
+    let fused = model.loss(tokens.clone(), targets.clone());
+    // The same loss through the tensor-op attention.
+    let reference = lab_model::loss::lm_head_loss(
+        model.hidden(tokens),
+        model.head_weight(),
+        targets.reshape([n]),
+        LmHeadLoss::Fused,
+    );
+    let (g_fused, g_ref) = (fused.backward(), reference.backward());
+    assert_close("loss", &host(fused.inner()), &host(reference.inner()), 1e-5);
+
+    let grad = |p: &Param<Tensor<B, 2>>, g| host(p.val().grad(g).expect("a gradient"));
+    let attn = &model.blocks[0].attn;
+    for (name, p) in [
+        ("blocks.0.attn.wq", &attn.wq.weight),
+        ("blocks.0.attn.wk", &attn.wk.weight),
+        ("blocks.0.attn.wv", &attn.wv.weight),
+        ("blocks.1.attn.wo", &model.blocks[1].attn.wo.weight),
+        ("embed", &model.embed),
+    ] {
+        assert_close(name, &grad(p, &g_fused), &grad(p, &g_ref), 1e-4);
+    }
+    <B as Backend>::sync(&device).unwrap();
+}
