@@ -60,15 +60,8 @@ fn forward_kernel<F: Float, A: Float>(
     let row = (b * heads + h) * seq + i;
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
 
-    let mut qi = Array::<A>::new(head_dim);
-    let mut acc = Array::<A>::new(head_dim);
-    for d in 0..head_dim {
-        qi[d] = A::new(0.0);
-        acc[d] = A::new(0.0);
-        if live {
-            qi[d] = A::cast_from(q[row * head_dim + d]) * A::cast_from(scale);
-        }
-    }
+    let qi = row_of::<F, A>(q, row, live, A::cast_from(scale), head_dim);
+    let mut acc = zeros::<A>(head_dim);
     let mut k_tile = SharedMemory::<A>::new(block * head_dim);
     let mut v_tile = SharedMemory::<A>::new(block * head_dim);
     let mut m = A::min_value();
@@ -138,6 +131,34 @@ fn load_rows<F: Float, A: Float>(
     }
 }
 
+/// Row `row` of `src` widened to `A` and multiplied by `scale` (zeros for a unit past the
+/// end, which computes nothing but must still reach every barrier).
+#[cube]
+fn row_of<F: Float, A: Float>(
+    src: &Tensor<F>,
+    row: usize,
+    live: bool,
+    scale: A,
+    #[comptime] head_dim: usize,
+) -> Array<A> {
+    let mut x = zeros::<A>(head_dim);
+    if live {
+        for d in 0..head_dim {
+            x[d] = A::cast_from(src[row * head_dim + d]) * scale;
+        }
+    }
+    x
+}
+
+#[cube]
+fn zeros<A: Float>(#[comptime] head_dim: usize) -> Array<A> {
+    let mut x = Array::<A>::new(head_dim);
+    for d in 0..head_dim {
+        x[d] = A::new(0.0);
+    }
+    x
+}
+
 /// `D_i = Σ_d dO_i,d · O_i,d` for every row.
 #[cube(launch)]
 fn delta_kernel<F: Float, A: Float>(
@@ -180,20 +201,11 @@ fn grad_q_kernel<F: Float, A: Float>(
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
     let scale = A::cast_from(scale);
 
-    let mut qi = Array::<A>::new(head_dim);
-    let mut doi = Array::<A>::new(head_dim);
-    let mut dq = Array::<A>::new(head_dim);
+    let qi = row_of::<F, A>(q, row, live, scale, head_dim);
+    let doi = row_of::<F, A>(d_out, row, live, A::new(1.0), head_dim);
+    let mut dq = zeros::<A>(head_dim);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
-    for d in 0..head_dim {
-        qi[d] = A::new(0.0);
-        doi[d] = A::new(0.0);
-        dq[d] = A::new(0.0);
-        if live {
-            qi[d] = A::cast_from(q[row * head_dim + d]) * scale;
-            doi[d] = A::cast_from(d_out[row * head_dim + d]);
-        }
-    }
     if live {
         lse_i = lse[row];
         delta_i = delta[row];
@@ -261,20 +273,10 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let kv_row = (b * kv_heads + kvh) * seq + j;
     let scale = A::cast_from(scale);
 
-    let mut kj = Array::<A>::new(head_dim);
-    let mut vj = Array::<A>::new(head_dim);
-    let mut dk = Array::<A>::new(head_dim);
-    let mut dv = Array::<A>::new(head_dim);
-    for d in 0..head_dim {
-        kj[d] = A::new(0.0);
-        vj[d] = A::new(0.0);
-        dk[d] = A::new(0.0);
-        dv[d] = A::new(0.0);
-        if live {
-            kj[d] = A::cast_from(k[kv_row * head_dim + d]) * scale;
-            vj[d] = A::cast_from(v[kv_row * head_dim + d]);
-        }
-    }
+    let kj = row_of::<F, A>(k, kv_row, live, scale, head_dim);
+    let vj = row_of::<F, A>(v, kv_row, live, A::new(1.0), head_dim);
+    let mut dk = zeros::<A>(head_dim);
+    let mut dv = zeros::<A>(head_dim);
     let mut q_tile = SharedMemory::<A>::new(block * head_dim);
     let mut do_tile = SharedMemory::<A>::new(block * head_dim);
     let mut lse_tile = SharedMemory::<A>::new(block);
