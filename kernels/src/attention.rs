@@ -33,8 +33,9 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
-/// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles must
-/// fit in 16 KiB of shared memory (lavapipe has 32 KiB; CUDA 48 KiB by default).
+/// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles take
+/// at most 16 KiB of shared memory (plus two `[block]` rows in the dK/dV kernel; lavapipe has
+/// 32 KiB, CUDA 48 KiB by default).
 pub fn block_rows(head_dim: usize) -> usize {
     (2048 / head_dim).clamp(1, 32)
 }
@@ -168,8 +169,10 @@ fn delta_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let row = ABSOLUTE_POS;
-    if row < delta.len() {
+    let (seq, heads) = (delta.shape(2), delta.shape(1));
+    let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
+    let row = (CUBE_POS_Z as usize * heads + CUBE_POS_Y as usize) * seq + i;
+    if i < seq {
         let mut s = A::new(0.0);
         for d in 0..head_dim {
             s += A::cast_from(d_out[row * head_dim + d]) * A::cast_from(out[row * head_dim + d]);
@@ -356,6 +359,13 @@ impl Dims {
             assert_eq!(s.num_dims(), 4, "attention: tensors are [B, heads, T, hd]");
             [s[0], s[1], s[2], s[3]]
         };
+        assert!(
+            q.dtype == k.dtype && k.dtype == v.dtype,
+            "attention: q, k, v dtypes differ ({:?}, {:?}, {:?})",
+            q.dtype,
+            k.dtype,
+            v.dtype
+        );
         let ([b, h, t, hd], kd, vd) = (dims(q), dims(k), dims(v));
         assert_eq!(kd, vd, "attention: k and v shapes differ");
         let [kb, kv, kt, khd] = kd;
@@ -372,10 +382,6 @@ impl Dims {
             seq: t,
             head_dim: hd,
         }
-    }
-
-    fn rows(&self) -> usize {
-        self.batch * self.heads * self.seq
     }
 }
 
@@ -484,11 +490,11 @@ pub fn backward_into<R: CubeRuntime>(
     let types = [q.dtype.into(), DType::F32.into()];
 
     let delta = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
-    let cube = CubeDim::new_1d(64);
+    // Rows spread over three grid axes as the other kernels: wgpu caps each at 65,535.
     delta_kernel::launch::<R>(
         &client,
-        CubeCount::Static(d.rows().div_ceil(64) as u32, 1, 1),
-        cube,
+        CubeCount::Static(d.seq.div_ceil(64) as u32, d.heads as u32, d.batch as u32),
+        CubeDim::new_1d(64),
         out.into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
         delta.clone().into_tensor_arg(),

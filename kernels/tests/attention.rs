@@ -7,7 +7,7 @@
 //! kernels' row block, single rows, and GQA groups of 1, 2 and 3.
 //!
 //! Tolerances, as a fraction of the largest reference magnitude (at least 1):
-//! - f32: 2e-5. Every sum runs in f32 over at most T·hd ≈ 2,300 terms of O(1) values; the
+//! - f32: 2e-5. Every sum runs in f32 over at most T·hd = 4,160 terms of O(1) values; the
 //!   softmax rescaling adds a few roundings per key.
 //! - f16 storage (f32 arithmetic inside): 4e-3. Inputs are rounded to f16 before the
 //!   reference sees them, so only the output's own rounding (2^-11 ≈ 4.9e-4 relative) and
@@ -298,8 +298,9 @@ proptest! {
     }
 }
 
-/// The decomposed attention the model uses today (repeat K/V heads, full scores, causal
-/// mask, softmax), differentiated by burn's autodiff on the same device: the kernels'
+/// A decomposed attention as burn's tensor ops (K/V heads repeated for their group, full
+/// scores, causal mask, softmax; the same head mapping as the model's stacked form),
+/// differentiated by burn's autodiff on the same device: the kernels'
 /// gradients must equal its gradients.
 #[test]
 fn backward_matches_the_decomposed_attention_under_autodiff() {

@@ -124,8 +124,8 @@ impl<B: Backend> Attention<B> {
             .expand([batch, kv, group * t, keys]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let probs = softmax(scores, 3);
-        let out = probs.matmul(v); // [B, KV, group·T, hd]
-                                   // Query heads in order h = kv·group + g.
+        // [B, KV, group·T, hd]; query heads in order h = kv·group + g.
+        let out = probs.matmul(v);
         self.merge_heads(out.reshape([batch, h, t, hd]))
     }
 

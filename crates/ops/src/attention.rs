@@ -23,8 +23,11 @@ pub type AttentionGrads<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 
 /// A backend that may have a fused causal GQA attention kernel.
 pub trait FusedAttention: Backend {
-    /// Whether this backend has the kernel. Callers check this first: the other methods
-    /// panic where it is false.
+    /// Whether this backend has the kernel. Callers check this first, then call
+    /// [`FusedAttention::fused_attention`]; the other methods panic where it is false. The
+    /// `_forward`/`_backward` halves belong to the backends that own a kernel (CubeBackend,
+    /// Fusion over it): `Autodiff` implements only `fused_attention`, as a graph node that
+    /// calls its inner backend's halves.
     fn has_fused_attention() -> bool {
         false
     }
