@@ -170,8 +170,26 @@ fn connect_nccl(launch: &Launch, _: Timeout) -> Result<Box<dyn Collectives>> {
     )
 }
 
-/// Checks the lengths a collective was given (one line naming what is wrong).
-fn check_counts(what: &str, counts: &[usize], world: usize, total: usize) -> Result<()> {
+/// The lengths a block collective was given: `counts` has one entry per rank and sums to
+/// `total` (the whole buffer), and this rank's own block (`all_gather`'s input,
+/// `reduce_scatter`'s output) holds `own` elements, as `counts[rank]` says.
+struct Blocks<'a> {
+    counts: &'a [usize],
+    rank: usize,
+    world: usize,
+    total: usize,
+    own: usize,
+}
+
+/// Checks a block collective's lengths (one line naming what is wrong).
+fn check_counts(what: &str, b: Blocks) -> Result<()> {
+    let Blocks {
+        counts,
+        rank,
+        world,
+        total,
+        own,
+    } = b;
     // MPI counts and displacements are C ints.
     anyhow::ensure!(
         total <= i32::MAX as usize,
@@ -187,6 +205,11 @@ fn check_counts(what: &str, counts: &[usize], world: usize, total: usize) -> Res
     anyhow::ensure!(
         sum == total,
         "{what}: counts sum to {sum}, buffer holds {total}"
+    );
+    anyhow::ensure!(
+        own == counts[rank],
+        "{what}: this rank's block holds {own} elements, counts say {}",
+        counts[rank]
     );
     Ok(())
 }

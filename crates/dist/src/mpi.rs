@@ -9,7 +9,7 @@ use anyhow::Result;
 use mpi::ffi;
 use mpi::topology::Communicator;
 
-use crate::{check_counts, Collectives, Launch, Reduce, Timeout};
+use crate::{check_counts, Blocks, Collectives, Launch, Reduce, Timeout};
 
 /// How long a wait polls without sleeping.
 const SPIN: Duration = Duration::from_millis(200);
@@ -142,13 +142,18 @@ impl Collectives for Mpi {
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
-        check_counts("all_gather", counts, self.world, out.len())?;
-        anyhow::ensure!(
-            mine.len() == counts[self.rank],
-            "all_gather: this rank's block has {} elements, counts say {}",
-            mine.len(),
-            counts[self.rank]
-        );
+        let (rank, world) = (self.rank, self.world);
+        let (total, own) = (out.len(), mine.len());
+        check_counts(
+            "all_gather",
+            Blocks {
+                counts,
+                rank,
+                world,
+                total,
+                own,
+            },
+        )?;
         let (c, d) = counts_i32(counts);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: every buffer outlives the request, which `wait` completes.
@@ -175,13 +180,18 @@ impl Collectives for Mpi {
         out: &mut [f32],
         op: Reduce,
     ) -> Result<()> {
-        check_counts("reduce_scatter", counts, self.world, buf.len())?;
-        anyhow::ensure!(
-            out.len() == counts[self.rank],
-            "reduce_scatter: output holds {}, counts say {}",
-            out.len(),
-            counts[self.rank]
-        );
+        let (rank, world) = (self.rank, self.world);
+        let (total, own) = (buf.len(), out.len());
+        check_counts(
+            "reduce_scatter",
+            Blocks {
+                counts,
+                rank,
+                world,
+                total,
+                own,
+            },
+        )?;
         let (c, _) = counts_i32(counts);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: every buffer outlives the request, which `wait` completes.

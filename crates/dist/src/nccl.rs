@@ -15,7 +15,9 @@ use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
 
-use crate::{check_counts, exchange_bytes, Collectives, Launch, Reduce, Rendezvous, Timeout};
+use crate::{
+    check_counts, exchange_bytes, Blocks, Collectives, Launch, Reduce, Rendezvous, Timeout,
+};
 
 pub struct Nccl {
     comm: Comm,
@@ -114,13 +116,18 @@ impl Collectives for Nccl {
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
-        check_counts("all_gather", counts, self.world, out.len())?;
-        anyhow::ensure!(
-            mine.len() == counts[self.rank],
-            "all_gather: this rank's block has {} elements, counts say {}",
-            mine.len(),
-            counts[self.rank]
-        );
+        let (rank, world) = (self.rank, self.world);
+        let (total, own) = (out.len(), mine.len());
+        check_counts(
+            "all_gather",
+            Blocks {
+                counts,
+                rank,
+                world,
+                total,
+                own,
+            },
+        )?;
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = mine.to_vec();
         padded.resize(block, 0.0);
@@ -146,7 +153,18 @@ impl Collectives for Nccl {
         out: &mut [f32],
         op: Reduce,
     ) -> Result<()> {
-        check_counts("reduce_scatter", counts, self.world, buf.len())?;
+        let (rank, world) = (self.rank, self.world);
+        let (total, own) = (buf.len(), out.len());
+        check_counts(
+            "reduce_scatter",
+            Blocks {
+                counts,
+                rank,
+                world,
+                total,
+                own,
+            },
+        )?;
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = vec![0.0; block * self.world];
         let mut at = 0;

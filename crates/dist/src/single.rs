@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 
-use crate::{check_counts, Collectives, Reduce};
+use crate::{check_counts, Blocks, Collectives, Reduce};
 
 /// The world of one rank.
 pub struct Single;
@@ -21,7 +21,17 @@ impl Collectives for Single {
         Ok(())
     }
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
-        check_counts("all_gather", counts, 1, out.len())?;
+        let (total, own) = (out.len(), mine.len());
+        check_counts(
+            "all_gather",
+            Blocks {
+                counts,
+                rank: 0,
+                world: 1,
+                total,
+                own,
+            },
+        )?;
         out.copy_from_slice(mine);
         Ok(())
     }
@@ -32,7 +42,17 @@ impl Collectives for Single {
         out: &mut [f32],
         _: Reduce,
     ) -> Result<()> {
-        check_counts("reduce_scatter", counts, 1, buf.len())?;
+        let (total, own) = (buf.len(), out.len());
+        check_counts(
+            "reduce_scatter",
+            Blocks {
+                counts,
+                rank: 0,
+                world: 1,
+                total,
+                own,
+            },
+        )?;
         out.copy_from_slice(buf);
         Ok(())
     }
