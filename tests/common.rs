@@ -98,13 +98,20 @@ pub fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-/// The `loss` of every line of metrics.jsonl, as exact bit patterns.
-pub fn losses(run: &Path) -> Vec<(u64, u64)> {
+/// Every row of a run's metrics.jsonl.
+pub fn metric_rows(run: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The `loss` of every line of metrics.jsonl, as exact bit patterns.
+pub fn losses(run: &Path) -> Vec<(u64, u64)> {
+    metric_rows(run)
+        .iter()
+        .map(|v| {
             (
                 v["step"].as_u64().unwrap(),
                 v["loss"].as_f64().unwrap().to_bits(),

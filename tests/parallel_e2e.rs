@@ -47,11 +47,9 @@ fn train_with(mut launcher: Command, cfg: &Path, run: &Path) -> Command {
 
 /// (step, loss, samples consumed) of every metrics row.
 fn rows(run: &Path) -> Vec<(u64, f64, u64)> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+    metric_rows(run)
+        .iter()
+        .map(|v| {
             (
                 v["step"].as_u64().unwrap(),
                 v["loss"].as_f64().unwrap(),
@@ -109,9 +107,9 @@ fn two_ranks_accumulating_one_equal_one_process_accumulating_two() {
         (Some(2), Some("mpi"))
     );
     // The share of step time in collectives is logged, and is a share.
-    let metrics = std::fs::read_to_string(two.join("metrics.jsonl")).unwrap();
-    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
-    let share = first["comm_share"].as_f64().expect("comm_share logged");
+    let share = metric_rows(&two)[0]["comm_share"]
+        .as_f64()
+        .expect("comm_share logged");
     assert!(share > 0.0 && share < 1.0, "{share}");
     // Only rank 0 writes the logs: one row per step, every step.
     let steps: Vec<u64> = rows(&two).iter().map(|r| r.0).collect();
