@@ -92,7 +92,6 @@ fn poisoned(dims: Vec<usize>, dtype: DType) -> Prim {
     } else {
         t.cast(dtype)
     };
-    let t: Tensor<B, 1> = t;
     match dims.len() {
         3 => t
             .reshape([dims[0], dims[1], dims[2]])

@@ -29,12 +29,11 @@ impl FusedAdamW for Flex {
         moments: Option<MomentPair<Flex>>,
         step: &AdamWStep,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let all_f32 = [Some(&param), Some(&grad), moments.as_ref().map(|(m, _)| m)]
-            .into_iter()
-            .chain([moments.as_ref().map(|(_, v)| v)])
-            .flatten()
-            .all(|t| t.dtype() == DType::F32);
-        if !all_f32 {
+        let mut inputs = vec![&param, &grad];
+        if let Some((m, v)) = &moments {
+            inputs.extend([m, v]);
+        }
+        if inputs.iter().any(|t| t.dtype() != DType::F32) {
             return tensor_ops_update::<Flex>(param, grad, moments, step);
         }
         let (mut param, grad) = (contiguous(param), contiguous(grad));
