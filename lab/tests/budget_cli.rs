@@ -708,3 +708,109 @@ fn bad_input_is_one_line_exit_1() {
         "{err}"
     );
 }
+
+/// GPU health (here from recorded readings, `--inject-gpu-telemetry`): every logged row gets
+/// the readings; ten minutes under 80 % utilisation and new ECC errors become events and
+/// reach the budget guard's webhook, once each.
+#[test]
+fn gpu_health_readings_reach_the_metrics_and_their_alerts_the_webhook() {
+    let hook = Server::start();
+    hook.script(
+        "POST /services/T0/B0/hook-secret",
+        vec![Reply::Body(200, "ok".into())],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let cfg = write_config(
+        dir.path(),
+        16,
+        "cap_usd = 1000\nrate_usd_per_hr = 0.01\nwebhook_url_env = \"LAB_TEST_WEBHOOK\"",
+    );
+    // A reading a minute: busy for 3, then 30 %; 2 uncorrected ECC errors from the 13th.
+    let readings: String = (0..16)
+        .map(|i| {
+            let util = if i < 3 { 95.0 } else { 30.0 };
+            let ecc = if i < 12 { 0 } else { 2 };
+            format!(
+                "{{\"t_s\":{},\"util_pct\":{util},\"mem_used_bytes\":{},\"mem_total_bytes\":{},\"temp_c\":{},\"ecc_uncorrected\":{ecc}}}\n",
+                60 * i,
+                40u64 << 30,
+                80u64 << 30,
+                60 + i
+            )
+        })
+        .collect();
+    let telemetry = dir.path().join("gpu.jsonl");
+    std::fs::write(&telemetry, readings).unwrap();
+    let train = |telemetry: &Path| {
+        let mut c = lab();
+        c.args(["train", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(data_dir())
+            .arg("--ckpt-dir")
+            .arg(&run)
+            .args(["--log-every", "1", "--inject-gpu-telemetry"])
+            .arg(telemetry)
+            .env(
+                "LAB_TEST_WEBHOOK",
+                format!("{}/services/T0/B0/hook-secret", hook.url()),
+            );
+        c
+    };
+
+    // A file that is not readings: one line naming the flag, before any step.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"util\": 5}\n").unwrap();
+    let out = train(&bad).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--inject-gpu-telemetry") && stderr.contains("bad.jsonl line 1"));
+    assert_eq!(steps_logged(&run), 0);
+
+    let out = train(&telemetry).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let rows: Vec<Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 16);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(
+            row["gpu_util_pct"],
+            if i < 3 { 95.0 } else { 30.0 },
+            "{row}"
+        );
+        assert_eq!(row["gpu_temp_c"], 60.0 + i as f64, "{row}");
+        assert_eq!(row["gpu_mem_used_gib"], 40.0, "{row}");
+    }
+    let gpu = kinds(&run, "gpu");
+    assert_eq!(gpu.len(), 1);
+    assert!(gpu[0]["name"].as_str().unwrap().starts_with("replay of"));
+    // Low from the 4th reading (t = 180 s): ten minutes at the 14th (t = 780 s), step 14.
+    let low = kinds(&run, "gpu_low_utilization");
+    assert_eq!(low.len(), 1, "{low:?}");
+    assert_eq!(
+        (low[0]["step"].as_u64(), low[0]["for_s"].as_f64()),
+        (Some(14), Some(600.0))
+    );
+    assert_eq!(low[0]["mean_util_pct"], 30.0);
+    let ecc = kinds(&run, "gpu_ecc_errors");
+    assert_eq!(ecc.len(), 1, "{ecc:?}");
+    assert_eq!(
+        (ecc[0]["step"].as_u64(), ecc[0]["new"].as_u64()),
+        (Some(13), Some(2))
+    );
+
+    let texts: Vec<String> = hook
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| serde_json::from_str::<Value>(&r.body).unwrap()["text"].to_string())
+        .collect();
+    let count = |needle: &str| texts.iter().filter(|t| t.contains(needle)).count();
+    assert_eq!(count("utilisation 30% for 10 min"), 1, "{texts:#?}");
+    assert_eq!(count("2 new uncorrected ECC error(s)"), 1, "{texts:#?}");
+}

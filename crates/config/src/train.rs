@@ -24,6 +24,15 @@ pub enum LmHeadLoss {
     Unfused,
 }
 
+impl Precision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fp32 => "fp32",
+            Self::Bf16 => "bf16",
+        }
+    }
+}
+
 impl LmHeadLoss {
     pub fn as_str(self) -> &'static str {
         match self {

@@ -5,7 +5,7 @@
 //! K/V head computes all their scores. Query head `h` uses K/V head `h / group`.
 
 use burn::module::Module;
-use burn::tensor::{activation::softmax, backend::Backend, Bool, Tensor};
+use burn::tensor::{activation::softmax, backend::Backend, Bool, FloatDType, Tensor};
 use lab_ops::AttentionFn;
 
 use crate::layers::{Linear, Rope};
@@ -117,13 +117,16 @@ impl<B: Backend> Attention<B> {
         let group = h / kv;
         // Stack each group's query heads along the sequence: [B, KV, group·T, hd].
         let q = q.reshape([batch, kv, group * t, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)) / (hd as f64).sqrt();
+        let dtype = v.dtype().into();
+        // Scores in the compute dtype, softmax in fp32 (a no-op cast in fp32 runs).
+        let scores = q.matmul(k.swap_dims(2, 3));
+        let scores = lab_ops::cast_to(scores, FloatDType::F32) / (hd as f64).sqrt();
         let future = future
             .clone()
             .unsqueeze::<4>()
             .expand([batch, kv, group * t, keys]);
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
-        let probs = softmax(scores, 3);
+        let probs = lab_ops::cast_to(softmax(scores, 3), dtype);
         // [B, KV, group·T, hd]; query heads in order h = kv·group + g.
         let out = probs.matmul(v);
         self.merge_heads(out.reshape([batch, h, t, hd]))

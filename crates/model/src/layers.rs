@@ -1,7 +1,7 @@
 //! The small building blocks: a bias-free linear map, RMSNorm and rotary position embedding.
 
 use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
 use crate::init;
 
@@ -25,9 +25,12 @@ impl<B: Backend> Linear<B> {
         }
     }
 
-    /// `x: [n, d_in]` → `[n, d_out]`.
+    /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype: under mixed precision the
+    /// fp32 master weight is cast to bf16 here, and its gradient comes back fp32 through the
+    /// cast.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.matmul(self.weight.val())
+        let dtype = x.dtype().into();
+        x.matmul(lab_ops::cast_to(self.weight.val(), dtype))
     }
 }
 
@@ -79,6 +82,14 @@ impl<B: Backend> Rope<B> {
         Self {
             cos: Tensor::from_data(TensorData::new(cos, shape), device),
             sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        }
+    }
+
+    /// The tables in `dtype` (the compute dtype of a mixed-precision forward).
+    pub fn cast(self, dtype: FloatDType) -> Self {
+        Self {
+            cos: lab_ops::cast_to(self.cos, dtype),
+            sin: lab_ops::cast_to(self.sin, dtype),
         }
     }
 

@@ -2,9 +2,9 @@
 //! residuals → final RMSNorm → LM head.
 
 use burn::module::{Module, Param};
-use burn::tensor::{activation::silu, backend::Backend, Bool, Int, Tensor};
-use lab_config::{LmHeadLoss, ModelConfig};
-use lab_ops::{AttentionFn, FusedOps};
+use burn::tensor::{activation::silu, backend::Backend, Bool, FloatDType, Int, Tensor};
+use lab_config::{LmHeadLoss, ModelConfig, Precision};
+use lab_ops::{cast_to, AttentionFn, FusedOps};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
@@ -67,18 +67,22 @@ impl<B: Backend> Block<B> {
         x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
     }
 
+    /// The residual stream `x` stays in its own dtype (fp32); norms compute in it too and
+    /// hand their output to attention and the feed-forward in `compute` (bf16 under mixed
+    /// precision), whose results are widened back before the residual add.
     fn forward(
         &self,
         x: Tensor<B, 2>,
         batch: usize,
         rope: &Rope<B>,
         how: &Attend<B>,
+        compute: FloatDType,
     ) -> Tensor<B, 2> {
-        let x = x.clone()
-            + self
-                .attn
-                .forward(self.attn_norm.forward(x), batch, rope, how);
-        x.clone() + self.ffn.forward(self.ffn_norm.forward(x))
+        let residual: FloatDType = x.dtype().into();
+        let h = cast_to(self.attn_norm.forward(x.clone()), compute);
+        let x = x + cast_to(self.attn.forward(h, batch, rope, how), residual);
+        let h = cast_to(self.ffn_norm.forward(x.clone()), compute);
+        x + cast_to(self.ffn.forward(h), residual)
     }
 }
 
@@ -97,6 +101,8 @@ pub struct Llama<B: Backend> {
     group: usize,
     /// The plain LM-head loss instead of the fused one (`train.lm_head_loss = "unfused"`).
     unfused_loss: bool,
+    /// Matmuls and activations in bf16 over fp32 weights (`train.precision = "bf16"`).
+    bf16: bool,
 }
 
 impl<B: Backend> Llama<B> {
@@ -125,6 +131,7 @@ impl<B: Backend> Llama<B> {
             rope_base: cfg.rope_base,
             group: cfg.group_size(),
             unfused_loss: false,
+            bf16: false,
         }
     }
 
@@ -132,6 +139,24 @@ impl<B: Backend> Llama<B> {
     pub fn with_lm_head_loss(mut self, kind: LmHeadLoss) -> Self {
         self.unfused_loss = kind == LmHeadLoss::Unfused;
         self
+    }
+
+    /// Sets the precision the forward computes in. bf16 is mixed precision as PyTorch's
+    /// autocast does it: the parameters (and so the optimizer and checkpoints) stay fp32;
+    /// matmuls, attention and the feed-forward run in bf16 on bf16 copies of the weights;
+    /// the residual stream, RMSNorm, softmax and the loss stay fp32.
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.bf16 = precision == Precision::Bf16;
+        self
+    }
+
+    /// The dtype matmuls and activations compute in.
+    pub fn compute_dtype(&self) -> FloatDType {
+        if self.bf16 {
+            FloatDType::BF16
+        } else {
+            FloatDType::F32
+        }
     }
 
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
@@ -154,7 +179,8 @@ impl<B: Backend> Llama<B> {
         );
         let device = tokens.device();
         // Position tables, built once per forward and shared by every layer.
-        let rope = Rope::new(t, self.head_dim, self.rope_base, &device);
+        let compute = self.compute_dtype();
+        let rope = Rope::new(t, self.head_dim, self.rope_base, &device).cast(compute);
         let how = match kernel {
             Some(kernel) => Attend::Fused(kernel),
             None => Attend::Decomposed(crate::attention::causal_mask::<B>(t, self.group, &device)),
@@ -163,7 +189,7 @@ impl<B: Backend> Llama<B> {
         let d = x.dims()[2];
         let mut x = x.reshape([batch * t, d]);
         for block in &self.blocks {
-            x = block.forward(x, batch, &rope, &how);
+            x = block.forward(x, batch, &rope, &how, compute);
         }
         self.norm.forward(x)
     }
@@ -277,9 +303,11 @@ impl<B: FusedOps> Llama<B> {
         } else {
             LmHeadLoss::Fused
         };
+        let compute = self.compute_dtype();
+        let hidden = self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>());
         crate::loss::lm_head_loss(
-            self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>()),
-            self.head_weight(),
+            cast_to(hidden, compute),
+            cast_to(self.head_weight(), compute),
             targets.reshape([n]),
             kind,
         )

@@ -13,6 +13,7 @@ use burn::backend::autodiff::{
     Autodiff,
 };
 use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::TensorMetadata;
 
 use crate::{FusedAttention, FusedLoss};
 
@@ -30,8 +31,8 @@ impl<B: FusedLoss> Backward<B, 2> for LmHeadLossBackward {
         let (grad_hidden, grad_weight) = ops.state;
         let grad_loss = grads.consume::<B>(&ops.node); // [1]
         let scale = B::float_reshape(grad_loss, [1, 1].into());
-        let grad_hidden = B::float_mul(grad_hidden, scale.clone());
-        let grad_weight = B::float_mul(grad_weight, scale);
+        let grad_hidden = scaled::<B>(grad_hidden, scale.clone());
+        let grad_weight = scaled::<B>(grad_weight, scale);
         let [hidden_node, weight_node] = ops.parents;
         if let Some(node) = hidden_node {
             grads.register::<B>(node.id, grad_hidden);
@@ -40,6 +41,18 @@ impl<B: FusedLoss> Backward<B, 2> for LmHeadLossBackward {
             grads.register::<B>(node.id, grad_weight);
         }
     }
+}
+
+/// `grad · scale`, the fp32 scale first cast to the gradient's dtype (bf16 under mixed
+/// precision): burn's binary ops read the right operand as the left one's dtype.
+fn scaled<B: FusedLoss>(grad: FloatTensor<B>, scale: FloatTensor<B>) -> FloatTensor<B> {
+    let dtype = grad.dtype();
+    let scale = if scale.dtype() == dtype {
+        scale
+    } else {
+        B::float_cast(scale, dtype.into())
+    };
+    B::float_mul(grad, scale)
 }
 
 impl<B: FusedLoss, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {

@@ -5,11 +5,18 @@
 //! elementwise passes over `[c, V]`; backward does that matmul again plus two more of the same
 //! size. Every `[c, V]` temporary dies before the next chunk starts.
 
+//!
+//! Mixed precision: `hidden` and `weight` may be bf16 (any dtype, the same for both). The
+//! matmuls then run in that dtype; each chunk's logits are widened to fp32 before the softmax,
+//! and the weight gradient is summed over chunks in fp32, then returned in the weight's dtype.
+
 use burn::tensor::{
     backend::Backend,
     ops::{FloatTensor, IntTensor},
-    IndexingUpdateOp, Int, Tensor, TensorPrimitive,
+    FloatDType, IndexingUpdateOp, Int, Tensor, TensorPrimitive,
 };
+
+use crate::cast_to;
 
 fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
@@ -40,6 +47,7 @@ pub(crate) fn lse_and_picked<B: Backend>(
     for (s, e) in chunks(n, chunk_rows) {
         let c = e - s;
         let logits = hidden.clone().slice(s..e).matmul(weight.clone()); // [c, V]
+        let logits = cast_to(logits, FloatDType::F32);
         let max = logits.clone().max_dim(1); // [c, 1], shift so exp never overflows
         let sum = (logits.clone() - max.clone()).exp().sum_dim(1); // [c, 1]
         lse_parts.push(sum.log() + max);
@@ -78,6 +86,7 @@ pub(crate) fn backward<B: Backend>(
     let lse: Tensor<B, 1> = float(lse);
     let [n, _d] = hidden.dims();
     let device = hidden.device();
+    let dtype: FloatDType = hidden.dtype().into();
 
     // d loss / d logits[i, j] = (softmax[i, j] - [j == target[i]]) * grad_loss / N.
     // The scale stays a device tensor: no host round trip on GPU backends.
@@ -89,22 +98,21 @@ pub(crate) fn backward<B: Backend>(
     for (s, e) in chunks(n, chunk_rows) {
         let c = e - s;
         let h = hidden.clone().slice(s..e); // [c, d]
-        let logits = h.clone().matmul(weight.clone()); // [c, V], recomputed
+        let logits = cast_to(h.clone().matmul(weight.clone()), FloatDType::F32); // [c, V], recomputed
         let lse_c = lse.clone().slice(s..e).reshape([c, 1]);
         let softmax = (logits - lse_c).exp(); // [c, V]
         let t = targets.clone().slice(s..e).reshape([c, 1]);
         let minus_one = Tensor::<B, 2>::full([c, 1], -1.0, &device);
         let g = softmax.scatter(1, t, minus_one, IndexingUpdateOp::Add) * scale.clone(); // [c, V]
+        let g = cast_to(g, dtype);
         grad_hidden_parts.push(g.clone().matmul(weight_t.clone())); // [c, d]
-        let gw = h.transpose().matmul(g); // [d, V]
+        let gw = cast_to(h.transpose().matmul(g), FloatDType::F32); // [d, V]
         grad_weight = Some(match grad_weight {
             None => gw,
             Some(acc) => acc + gw,
         });
     }
     let grad_hidden = Tensor::cat(grad_hidden_parts, 0);
-    (
-        prim(grad_hidden),
-        prim(grad_weight.expect("at least one chunk")),
-    )
+    let grad_weight = cast_to(grad_weight.expect("at least one chunk"), dtype);
+    (prim(grad_hidden), prim(grad_weight))
 }

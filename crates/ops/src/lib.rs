@@ -20,7 +20,7 @@
 use burn::tensor::{
     backend::Backend,
     ops::{FloatTensor, IntTensor},
-    Int, Tensor, TensorPrimitive,
+    FloatDType, Int, Tensor, TensorPrimitive,
 };
 
 mod adamw;
@@ -37,6 +37,16 @@ pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,
 };
+
+/// `x` in `dtype`. A no-op when it already is: burn's cast records an autodiff node even
+/// then, and fp32 runs must keep the graph (and the bits) they had before mixed precision.
+pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -> Tensor<B, D> {
+    if x.dtype() == dtype.into() {
+        x
+    } else {
+        x.cast(dtype)
+    }
+}
 
 /// Every fused op the model calls: what a backend must provide to train.
 pub trait FusedOps: FusedLoss + FusedAttention {}
@@ -182,7 +192,8 @@ pub fn lm_head_loss_unfused<B: Backend>(
     targets: Tensor<B, 1, Int>,
 ) -> Tensor<B, 1> {
     let n = targets.dims()[0];
-    let logits = hidden.matmul(weight); // [N, V]
+    // Low-precision matmul, fp32 softmax (as autocast does).
+    let logits = cast_to(hidden.matmul(weight), FloatDType::F32); // [N, V]
     let logp = burn::tensor::activation::log_softmax(logits, 1); // [N, V]
     let picked = logp.gather(1, targets.reshape([n, 1])); // [N, 1]
     picked.neg().mean() // [1]

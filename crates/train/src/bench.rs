@@ -27,6 +27,8 @@ pub struct BenchOptions {
 pub struct BenchReport {
     pub config: String,
     pub lm_head_loss: String,
+    /// `fp32` or `bf16` (mixed precision); MFU is against the peak of this precision.
+    pub precision: String,
     pub tokens_per_step: usize,
     pub steps: usize,
     pub tokens_per_s: f64,
@@ -109,6 +111,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
     Ok(BenchReport {
         config: cfg.name.clone(),
         lm_head_loss: cfg.train.lm_head_loss.as_str().into(),
+        precision: cfg.train.precision.as_str().into(),
         tokens_per_step,
         steps: opts.steps,
         tokens_per_s,

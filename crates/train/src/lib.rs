@@ -9,6 +9,7 @@ pub mod detect;
 pub mod eval;
 pub mod forensics;
 pub mod freeze;
+pub mod health;
 pub mod hf_init;
 pub mod inject;
 pub mod judge;

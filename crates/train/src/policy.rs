@@ -106,13 +106,15 @@ pub struct StepView<'a> {
     pub val_loss: Option<f64>,
 }
 
-/// Where policies report: events (events.jsonl), alerts (the webhook), the console, and a
-/// flag on this step's metrics row (which also makes the trainer log the step).
+/// Where policies report: events (events.jsonl), alerts (the webhook), the console, a flag
+/// on this step's metrics row (which also makes the trainer log the step), and columns of it.
 pub trait Journal {
     fn event(&mut self, step: u64, kind: &str, fields: Value);
     fn alert(&mut self, text: &str);
     fn say(&mut self, line: &str);
     fn flag_step(&mut self, flag: &str);
+    /// A column for this step's metrics row, if the step is logged.
+    fn metric(&mut self, _name: &str, _value: f64) {}
 }
 
 pub trait StepPolicy {

@@ -6,6 +6,7 @@
 //! only rank 0 (the leader) writes the folder's logs and status and talks to people; the
 //! others read checkpoints after it and write only their optimizer shards (ZeRO-1).
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -83,6 +84,8 @@ pub struct Run {
     last_val: Option<f64>,
     /// Set by a policy for the step being taken; forces its metrics row.
     flag: Option<String>,
+    /// Columns policies add to the next metrics row (the GPU's readings).
+    pending_metrics: BTreeMap<String, f64>,
     judge: Judge,
     /// The best validation loss so far and its step; `best_pending` until it is checkpointed.
     best: Option<(u64, f64)>,
@@ -149,6 +152,7 @@ impl Run {
             last_loss: f64::NAN,
             last_val: None,
             flag: None,
+            pending_metrics: BTreeMap::new(),
             judge: Judge::new(&opts.config, data)?,
             best: None,
             best_pending: false,
@@ -400,6 +404,7 @@ impl Run {
             flag,
             extra: judged.map(|j| j.extra).unwrap_or_default(),
         };
+        row.extra.append(&mut self.pending_metrics);
         if self.dp.world() > 1 {
             // The share of the interval's step time spent in collectives (rank 0's view).
             row.extra.insert(
@@ -793,6 +798,10 @@ impl Journal for Run {
 
     fn flag_step(&mut self, flag: &str) {
         self.flag = Some(flag.to_string());
+    }
+
+    fn metric(&mut self, name: &str, value: f64) {
+        self.pending_metrics.insert(name.to_string(), value);
     }
 }
 

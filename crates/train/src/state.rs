@@ -33,7 +33,8 @@ impl<B: TrainBackend> TrainingState<B> {
     pub fn fresh(cfg: &LabConfig, device: &B::Device) -> Self {
         Self {
             model: Llama::new(&cfg.model, cfg.train.seed, device)
-                .with_lm_head_loss(cfg.train.lm_head_loss),
+                .with_lm_head_loss(cfg.train.lm_head_loss)
+                .with_precision(cfg.train.precision),
             optim: AdamW::new(&cfg.train),
             step: 0,
             cursor: DataCursor::default(),

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
-use lab_config::{LabConfig, Precision};
+use lab_config::LabConfig;
 use lab_data::Batch;
 use lab_model::Llama;
 
@@ -74,6 +74,5 @@ pub fn to_tensors<B: Backend>(
 /// Model FLOPs utilisation at `tokens_per_s`: training FLOPs per token (LM head and attention
 /// included) over the device's peak at the precision the run computes in.
 pub fn mfu(cfg: &LabConfig, tokens_per_s: f64) -> f64 {
-    // burn 0.21 has no autocast: every backend computes in fp32 here.
-    tokens_per_s * cfg.model.train_flops_per_token() / cfg.hardware.peak_flops(Precision::Fp32)
+    tokens_per_s * cfg.model.train_flops_per_token() / cfg.hardware.peak_flops(cfg.train.precision)
 }

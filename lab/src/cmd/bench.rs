@@ -27,6 +27,9 @@ pub struct Args {
     /// log_softmax composition, for before/after comparisons); overrides train.lm_head_loss.
     #[arg(long, value_parser = ["fused", "unfused"])]
     pub loss: Option<String>,
+    /// Overrides train.precision: `fp32`, or `bf16` (bf16 matmuls over fp32 weights).
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    pub precision: Option<String>,
     /// Time decoding this many tokens with the KV cache against recomputing the sequence.
     #[arg(long, value_name = "TOKENS")]
     pub generate: Option<usize>,
@@ -54,6 +57,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some("unfused") => config.train.lm_head_loss = lab_config::LmHeadLoss::Unfused,
         Some(_) => config.train.lm_head_loss = lab_config::LmHeadLoss::Fused,
         None => {}
+    }
+    if let Some(p) = &args.precision {
+        config.train.precision = super::train::parse_precision(p);
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
         std::thread::available_parallelism()
@@ -118,10 +124,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} on {} ({threads} threads, {} loss): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
+            "{} on {} ({threads} threads, {} loss, {}): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
             r.config,
             backend.name(),
             r.lm_head_loss,
+            r.precision,
             r.tokens_per_s,
             r.ms_per_step,
             r.tokens_per_step,

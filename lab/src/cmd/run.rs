@@ -329,6 +329,8 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         extend_to_steps: None,
         seed: None,
         backend: r.backend.clone(),
+        precision: None,
+        inject_gpu_telemetry: None,
         mlflow_uri: None,
         spike: SpikeFlags {
             inject_spike_at_step: r.inject_spike_at_step,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use lab_budget::{Progress, RunGuard};
-use lab_config::{LabConfig, SpikeConfig, SpikeKind, SpikePolicy};
+use lab_config::{LabConfig, Precision, SpikeConfig, SpikeKind, SpikePolicy};
+use lab_train::health::GpuHealth;
 use lab_train::{signals, BackendKind, Decision, Journal, Outcome, StepPolicy, StepView, Stop};
 use lab_train::{AlertSink, TrainOptions};
 
@@ -48,6 +49,15 @@ pub struct Args {
     /// cpu (default), cuda or wgpu (the last two need a build with that feature).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// Overrides train.precision: `fp32`, or `bf16` (mixed precision: bf16 matmuls and
+    /// activations over fp32 master weights, optimizer state and checkpoints).
+    #[arg(long, value_parser = ["fp32", "bf16"])]
+    pub precision: Option<String>,
+    /// Fire drill: read the GPU's health from FILE (one JSON reading per line: t_s, util_pct,
+    /// mem_used_bytes, mem_total_bytes, temp_c, ecc_corrected, ecc_uncorrected) instead of
+    /// NVML, one per logged step, to see the metrics columns and alerts without a failing GPU.
+    #[arg(long, value_name = "FILE")]
+    pub inject_gpu_telemetry: Option<PathBuf>,
     /// Also log the run to an MLflow file store (`file:///…/mlruns`) when it ends.
     #[arg(long, value_name = "URI")]
     pub mlflow_uri: Option<String>,
@@ -171,6 +181,14 @@ pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
     }
 }
 
+/// `--precision`'s value (clap has already refused anything else).
+pub fn parse_precision(name: &str) -> Precision {
+    match name {
+        "bf16" => Precision::Bf16,
+        _ => Precision::Fp32,
+    }
+}
+
 pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Option<RunGuard>)> {
     let mut config = load_config(args.config.as_ref())?;
     let t = &mut config.train;
@@ -189,6 +207,9 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     }
     if let Some(v) = args.seed {
         t.seed = v;
+    }
+    if let Some(p) = &args.precision {
+        t.precision = parse_precision(p);
     }
     if let Some(k) = args.init.freeze_non_embedding_steps {
         t.freeze_non_embedding_steps = k;
@@ -237,6 +258,10 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         });
         sink
     });
+    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, backend, &config, &launch)? {
+        Some(p) => vec![Box::new(p)],
+        None => Vec::new(),
+    };
     let opts = TrainOptions {
         config,
         data_dir,
@@ -244,7 +269,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         resume: args.resume_from_latest,
         backend,
         progress: std::io::stderr().is_terminal(),
-        policies: Vec::new(),
+        policies,
         alert,
         nan_grad_at_step: args.spike.inject_nan_grad_at_step,
         crash_in_rollback: args.spike.inject_crash_in_rollback,
@@ -253,6 +278,38 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         launch,
     };
     Ok((opts, guard))
+}
+
+/// GPU health readings and alerts: NVML on a CUDA run, a recorded file for the drill, none
+/// on the CPU. A GPU host without NVML trains on, with a warning.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn gpu_health(
+    args: &Args,
+    backend: BackendKind,
+    config: &LabConfig,
+    launch: &lab_dist::Launch,
+) -> Result<Option<GpuHealth>> {
+    let probe: Box<dyn lab_health::Probe> = match (&args.inject_gpu_telemetry, backend) {
+        (Some(file), _) => {
+            Box::new(lab_health::replay::ReplayProbe::open(file).context("--inject-gpu-telemetry")?)
+        }
+        #[cfg(feature = "cuda")]
+        (None, BackendKind::Cuda) => {
+            // CUDA's device numbering; NVML numbers by PCI bus, the same order unless
+            // CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER reorder the GPUs.
+            let index = lab_dist::gpu_index(launch)? as u32;
+            match lab_health::nvml::NvmlProbe::open(index) {
+                Ok(p) => Box::new(p),
+                Err(e) => {
+                    eprintln!("warning: {e:#}");
+                    return Ok(None);
+                }
+            }
+        }
+        _ => return Ok(None),
+    };
+    let watch = lab_health::Watch::new(lab_health::Rules::default());
+    Ok(Some(GpuHealth::new(probe, watch, config.train.log_every)))
 }
 
 /// The budget guard as a step policy: consulted at its interval and at every checkpoint step,
