@@ -53,11 +53,11 @@ fn utilization(device: &Device, last_seen_us: &mut Option<u64>) -> Result<f64> {
         .unwrap_or_default();
     let values: Vec<f64> = samples
         .iter()
-        .filter_map(|s| match s.value {
-            SampleValue::U32(v) => Some(v as f64),
-            SampleValue::U64(v) => Some(v as f64),
-            SampleValue::F64(v) => Some(v),
-            SampleValue::I64(v) => Some(v as f64),
+        .map(|s| match s.value {
+            SampleValue::U32(v) => v as f64,
+            SampleValue::U64(v) => v as f64,
+            SampleValue::F64(v) => v,
+            SampleValue::I64(v) => v as f64,
         })
         .collect();
     if let Some(newest) = samples.iter().map(|s| s.timestamp).max() {

@@ -105,5 +105,58 @@ fn cuda_available() -> Result<()> {
     if !found {
         bail!("--backend cuda: no CUDA driver (libcuda.so) found on this machine; use --backend cpu or run on a GPU host");
     }
+    let cuda_path = std::env::var("CUDA_PATH").ok();
+    if cuda_headers(cuda_path.as_deref(), &|p| p.exists()).is_none() {
+        bail!("--backend cuda: no CUDA toolkit headers (include/cuda.h under CUDA_PATH, /usr/local/cuda or /opt/cuda): cubecl compiles its kernels at run time with NVRTC and needs them; install the CUDA toolkit or set CUDA_PATH");
+    }
     Ok(())
+}
+
+/// The CUDA toolkit's include folder, looked up where cubecl-cuda looks for the toolkit
+/// (`CUDA_PATH`, then `/usr/local/cuda`, `/opt/cuda`, `/usr` with `/usr/bin/nvcc`), provided
+/// it holds `cuda.h`: without it cubecl panics on its first kernel.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn cuda_headers(
+    cuda_path: Option<&str>,
+    exists: &dyn Fn(&std::path::Path) -> bool,
+) -> Option<std::path::PathBuf> {
+    use std::path::{Path, PathBuf};
+    let root = match cuda_path {
+        Some(p) => PathBuf::from(p),
+        None => ["/usr/local/cuda", "/opt/cuda"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| exists(p))
+            .or_else(|| exists(Path::new("/usr/bin/nvcc")).then(|| PathBuf::from("/usr")))?,
+    };
+    let include = root.join("include");
+    exists(&include.join("cuda.h")).then_some(include)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_headers;
+    use std::path::Path;
+
+    #[test]
+    fn cuda_headers_are_found_where_cubecl_looks_and_only_with_cuda_h() {
+        let on_disk = |files: &'static [&'static str]| {
+            move |p: &Path| files.iter().any(|f| Path::new(f).starts_with(p))
+        };
+        let toolkit = on_disk(&["/usr/local/cuda/include/cuda.h"]);
+        assert_eq!(
+            cuda_headers(None, &toolkit),
+            Some(Path::new("/usr/local/cuda/include").to_path_buf())
+        );
+        // CUDA_PATH wins, and must hold the headers itself.
+        assert_eq!(cuda_headers(Some("/opt/other"), &toolkit), None);
+        // A driver-only host (libcuda, no toolkit).
+        assert_eq!(cuda_headers(None, &on_disk(&["/usr/lib/libcuda.so"])), None);
+        // The distribution's nvcc package puts the headers under /usr/include.
+        let distro = on_disk(&["/usr/bin/nvcc", "/usr/include/cuda.h"]);
+        assert_eq!(
+            cuda_headers(None, &distro),
+            Some(Path::new("/usr/include").to_path_buf())
+        );
+    }
 }

@@ -37,6 +37,9 @@ pub struct BenchReport {
     pub backward_ms: f64,
     pub optimizer_ms: f64,
     pub mfu: f64,
+    /// The loss of the last step (warm-up included in the count): what the PyTorch
+    /// reference's loss at the same step is compared with.
+    pub last_loss: f64,
 }
 
 impl OnBackend for BenchOptions {
@@ -68,16 +71,14 @@ fn batches(cfg: &LabConfig, tokens: &[u32], i: usize) -> Vec<Batch> {
         .collect()
 }
 
-fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
-    let cfg = &opts.config;
+/// The token stream every bench step draws its windows from: the GPT-2 tokens of the first
+/// 400,000 characters of the bundled text (`lab bench --tokens-out` writes it for the PyTorch
+/// reference, which reads the same windows).
+pub fn bench_tokens(cfg: &LabConfig) -> Result<Vec<u32>> {
     let t = cfg.model.seq_len;
-    if opts.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
     if cfg.model.vocab_size < lab_data::gpt2::GPT2_VOCAB {
         bail!("lab bench feeds GPT-2 tokens: model.vocab_size must be >= 50257");
     }
-    // Enough real text for every window of the run.
     let text: String = lab_data::TINYSHAKESPEARE.chars().take(400_000).collect();
     let tokens = lab_data::gpt2::encoder().encode_ordinary(&text);
     if tokens.len() < 2 * (t + 1) {
@@ -86,13 +87,23 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             tokens.len()
         );
     }
+    Ok(tokens)
+}
+
+fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
+    let cfg = &opts.config;
+    if opts.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let tokens = bench_tokens(cfg)?;
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
-    let (mut phases, mut opt_s) = (PhaseTimes::default(), 0.0);
+    let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
     for i in 0..opts.warmup + opts.steps {
         let micro = batches(cfg, &tokens, i);
         let mut times = PhaseTimes::default();
-        let (grads, _loss) = forward_backward(&state.model, &micro, &device, Some(&mut times));
+        let (grads, loss) = forward_backward(&state.model, &micro, &device, Some(&mut times));
+        last_loss = loss;
         let t0 = Instant::now();
         let norm = grad_norm(&state.model, &grads);
         let scale = state.optim.clip_scale(norm);
@@ -120,6 +131,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         backward_ms: phases.backward_s / n * 1e3,
         optimizer_ms: opt_s / n * 1e3,
         mfu: mfu(cfg, tokens_per_s),
+        last_loss,
     })
 }
 
@@ -300,5 +312,83 @@ mod memory {
                 unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
             }
         }
+    }
+}
+
+/// `lab bench --matmul`: the backend's matmul on the model's projection shapes, in the run's
+/// precision (`rows = micro_batch × seq_len` tokens times each weight), against which
+/// scripts/gpu/bench.sh sets cuBLAS (through PyTorch) on the same shapes.
+pub struct MatmulBench {
+    pub config: LabConfig,
+    pub iters: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MatmulShape {
+    /// What multiplies by this weight (`wq`, `ffn.up`, `lm_head`, …).
+    pub name: &'static str,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub ms: f64,
+    pub tflops: f64,
+}
+
+impl MatmulBench {
+    /// `(name, k, n)` of every distinct projection: `[rows, k] @ [k, n]`.
+    pub fn shapes(cfg: &lab_config::ModelConfig) -> Vec<(&'static str, usize, usize)> {
+        let (d, hd) = (cfg.d_model, cfg.head_dim());
+        vec![
+            ("wq", d, cfg.n_head * hd),
+            ("wk/wv", d, cfg.n_kv_head * hd),
+            ("wo", cfg.n_head * hd, d),
+            ("ffn.gate/up", d, cfg.d_ff),
+            ("ffn.down", cfg.d_ff, d),
+            ("lm_head", d, cfg.vocab_size),
+        ]
+    }
+}
+
+impl OnBackend for MatmulBench {
+    type Output = Vec<MatmulShape>;
+    fn run<B: TrainBackend>(self, device: B::Device) -> Result<Vec<MatmulShape>> {
+        use burn::tensor::{backend::Backend, Distribution, FloatDType, Tensor};
+        type Inner<B> = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+        let cfg = &self.config;
+        let m = cfg.train.micro_batch * cfg.model.seq_len;
+        let dtype = match cfg.train.precision {
+            lab_config::Precision::Bf16 => FloatDType::BF16,
+            lab_config::Precision::Fp32 => FloatDType::F32,
+        };
+        let normal = Distribution::Normal(0.0, 1.0);
+        let mut out = Vec::new();
+        for (name, k, n) in Self::shapes(&cfg.model) {
+            let a = Tensor::<Inner<B>, 2>::random([m, k], normal, &device).cast(dtype);
+            let b = Tensor::<Inner<B>, 2>::random([k, n], normal, &device).cast(dtype);
+            // The product stays alive until the sync: a lazy backend (burn's fusion) may
+            // drop work whose result nobody holds. The first, untimed, selects the kernel
+            // (cubecl autotunes here) and warms caches.
+            let product = || {
+                let c = a.clone().matmul(b.clone());
+                Inner::<B>::sync(&device).ok();
+                drop(c);
+            };
+            product();
+            let t0 = Instant::now();
+            for _ in 0..self.iters.max(1) {
+                product();
+            }
+            let s = t0.elapsed().as_secs_f64() / self.iters.max(1) as f64;
+            let tflops = 2.0 * (m * k * n) as f64 / s / 1e12;
+            out.push(MatmulShape {
+                name,
+                m,
+                k,
+                n,
+                ms: s * 1e3,
+                tflops,
+            });
+        }
+        Ok(out)
     }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use lab_train::bench::BenchOptions;
 use lab_train::BackendKind;
 
@@ -41,6 +41,14 @@ pub struct Args {
     /// removed afterwards).
     #[arg(long, default_value = "runs/bench-checkpoint")]
     pub ckpt_dir: std::path::PathBuf,
+    /// Also write the token stream the steps draw from (little-endian u32 ids) to FILE, for
+    /// scripts/reference/torch_train_ref.py to train on the same windows.
+    #[arg(long, value_name = "FILE")]
+    pub tokens_out: Option<PathBuf>,
+    /// Time the backend's matmul on the model's projection shapes (micro_batch × seq_len
+    /// rows), in the run's precision, instead of training steps.
+    #[arg(long)]
+    pub matmul: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -92,6 +100,31 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if args.matmul {
+        let precision = config.train.precision.as_str();
+        let shapes = backend.dispatch(lab_train::bench::MatmulBench {
+            config,
+            iters: args.steps,
+        })?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&shapes)?);
+        } else {
+            for s in shapes {
+                println!(
+                    "matmul {:<12} [{} × {}] @ [{} × {}] {precision} on {}: {:.3} ms, {:.1} TFLOP/s",
+                    s.name,
+                    s.m,
+                    s.k,
+                    s.k,
+                    s.n,
+                    backend.name(),
+                    s.ms,
+                    s.tflops
+                );
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(n) = args.generate {
         let r = backend.dispatch(lab_train::bench::GenerateBench {
             config,
@@ -111,6 +144,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             );
         }
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(path) = &args.tokens_out {
+        let tokens = lab_train::bench::bench_tokens(&config)?;
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        lab_fsio::write_atomic(path, &bytes)
+            .with_context(|| format!("--tokens-out {}", path.display()))?;
     }
     let r = backend.dispatch(BenchOptions {
         config,
@@ -135,11 +174,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             r.steps
         );
         println!(
-            "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}%",
+            "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}% | loss at step {} {:.4}",
             r.forward_ms,
             r.backward_ms,
             r.optimizer_ms,
-            r.mfu * 100.0
+            r.mfu * 100.0,
+            args.warmup + args.steps,
+            r.last_loss
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# lab against PyTorch on one GPU host, same model, same token windows, same GPU; one table.
+#
+#   scripts/gpu/bench.sh [--lab PATH] [--config FILE] [--steps N] [--warmup N] [--device cuda|cpu]
+#
+# Runs, one after another (never side by side: they would share the GPU):
+#   1. lab bench --backend cuda (bf16) on the config, writing its token stream;
+#   2. scripts/reference/torch_train_ref.py on the same stream: eager, then torch.compile;
+#   3. lab bench --matmul and PyTorch's matmul (cuBLAS) on the model's projection shapes.
+# Prints tokens/s, MFU (against the detected GPU's dense bf16 peak, FLOPs counted as lab
+# counts them: LM head and attention included), peak GPU memory (nvidia-smi, sampled every
+# 200 ms, the same way for both) and the loss at the last step, then the matmul lines.
+# Needs: a prebuilt lab (--features cuda), python3 with torch (and tomli on Python < 3.11).
+# `--device cpu` runs the same plumbing on a CPU (a smoke test; no memory column).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+lab="$repo/target/release/lab"
+config="$repo/configs/x1-50m-a100.toml"
+steps=45
+warmup=5
+device=cuda
+py="${PYTHON:-python3}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --lab) lab="$2"; shift 2 ;;
+    --config) config="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --warmup) warmup="$2"; shift 2 ;;
+    --device) device="$2"; shift 2 ;;
+    *) echo "bench.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+[ -x "$lab" ] || { echo "bench.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
+out="$(mktemp -d)"
+echo "bench.sh: results in $out"
+
+# Runs "$@" while sampling the GPU's used memory; the peak (MiB) goes to $out/$name.mem.
+with_memory() {
+  local name="$1"; shift
+  if [ "$device" != cuda ]; then "$@"; return; fi
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "${GPU_INDEX:-0}" -lms 200 \
+    > "$out/$name.samples" &
+  local sampler=$!
+  "$@"
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
+  sort -n "$out/$name.samples" | tail -1 > "$out/$name.mem"
+}
+
+if [ "$device" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader -i "${GPU_INDEX:-0}"
+  backend=cuda
+else
+  backend=cpu
+fi
+common=(--config "$config" --steps "$steps" --warmup "$warmup")
+with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json \
+  --tokens-out "$out/tokens.u32" > "$out/lab.json"
+ref=("$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
+     --precision bf16 --json)
+with_memory eager "${ref[@]}" --tokens "$out/tokens.u32" > "$out/eager.json"
+with_memory compile "${ref[@]}" --tokens "$out/tokens.u32" --compile > "$out/compile.json"
+"$lab" bench --backend "$backend" --precision bf16 --matmul --config "$config" --steps 20 --json \
+  > "$out/lab_matmul.json"
+"${ref[@]}" --matmul-shapes "$out/lab_matmul.json" --steps 20 > "$out/torch_matmul.json"
+
+REPO="$repo" "$py" - "$out" "$config" <<'EOF'
+import json, os, sys
+sys.path.insert(0, os.path.join(os.environ.get("REPO", "."), "scripts", "reference"))
+out, config = sys.argv[1], sys.argv[2]
+import torch_train_ref as ref
+with open(config, "rb") as f:
+    fpt = ref.flops_per_token(ref.model_config(ref.tomllib.load(f)))
+load = lambda n: json.load(open(os.path.join(out, n)))
+runs = [("lab", load("lab.json")), ("torch eager", load("eager.json")),
+        ("torch.compile", load("compile.json"))]
+device = runs[1][1]["device"]
+peak = next((bf for key, bf, _ in ref.PEAKS if key in device), None)
+def mem(name):
+    p = os.path.join(out, name + ".mem")
+    return f"{int(open(p).read()) / 1024:.1f} GiB" if os.path.exists(p) else "-"
+print(f"\n{device}, bf16, {runs[0][1]['tokens_per_step']} tokens/step, {runs[0][1]['steps']} timed steps")
+print(f"| run | tokens/s | MFU | peak GPU memory | loss at last step | lab / this |")
+print(f"|---|---|---|---|---|---|")
+lab_tps = runs[0][1]["tokens_per_s"]
+for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
+    mfu = f"{r['tokens_per_s'] * fpt / peak * 100:.1f} %" if peak else "-"
+    print(f"| {name} | {r['tokens_per_s']:.0f} | {mfu} | {mem(key)} | {r['last_loss']:.4f} | "
+          f"{lab_tps / r['tokens_per_s']:.2f}x |")
+print()
+for a, b in zip(load("lab_matmul.json"), load("torch_matmul.json")):
+    print(f"matmul {a['name']:<12} [{a['m']}x{a['k']}]@[{a['k']}x{a['n']}]: cubecl {a['tflops']:.1f} "
+          f"TFLOP/s, PyTorch (cuBLAS) {b['tflops']:.1f} TFLOP/s, ratio {a['tflops'] / b['tflops']:.2f}")
+EOF
