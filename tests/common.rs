@@ -197,3 +197,20 @@ pub fn line_count(path: &Path) -> usize {
         .lines()
         .count()
 }
+
+/// Starts `cmd` (a `lab train` into `run`), sends it SIGTERM once metrics.jsonl has `rows`
+/// rows, and returns its exit code.
+pub fn sigterm_after_rows(cmd: &mut Command, run: &Path, rows: usize) -> Option<i32> {
+    let mut child = cmd.stdout(std::process::Stdio::null()).spawn().unwrap();
+    let metrics = run.join("metrics.jsonl");
+    assert!(
+        wait_until(&mut child, &|| line_count(&metrics) >= rows),
+        "run ended early"
+    );
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    child.wait().unwrap().code()
+}

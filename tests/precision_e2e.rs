@@ -79,21 +79,8 @@ fn bf16_follows_the_fp32_curve_keeps_fp32_state_and_resumes_exactly() {
 
     // Interrupted (SIGTERM → emergency checkpoint) and resumed: the same final weights.
     let run = tmp.path().join("interrupted");
-    let mut child = train(&cfg, &run, "bf16")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let metrics = run.join("metrics.jsonl");
-    assert!(
-        wait_until(&mut child, &|| line_count(&metrics) >= 3),
-        "run ended early"
-    );
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    assert_eq!(child.wait().unwrap().code(), Some(143));
+    let code = sigterm_after_rows(&mut train(&cfg, &run, "bf16"), &run, 3);
+    assert_eq!(code, Some(143));
     assert!(
         !final_weights(&run, 40).exists(),
         "interrupted before the end"

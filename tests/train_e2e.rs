@@ -102,23 +102,8 @@ fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
     run_ok(train(&cfg, &reference).args(flags));
 
     let run = tmp.path().join("run");
-    let mut child = train(&cfg, &run)
-        .args(flags)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let metrics = run.join("metrics.jsonl");
-    assert!(
-        wait_until(&mut child, &|| line_count(&metrics) >= 3),
-        "run ended early"
-    );
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(143));
+    let code = sigterm_after_rows(train(&cfg, &run).args(flags), &run, 3);
+    assert_eq!(code, Some(143));
 
     let latest = std::fs::read_to_string(run.join("latest")).unwrap();
     let step: u64 = latest.trim().trim_start_matches("step-").parse().unwrap();

@@ -110,17 +110,23 @@ fn steps_logged(run: &Path) -> usize {
         .count()
 }
 
+/// A Slack-style webhook on loopback that accepts every post to its secret path.
+fn webhook() -> Server {
+    let hook = Server::start();
+    hook.script(
+        "POST /services/T0/B0/hook-secret",
+        vec![Reply::Body(200, "ok".into())],
+    );
+    hook
+}
+
 fn checkpoints(run: &Path) -> Vec<(u64, PathBuf)> {
     lab_train::checkpoint::list(run).unwrap_or_default()
 }
 
 #[test]
 fn alert_threshold_reports_once_and_the_run_completes() {
-    let hook = Server::start();
-    hook.script(
-        "POST /services/T0/B0/hook-secret",
-        vec![Reply::Body(200, "ok".into())],
-    );
+    let hook = webhook();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let cfg = write_config(
@@ -177,11 +183,7 @@ fn alert_threshold_reports_once_and_the_run_completes() {
 /// rollback and the stop that ends a run which keeps rolling back.
 #[test]
 fn spike_rollback_and_stop_alerts_reach_the_budget_webhook() {
-    let hook = Server::start();
-    hook.script(
-        "POST /services/T0/B0/hook-secret",
-        vec![Reply::Body(200, "ok".into())],
-    );
+    let hook = webhook();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let cfg = write_config(
@@ -714,11 +716,7 @@ fn bad_input_is_one_line_exit_1() {
 /// reach the budget guard's webhook, once each.
 #[test]
 fn gpu_health_readings_reach_the_metrics_and_their_alerts_the_webhook() {
-    let hook = Server::start();
-    hook.script(
-        "POST /services/T0/B0/hook-secret",
-        vec![Reply::Body(200, "ok".into())],
-    );
+    let hook = webhook();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let cfg = write_config(

@@ -5,36 +5,22 @@
 
 use burn::backend::{Autodiff, Wgpu};
 use burn::module::Param;
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig};
 use lab_model::Llama;
+
+mod common;
+use common::small_config;
 
 type B = Autodiff<Wgpu>;
 
 fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 61,
-        n_layer: 2,
-        d_model: 48,
-        n_head: 6,
-        n_kv_head: 2,
-        d_ff: 64,
-        // Longer than the kernels' row block (32 rows at head width 8): several blocks.
-        seq_len: 40,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.2,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    }
+    // Longer than the kernels' row block (32 rows at head width 8): several blocks.
+    small_config(40, 0.2)
 }
 
 fn ids(batch: usize, t: usize, salt: usize) -> Tensor<B, 2, Int> {
-    let data: Vec<i64> = (0..batch * t)
-        .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
-        .collect();
-    Tensor::from_data(TensorData::new(data, [batch, t]), &Default::default())
+    common::ids::<B>(batch, t, salt)
 }
 
 fn host<const D: usize>(

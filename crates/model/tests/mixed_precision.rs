@@ -14,37 +14,18 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Int, Tensor, TensorData};
-use lab_config::{ModelConfig, Precision};
+use burn::tensor::{DType, Int, Tensor};
+use lab_config::Precision;
 use lab_model::Llama;
+
+mod common;
 
 type B = Autodiff<Flex>;
 
 const U: f32 = 1.0 / 512.0;
 
-fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 61,
-        n_layer: 2,
-        d_model: 48,
-        n_head: 6,
-        n_kv_head: 2,
-        d_ff: 64,
-        seq_len: 24,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.05,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    }
-}
-
 fn ids(batch: usize, t: usize, salt: usize) -> Tensor<B, 2, Int> {
-    let data: Vec<i64> = (0..batch * t)
-        .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
-        .collect();
-    Tensor::from_data(TensorData::new(data, [batch, t]), &Default::default())
+    common::ids::<B>(batch, t, salt)
 }
 
 /// The loss and the gradients of a few parameters, each with its dtype.
@@ -85,7 +66,7 @@ fn pass(model: &Llama<B>) -> Pass {
 #[test]
 fn bf16_computes_in_bf16_within_its_rounding_and_returns_fp32_gradients() {
     let device = Default::default();
-    let fp32 = Llama::<B>::new(&cfg(), 3, &device);
+    let fp32 = Llama::<B>::new(&common::small_config(24, 0.05), 3, &device);
     let bf16 = fp32.clone().with_precision(Precision::Bf16);
     assert_eq!(bf16.compute_dtype(), burn::tensor::FloatDType::BF16);
 

@@ -1,0 +1,32 @@
+//! What the model's integration tests share: a small GQA config and deterministic token ids.
+#![allow(dead_code)]
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use lab_config::ModelConfig;
+
+/// 61 tokens, 2 layers, 6 query heads over 2 key/value heads (head width 8).
+pub fn small_config(seq_len: usize, init_std: f64) -> ModelConfig {
+    ModelConfig {
+        vocab_size: 61,
+        n_layer: 2,
+        d_model: 48,
+        n_head: 6,
+        n_kv_head: 2,
+        d_ff: 64,
+        seq_len,
+        rope_base: 10_000.0,
+        norm_eps: 1e-5,
+        init_std,
+        head_dim: None,
+        tie_embeddings: false,
+        init_depth_scaled: false,
+    }
+}
+
+/// `[batch, t]` ids in `0..61`, a different sequence per `salt`.
+pub fn ids<B: Backend>(batch: usize, t: usize, salt: usize) -> Tensor<B, 2, Int> {
+    let data: Vec<i64> = (0..batch * t)
+        .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
+        .collect();
+    Tensor::from_data(TensorData::new(data, [batch, t]), &Default::default())
+}
