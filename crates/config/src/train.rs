@@ -33,6 +33,17 @@ impl Precision {
     }
 }
 
+/// The names `as_str` gives (`--precision fp32|bf16`).
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(name: &str) -> Result<Self, String> {
+        [Self::Fp32, Self::Bf16]
+            .into_iter()
+            .find(|p| p.as_str() == name)
+            .ok_or_else(|| format!("{name:?} is not a precision: use fp32 or bf16"))
+    }
+}
+
 impl LmHeadLoss {
     pub fn as_str(self) -> &'static str {
         match self {

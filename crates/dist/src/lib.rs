@@ -170,26 +170,16 @@ fn connect_nccl(launch: &Launch, _: Timeout) -> Result<Box<dyn Collectives>> {
     )
 }
 
-/// The lengths a block collective was given: `counts` has one entry per rank and sums to
-/// `total` (the whole buffer), and this rank's own block (`all_gather`'s input,
-/// `reduce_scatter`'s output) holds `own` elements, as `counts[rank]` says.
-struct Blocks<'a> {
-    counts: &'a [usize],
-    rank: usize,
-    world: usize,
-    total: usize,
-    own: usize,
-}
-
-/// Checks a block collective's lengths (one line naming what is wrong).
-fn check_counts(what: &str, b: Blocks) -> Result<()> {
-    let Blocks {
-        counts,
-        rank,
-        world,
-        total,
-        own,
-    } = b;
+/// Checks a block collective's lengths (one line naming what is wrong): `counts` has one
+/// entry per rank and sums to `total` (the whole buffer), and this rank's own block
+/// (`all_gather`'s input, `reduce_scatter`'s output) holds `own` elements, as `counts[rank]`
+/// says.
+fn check_counts(
+    what: &str,
+    counts: &[usize],
+    (rank, world): (usize, usize),
+    (total, own): (usize, usize),
+) -> Result<()> {
     // MPI counts and displacements are C ints.
     anyhow::ensure!(
         total <= i32::MAX as usize,

@@ -9,7 +9,7 @@ use anyhow::Result;
 use mpi::ffi;
 use mpi::topology::Communicator;
 
-use crate::{check_counts, Blocks, Collectives, Launch, Reduce, Timeout};
+use crate::{check_counts, Collectives, Launch, Reduce, Timeout};
 
 /// How long a wait polls without sleeping.
 const SPIN: Duration = Duration::from_millis(200);
@@ -142,18 +142,8 @@ impl Collectives for Mpi {
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
-        let (rank, world) = (self.rank, self.world);
-        let (total, own) = (out.len(), mine.len());
-        check_counts(
-            "all_gather",
-            Blocks {
-                counts,
-                rank,
-                world,
-                total,
-                own,
-            },
-        )?;
+        let lengths = (out.len(), mine.len());
+        check_counts("all_gather", counts, (self.rank, self.world), lengths)?;
         let (c, d) = counts_i32(counts);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: every buffer outlives the request, which `wait` completes.
@@ -180,18 +170,8 @@ impl Collectives for Mpi {
         out: &mut [f32],
         op: Reduce,
     ) -> Result<()> {
-        let (rank, world) = (self.rank, self.world);
-        let (total, own) = (buf.len(), out.len());
-        check_counts(
-            "reduce_scatter",
-            Blocks {
-                counts,
-                rank,
-                world,
-                total,
-                own,
-            },
-        )?;
+        let lengths = (buf.len(), out.len());
+        check_counts("reduce_scatter", counts, (self.rank, self.world), lengths)?;
         let (c, _) = counts_i32(counts);
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: every buffer outlives the request, which `wait` completes.

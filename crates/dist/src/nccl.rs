@@ -15,9 +15,7 @@ use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
 
-use crate::{
-    check_counts, exchange_bytes, Blocks, Collectives, Launch, Reduce, Rendezvous, Timeout,
-};
+use crate::{check_counts, exchange_bytes, Collectives, Launch, Reduce, Rendezvous, Timeout};
 
 pub struct Nccl {
     comm: Comm,
@@ -116,18 +114,8 @@ impl Collectives for Nccl {
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
-        let (rank, world) = (self.rank, self.world);
-        let (total, own) = (out.len(), mine.len());
-        check_counts(
-            "all_gather",
-            Blocks {
-                counts,
-                rank,
-                world,
-                total,
-                own,
-            },
-        )?;
+        let lengths = (out.len(), mine.len());
+        check_counts("all_gather", counts, (self.rank, self.world), lengths)?;
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = mine.to_vec();
         padded.resize(block, 0.0);
@@ -153,18 +141,8 @@ impl Collectives for Nccl {
         out: &mut [f32],
         op: Reduce,
     ) -> Result<()> {
-        let (rank, world) = (self.rank, self.world);
-        let (total, own) = (buf.len(), out.len());
-        check_counts(
-            "reduce_scatter",
-            Blocks {
-                counts,
-                rank,
-                world,
-                total,
-                own,
-            },
-        )?;
+        let lengths = (buf.len(), out.len());
+        check_counts("reduce_scatter", counts, (self.rank, self.world), lengths)?;
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = vec![0.0; block * self.world];
         let mut at = 0;

@@ -10,6 +10,7 @@ use crate::{DeviceInfo, Probe, Sample};
 
 pub struct ReplayProbe {
     path: PathBuf,
+    info: DeviceInfo,
     samples: std::vec::IntoIter<Sample>,
 }
 
@@ -35,8 +36,15 @@ impl ReplayProbe {
         if samples.is_empty() {
             bail!("{} holds no GPU readings", path.display());
         }
+        let info = DeviceInfo {
+            index: 0,
+            name: format!("replay of {}", path.display()),
+            memory_bytes: samples[0].mem_total_bytes,
+            driver: None,
+        };
         Ok(Self {
             path: path.to_path_buf(),
+            info,
             samples: samples.into_iter(),
         })
     }
@@ -44,16 +52,7 @@ impl ReplayProbe {
 
 impl Probe for ReplayProbe {
     fn describe(&self) -> DeviceInfo {
-        DeviceInfo {
-            index: 0,
-            name: format!("replay of {}", self.path.display()),
-            memory_bytes: self
-                .samples
-                .as_slice()
-                .first()
-                .map_or(0, |s| s.mem_total_bytes),
-            driver: None,
-        }
+        self.info.clone()
     }
 
     fn sample(&mut self) -> Result<Sample> {

@@ -17,4 +17,4 @@ pub mod weights;
 
 pub use attention::LayerCache;
 pub use lab_ops::{FusedLoss, FusedOps};
-pub use transformer::{KvCache, Llama};
+pub use transformer::{compute_dtype, KvCache, Llama};

@@ -152,11 +152,11 @@ impl<B: Backend> Llama<B> {
 
     /// The dtype matmuls and activations compute in.
     pub fn compute_dtype(&self) -> FloatDType {
-        if self.bf16 {
-            FloatDType::BF16
+        compute_dtype(if self.bf16 {
+            Precision::Bf16
         } else {
-            FloatDType::F32
-        }
+            Precision::Fp32
+        })
     }
 
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
@@ -253,6 +253,14 @@ impl<B: Backend> Llama<B> {
         let logits = self.hidden(tokens).matmul(self.head_weight());
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
+    }
+}
+
+/// The dtype a precision computes matmuls and activations in (weights stay fp32).
+pub fn compute_dtype(precision: Precision) -> FloatDType {
+    match precision {
+        Precision::Fp32 => FloatDType::F32,
+        Precision::Bf16 => FloatDType::BF16,
     }
 }
 

@@ -352,14 +352,11 @@ impl MatmulBench {
 impl OnBackend for MatmulBench {
     type Output = Vec<MatmulShape>;
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Vec<MatmulShape>> {
-        use burn::tensor::{backend::Backend, Distribution, FloatDType, Tensor};
+        use burn::tensor::{backend::Backend, Distribution, Tensor};
         type Inner<B> = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
         let cfg = &self.config;
         let m = cfg.train.micro_batch * cfg.model.seq_len;
-        let dtype = match cfg.train.precision {
-            lab_config::Precision::Bf16 => FloatDType::BF16,
-            lab_config::Precision::Fp32 => FloatDType::F32,
-        };
+        let dtype = lab_model::compute_dtype(cfg.train.precision);
         let normal = Distribution::Normal(0.0, 1.0);
         let mut out = Vec::new();
         for (name, k, n) in Self::shapes(&cfg.model) {

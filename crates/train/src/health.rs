@@ -2,26 +2,27 @@
 //! join every logged metrics row, and the [`Watch`]'s alerts go to events.jsonl, the webhook
 //! and the console. It never stops a run: a person decides what an idle or failing GPU means.
 
-use lab_health::{Probe, Watch};
+use lab_health::{DeviceInfo, Probe, Watch};
 use serde_json::json;
 
 use crate::policy::{Decision, Journal, StepPolicy, StepView};
 
 pub struct GpuHealth {
     probe: Box<dyn Probe>,
+    /// The device, as the probe described it when it opened.
+    gpu: DeviceInfo,
     watch: Watch,
-    log_every: u64,
     announced: bool,
     /// Set once a reading fails: said once, then the run goes on without readings.
     off: bool,
 }
 
 impl GpuHealth {
-    pub fn new(probe: Box<dyn Probe>, watch: Watch, log_every: usize) -> Self {
+    pub fn new(probe: Box<dyn Probe>, watch: Watch) -> Self {
         Self {
+            gpu: probe.describe(),
             probe,
             watch,
-            log_every: log_every.max(1) as u64,
             announced: false,
             off: false,
         }
@@ -44,10 +45,9 @@ impl GpuHealth {
         for (name, value) in sample.metrics() {
             j.metric(name, value);
         }
-        let gpu = self.probe.describe();
         for alert in self.watch.observe(&sample) {
-            let text = alert.text(&gpu);
-            j.event(step, alert.kind(), alert.fields(&gpu));
+            let text = alert.text(&self.gpu);
+            j.event(step, alert.kind(), alert.fields(&self.gpu));
             j.say(&format!("warning: {text}"));
             j.alert(&text);
         }
@@ -62,16 +62,15 @@ impl StepPolicy for GpuHealth {
     fn before_step(&mut self, step: u64, j: &mut dyn Journal) -> Decision {
         if !self.announced {
             self.announced = true;
-            j.event(step, "gpu", json!(self.probe.describe()));
+            j.event(step, "gpu", json!(self.gpu));
         }
         Decision::Continue
     }
 
     /// Read on the steps that are logged, right after their forward and backward.
     fn after_backward(&mut self, view: &StepView, j: &mut dyn Journal) -> Decision {
-        let step = view.step + 1;
-        if !self.off && (step.is_multiple_of(self.log_every) || step == view.total_steps) {
-            self.read(step, j);
+        if view.at_log && !self.off {
+            self.read(view.step + 1, j);
         }
         Decision::Continue
     }

@@ -102,6 +102,8 @@ pub struct StepView<'a> {
     pub elapsed_s: f64,
     /// This step ends on a checkpoint boundary.
     pub at_checkpoint: bool,
+    /// This step's metrics row is due (every `log_every` steps and the last one).
+    pub at_log: bool,
     /// The validation loss measured after this step (after-update policies only).
     pub val_loss: Option<f64>,
 }

@@ -377,8 +377,7 @@ impl Run {
         }
         self.last_val = val_loss.or(self.last_val);
         let flag = self.flag.take();
-        let log_now = step.is_multiple_of(tc.log_every as u64) || step == total;
-        if !(log_now || val_loss.is_some() || flag.is_some() || update_skipped) {
+        if !(view.at_log || val_loss.is_some() || flag.is_some() || update_skipped) {
             return Ok(val_loss);
         }
         let steps = self.interval.1.max(1) as f64;

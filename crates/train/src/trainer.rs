@@ -236,6 +236,7 @@ fn observe<'a, B: TrainBackend>(
         steps_this_session: run.steps_taken + 1,
         elapsed_s: run.elapsed_s(),
         at_checkpoint: next.is_multiple_of(cfg.train.ckpt_every as u64) || next == total,
+        at_log: next.is_multiple_of(cfg.train.log_every as u64) || next == total,
         val_loss: None,
     }
 }

@@ -28,8 +28,8 @@ pub struct Args {
     #[arg(long, value_parser = ["fused", "unfused"])]
     pub loss: Option<String>,
     /// Overrides train.precision: `fp32`, or `bf16` (bf16 matmuls over fp32 weights).
-    #[arg(long, value_parser = ["fp32", "bf16"])]
-    pub precision: Option<String>,
+    #[arg(long)]
+    pub precision: Option<lab_config::Precision>,
     /// Time decoding this many tokens with the KV cache against recomputing the sequence.
     #[arg(long, value_name = "TOKENS")]
     pub generate: Option<usize>,
@@ -66,8 +66,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         Some(_) => config.train.lm_head_loss = lab_config::LmHeadLoss::Fused,
         None => {}
     }
-    if let Some(p) = &args.precision {
-        config.train.precision = super::train::parse_precision(p);
+    if let Some(p) = args.precision {
+        config.train.precision = p;
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
         std::thread::available_parallelism()

@@ -51,8 +51,8 @@ pub struct Args {
     pub backend: String,
     /// Overrides train.precision: `fp32`, or `bf16` (mixed precision: bf16 matmuls and
     /// activations over fp32 master weights, optimizer state and checkpoints).
-    #[arg(long, value_parser = ["fp32", "bf16"])]
-    pub precision: Option<String>,
+    #[arg(long)]
+    pub precision: Option<Precision>,
     /// Fire drill: read the GPU's health from FILE (one JSON reading per line: t_s, util_pct,
     /// mem_used_bytes, mem_total_bytes, temp_c, ecc_corrected, ecc_uncorrected) instead of
     /// NVML, one per logged step, to see the metrics columns and alerts without a failing GPU.
@@ -181,14 +181,6 @@ pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
     }
 }
 
-/// `--precision`'s value (clap has already refused anything else).
-pub fn parse_precision(name: &str) -> Precision {
-    match name {
-        "bf16" => Precision::Bf16,
-        _ => Precision::Fp32,
-    }
-}
-
 pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Option<RunGuard>)> {
     let mut config = load_config(args.config.as_ref())?;
     let t = &mut config.train;
@@ -208,8 +200,8 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     if let Some(v) = args.seed {
         t.seed = v;
     }
-    if let Some(p) = &args.precision {
-        t.precision = parse_precision(p);
+    if let Some(p) = args.precision {
+        t.precision = p;
     }
     if let Some(k) = args.init.freeze_non_embedding_steps {
         t.freeze_non_embedding_steps = k;
@@ -258,7 +250,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         });
         sink
     });
-    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, backend, &config, &launch)? {
+    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, backend, &launch)? {
         Some(p) => vec![Box::new(p)],
         None => Vec::new(),
     };
@@ -286,7 +278,6 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
 fn gpu_health(
     args: &Args,
     backend: BackendKind,
-    config: &LabConfig,
     launch: &lab_dist::Launch,
 ) -> Result<Option<GpuHealth>> {
     let probe: Box<dyn lab_health::Probe> = match (&args.inject_gpu_telemetry, backend) {
@@ -309,7 +300,7 @@ fn gpu_health(
         _ => return Ok(None),
     };
     let watch = lab_health::Watch::new(lab_health::Rules::default());
-    Ok(Some(GpuHealth::new(probe, watch, config.train.log_every)))
+    Ok(Some(GpuHealth::new(probe, watch)))
 }
 
 /// The budget guard as a step policy: consulted at its interval and at every checkpoint step,
