@@ -5,7 +5,10 @@
 //! their speed and bf16 need a GPU. Everything here sits behind the `cube` feature (turned on
 //! by `wgpu` or `cuda`): the default CPU build compiles none of it.
 //!
-//! Today: causal GQA flash attention, forward and backward ([`attention`]).
+//! Today: causal GQA flash attention, forward and backward ([`attention`]), and the row-wise
+//! halves of the fused LM-head cross-entropy ([`lm_head`]).
 
 #[cfg(feature = "cube")]
 pub mod attention;
+#[cfg(feature = "cube")]
+pub mod lm_head;

@@ -15,16 +15,13 @@
 //!   absolute spacing there.
 #![cfg(feature = "wgpu")]
 
-use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn::backend::Autodiff;
-use burn::tensor::{
-    activation::softmax, backend::Backend, DType, Distribution, Tensor, TensorData, TensorPrimitive,
-};
+use burn::tensor::{activation::softmax, backend::Backend, DType, Distribution, Tensor};
 use lab_kernels::attention::{self, Forward, Grads};
 use proptest::prelude::*;
 
-type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
-type Prim = CubeTensor<WgpuRuntime>;
+mod common;
+use common::{assert_close, device, download, poisoned, upload, values, B};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -45,73 +42,6 @@ impl Case {
     fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
     }
-}
-
-/// Seeded host values, N(0, 1), rounded to `dtype` so the reference sees what the GPU sees.
-fn values(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut uniform = || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (uniform(), uniform());
-            let x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32;
-            if dtype == DType::F16 {
-                burn::tensor::f16::from_f32(x).to_f32()
-            } else {
-                x
-            }
-        })
-        .collect()
-}
-
-fn device() -> WgpuDevice {
-    WgpuDevice::default()
-}
-
-fn upload(data: &[f32], shape: [usize; 4], dtype: DType) -> Prim {
-    let t = Tensor::<B, 4>::from_data(TensorData::new(data.to_vec(), shape), &device());
-    let t = if dtype == DType::F32 {
-        t
-    } else {
-        t.cast(dtype)
-    };
-    t.into_primitive().tensor()
-}
-
-/// A tensor of `dims` filled with NaN in `dtype`: what the kernels must overwrite.
-fn poisoned(dims: Vec<usize>, dtype: DType) -> Prim {
-    let n = dims.iter().product();
-    let t = Tensor::<B, 1>::from_data(TensorData::new(vec![f32::NAN; n], [n]), &device());
-    let t = if dtype == DType::F32 {
-        t
-    } else {
-        t.cast(dtype)
-    };
-    match dims.len() {
-        3 => t
-            .reshape([dims[0], dims[1], dims[2]])
-            .into_primitive()
-            .tensor(),
-        _ => t
-            .reshape([dims[0], dims[1], dims[2], dims[3]])
-            .into_primitive()
-            .tensor(),
-    }
-}
-
-fn download(t: Prim) -> Vec<f32> {
-    B::sync(&device()).expect("a kernel failed");
-    let dims = t.meta.shape().num_dims();
-    let data = match dims {
-        3 => Tensor::<B, 3>::from_primitive(TensorPrimitive::Float(t)).into_data(),
-        _ => Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(t)).into_data(),
-    };
-    data.convert::<f32>().to_vec::<f32>().unwrap()
 }
 
 /// fp64 reference: `(out, lse, dq, dk, dv)` for upstream gradient `dout`.
@@ -176,19 +106,6 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> Referen
     r
 }
 
-fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(1.0f64, |a, x| a.max(x.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (*g as f64 - w).abs();
-        assert!(
-            err <= tol * scale,
-            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
-            tol * scale
-        );
-    }
-}
-
 fn check(c: Case, dtype: DType, seed: u64) {
     let tol = if dtype == DType::F32 { 2e-5 } else { 4e-3 };
     let nq: usize = c.q_shape().iter().product();
@@ -201,14 +118,14 @@ fn check(c: Case, dtype: DType, seed: u64) {
     let dout = values(nq, seed + 3, dtype);
     let want = reference(&c, &q, &k, &v, &dout);
 
-    let up = |x: &[f32], s| upload(x, s, dtype);
+    let up = |x: &[f32], s: [usize; 4]| upload(x, &s, dtype);
     let fwd = attention::forward_into(
         up(&q, c.q_shape()),
         up(&k, c.kv_shape()),
         up(&v, c.kv_shape()),
         Forward {
-            out: poisoned(c.q_shape().to_vec(), dtype),
-            lse: poisoned(vec![c.batch, c.heads, c.seq], DType::F32),
+            out: poisoned(&c.q_shape(), dtype),
+            lse: poisoned(&[c.batch, c.heads, c.seq], DType::F32),
         },
         c.scale(),
     );
@@ -224,9 +141,9 @@ fn check(c: Case, dtype: DType, seed: u64) {
         fwd.lse,
         up(&dout, c.q_shape()),
         Grads {
-            q: poisoned(c.q_shape().to_vec(), dtype),
-            k: poisoned(c.kv_shape().to_vec(), dtype),
-            v: poisoned(c.kv_shape().to_vec(), dtype),
+            q: poisoned(&c.q_shape(), dtype),
+            k: poisoned(&c.kv_shape(), dtype),
+            v: poisoned(&c.kv_shape(), dtype),
         },
         c.scale(),
     );

@@ -56,6 +56,10 @@ fn scaled<B: FusedLoss>(grad: FloatTensor<B>, scale: FloatTensor<B>) -> FloatTen
 }
 
 impl<B: FusedLoss, C: CheckpointStrategy> FusedLoss for Autodiff<B, C> {
+    fn loss_chunk_rows(rows: usize, vocab: usize) -> usize {
+        B::loss_chunk_rows(rows, vocab)
+    }
+
     fn lm_head_loss(
         hidden: FloatTensor<Self>,
         weight: FloatTensor<Self>,

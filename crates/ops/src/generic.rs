@@ -18,11 +18,11 @@ use burn::tensor::{
 
 use crate::cast_to;
 
-fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+pub(crate) fn float<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+pub(crate) fn prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 

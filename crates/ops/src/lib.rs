@@ -15,7 +15,9 @@
 //! Backends: the trait [`FusedLoss`] has a backend-generic default built from burn's ordinary
 //! tensor ops (any backend gets it by an empty `impl`); `Autodiff<B>` gets the custom backward
 //! (see `autodiff.rs`); `Flex` (the CPU default) overrides both halves with a hand-written kernel
-//! (see `flex.rs`). A GPU kernel slots in the same way.
+//! (see `flex.rs`); `CubeBackend` (CUDA, wgpu) runs the backend's matmul per chunk and
+//! lab-kernels' row kernels for the rest, in chunks sized for the GPU, and Fusion passes it
+//! through as a custom op (see `cube/loss.rs`).
 
 use burn::tensor::{
     backend::Backend,
@@ -68,6 +70,12 @@ pub const DEFAULT_CHUNK_ROWS: usize = 128;
 /// `targets [N]` (class ids in `0..V`). The loss is the mean over the N rows of
 /// `logsumexp(logits[i]) - logits[i, targets[i]]`, returned as a 1-element tensor.
 pub trait FusedLoss: Backend {
+    /// Rows of logits [`lm_head_loss`] computes at once for `rows` rows of a `vocab`-word
+    /// vocabulary: [`DEFAULT_CHUNK_ROWS`] on the CPU, taller on a GPU (see `cube/loss.rs`).
+    fn loss_chunk_rows(_rows: usize, _vocab: usize) -> usize {
+        DEFAULT_CHUNK_ROWS
+    }
+
     /// The mean cross-entropy, differentiable w.r.t. `hidden` and `weight` on autodiff backends.
     fn lm_head_loss(
         hidden: FloatTensor<Self>,
@@ -123,21 +131,16 @@ pub trait FusedLoss: Backend {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl FusedLoss for burn::backend::Cuda {}
-
-#[cfg(feature = "wgpu")]
-impl FusedLoss for burn::backend::Wgpu {}
-
 /// Mean cross-entropy of `hidden [N, d] @ weight [d, V]` against `targets [N]`, fused and
-/// chunked ([`DEFAULT_CHUNK_ROWS`] rows at a time). Same value and gradients as
+/// chunked (the backend's [`FusedLoss::loss_chunk_rows`] rows at a time). Same value and gradients as
 /// `log_softmax(hidden.matmul(weight), 1).gather(1, targets).neg().mean()`.
 pub fn lm_head_loss<B: FusedLoss>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
 ) -> Tensor<B, 1> {
-    lm_head_loss_chunked(hidden, weight, targets, DEFAULT_CHUNK_ROWS)
+    let chunk_rows = B::loss_chunk_rows(hidden.dims()[0], weight.dims()[1]);
+    lm_head_loss_chunked(hidden, weight, targets, chunk_rows)
 }
 
 /// [`lm_head_loss`] with an explicit chunk height (rows of logits materialised at once).

@@ -1,16 +1,15 @@
-//! The GPU backends' fused ops: lab-kernels' cubecl kernels on `CubeBackend` (CUDA, wgpu),
-//! and the same passed through burn's Fusion (what `burn::backend::Cuda` and `Wgpu` are) as
-//! custom operations, the pattern burn-vision uses for its own kernels.
+//! Fused attention on `CubeBackend` (lab-kernels' flash attention) and through Fusion.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{
     stream::{Operation, OperationStreams},
-    Fusion, FusionBackend, FusionRuntime,
+    Fusion, FusionBackend,
 };
-use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
+use burn_ir::{CustomOpIr, OperationIr, TensorIr};
 use lab_kernels::attention;
 
+use super::Handles;
 use crate::attention::{AttentionForward, AttentionGrads, FusedAttention};
 
 impl<R, F, I, BT> FusedAttention for CubeBackend<R, F, I, BT>
@@ -47,9 +46,6 @@ where
         (g.q, g.k, g.v)
     }
 }
-
-type Handles<B> =
-    HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
 
 /// The forward as a Fusion operation: inputs q, k, v; outputs out, lse.
 #[derive(Clone, Debug)]

@@ -1,0 +1,325 @@
+//! The fused LM-head cross-entropy on `CubeBackend` and through Fusion.
+//!
+//! Per chunk of rows: the backend's matmul makes the logits (tensor cores on a GPU), then
+//! lab-kernels' row kernels write the per-row log-sum-exp and loss into `[N]` outputs and turn
+//! the logits, in place, into their gradient; two more matmuls give the chunk's share of the
+//! hidden and weight gradients. The weight gradient is summed over chunks in fp32 in place
+//! (`add_widened`), and chunks are as tall as [`device_chunk_rows`] allows, so the `[d, V]`
+//! product is written once per ~5K rows instead of once per 128 as the generic path does.
+
+use burn::tensor::{
+    ops::{FloatTensor, IntTensor},
+    DType, FloatDType, Shape, Tensor,
+};
+use burn_cubecl::{
+    ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, BoolElement, CubeBackend,
+    CubeRuntime, FloatElement, IntElement,
+};
+use burn_fusion::{
+    stream::{Operation, OperationStreams},
+    Fusion, FusionBackend, FusionRuntime, FusionTensor,
+};
+use burn_ir::{CustomOpIr, OperationIr, TensorIr};
+use lab_kernels::lm_head;
+
+use super::Handles;
+use crate::generic::{chunks, float, prim};
+use crate::{cast_to, FusedLoss};
+
+/// Bytes of one chunk's logits, counted at 4 per element whatever their dtype.
+///
+/// 1 GiB is 5,312 rows of GPT-2's 50,257 words: x1-50m's 32 × 1,024-token micro-batch is
+/// 7 chunks, so the weight gradient (`[768, 50257]`, 154 MB in fp32) is produced and summed 7
+/// times (≈ 4 GB of traffic) instead of 256 times (≈ 160 GB) with 128-row chunks. The block is
+/// ~2 % of an 80 GB GPU.
+pub const DEVICE_LOGITS_BYTES: usize = 1 << 30;
+
+/// Rows per chunk on a GPU: as many as fit [`DEVICE_LOGITS_BYTES`], a multiple of 64 (the
+/// matmul's tiles), at least 64, at most `rows`.
+pub fn device_chunk_rows(rows: usize, vocab: usize) -> usize {
+    let fit = DEVICE_LOGITS_BYTES / (4 * vocab.max(1));
+    (fit / 64 * 64).max(64).min(rows.max(1))
+}
+
+/// What one walk over the rows computes.
+#[allow(clippy::large_enum_variant)] // one per loss call, moved once
+enum Want<R: CubeRuntime> {
+    /// The loss and the per-row log-sum-exp.
+    Loss,
+    /// The loss and both gradients for an upstream gradient of 1, each chunk's logits once.
+    LossAndGrads,
+    /// Both gradients from the forward's log-sum-exp and the upstream gradient `[1]`.
+    Grads {
+        lse: CubeTensor<R>,
+        grad_loss: CubeTensor<R>,
+    },
+}
+
+struct Walked<R: CubeRuntime> {
+    loss: Option<CubeTensor<R>>,
+    lse: CubeTensor<R>,
+    grads: Option<(CubeTensor<R>, CubeTensor<R>)>,
+}
+
+/// The weight gradient summed over chunks in fp32, and the hidden gradient's chunks.
+struct GradSums<B: burn::tensor::backend::Backend> {
+    hidden: Vec<Tensor<B, 2>>,
+    weight: Option<Tensor<B, 2>>,
+}
+
+fn f32_rows<R: CubeRuntime>(like: &CubeTensor<R>, n: usize) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([n]),
+        DType::F32,
+    )
+}
+
+type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
+
+fn walk<R, F, I, BT>(
+    hidden: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    targets: CubeTensor<R>,
+    chunk_rows: usize,
+    want: Want<R>,
+) -> Walked<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    let n = hidden.meta.shape()[0];
+    let dtype: FloatDType = hidden.dtype.into();
+    let (lse, loss_rows, grad_loss) = match want {
+        Want::Loss => (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), None),
+        Want::LossAndGrads => {
+            let one = Tensor::<Cube<R, F, I, BT>, 1>::ones([1], &hidden.device);
+            let one = prim(cast_to(one, FloatDType::F32));
+            (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), Some(one))
+        }
+        Want::Grads { lse, grad_loss } => {
+            let grad_loss = prim(cast_to(
+                float::<Cube<R, F, I, BT>, 1>(grad_loss),
+                FloatDType::F32,
+            ));
+            (lse, None, Some(grad_loss))
+        }
+    };
+    let h: Tensor<Cube<R, F, I, BT>, 2> = float(hidden);
+    let w: Tensor<Cube<R, F, I, BT>, 2> = float(weight);
+    let mut sums = GradSums {
+        hidden: Vec::new(),
+        weight: None,
+    };
+    for (s, e) in chunks(n, chunk_rows) {
+        let h_c = h.clone().slice(s..e); // [c, d]
+        let logits = prim(h_c.clone().matmul(w.clone())); // [c, V], in the compute dtype
+        if let Some(loss) = &loss_rows {
+            lm_head::row_loss(logits.clone(), targets.clone(), &lse, loss, s);
+        }
+        let Some(grad_loss) = &grad_loss else {
+            continue;
+        };
+        let inv_rows = 1.0 / n as f32;
+        let (t, l, gl) = (targets.clone(), lse.clone(), grad_loss.clone());
+        lm_head::softmax_grad_in_place(&logits, t, l, gl, inv_rows, s);
+        let g: Tensor<Cube<R, F, I, BT>, 2> = float(logits); // [c, V], d loss/d logits
+        sums.hidden.push(g.clone().matmul(w.clone().transpose())); // [c, d]
+        let gw = h_c.transpose().matmul(g); // [d, V]
+        sums.weight = Some(match sums.weight.take() {
+            None => cast_to(gw, FloatDType::F32),
+            Some(acc) => {
+                lm_head::add_widened(&prim(acc.clone()), prim(gw));
+                acc
+            }
+        });
+    }
+    let grads = grad_loss.map(|_| {
+        let gh = Tensor::cat(sums.hidden, 0);
+        let gw = cast_to(sums.weight.expect("at least one chunk"), dtype);
+        (prim(gh), prim(gw))
+    });
+    let loss = loss_rows.map(|rows| prim(float::<Cube<R, F, I, BT>, 1>(rows).mean()));
+    Walked { loss, lse, grads }
+}
+
+impl<R, F, I, BT> FusedLoss for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn loss_chunk_rows(rows: usize, vocab: usize) -> usize {
+        device_chunk_rows(rows, vocab)
+    }
+
+    fn lm_head_loss_forward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let w = walk::<R, F, I, BT>(hidden, weight, targets, chunk_rows, Want::Loss);
+        (w.loss.expect("a loss"), w.lse)
+    }
+
+    fn lm_head_loss_with_grads(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let w = walk::<R, F, I, BT>(hidden, weight, targets, chunk_rows, Want::LossAndGrads);
+        let (gh, gw) = w.grads.expect("gradients");
+        (w.loss.expect("a loss"), gh, gw)
+    }
+
+    fn lm_head_loss_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let want = Want::Grads { lse, grad_loss };
+        let w = walk::<R, F, I, BT>(hidden, weight, targets, chunk_rows, want);
+        w.grads.expect("gradients")
+    }
+}
+
+/// Which half of the loss a Fusion custom operation runs.
+#[derive(Clone, Copy, Debug)]
+enum LossHalf {
+    /// Inputs hidden, weight, targets; outputs loss, lse.
+    Forward,
+    /// Inputs hidden, weight, targets; outputs loss, d hidden, d weight.
+    WithGrads,
+    /// Inputs hidden, weight, targets, lse, grad_loss; outputs d hidden, d weight.
+    Backward,
+}
+
+#[derive(Clone, Debug)]
+struct LossOp<B> {
+    desc: CustomOpIr,
+    half: LossHalf,
+    chunk_rows: usize,
+    _backend: std::marker::PhantomData<B>,
+}
+
+impl<B: FusionBackend + FusedLoss> Operation<B::FusionRuntime> for LossOp<B> {
+    fn execute(&self, h: &mut Handles<B>) {
+        let inputs = &self.desc.inputs;
+        let hidden = h.get_float_tensor::<B>(&inputs[0]);
+        let weight = h.get_float_tensor::<B>(&inputs[1]);
+        let targets = h.get_int_tensor::<B>(&inputs[2]);
+        let c = self.chunk_rows;
+        let results = match self.half {
+            LossHalf::Forward => {
+                let (loss, lse) = B::lm_head_loss_forward(hidden, weight, targets, c);
+                vec![loss, lse]
+            }
+            LossHalf::WithGrads => {
+                let (loss, gh, gw) = B::lm_head_loss_with_grads(hidden, weight, targets, c);
+                vec![loss, gh, gw]
+            }
+            LossHalf::Backward => {
+                let lse = h.get_float_tensor::<B>(&inputs[3]);
+                let grad_loss = h.get_float_tensor::<B>(&inputs[4]);
+                let (gh, gw) = B::lm_head_loss_backward(hidden, weight, targets, lse, grad_loss, c);
+                vec![gh, gw]
+            }
+        };
+        for (out, t) in self.desc.outputs.iter().zip(results) {
+            h.register_float_tensor::<B>(&out.id, t);
+        }
+    }
+}
+
+/// Registers `half` on the Fusion stream with `outputs` shaped as given (dtype, shape).
+fn register<B: FusionBackend + FusedLoss>(
+    half: LossHalf,
+    inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: Vec<(DType, Shape)>,
+    chunk_rows: usize,
+) -> Vec<FloatTensor<Fusion<B>>> {
+    let client = inputs[0].client.clone();
+    let streams = OperationStreams::with_inputs(inputs.iter());
+    let outputs: Vec<TensorIr> = outputs
+        .into_iter()
+        .map(|(dtype, shape)| TensorIr::uninit(client.create_empty_handle(), shape, dtype))
+        .collect();
+    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
+    let name = match half {
+        LossHalf::Forward => "lab_lm_head_loss_forward",
+        LossHalf::WithGrads => "lab_lm_head_loss_with_grads",
+        LossHalf::Backward => "lab_lm_head_loss_backward",
+    };
+    let desc = CustomOpIr::new(name, &inputs, &outputs);
+    let op = LossOp::<B> {
+        desc: desc.clone(),
+        half,
+        chunk_rows,
+        _backend: Default::default(),
+    };
+    client.register(streams, OperationIr::Custom(desc), op)
+}
+
+fn like<R: FusionRuntime>(t: &FusionTensor<R>) -> (DType, Shape) {
+    (t.dtype, t.shape.clone())
+}
+
+impl<B: FusionBackend + FusedLoss> FusedLoss for Fusion<B> {
+    fn loss_chunk_rows(rows: usize, vocab: usize) -> usize {
+        B::loss_chunk_rows(rows, vocab)
+    }
+
+    fn lm_head_loss_forward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let n = hidden.shape[0];
+        let outputs = vec![(DType::F32, Shape::new([1])), (DType::F32, Shape::new([n]))];
+        let inputs = vec![hidden, weight, targets];
+        let [loss, lse] = register::<B>(LossHalf::Forward, inputs, outputs, chunk_rows)
+            .try_into()
+            .expect("two outputs");
+        (loss, lse)
+    }
+
+    fn lm_head_loss_with_grads(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let outputs = vec![(DType::F32, Shape::new([1])), like(&hidden), like(&weight)];
+        let inputs = vec![hidden, weight, targets];
+        let [loss, gh, gw] = register::<B>(LossHalf::WithGrads, inputs, outputs, chunk_rows)
+            .try_into()
+            .expect("three outputs");
+        (loss, gh, gw)
+    }
+
+    fn lm_head_loss_backward(
+        hidden: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_loss: FloatTensor<Self>,
+        chunk_rows: usize,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let outputs = vec![like(&hidden), like(&weight)];
+        let inputs = vec![hidden, weight, targets, lse, grad_loss];
+        let [gh, gw] = register::<B>(LossHalf::Backward, inputs, outputs, chunk_rows)
+            .try_into()
+            .expect("two outputs");
+        (gh, gw)
+    }
+}

@@ -1,0 +1,186 @@
+//! The fused LM-head loss on a GPU backend (wgpu; lavapipe in CI): burn's matmul per chunk
+//! plus lab-kernels' row kernels, wired as an autodiff node over a Fusion custom op, against
+//! an fp64 host reference of the loss and both gradients.
+//!
+//! Tolerances, as a fraction of the largest reference magnitude (at least 1):
+//! - f32: 1e-5. Each logit is a d = 24 term f32 dot product; the row statistics are f32 sums
+//!   of at most a few hundred terms; the weight gradient sums chunks in f32.
+//! - f16 inputs (f16 matmuls, f32 softmax and loss): 4e-3 on the loss and 1e-2 on the
+//!   gradients. Logits and gradients are rounded to f16 (2^-11 relative) before the matmuls
+//!   that follow, and those matmuls' d- or row-long sums are stored in f16 again.
+#![cfg(feature = "wgpu")]
+
+use burn::backend::{Autodiff, Flex, Wgpu};
+use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData, TensorPrimitive};
+use lab_ops::{lm_head_loss_chunked, FusedLoss};
+
+type Gpu = Wgpu;
+type Ad = Autodiff<Gpu>;
+
+struct Case {
+    n: usize,
+    d: usize,
+    v: usize,
+    hidden: Vec<f32>,
+    weight: Vec<f32>,
+    targets: Vec<i32>,
+}
+
+fn case(n: usize, d: usize, v: usize, seed: u64) -> Case {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    let hidden = (0..n * d).map(|_| uniform()).collect();
+    // Logits spread over about ±3.
+    let weight = (0..d * v)
+        .map(|_| uniform() * 3.0 / (d as f32).sqrt())
+        .collect();
+    let targets = (0..n).map(|i| ((i * 7919 + 13) % v) as i32).collect();
+    Case {
+        n,
+        d,
+        v,
+        hidden,
+        weight,
+        targets,
+    }
+}
+
+/// (loss, d hidden, d weight) of `mean_i (lse_i − logit_i,t_i) · upstream` in fp64.
+fn reference(c: &Case, upstream: f64) -> (f64, Vec<f64>, Vec<f64>) {
+    let (n, d, v) = (c.n, c.d, c.v);
+    let (mut loss, mut gh, mut gw) = (0.0, vec![0.0; n * d], vec![0.0; d * v]);
+    for i in 0..n {
+        let logits: Vec<f64> = (0..v)
+            .map(|j| {
+                (0..d)
+                    .map(|k| c.hidden[i * d + k] as f64 * c.weight[k * v + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+        let lse = m + logits.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        let t = c.targets[i] as usize;
+        loss += (lse - logits[t]) / n as f64;
+        for (j, x) in logits.iter().enumerate() {
+            let g = ((x - lse).exp() - if j == t { 1.0 } else { 0.0 }) * upstream / n as f64;
+            for k in 0..d {
+                gh[i * d + k] += g * c.weight[k * v + j] as f64;
+                gw[k * v + j] += g * c.hidden[i * d + k] as f64;
+            }
+        }
+    }
+    (loss * upstream, gh, gw)
+}
+
+fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(1.0f64, |a, x| a.max(x.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= tol * scale,
+            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
+            tol * scale
+        );
+    }
+}
+
+fn host<Bk: Backend, const D: usize>(t: Tensor<Bk, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().unwrap()
+}
+
+fn inputs<Bk: Backend>(
+    c: &Case,
+    dtype: FloatDType,
+) -> (Tensor<Bk, 2>, Tensor<Bk, 2>, Tensor<Bk, 1, Int>) {
+    let dev = Default::default();
+    let h = Tensor::<Bk, 2>::from_data(TensorData::new(c.hidden.clone(), [c.n, c.d]), &dev);
+    let w = Tensor::<Bk, 2>::from_data(TensorData::new(c.weight.clone(), [c.d, c.v]), &dev);
+    let t = Tensor::<Bk, 1, Int>::from_data(TensorData::new(c.targets.clone(), [c.n]), &dev);
+    (h.cast(dtype), w.cast(dtype), t)
+}
+
+/// Training's path: the autodiff node, computing the gradients with the loss.
+fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (h, w, t) = inputs::<Ad>(c, dtype);
+    let (h, w) = (h.require_grad(), w.require_grad());
+    let loss = lm_head_loss_chunked(h.clone(), w.clone(), t, chunk_rows);
+    let grads = loss.backward();
+    let gh = h.grad(&grads).expect("d hidden");
+    let gw = w.grad(&grads).expect("d weight");
+    assert_eq!(gh.dtype(), dtype.into(), "d hidden has the input's dtype");
+    assert_eq!(gw.dtype(), dtype.into(), "d weight has the input's dtype");
+    (host(loss.inner()), host(gh), host(gw))
+}
+
+#[test]
+fn training_loss_and_gradients_match_the_fp64_reference_over_several_chunks() {
+    // 13 rows in chunks of 5: two full chunks and a partial one; V not a multiple of 256.
+    let c = case(13, 24, 300, 1);
+    let (loss, gh, gw) = trained(&c, 5, FloatDType::F32);
+    let (want_loss, want_gh, want_gw) = reference(&c, 1.0);
+    assert_close("loss", &loss, &[want_loss], 1e-5);
+    assert_close("d hidden", &gh, &want_gh, 1e-5);
+    assert_close("d weight", &gw, &want_gw, 1e-5);
+}
+
+#[test]
+fn forward_then_backward_halves_match_the_fp64_reference() {
+    // What a caller without the autodiff node runs: the forward's log-sum-exp, then the
+    // backward for an upstream gradient of 0.5, each a Fusion custom op.
+    let c = case(9, 16, 70, 2);
+    let (h, w, t) = inputs::<Wgpu>(&c, FloatDType::F32);
+    let prim = |x: Tensor<Wgpu, 2>| x.into_primitive().tensor();
+    let (h, w, t) = (prim(h), prim(w), t.into_primitive());
+    let (loss, lse) = <Gpu as FusedLoss>::lm_head_loss_forward(h.clone(), w.clone(), t.clone(), 4);
+    let upstream =
+        Tensor::<Wgpu, 1>::from_data(TensorData::new(vec![0.5f32], [1]), &Default::default());
+    let (gh, gw) = <Gpu as FusedLoss>::lm_head_loss_backward(
+        h,
+        w,
+        t,
+        lse,
+        upstream.into_primitive().tensor(),
+        4,
+    );
+    let float = |x| Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(x));
+    let loss = Tensor::<Wgpu, 1>::from_primitive(TensorPrimitive::Float(loss));
+    let (want_loss, want_gh, want_gw) = reference(&c, 0.5);
+    assert_close("loss", &host(loss), &[want_loss * 2.0], 1e-5);
+    assert_close("d hidden", &host(float(gh)), &want_gh, 1e-5);
+    assert_close("d weight", &host(float(gw)), &want_gw, 1e-5);
+}
+
+#[test]
+fn f16_inputs_train_with_an_f32_softmax() {
+    assert!(
+        Gpu::supports_dtype(&Default::default(), DType::F16),
+        "this wgpu device has no f16: the f16 loss cannot be checked"
+    );
+    let mut c = case(11, 16, 200, 3);
+    // The reference sees the inputs as f16 stores them.
+    for x in c.hidden.iter_mut().chain(c.weight.iter_mut()) {
+        *x = burn::tensor::f16::from_f32(*x).to_f32();
+    }
+    let (loss, gh, gw) = trained(&c, 4, FloatDType::F16);
+    let (want_loss, want_gh, want_gw) = reference(&c, 1.0);
+    assert_close("loss", &loss, &[want_loss], 4e-3);
+    assert_close("d hidden", &gh, &want_gh, 1e-2);
+    assert_close("d weight", &gw, &want_gw, 1e-2);
+}
+
+#[test]
+fn gpu_chunks_are_sized_for_the_device_and_the_cpu_keeps_its_own() {
+    // x1-50m: 32 × 1,024 rows of GPT-2's 50,257 words. 1 GiB of f32 logits is 5,341 rows,
+    // 5,312 at a multiple of 64: 7 chunks instead of the CPU's 256.
+    assert_eq!(<Ad as FusedLoss>::loss_chunk_rows(32_768, 50_257), 5_312);
+    assert_eq!(<Flex as FusedLoss>::loss_chunk_rows(32_768, 50_257), 128);
+    // Never more rows than there are, never fewer than 64 for a huge vocabulary.
+    assert_eq!(<Wgpu as FusedLoss>::loss_chunk_rows(100, 50_257), 100);
+    assert_eq!(<Wgpu as FusedLoss>::loss_chunk_rows(100_000, 1 << 30), 64);
+}

@@ -1,0 +1,275 @@
+//! The row-wise halves of the fused LM-head cross-entropy, as cubecl kernels.
+//!
+//! The loss walks the rows of `hidden [N, d]` a chunk at a time; per chunk the caller runs
+//! the backend's matmul `logits = hidden[s..e] @ weight` (`[c, V]`, tensor cores on a GPU)
+//! and these kernels do everything that is one row at a time:
+//! - [`row_loss`]: per row, `lse = logsumexp(logits)` and `loss = lse − logits[target]`,
+//!   written at the chunk's offset into `[N]` outputs (no per-chunk tensors to concatenate);
+//! - [`softmax_grad_in_place`]: overwrites the logits with `d loss/d logits =
+//!   (softmax − onehot(target)) · grad_loss / N`, one pass, no `[c, V]` temporary;
+//! - [`add_widened`]: `acc += x` elementwise, `acc` f32 and `x` any float type, in place:
+//!   the weight gradient summed over chunks in fp32 without a widened copy of each chunk's.
+//!
+//! Arithmetic is f32 whatever the logits' storage (f32, f16, bf16): as PyTorch's autocast,
+//! the softmax and the loss run in fp32. One cube of [`ROW_UNITS`] units owns a row; each unit
+//! strides over the vocabulary keeping its own running max and sum (online softmax), then the
+//! cube combines the units' pairs in shared memory, in a fixed order (deterministic).
+
+use burn::tensor::DType;
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
+use cubecl::prelude::*;
+
+/// Units per row: within every target's workgroup limit (lavapipe and CUDA allow 1,024), and
+/// a 50K-word row is streamed in about 200 strides.
+pub const ROW_UNITS: usize = 256;
+
+/// Rows per grid column: wgpu caps each grid axis at 65,535 cubes.
+const MAX_GRID_X: usize = 65_535;
+
+/// The row a cube owns (rows are spread over the grid's x and y axes).
+#[cube]
+fn cube_row() -> usize {
+    CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize
+}
+
+#[cube(launch)]
+fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
+    logits: &Tensor<F>,
+    targets: &Tensor<I>,
+    lse: &mut Tensor<A>,
+    loss: &mut Tensor<A>,
+    row_offset: usize,
+    #[comptime] units: usize,
+    #[define(F, I, A)] _dtypes: [StorageType; 3],
+) {
+    let (rows, vocab) = (logits.shape(0), logits.shape(1));
+    let r = cube_row();
+    let u = UNIT_POS_X as usize;
+    // The whole cube shares `r`, so leaving here skips no barrier another unit waits at.
+    if r < rows {
+        let base = r * vocab;
+        // This unit's running max and sum over columns u, u + units, …
+        let mut m = A::min_value();
+        let mut s = A::new(0.0);
+        let mut j = u;
+        while j < vocab {
+            let x = A::cast_from(logits[base + j]);
+            if x > m {
+                s = s * (m - x).exp() + A::new(1.0);
+                m = x;
+            } else {
+                s += (x - m).exp();
+            }
+            j += units;
+        }
+        let (m, s) = combine_units::<A>(m, s, units);
+        if u == 0 {
+            let row = row_offset + r;
+            let t = usize::cast_from(targets[row]);
+            let row_lse = m + s.ln();
+            lse[row] = row_lse;
+            loss[row] = row_lse - A::cast_from(logits[base + t]);
+        }
+    }
+}
+
+/// The cube's max and sum of `exp(x − max)` from every unit's pair, in a tree over shared
+/// memory (the same order on every run). Unit 0 returns the result.
+#[cube]
+fn combine_units<A: Float>(m: A, s: A, #[comptime] units: usize) -> (A, A) {
+    let u = UNIT_POS_X as usize;
+    let mut maxes = SharedMemory::<A>::new(units);
+    let mut sums = SharedMemory::<A>::new(units);
+    maxes[u] = m;
+    sums[u] = s;
+    sync_cube();
+    // A runtime count (the cube's width is `units`): cubecl cannot mutate a comptime value.
+    let mut stride = CUBE_DIM_X as usize / 2;
+    while stride > 0 {
+        if u < stride {
+            let (ma, mb) = (maxes[u], maxes[u + stride]);
+            let mut top = ma;
+            if mb > top {
+                top = mb;
+            }
+            // A unit that saw no column holds (lowest, 0): its term is 0 · exp(…) = 0.
+            sums[u] = sums[u] * (ma - top).exp() + sums[u + stride] * (mb - top).exp();
+            maxes[u] = top;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    (maxes[0], sums[0])
+}
+
+#[cube(launch)]
+fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
+    logits: &mut Tensor<F>,
+    targets: &Tensor<I>,
+    lse: &Tensor<A>,
+    grad_loss: &Tensor<A>,
+    inv_rows: f32,
+    row_offset: usize,
+    #[comptime] units: usize,
+    #[define(F, I, A)] _dtypes: [StorageType; 3],
+) {
+    let (rows, vocab) = (logits.shape(0), logits.shape(1));
+    let r = cube_row();
+    if r < rows {
+        let row = row_offset + r;
+        let base = r * vocab;
+        let t = usize::cast_from(targets[row]);
+        let row_lse = lse[row];
+        let scale = grad_loss[0] * A::cast_from(inv_rows);
+        let mut j = UNIT_POS_X as usize;
+        while j < vocab {
+            let mut g = (A::cast_from(logits[base + j]) - row_lse).exp();
+            if j == t {
+                g -= A::new(1.0);
+            }
+            logits[base + j] = F::cast_from(g * scale);
+            j += units;
+        }
+    }
+}
+
+#[cube(launch)]
+fn add_widened_kernel<F: Float, A: Float>(
+    acc: &mut Tensor<A>,
+    x: &Tensor<F>,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let i = ABSOLUTE_POS;
+    if i < acc.len() {
+        acc[i] += A::cast_from(x[i]);
+    }
+}
+
+/// A grid of one cube per row.
+fn row_grid(rows: usize) -> CubeCount {
+    let x = rows.clamp(1, MAX_GRID_X);
+    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
+}
+
+fn shape2(t: &CubeTensor<impl CubeRuntime>, what: &str) -> [usize; 2] {
+    let s = t.meta.shape();
+    assert_eq!(s.num_dims(), 2, "{what}: expected a 2-D tensor");
+    [s[0], s[1]]
+}
+
+fn check_rows<R: CubeRuntime>(
+    targets: &CubeTensor<R>,
+    per_row: &[&CubeTensor<R>],
+    chunk_rows: usize,
+    row_offset: usize,
+) {
+    let n = targets.meta.shape().num_elements();
+    assert!(
+        row_offset + chunk_rows <= n,
+        "lm_head: rows {row_offset}..{} past the {n} targets",
+        row_offset + chunk_rows
+    );
+    for t in per_row {
+        assert_eq!(
+            t.meta.shape().num_elements(),
+            n,
+            "lm_head: a per-row [N] tensor"
+        );
+        assert_eq!(t.dtype, DType::F32, "lm_head: per-row statistics are f32");
+    }
+}
+
+/// Rows `row_offset ..` of `lse [N]` and `loss [N]` (both f32, contiguous) from the chunk
+/// `logits [c, V]` and `targets [N]` (ids in `0..V`).
+pub fn row_loss<R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    targets: CubeTensor<R>,
+    lse: &CubeTensor<R>,
+    loss: &CubeTensor<R>,
+    row_offset: usize,
+) {
+    let [rows, _vocab] = shape2(&logits, "row_loss logits");
+    check_rows(&targets, &[lse, loss], rows, row_offset);
+    let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
+    let client = logits.client.clone();
+    let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
+    row_loss_kernel::launch::<R>(
+        &client,
+        row_grid(rows),
+        CubeDim::new_1d(ROW_UNITS as u32),
+        logits.into_tensor_arg(),
+        targets.into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        loss.clone().into_tensor_arg(),
+        row_offset,
+        ROW_UNITS,
+        types,
+    );
+}
+
+/// Overwrites `logits [c, V]` (contiguous) with `(softmax − onehot(target)) · grad_loss[0] ·
+/// inv_rows`, the softmax rebuilt from the forward's `lse [N]` at rows `row_offset ..`;
+/// `grad_loss [1]` is f32 and stays on the device (no host round trip).
+pub fn softmax_grad_in_place<R: CubeRuntime>(
+    logits: &CubeTensor<R>,
+    targets: CubeTensor<R>,
+    lse: CubeTensor<R>,
+    grad_loss: CubeTensor<R>,
+    inv_rows: f32,
+    row_offset: usize,
+) {
+    let [rows, _vocab] = shape2(logits, "softmax_grad logits");
+    check_rows(&targets, &[&lse], rows, row_offset);
+    assert!(
+        logits.is_contiguous(),
+        "softmax_grad: logits are written in place"
+    );
+    assert_eq!(
+        grad_loss.dtype,
+        DType::F32,
+        "softmax_grad: grad_loss is f32"
+    );
+    let [targets, lse, grad_loss] = [targets, lse, grad_loss].map(into_contiguous);
+    let client = logits.client.clone();
+    let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
+    softmax_grad_kernel::launch::<R>(
+        &client,
+        row_grid(rows),
+        CubeDim::new_1d(ROW_UNITS as u32),
+        logits.clone().into_tensor_arg(),
+        targets.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        grad_loss.into_tensor_arg(),
+        inv_rows,
+        row_offset,
+        ROW_UNITS,
+        types,
+    );
+}
+
+/// `acc += x` elementwise: `acc` f32 and contiguous, `x` any float type of the same shape.
+pub fn add_widened<R: CubeRuntime>(acc: &CubeTensor<R>, x: CubeTensor<R>) {
+    assert_eq!(acc.dtype, DType::F32, "add_widened: the accumulator is f32");
+    assert!(
+        acc.is_contiguous(),
+        "add_widened: the accumulator is written in place"
+    );
+    assert_eq!(
+        acc.meta.shape(),
+        x.meta.shape(),
+        "add_widened: shapes differ"
+    );
+    let x = into_contiguous(x);
+    let types = [x.dtype.into(), DType::F32.into()];
+    let n = acc.meta.shape().num_elements();
+    let client = acc.client.clone();
+    let cube_dim = CubeDim::new_1d(256);
+    add_widened_kernel::launch::<R>(
+        &client,
+        cubecl::calculate_cube_count_elemwise(&client, n, cube_dim),
+        cube_dim,
+        acc.clone().into_tensor_arg(),
+        x.into_tensor_arg(),
+        types,
+    );
+}

@@ -1,0 +1,96 @@
+//! What the kernel tests share: seeded host values, upload and download on the wgpu device
+//! (lavapipe in CI), NaN-poisoned outputs, and a comparison against fp64 references.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
+use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
+
+pub type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
+pub type Prim = CubeTensor<WgpuRuntime>;
+
+pub fn device() -> WgpuDevice {
+    WgpuDevice::default()
+}
+
+/// Seeded host values, N(0, 1), rounded to `dtype` so the reference sees what the
+/// GPU sees.
+pub fn values(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut uniform = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (uniform(), uniform());
+            let x = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32;
+            rounded(x, dtype)
+        })
+        .collect()
+}
+
+/// `x` as `dtype` would store it.
+pub fn rounded(x: f32, dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => burn::tensor::f16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+/// `data` on the device as a contiguous tensor of `shape` (1 to 4 dims) in `dtype`.
+pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
+    let n = data.len();
+    let t = Tensor::<B, 1>::from_data(TensorData::new(data.to_vec(), [n]), &device());
+    let t = if dtype == DType::F32 {
+        t
+    } else {
+        t.cast(dtype)
+    };
+    reshaped(t, shape)
+}
+
+/// A tensor of `shape` filled with NaN in `dtype`: what the kernels must overwrite.
+pub fn poisoned(shape: &[usize], dtype: DType) -> Prim {
+    upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
+}
+
+fn reshaped(t: Tensor<B, 1>, shape: &[usize]) -> Prim {
+    match *shape {
+        [a] => t.reshape([a]).into_primitive().tensor(),
+        [a, b] => t.reshape([a, b]).into_primitive().tensor(),
+        [a, b, c] => t.reshape([a, b, c]).into_primitive().tensor(),
+        [a, b, c, d] => t.reshape([a, b, c, d]).into_primitive().tensor(),
+        _ => panic!("upload: 1 to 4 dims, got {shape:?}"),
+    }
+}
+
+/// The tensor's elements as f32 on the host, after every launched kernel has finished.
+pub fn download(t: Prim) -> Vec<f32> {
+    B::sync(&device()).expect("a kernel failed");
+    fn data<const D: usize>(t: Prim) -> TensorData {
+        Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t)).into_data()
+    }
+    let data = match t.meta.shape().num_dims() {
+        1 => data::<1>(t),
+        2 => data::<2>(t),
+        3 => data::<3>(t),
+        _ => data::<4>(t),
+    };
+    data.convert::<f32>().to_vec::<f32>().unwrap()
+}
+
+/// Every element within `tol` × the largest reference magnitude (at least 1); NaN fails.
+pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(1.0f64, |a, x| a.max(x.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= tol * scale,
+            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
+            tol * scale
+        );
+    }
+}

@@ -1,0 +1,201 @@
+//! The LM-head loss's row kernels against an fp64 host reference on the wgpu device
+//! (lavapipe in CI).
+//!
+//! Each chunk's kernels write rows `offset .. offset + c` of `[N]` outputs poisoned with NaN:
+//! the rows inside must match the reference and the rows outside must stay NaN. Vocabularies
+//! include ones smaller than the cube's 256 units (units that see no column), not multiples
+//! of it, and logits large enough (|x| up to ~150) that an unshifted `exp` would overflow f32.
+//!
+//! Tolerances, as a fraction of the largest reference magnitude (at least 1):
+//! - log-sum-exp and loss, f32 arithmetic for every storage type: 1e-5 (each unit sums at
+//!   most ~20 terms, the cube combines 256 pairs in 8 levels; a few f32 roundings each).
+//! - gradient: 1e-5 in f32; in f16 the stored gradient is rounded to f16 (2^-11 ≈ 4.9e-4
+//!   relative), so 1e-3.
+#![cfg(feature = "wgpu")]
+
+use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
+use lab_kernels::lm_head;
+use proptest::prelude::*;
+
+mod common;
+use common::{assert_close, device, download, poisoned, rounded, upload, values, Prim, B};
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    /// Rows in this chunk.
+    rows: usize,
+    vocab: usize,
+    /// Rows in the whole call (the `[N]` outputs); the chunk starts at `offset`.
+    total: usize,
+    offset: usize,
+    /// Logits are N(0, 1) × `spread`.
+    spread: f32,
+}
+
+fn targets(c: &Case, seed: u64) -> Vec<i32> {
+    (0..c.total)
+        .map(|i| ((i as u64 * 7919 + seed * 104_729) % c.vocab as u64) as i32)
+        .collect()
+}
+
+fn upload_ids(ids: &[i32]) -> Prim {
+    let n = ids.len();
+    Tensor::<B, 1, Int>::from_data(TensorData::new(ids.to_vec(), [n]), &device()).into_primitive()
+}
+
+/// Per chunk row: (lse, loss, gradient row) in fp64.
+fn reference(
+    c: &Case,
+    logits: &[f32],
+    ids: &[i32],
+    grad_loss: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (mut lse, mut loss, mut grad) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..c.rows {
+        let row: Vec<f64> = logits[r * c.vocab..(r + 1) * c.vocab]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let t = ids[c.offset + r] as usize;
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let l = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        lse.push(l);
+        loss.push(l - row[t]);
+        for (j, x) in row.iter().enumerate() {
+            let onehot = if j == t { 1.0 } else { 0.0 };
+            grad.push(((x - l).exp() - onehot) * grad_loss / c.total as f64);
+        }
+    }
+    (lse, loss, grad)
+}
+
+/// The chunk's rows of `got`, after checking every row outside it is still NaN.
+fn chunk_rows(name: &str, got: Vec<f32>, c: &Case) -> Vec<f32> {
+    for (i, x) in got.iter().enumerate() {
+        let inside = (c.offset..c.offset + c.rows).contains(&i);
+        assert!(
+            inside || x.is_nan(),
+            "{name}[{i}] outside the chunk was written: {x}"
+        );
+    }
+    got[c.offset..c.offset + c.rows].to_vec()
+}
+
+fn check(c: Case, dtype: DType, seed: u64) {
+    let grad_tol = if dtype == DType::F32 { 1e-5 } else { 1e-3 };
+    let logits: Vec<f32> = values(c.rows * c.vocab, seed, DType::F32)
+        .into_iter()
+        .map(|x| rounded(x * c.spread, dtype))
+        .collect();
+    let ids = targets(&c, seed);
+    let grad_loss = 0.75;
+    let (want_lse, want_loss, want_grad) = reference(&c, &logits, &ids, grad_loss);
+
+    let logits_dev = upload(&logits, &[c.rows, c.vocab], dtype);
+    let ids_dev = upload_ids(&ids);
+    let lse = poisoned(&[c.total], DType::F32);
+    let loss = poisoned(&[c.total], DType::F32);
+    lm_head::row_loss(logits_dev.clone(), ids_dev.clone(), &lse, &loss, c.offset);
+    let got_lse = chunk_rows("lse", download(lse.clone()), &c);
+    let got_loss = chunk_rows("loss", download(loss), &c);
+    assert_close("lse", &got_lse, &want_lse, 1e-5);
+    assert_close("loss", &got_loss, &want_loss, 1e-5);
+
+    let scale = upload(&[grad_loss as f32], &[1], DType::F32);
+    let inv_rows = 1.0 / c.total as f32;
+    lm_head::softmax_grad_in_place(&logits_dev, ids_dev, lse, scale, inv_rows, c.offset);
+    assert_close("grad", &download(logits_dev), &want_grad, grad_tol);
+}
+
+const CASES: [Case; 5] = [
+    // A chunk in the middle of the rows; vocabulary not a multiple of 256.
+    Case {
+        rows: 3,
+        vocab: 1000,
+        total: 7,
+        offset: 2,
+        spread: 1.0,
+    },
+    // Fewer columns than units: most units see nothing.
+    Case {
+        rows: 4,
+        vocab: 50,
+        total: 10,
+        offset: 6,
+        spread: 3.0,
+    },
+    Case {
+        rows: 1,
+        vocab: 3,
+        total: 1,
+        offset: 0,
+        spread: 1.0,
+    },
+    Case {
+        rows: 5,
+        vocab: 257,
+        total: 5,
+        offset: 0,
+        spread: 1.0,
+    },
+    // Logits up to ~150: exp without the running max overflows f32.
+    Case {
+        rows: 2,
+        vocab: 5000,
+        total: 3,
+        offset: 1,
+        spread: 40.0,
+    },
+];
+
+#[test]
+fn f32_rows_match_the_fp64_reference() {
+    for (i, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F32, i as u64 + 1);
+    }
+}
+
+#[test]
+fn f16_rows_match_the_fp64_reference() {
+    assert!(
+        B::supports_dtype(&device(), DType::F16),
+        "this wgpu device has no f16: the f16 kernels cannot be checked"
+    );
+    for (i, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F16, i as u64 + 11);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    #[test]
+    fn random_chunks_match_the_fp64_reference(
+        rows in 1usize..6,
+        vocab in 1usize..700,
+        before in 0usize..4,
+        after in 0usize..4,
+        seed in 0u64..1000,
+    ) {
+        let c = Case { rows, vocab, total: before + rows + after, offset: before, spread: 2.0 };
+        check(c, DType::F32, seed);
+    }
+}
+
+#[test]
+fn add_widened_sums_an_f16_tensor_into_the_f32_accumulator_in_place() {
+    // 1,000 elements: more than one cube of 256, not a multiple of it.
+    let (shape, n) = ([40, 25], 1000);
+    let acc_host = values(n, 5, DType::F32);
+    let x_host = values(n, 6, DType::F16);
+    let acc = upload(&acc_host, &shape, DType::F32);
+    lm_head::add_widened(&acc, upload(&x_host, &shape, DType::F16));
+    lm_head::add_widened(&acc, upload(&x_host, &shape, DType::F16));
+    // f16 → f32 is exact, so the GPU does exactly these two f32 additions.
+    let want: Vec<f32> = acc_host
+        .iter()
+        .zip(&x_host)
+        .map(|(a, x)| a + x + x)
+        .collect();
+    assert_eq!(download(acc), want);
+}
