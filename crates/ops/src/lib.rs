@@ -64,6 +64,21 @@ impl<B: FusedLoss + FusedAttention> FusedOps for B {}
 /// 64 rows ≈ 553 ms, 128 ≈ 440 ms, 256 ≈ 455 ms.
 pub const DEFAULT_CHUNK_ROWS: usize = 128;
 
+/// Bytes of one chunk's logits on a GPU, counted at 4 per element whatever their dtype.
+///
+/// 1 GiB is 5,312 rows of GPT-2's 50,257 words: x1-50m's 32 × 1,024-token micro-batch is
+/// 7 chunks, so the weight gradient (`[768, 50257]`, 154 MB in fp32) is produced and summed 7
+/// times (≈ 4 GB of traffic) instead of 256 times (≈ 160 GB) with 128-row chunks. The block is
+/// ~1 % of an 80 GB GPU.
+pub const DEVICE_LOGITS_BYTES: usize = 1 << 30;
+
+/// Rows per loss chunk on a GPU: as many as fit [`DEVICE_LOGITS_BYTES`], a multiple of 64 (the
+/// matmul's tiles), at least 64, at most `rows`. (`lab plan` sizes the loss's memory by it.)
+pub fn device_chunk_rows(rows: usize, vocab: usize) -> usize {
+    let fit = DEVICE_LOGITS_BYTES / (4 * vocab.max(1));
+    (fit / 64 * 64).max(64).min(rows.max(1))
+}
+
 /// A backend that can compute the fused LM-head cross-entropy.
 ///
 /// Shapes: `hidden [N, d]`, `weight [d, V]` (burn's row layout: `logits = hidden @ weight`),

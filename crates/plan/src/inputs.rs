@@ -407,7 +407,7 @@ impl PlanInputs {
         note(
             "memory model",
             format!(
-                "{states}, sharded by ZeRO stage; activations per layer (4h + 2·d_attn + 2·kv + 3·d_ff) × {} B/token, split over TP (sequence parallel), pp micro-batches in flight; logits + fp32 copy; comm buffers 2 × one block at 4 B/param",
+                "{states}, sharded by ZeRO stage; activations per layer (4h + 2·d_attn + 2·kv + 3·d_ff) × {} B/token, split over TP (sequence parallel), pp micro-batches in flight; the fused LM-head loss (d hidden, d head, one ≤ 1 GiB chunk of logits; no [tokens, V] logits); comm buffers 2 × one block at 4 B/param",
                 if precision == Precision::Bf16 { 2 } else { 4 }
             ),
             "ZeRO paper (Rajbhandari et al. 2020); Korthikanti et al. 2022 re-derived for RMSNorm/GQA/SwiGLU with FlashAttention".into(),

@@ -6,7 +6,9 @@
 //! two fp32 moments); stage 1 shards the 12, stage 2 also the gradients, stage 3 also the
 //! weights, each over the sharding degree. Activations follow Korthikanti et al. 2022,
 //! "Reducing Activation Recomputation in Large Transformer Models", re-derived for this
-//! block (RMSNorm, GQA, SwiGLU, no dropout) with FlashAttention (no T×T score matrix stored).
+//! block (RMSNorm, GQA, SwiGLU, no dropout) with FlashAttention (no T×T score matrix stored:
+//! the GPU trainer runs lab-kernels' flash attention), and the LM-head loss as lab's fused,
+//! chunked loss holds it (no `[tokens, V]` logits).
 
 use lab_config::{ModelConfig, Precision};
 use serde::Serialize;
@@ -72,10 +74,10 @@ pub struct MemoryBreakdown {
     /// Collective buffers: two buckets of one transformer block's parameters at 4 bytes each
     /// (one being filled while the other is in flight) when there is more than one replica.
     pub comm_buffers: f64,
-    /// Activations kept for the backward pass, logits included.
+    /// Activations kept for the backward pass, the LM-head loss's included.
     pub activations: f64,
     /// The same with full activation checkpointing: each layer's input, plus one layer
-    /// recomputed at a time, plus the logits.
+    /// recomputed at a time, plus the LM-head loss.
     pub activations_checkpointed: f64,
     pub total: f64,
     pub total_without_checkpointing: f64,
@@ -134,6 +136,20 @@ pub fn activation_elements_per_token_per_layer(model: &ModelConfig) -> f64 {
     4.0 * h + 2.0 * d_attn + 2.0 * kv + 3.0 * ff
 }
 
+/// What lab's fused LM-head loss (lab-ops) holds for one micro-batch of `tokens` tokens, at
+/// `act` bytes per element of the compute dtype. It computes both gradients with the loss and
+/// keeps them for backward: d hidden `[tokens, h]` and d head `[h, V]`. While it runs it also
+/// holds one chunk of logits (`lab_ops::device_chunk_rows` rows, overwritten in place by their
+/// gradient), one chunk's d head and their fp32 sum (an upper bound: a single chunk needs no
+/// sum). No `[tokens, V]` tensor exists, so the loss grows with the tokens only by `h` per token.
+pub fn lm_head_loss_bytes(model: &ModelConfig, act: f64, tokens: usize) -> f64 {
+    let (h, v) = (model.d_model as f64, model.vocab_size as f64);
+    let rows = lab_ops::device_chunk_rows(tokens, model.vocab_size) as f64;
+    let kept = (tokens as f64 * h + h * v) * act;
+    let while_running = rows * v * act + h * v * (act + 4.0);
+    kept + while_running
+}
+
 pub fn per_gpu(
     model: &ModelConfig,
     precision: Precision,
@@ -167,13 +183,12 @@ pub fn per_gpu(
     // 1F1B: the first stage holds up to `pp` micro-batches in flight (Korthikanti §4.2.3).
     let in_flight = layout.pp.min(layout.grad_accum.max(1)) as f64;
     let layers = sp.layers as f64;
-    // The logits of one micro-batch, and their fp32 copy for the softmax/cross-entropy, split
-    // over TP by a vocabulary-parallel head. (An upper bound under PP: the first stage's
-    // activations plus the last stage's logits.)
-    let logits = tokens * model.vocab_size as f64 * (bytes.activation + 4.0) / tp;
-    let activations = per_layer * layers * in_flight + logits;
+    // The LM-head loss, split over TP by a vocabulary-parallel head. (An upper bound under PP:
+    // the first stage's activations plus the last stage's loss.)
+    let loss = lm_head_loss_bytes(model, bytes.activation, layout.micro_batch * model.seq_len) / tp;
+    let activations = per_layer * layers * in_flight + loss;
     let layer_inputs = model.d_model as f64 * bytes.activation * tokens / tp * layers * in_flight;
-    let activations_checkpointed = layer_inputs + per_layer + logits;
+    let activations_checkpointed = layer_inputs + per_layer + loss;
 
     let states = params + grads + master + moments + comm_buffers;
     let total_without_checkpointing = states + activations;
@@ -280,13 +295,48 @@ mod tests {
         let mem = per_gpu(&m, Precision::Bf16, n, &layout(256, 2, 1, 3, 128));
         let states = mem.params + mem.grads + mem.master + mem.moments;
         assert!((states - 16.0 * n / 256.0).abs() / states < 1e-9);
-        // Activations: 32 layers × 4,096 tokens × 119,296 bytes / 2 + the logits' 6 bytes × 64K / 2.
+        // Activations: 32 layers × 4,096 tokens × 119,296 bytes / 2, plus the fused loss / 2:
+        // d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 4,160 fit
+        // in 1 GiB) at 2 bytes, one chunk's d head at 2 and their fp32 sum at 4.
         let per_token_layer = 2.0 * (4.0 * 4096.0 + 2.0 * 4096.0 + 2.0 * 1024.0 + 3.0 * 11008.0);
         assert_eq!(per_token_layer, 119_296.0);
-        let expect = (32.0 * per_token_layer + 64000.0 * 6.0) * 4096.0 / 2.0;
+        let (h, v, tokens) = (4096.0, 64000.0, 4096.0);
+        let loss = (tokens * h + h * v) * 2.0 + tokens * v * 2.0 + h * v * 6.0;
+        let expect = (32.0 * per_token_layer * tokens + loss) / 2.0;
         assert!((mem.activations - expect).abs() < 1.0);
         assert!(mem.total / GIB < 10.0, "{}", mem.total / GIB);
         assert!(mem.activations_checkpointed < mem.activations / 4.0);
+    }
+
+    #[test]
+    fn the_loss_holds_no_logits_for_the_whole_micro_batch() {
+        // x1-50m: d 768, GPT-2's 50,257 words, 1,024-token sequences.
+        let m = ModelConfig {
+            vocab_size: 50257,
+            n_layer: 8,
+            d_model: 768,
+            n_head: 12,
+            n_kv_head: 4,
+            d_ff: 2048,
+            seq_len: 1024,
+            ..med7b()
+        };
+        let n = m.param_count().total() as f64;
+        let at = |micro_batch| {
+            let l = Layout {
+                micro_batch,
+                ..layout(1, 1, 1, 0, 1)
+            };
+            per_gpu(&m, Precision::Bf16, n, &l).activations
+        };
+        // 32 → 64 sequences: both past the 5,312-row chunk, so the loss adds only d hidden's
+        // 768 × 2 bytes per token; full logits would add 50,257 × 6 bytes per token.
+        let per_token = 8.0 * activation_elements_per_token_per_layer(&m) * 2.0 + 768.0 * 2.0;
+        assert!((at(64) - at(32) - 32.0 * 1024.0 * per_token).abs() < 1.0);
+        // The loss's share of a 32-sequence micro-batch stays under 1 GiB (full logits and their
+        // fp32 copy would be 9.9 GB).
+        let loss = lm_head_loss_bytes(&m, 2.0, 32 * 1024);
+        assert!(loss < GIB, "{}", loss / GIB);
     }
 
     #[test]

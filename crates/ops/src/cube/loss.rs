@@ -4,7 +4,7 @@
 //! lab-kernels' row kernels write the per-row log-sum-exp and loss into `[N]` outputs and turn
 //! the logits, in place, into their gradient; two more matmuls give the chunk's share of the
 //! hidden and weight gradients. The weight gradient is summed over chunks in fp32 in place
-//! (`add_widened`), and chunks are as tall as [`device_chunk_rows`] allows, so the `[d, V]`
+//! (`add_widened`), and chunks are as tall as `device_chunk_rows` allows, so the `[d, V]`
 //! product is written once per ~5K rows instead of once per 128 as the generic path does.
 
 use burn::tensor::{
@@ -24,22 +24,7 @@ use lab_kernels::lm_head;
 
 use super::Handles;
 use crate::generic::{chunks, float, prim};
-use crate::{cast_to, FusedLoss};
-
-/// Bytes of one chunk's logits, counted at 4 per element whatever their dtype.
-///
-/// 1 GiB is 5,312 rows of GPT-2's 50,257 words: x1-50m's 32 × 1,024-token micro-batch is
-/// 7 chunks, so the weight gradient (`[768, 50257]`, 154 MB in fp32) is produced and summed 7
-/// times (≈ 4 GB of traffic) instead of 256 times (≈ 160 GB) with 128-row chunks. The block is
-/// ~2 % of an 80 GB GPU.
-pub const DEVICE_LOGITS_BYTES: usize = 1 << 30;
-
-/// Rows per chunk on a GPU: as many as fit [`DEVICE_LOGITS_BYTES`], a multiple of 64 (the
-/// matmul's tiles), at least 64, at most `rows`.
-pub fn device_chunk_rows(rows: usize, vocab: usize) -> usize {
-    let fit = DEVICE_LOGITS_BYTES / (4 * vocab.max(1));
-    (fit / 64 * 64).max(64).min(rows.max(1))
-}
+use crate::{cast_to, device_chunk_rows, FusedLoss};
 
 /// What one walk over the rows computes.
 #[allow(clippy::large_enum_variant)] // one per loss call, moved once
