@@ -23,6 +23,9 @@ use cubecl::prelude::*;
 /// a 50K-word row is streamed in about 200 strides.
 pub const ROW_UNITS: usize = 256;
 
+// The tree in `combine_units` halves the cube's width down to one unit.
+const _: () = assert!(ROW_UNITS.is_power_of_two());
+
 /// Rows per grid column: wgpu caps each grid axis at 65,535 cubes.
 const MAX_GRID_X: usize = 65_535;
 
@@ -47,13 +50,14 @@ fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
     let u = UNIT_POS_X as usize;
     // The whole cube shares `r`, so leaving here skips no barrier another unit waits at.
     if r < rows {
-        let base = r * vocab;
+        // Strided: CUDA pads each row of a matmul's output to 512 bytes.
+        let (base, col) = (r * logits.stride(0), logits.stride(1));
         // This unit's running max and sum over columns u, u + units, …
         let mut m = A::min_value();
         let mut s = A::new(0.0);
         let mut j = u;
         while j < vocab {
-            let x = A::cast_from(logits[base + j]);
+            let x = A::cast_from(logits[base + j * col]);
             if x > m {
                 s = s * (m - x).exp() + A::new(1.0);
                 m = x;
@@ -68,7 +72,7 @@ fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
             let t = usize::cast_from(targets[row]);
             let row_lse = m + s.ln();
             lse[row] = row_lse;
-            loss[row] = row_lse - A::cast_from(logits[base + t]);
+            loss[row] = row_lse - A::cast_from(logits[base + t * col]);
         }
     }
 }
@@ -83,7 +87,8 @@ fn combine_units<A: Float>(m: A, s: A, #[comptime] units: usize) -> (A, A) {
     maxes[u] = m;
     sums[u] = s;
     sync_cube();
-    // A runtime count (the cube's width is `units`): cubecl cannot mutate a comptime value.
+    // Halving from the cube's width (`units`, a power of two: every launch passes ROW_UNITS)
+    // as a runtime value: cubecl cannot mutate a comptime one.
     let mut stride = CUBE_DIM_X as usize / 2;
     while stride > 0 {
         if u < stride {
@@ -117,31 +122,37 @@ fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
     let r = cube_row();
     if r < rows {
         let row = row_offset + r;
-        let base = r * vocab;
+        let (base, col) = (r * logits.stride(0), logits.stride(1));
         let t = usize::cast_from(targets[row]);
         let row_lse = lse[row];
         let scale = grad_loss[0] * A::cast_from(inv_rows);
         let mut j = UNIT_POS_X as usize;
         while j < vocab {
-            let mut g = (A::cast_from(logits[base + j]) - row_lse).exp();
+            let at = base + j * col;
+            let mut g = (A::cast_from(logits[at]) - row_lse).exp();
             if j == t {
                 g -= A::new(1.0);
             }
-            logits[base + j] = F::cast_from(g * scale);
+            logits[at] = F::cast_from(g * scale);
             j += units;
         }
     }
 }
 
+/// One unit per element of the 2-D `acc`; each tensor read through its own strides (an f32
+/// and a bf16 matrix are padded differently on CUDA).
 #[cube(launch)]
 fn add_widened_kernel<F: Float, A: Float>(
     acc: &mut Tensor<A>,
     x: &Tensor<F>,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    let (rows, cols) = (acc.shape(0), acc.shape(1));
     let i = ABSOLUTE_POS;
-    if i < acc.len() {
-        acc[i] += A::cast_from(x[i]);
+    if i < rows * cols {
+        let (r, c) = (i / cols, i % cols);
+        let a = r * acc.stride(0) + c * acc.stride(1);
+        acc[a] += A::cast_from(x[r * x.stride(0) + c * x.stride(1)]);
     }
 }
 
@@ -155,6 +166,19 @@ fn shape2(t: &CubeTensor<impl CubeRuntime>, what: &str) -> [usize; 2] {
     let s = t.meta.shape();
     assert_eq!(s.num_dims(), 2, "{what}: expected a 2-D tensor");
     [s[0], s[1]]
+}
+
+/// Panics unless no two elements of the 2-D `t` share memory (no broadcast, no overlapping
+/// rows): many units write it in place.
+fn assert_distinct<R: CubeRuntime>(t: &CubeTensor<R>, what: &str) {
+    let [rows, cols] = shape2(t, what);
+    let strides = t.meta.strides();
+    let columns_apart = cols <= 1 || strides[1] >= 1;
+    let rows_apart = rows <= 1 || strides[0] >= cols * strides[1];
+    assert!(
+        columns_apart && rows_apart,
+        "{what}: elements overlap (strides {strides:?})"
+    );
 }
 
 fn check_rows<R: CubeRuntime>(
@@ -180,7 +204,7 @@ fn check_rows<R: CubeRuntime>(
 }
 
 /// Rows `row_offset ..` of `lse [N]` and `loss [N]` (both f32, contiguous) from the chunk
-/// `logits [c, V]` and `targets [N]` (ids in `0..V`).
+/// `logits [c, V]` (any strides) and `targets [N]` (ids in `0..V`).
 pub fn row_loss<R: CubeRuntime>(
     logits: CubeTensor<R>,
     targets: CubeTensor<R>,
@@ -190,7 +214,7 @@ pub fn row_loss<R: CubeRuntime>(
 ) {
     let [rows, _vocab] = shape2(&logits, "row_loss logits");
     check_rows(&targets, &[lse, loss], rows, row_offset);
-    let (logits, targets) = (into_contiguous(logits), into_contiguous(targets));
+    let targets = into_contiguous(targets);
     let client = logits.client.clone();
     let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
     row_loss_kernel::launch::<R>(
@@ -207,7 +231,8 @@ pub fn row_loss<R: CubeRuntime>(
     );
 }
 
-/// Overwrites `logits [c, V]` (contiguous) with `(softmax − onehot(target)) · grad_loss[0] ·
+/// Overwrites `logits [c, V]` (any layout whose elements are distinct: padded rows are fine)
+/// with `(softmax − onehot(target)) · grad_loss[0] ·
 /// inv_rows`, the softmax rebuilt from the forward's `lse [N]` at rows `row_offset ..`;
 /// `grad_loss [1]` is f32 and stays on the device (no host round trip).
 pub fn softmax_grad_in_place<R: CubeRuntime>(
@@ -220,10 +245,7 @@ pub fn softmax_grad_in_place<R: CubeRuntime>(
 ) {
     let [rows, _vocab] = shape2(logits, "softmax_grad logits");
     check_rows(&targets, &[&lse], rows, row_offset);
-    assert!(
-        logits.is_contiguous(),
-        "softmax_grad: logits are written in place"
-    );
+    assert_distinct(logits, "softmax_grad: logits are written in place");
     assert_eq!(
         grad_loss.dtype,
         DType::F32,
@@ -247,19 +269,16 @@ pub fn softmax_grad_in_place<R: CubeRuntime>(
     );
 }
 
-/// `acc += x` elementwise: `acc` f32 and contiguous, `x` any float type of the same shape.
+/// `acc += x` elementwise for 2-D tensors of one shape: `acc` f32, `x` any float type, each in
+/// any layout (`acc`'s elements distinct: it is written in place).
 pub fn add_widened<R: CubeRuntime>(acc: &CubeTensor<R>, x: CubeTensor<R>) {
     assert_eq!(acc.dtype, DType::F32, "add_widened: the accumulator is f32");
-    assert!(
-        acc.is_contiguous(),
-        "add_widened: the accumulator is written in place"
-    );
+    assert_distinct(acc, "add_widened: the accumulator is written in place");
     assert_eq!(
         acc.meta.shape(),
         x.meta.shape(),
         "add_widened: shapes differ"
     );
-    let x = into_contiguous(x);
     let types = [x.dtype.into(), DType::F32.into()];
     let n = acc.meta.shape().num_elements();
     let client = acc.client.clone();

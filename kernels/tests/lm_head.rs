@@ -5,12 +5,16 @@
 //! the rows inside must match the reference and the rows outside must stay NaN. Vocabularies
 //! include ones smaller than the cube's 256 units (units that see no column), not multiples
 //! of it, and logits large enough (|x| up to ~150) that an unshifted `exp` would overflow f32.
+//! Some logits are padded views (rows further apart than their length, as CUDA lays out a
+//! matmul's output) whose padding holds NaN: reading it poisons the row, writing it shows.
 //!
-//! Tolerances, as a fraction of the largest reference magnitude (at least 1):
-//! - log-sum-exp and loss, f32 arithmetic for every storage type: 1e-5 (each unit sums at
-//!   most ~20 terms, the cube combines 256 pairs in 8 levels; a few f32 roundings each).
-//! - gradient: 1e-5 in f32; in f16 the stored gradient is rounded to f16 (2^-11 ≈ 4.9e-4
-//!   relative), so 1e-3.
+//! Tolerances:
+//! - log-sum-exp and loss (f32 arithmetic for every storage type): 1e-5 of the largest
+//!   reference magnitude, at least 1. Each unit sums at most ~20 terms and the cube combines
+//!   256 pairs in 8 levels: a few f32 roundings each.
+//! - gradient, whose entries are at most `grad_loss / N`: 1e-5 in f32 and 1e-3 in f16 of its
+//!   largest magnitude (no floor). The f16 gradient is stored in f16, which rounds every entry
+//!   by up to 2^-11 ≈ 4.9e-4 of itself.
 #![cfg(feature = "wgpu")]
 
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
@@ -18,7 +22,10 @@ use lab_kernels::lm_head;
 use proptest::prelude::*;
 
 mod common;
-use common::{assert_close, device, download, poisoned, rounded, upload, values, Prim, B};
+use common::{
+    assert_close, assert_close_to_peak, columns, device, download, poisoned, rounded, upload,
+    values, Prim, B,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -30,6 +37,8 @@ struct Case {
     offset: usize,
     /// Logits are N(0, 1) × `spread`.
     spread: f32,
+    /// NaN columns after each row's `vocab` (0: a contiguous `[rows, vocab]` tensor).
+    pad: usize,
 }
 
 fn targets(c: &Case, seed: u64) -> Vec<i32> {
@@ -81,6 +90,21 @@ fn chunk_rows(name: &str, got: Vec<f32>, c: &Case) -> Vec<f32> {
     got[c.offset..c.offset + c.rows].to_vec()
 }
 
+/// The chunk's logits on the device: `[rows, vocab]`, or a view of `[rows, vocab + pad]`
+/// whose padding is NaN. Returns (the logits, the whole buffer).
+fn upload_logits(c: &Case, logits: &[f32], dtype: DType) -> (Prim, Prim) {
+    let width = c.vocab + c.pad;
+    let mut full = vec![f32::NAN; c.rows * width];
+    for r in 0..c.rows {
+        full[r * width..r * width + c.vocab].copy_from_slice(&logits[r * c.vocab..][..c.vocab]);
+    }
+    let whole = upload(&full, &[c.rows, width], dtype);
+    let view = columns(whole.clone(), c.vocab);
+    // The case tests what it says: a padded case really has strided rows.
+    assert_eq!(view.is_contiguous(), c.pad == 0, "{c:?}");
+    (view, whole)
+}
+
 fn check(c: Case, dtype: DType, seed: u64) {
     let grad_tol = if dtype == DType::F32 { 1e-5 } else { 1e-3 };
     let logits: Vec<f32> = values(c.rows * c.vocab, seed, DType::F32)
@@ -91,7 +115,7 @@ fn check(c: Case, dtype: DType, seed: u64) {
     let grad_loss = 0.75;
     let (want_lse, want_loss, want_grad) = reference(&c, &logits, &ids, grad_loss);
 
-    let logits_dev = upload(&logits, &[c.rows, c.vocab], dtype);
+    let (logits_dev, whole) = upload_logits(&c, &logits, dtype);
     let ids_dev = upload_ids(&ids);
     let lse = poisoned(&[c.total], DType::F32);
     let loss = poisoned(&[c.total], DType::F32);
@@ -104,10 +128,17 @@ fn check(c: Case, dtype: DType, seed: u64) {
     let scale = upload(&[grad_loss as f32], &[1], DType::F32);
     let inv_rows = 1.0 / c.total as f32;
     lm_head::softmax_grad_in_place(&logits_dev, ids_dev, lse, scale, inv_rows, c.offset);
-    assert_close("grad", &download(logits_dev), &want_grad, grad_tol);
+    assert_close_to_peak("grad", &download(logits_dev), &want_grad, grad_tol);
+    let width = c.vocab + c.pad;
+    for (i, x) in download(whole).iter().enumerate() {
+        assert!(
+            i % width < c.vocab || x.is_nan(),
+            "padding [{i}] written: {x}"
+        );
+    }
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 7] = [
     // A chunk in the middle of the rows; vocabulary not a multiple of 256.
     Case {
         rows: 3,
@@ -115,6 +146,7 @@ const CASES: [Case; 5] = [
         total: 7,
         offset: 2,
         spread: 1.0,
+        pad: 0,
     },
     // Fewer columns than units: most units see nothing.
     Case {
@@ -123,6 +155,7 @@ const CASES: [Case; 5] = [
         total: 10,
         offset: 6,
         spread: 3.0,
+        pad: 0,
     },
     Case {
         rows: 1,
@@ -130,6 +163,7 @@ const CASES: [Case; 5] = [
         total: 1,
         offset: 0,
         spread: 1.0,
+        pad: 0,
     },
     Case {
         rows: 5,
@@ -137,6 +171,7 @@ const CASES: [Case; 5] = [
         total: 5,
         offset: 0,
         spread: 1.0,
+        pad: 0,
     },
     // Logits up to ~150: exp without the running max overflows f32.
     Case {
@@ -145,6 +180,24 @@ const CASES: [Case; 5] = [
         total: 3,
         offset: 1,
         spread: 40.0,
+        pad: 0,
+    },
+    // Padded rows (128 columns: an aligned cut, so burn keeps the view): NaN in the padding.
+    Case {
+        rows: 3,
+        vocab: 300,
+        total: 5,
+        offset: 1,
+        spread: 1.0,
+        pad: 128,
+    },
+    Case {
+        rows: 4,
+        vocab: 40,
+        total: 4,
+        offset: 0,
+        spread: 3.0,
+        pad: 128,
     },
 ];
 
@@ -176,10 +229,58 @@ proptest! {
         before in 0usize..4,
         after in 0usize..4,
         seed in 0u64..1000,
+        padded in any::<bool>(),
     ) {
-        let c = Case { rows, vocab, total: before + rows + after, offset: before, spread: 2.0 };
+        let total = before + rows + after;
+        let pad = if padded { 128 } else { 0 };
+        let c = Case { rows, vocab, total, offset: before, spread: 2.0, pad };
         check(c, DType::F32, seed);
     }
+}
+
+#[test]
+fn more_rows_than_one_grid_axis_holds() {
+    // 65,536 rows: one past wgpu's 65,535 cubes per axis, so the rows spill into a second.
+    let c = Case {
+        rows: 65_536,
+        vocab: 3,
+        total: 65_536,
+        offset: 0,
+        spread: 1.0,
+        pad: 0,
+    };
+    check(c, DType::F32, 7);
+}
+
+#[test]
+fn add_widened_sums_padded_views_through_their_own_strides() {
+    // The accumulator and the addend padded differently, as an f32 and an f16 matrix of the
+    // same shape are on CUDA.
+    let (rows, cols) = (7, 30);
+    let acc_host = values(rows * cols, 8, DType::F32);
+    let x_host = values(rows * cols, 9, DType::F16);
+    let widen = |v: &[f32], pad: usize, dtype| {
+        let mut full = vec![f32::NAN; rows * (cols + pad)];
+        for r in 0..rows {
+            full[r * (cols + pad)..][..cols].copy_from_slice(&v[r * cols..][..cols]);
+        }
+        let whole = upload(&full, &[rows, cols + pad], dtype);
+        (columns(whole.clone(), cols), whole)
+    };
+    let (acc, acc_whole) = widen(&acc_host, 64, DType::F32);
+    let (x, _) = widen(&x_host, 128, DType::F16);
+    assert!(
+        !acc.is_contiguous() && !x.is_contiguous(),
+        "both are padded views"
+    );
+    lm_head::add_widened(&acc, x);
+    let want: Vec<f32> = acc_host.iter().zip(&x_host).map(|(a, x)| a + x).collect();
+    assert_eq!(download(acc), want);
+    let padding_untouched = download(acc_whole)
+        .iter()
+        .enumerate()
+        .all(|(i, v)| i % (cols + 64) < cols || v.is_nan());
+    assert!(padding_untouched, "the accumulator's padding was written");
 }
 
 #[test]

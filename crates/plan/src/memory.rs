@@ -136,16 +136,20 @@ pub fn activation_elements_per_token_per_layer(model: &ModelConfig) -> f64 {
     4.0 * h + 2.0 * d_attn + 2.0 * kv + 3.0 * ff
 }
 
-/// What lab's fused LM-head loss (lab-ops) holds for one micro-batch of `tokens` tokens, at
-/// `act` bytes per element of the compute dtype. It computes both gradients with the loss and
-/// keeps them for backward: d hidden `[tokens, h]` and d head `[h, V]`. While it runs it also
-/// holds one chunk of logits (`lab_ops::device_chunk_rows` rows, overwritten in place by their
-/// gradient), one chunk's d head and their fp32 sum (an upper bound: a single chunk needs no
-/// sum). No `[tokens, V]` tensor exists, so the loss grows with the tokens only by `h` per token.
-pub fn lm_head_loss_bytes(model: &ModelConfig, act: f64, tokens: usize) -> f64 {
-    let (h, v) = (model.d_model as f64, model.vocab_size as f64);
-    let rows = lab_ops::device_chunk_rows(tokens, model.vocab_size) as f64;
-    let kept = (tokens as f64 * h + h * v) * act;
+/// What lab's fused LM-head loss (lab-ops) holds on one GPU for one micro-batch of `tokens`
+/// tokens, at `act` bytes per element of the compute dtype, with the vocabulary split over
+/// `tp` ranks and the tokens too (sequence parallelism). It computes both gradients with the
+/// loss and keeps them for backward: d hidden `[tokens, h]` and d head `[h, V]`. While it runs
+/// it also holds one chunk of logits (`lab_ops::device_chunk_rows` rows of the local
+/// vocabulary, overwritten in place by their gradient), one chunk's d head and their fp32 sum
+/// (an upper bound: a single chunk needs no sum). No `[tokens, V]` tensor exists, so the loss
+/// grows with the tokens only by `h` per token.
+pub fn lm_head_loss_bytes(model: &ModelConfig, act: f64, tokens: usize, tp: usize) -> f64 {
+    let local_vocab = model.vocab_size.div_ceil(tp.max(1));
+    let (h, v) = (model.d_model as f64, local_vocab as f64);
+    // A narrower vocabulary slice fits more rows in a chunk: the chunk does not shrink with TP.
+    let rows = lab_ops::device_chunk_rows(tokens, local_vocab) as f64;
+    let kept = (tokens as f64 * h / tp as f64 + h * v) * act;
     let while_running = rows * v * act + h * v * (act + 4.0);
     kept + while_running
 }
@@ -185,7 +189,12 @@ pub fn per_gpu(
     let layers = sp.layers as f64;
     // The LM-head loss, split over TP by a vocabulary-parallel head. (An upper bound under PP:
     // the first stage's activations plus the last stage's loss.)
-    let loss = lm_head_loss_bytes(model, bytes.activation, layout.micro_batch * model.seq_len) / tp;
+    let loss = lm_head_loss_bytes(
+        model,
+        bytes.activation,
+        layout.micro_batch * model.seq_len,
+        layout.tp,
+    );
     let activations = per_layer * layers * in_flight + loss;
     let layer_inputs = model.d_model as f64 * bytes.activation * tokens / tp * layers * in_flight;
     let activations_checkpointed = layer_inputs + per_layer + loss;
@@ -295,9 +304,10 @@ mod tests {
         let mem = per_gpu(&m, Precision::Bf16, n, &layout(256, 2, 1, 3, 128));
         let states = mem.params + mem.grads + mem.master + mem.moments;
         assert!((states - 16.0 * n / 256.0).abs() / states < 1e-9);
-        // Activations: 32 layers × 4,096 tokens × 119,296 bytes / 2, plus the fused loss / 2:
-        // d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 4,160 fit
-        // in 1 GiB) at 2 bytes, one chunk's d head at 2 and their fp32 sum at 4.
+        // Activations: 32 layers × 4,096 tokens × 119,296 bytes / 2, plus the fused loss over
+        // half the vocabulary and half the tokens: d hidden and d head kept (2 bytes), one
+        // chunk of logits (all 4,096 rows: 8,384 fit in 1 GiB of 32,000 words) at 2 bytes, one
+        // chunk's d head at 2 and their fp32 sum at 4: exactly half the TP-1 loss here.
         let per_token_layer = 2.0 * (4.0 * 4096.0 + 2.0 * 4096.0 + 2.0 * 1024.0 + 3.0 * 11008.0);
         assert_eq!(per_token_layer, 119_296.0);
         let (h, v, tokens) = (4096.0, 64000.0, 4096.0);
@@ -335,7 +345,7 @@ mod tests {
         assert!((at(64) - at(32) - 32.0 * 1024.0 * per_token).abs() < 1.0);
         // The loss's share of a 32-sequence micro-batch stays under 1 GiB (full logits and their
         // fp32 copy would be 9.9 GB).
-        let loss = lm_head_loss_bytes(&m, 2.0, 32 * 1024);
+        let loss = lm_head_loss_bytes(&m, 2.0, 32 * 1024, 1);
         assert!(loss < GIB, "{}", loss / GIB);
     }
 

@@ -51,6 +51,16 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
     reshaped(t, shape)
 }
 
+/// Columns `0..cols` of the 2-D `t`, as a view: its rows keep `t`'s stride, so the result is
+/// padded as CUDA pads a matmul's output (burn slices in place when the cut is aligned).
+pub fn columns(t: Prim, cols: usize) -> Prim {
+    let rows = t.meta.shape()[0];
+    Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))
+        .slice([0..rows, 0..cols])
+        .into_primitive()
+        .tensor()
+}
+
 /// A tensor of `shape` filled with NaN in `dtype`: what the kernels must overwrite.
 pub fn poisoned(shape: &[usize], dtype: DType) -> Prim {
     upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
@@ -83,8 +93,19 @@ pub fn download(t: Prim) -> Vec<f32> {
 
 /// Every element within `tol` × the largest reference magnitude (at least 1); NaN fails.
 pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_close_from(name, got, want, tol, 1.0);
+}
+
+/// Every element within `tol` × the largest reference magnitude, with no floor: for values
+/// far below 1 (a softmax gradient is at most 1/N), where [`assert_close`] would turn the
+/// tolerance absolute.
+pub fn assert_close_to_peak(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_close_from(name, got, want, tol, f64::MIN_POSITIVE);
+}
+
+fn assert_close_from(name: &str, got: &[f32], want: &[f64], tol: f64, floor: f64) {
     assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(1.0f64, |a, x| a.max(x.abs()));
+    let scale = want.iter().fold(floor, |a, x| a.max(x.abs()));
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (*g as f64 - w).abs();
         assert!(

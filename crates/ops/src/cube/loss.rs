@@ -77,7 +77,7 @@ where
     BT: BoolElement,
 {
     let n = hidden.meta.shape()[0];
-    let dtype: FloatDType = hidden.dtype.into();
+    let weight_dtype: FloatDType = weight.dtype.into();
     let (lse, loss_rows, grad_loss) = match want {
         Want::Loss => (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), None),
         Want::LossAndGrads => {
@@ -124,7 +124,7 @@ where
     }
     let grads = grad_loss.map(|_| {
         let gh = Tensor::cat(sums.hidden, 0);
-        let gw = cast_to(sums.weight.expect("at least one chunk"), dtype);
+        let gw = cast_to(sums.weight.expect("at least one chunk"), weight_dtype);
         (prim(gh), prim(gw))
     });
     let loss = loss_rows.map(|rows| prim(float::<Cube<R, F, I, BT>, 1>(rows).mean()));
