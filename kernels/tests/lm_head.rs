@@ -23,8 +23,8 @@ use proptest::prelude::*;
 
 mod common;
 use common::{
-    assert_close, assert_close_to_peak, columns, device, download, poisoned, rounded, upload,
-    values, Prim, B,
+    assert_close, assert_close_to_peak, assert_padding_untouched, device, download, padded,
+    poisoned, rounded, upload, values, Prim, B,
 };
 
 #[derive(Clone, Copy, Debug)]
@@ -93,13 +93,7 @@ fn chunk_rows(name: &str, got: Vec<f32>, c: &Case) -> Vec<f32> {
 /// The chunk's logits on the device: `[rows, vocab]`, or a view of `[rows, vocab + pad]`
 /// whose padding is NaN. Returns (the logits, the whole buffer).
 fn upload_logits(c: &Case, logits: &[f32], dtype: DType) -> (Prim, Prim) {
-    let width = c.vocab + c.pad;
-    let mut full = vec![f32::NAN; c.rows * width];
-    for r in 0..c.rows {
-        full[r * width..r * width + c.vocab].copy_from_slice(&logits[r * c.vocab..][..c.vocab]);
-    }
-    let whole = upload(&full, &[c.rows, width], dtype);
-    let view = columns(whole.clone(), c.vocab);
+    let (view, whole) = padded(logits, [c.rows, c.vocab], c.pad, dtype);
     // The case tests what it says: a padded case really has strided rows.
     assert_eq!(view.is_contiguous(), c.pad == 0, "{c:?}");
     (view, whole)
@@ -129,13 +123,7 @@ fn check(c: Case, dtype: DType, seed: u64) {
     let inv_rows = 1.0 / c.total as f32;
     lm_head::softmax_grad_in_place(&logits_dev, ids_dev, lse, scale, inv_rows, c.offset);
     assert_close_to_peak("grad", &download(logits_dev), &want_grad, grad_tol);
-    let width = c.vocab + c.pad;
-    for (i, x) in download(whole).iter().enumerate() {
-        assert!(
-            i % width < c.vocab || x.is_nan(),
-            "padding [{i}] written: {x}"
-        );
-    }
+    assert_padding_untouched(whole, c.vocab);
 }
 
 const CASES: [Case; 7] = [
@@ -259,16 +247,8 @@ fn add_widened_sums_padded_views_through_their_own_strides() {
     let (rows, cols) = (7, 30);
     let acc_host = values(rows * cols, 8, DType::F32);
     let x_host = values(rows * cols, 9, DType::F16);
-    let widen = |v: &[f32], pad: usize, dtype| {
-        let mut full = vec![f32::NAN; rows * (cols + pad)];
-        for r in 0..rows {
-            full[r * (cols + pad)..][..cols].copy_from_slice(&v[r * cols..][..cols]);
-        }
-        let whole = upload(&full, &[rows, cols + pad], dtype);
-        (columns(whole.clone(), cols), whole)
-    };
-    let (acc, acc_whole) = widen(&acc_host, 64, DType::F32);
-    let (x, _) = widen(&x_host, 128, DType::F16);
+    let (acc, acc_whole) = padded(&acc_host, [rows, cols], 64, DType::F32);
+    let (x, _) = padded(&x_host, [rows, cols], 128, DType::F16);
     assert!(
         !acc.is_contiguous() && !x.is_contiguous(),
         "both are padded views"
@@ -276,11 +256,7 @@ fn add_widened_sums_padded_views_through_their_own_strides() {
     lm_head::add_widened(&acc, x);
     let want: Vec<f32> = acc_host.iter().zip(&x_host).map(|(a, x)| a + x).collect();
     assert_eq!(download(acc), want);
-    let padding_untouched = download(acc_whole)
-        .iter()
-        .enumerate()
-        .all(|(i, v)| i % (cols + 64) < cols || v.is_nan());
-    assert!(padding_untouched, "the accumulator's padding was written");
+    assert_padding_untouched(acc_whole, cols);
 }
 
 #[test]

@@ -52,8 +52,12 @@ fn case(n: usize, d: usize, v: usize, seed: u64) -> Case {
     }
 }
 
+/// (loss, d hidden, d weight) on the host.
+type Grads = (Vec<f32>, Vec<f32>, Vec<f32>);
+type Reference = (f64, Vec<f64>, Vec<f64>);
+
 /// (loss, d hidden, d weight) of `mean_i (lse_i − logit_i,t_i) · upstream` in fp64.
-fn reference(c: &Case, upstream: f64) -> (f64, Vec<f64>, Vec<f64>) {
+fn reference(c: &Case, upstream: f64) -> Reference {
     let (n, d, v) = (c.n, c.d, c.v);
     let (mut loss, mut gh, mut gw) = (0.0, vec![0.0; n * d], vec![0.0; d * v]);
     for i in 0..n {
@@ -92,6 +96,13 @@ fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
     }
 }
 
+/// The loss and both gradients against the reference, at `(loss, gradient)` tolerances.
+fn assert_matches(got: &Grads, want: &Reference, (loss_tol, grad_tol): (f64, f64)) {
+    assert_close("loss", &got.0, &[want.0], loss_tol);
+    assert_close("d hidden", &got.1, &want.1, grad_tol);
+    assert_close("d weight", &got.2, &want.2, grad_tol);
+}
+
 fn host<Bk: Backend, const D: usize>(t: Tensor<Bk, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec().unwrap()
 }
@@ -108,7 +119,7 @@ fn inputs<Bk: Backend>(
 }
 
 /// Training's path: the autodiff node, computing the gradients with the loss.
-fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> Grads {
     let (h, w, t) = inputs::<Ad>(c, dtype);
     let (h, w) = (h.require_grad(), w.require_grad());
     let loss = lm_head_loss_chunked(h.clone(), w.clone(), t, chunk_rows);
@@ -124,11 +135,11 @@ fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> (Vec<f32>, Vec<f32
 fn training_loss_and_gradients_match_the_fp64_reference_over_several_chunks() {
     // 13 rows in chunks of 5: two full chunks and a partial one; V not a multiple of 256.
     let c = case(13, 24, 300, 1);
-    let (loss, gh, gw) = trained(&c, 5, FloatDType::F32);
-    let (want_loss, want_gh, want_gw) = reference(&c, 1.0);
-    assert_close("loss", &loss, &[want_loss], 1e-5);
-    assert_close("d hidden", &gh, &want_gh, 1e-5);
-    assert_close("d weight", &gw, &want_gw, 1e-5);
+    assert_matches(
+        &trained(&c, 5, FloatDType::F32),
+        &reference(&c, 1.0),
+        (1e-5, 1e-5),
+    );
 }
 
 #[test]
@@ -136,12 +147,12 @@ fn forward_then_backward_halves_match_the_fp64_reference() {
     // What a caller without the autodiff node runs: the forward's log-sum-exp, then the
     // backward for an upstream gradient of 0.5, each a Fusion custom op.
     let c = case(9, 16, 70, 2);
-    let (h, w, t) = inputs::<Wgpu>(&c, FloatDType::F32);
-    let prim = |x: Tensor<Wgpu, 2>| x.into_primitive().tensor();
+    let (h, w, t) = inputs::<Gpu>(&c, FloatDType::F32);
+    let prim = |x: Tensor<Gpu, 2>| x.into_primitive().tensor();
     let (h, w, t) = (prim(h), prim(w), t.into_primitive());
     let (loss, lse) = <Gpu as FusedLoss>::lm_head_loss_forward(h.clone(), w.clone(), t.clone(), 4);
     let upstream =
-        Tensor::<Wgpu, 1>::from_data(TensorData::new(vec![0.5f32], [1]), &Default::default());
+        Tensor::<Gpu, 1>::from_data(TensorData::new(vec![0.5f32], [1]), &Default::default());
     let (gh, gw) = <Gpu as FusedLoss>::lm_head_loss_backward(
         h,
         w,
@@ -150,12 +161,13 @@ fn forward_then_backward_halves_match_the_fp64_reference() {
         upstream.into_primitive().tensor(),
         4,
     );
-    let float = |x| Tensor::<Wgpu, 2>::from_primitive(TensorPrimitive::Float(x));
-    let loss = Tensor::<Wgpu, 1>::from_primitive(TensorPrimitive::Float(loss));
-    let (want_loss, want_gh, want_gw) = reference(&c, 0.5);
-    assert_close("loss", &host(loss), &[want_loss * 2.0], 1e-5);
-    assert_close("d hidden", &host(float(gh)), &want_gh, 1e-5);
-    assert_close("d weight", &host(float(gw)), &want_gw, 1e-5);
+    let float = |x| Tensor::<Gpu, 2>::from_primitive(TensorPrimitive::Float(x));
+    let loss = Tensor::<Gpu, 1>::from_primitive(TensorPrimitive::Float(loss));
+    // The forward's loss is not scaled by the upstream gradient.
+    let mut want = reference(&c, 0.5);
+    want.0 *= 2.0;
+    let got = (host(loss), host(float(gh)), host(float(gw)));
+    assert_matches(&got, &want, (1e-5, 1e-5));
 }
 
 #[test]
@@ -169,11 +181,11 @@ fn f16_inputs_train_with_an_f32_softmax() {
     for x in c.hidden.iter_mut().chain(c.weight.iter_mut()) {
         *x = burn::tensor::f16::from_f32(*x).to_f32();
     }
-    let (loss, gh, gw) = trained(&c, 4, FloatDType::F16);
-    let (want_loss, want_gh, want_gw) = reference(&c, 1.0);
-    assert_close("loss", &loss, &[want_loss], 4e-3);
-    assert_close("d hidden", &gh, &want_gh, 1e-2);
-    assert_close("d weight", &gw, &want_gw, 1e-2);
+    assert_matches(
+        &trained(&c, 4, FloatDType::F16),
+        &reference(&c, 1.0),
+        (4e-3, 1e-2),
+    );
 }
 
 #[test]
@@ -183,6 +195,6 @@ fn gpu_chunks_are_sized_for_the_device_and_the_cpu_keeps_its_own() {
     assert_eq!(<Ad as FusedLoss>::loss_chunk_rows(32_768, 50_257), 5_312);
     assert_eq!(<Flex as FusedLoss>::loss_chunk_rows(32_768, 50_257), 128);
     // Never more rows than there are, never fewer than 64 for a huge vocabulary.
-    assert_eq!(<Wgpu as FusedLoss>::loss_chunk_rows(100, 50_257), 100);
-    assert_eq!(<Wgpu as FusedLoss>::loss_chunk_rows(100_000, 1 << 30), 64);
+    assert_eq!(<Gpu as FusedLoss>::loss_chunk_rows(100, 50_257), 100);
+    assert_eq!(<Gpu as FusedLoss>::loss_chunk_rows(100_000, 1 << 30), 64);
 }

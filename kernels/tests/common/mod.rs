@@ -51,14 +51,29 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
     reshaped(t, shape)
 }
 
-/// Columns `0..cols` of the 2-D `t`, as a view: its rows keep `t`'s stride, so the result is
-/// padded as CUDA pads a matmul's output (burn slices in place when the cut is aligned).
-pub fn columns(t: Prim, cols: usize) -> Prim {
-    let rows = t.meta.shape()[0];
-    Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))
+/// `data` (`rows × cols`, row-major) on the device as a padded view: each row followed by
+/// `pad` NaN columns, as CUDA pads a matmul's output (burn slices in place when the cut is
+/// aligned). Returns (the `[rows, cols]` view, the whole `[rows, cols + pad]` buffer).
+pub fn padded(data: &[f32], [rows, cols]: [usize; 2], pad: usize, dtype: DType) -> (Prim, Prim) {
+    let width = cols + pad;
+    let mut full = vec![f32::NAN; rows * width];
+    for r in 0..rows {
+        full[r * width..][..cols].copy_from_slice(&data[r * cols..][..cols]);
+    }
+    let whole = upload(&full, &[rows, width], dtype);
+    let view = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(whole.clone()))
         .slice([0..rows, 0..cols])
         .into_primitive()
-        .tensor()
+        .tensor();
+    (view, whole)
+}
+
+/// Panics if a kernel wrote any padding column of [`padded`]'s whole buffer.
+pub fn assert_padding_untouched(whole: Prim, cols: usize) {
+    let width = whole.meta.shape()[1];
+    for (i, x) in download(whole).iter().enumerate() {
+        assert!(i % width < cols || x.is_nan(), "padding [{i}] written: {x}");
+    }
 }
 
 /// A tensor of `shape` filled with NaN in `dtype`: what the kernels must overwrite.

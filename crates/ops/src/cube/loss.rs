@@ -9,7 +9,7 @@
 
 use burn::tensor::{
     ops::{FloatTensor, IntTensor},
-    DType, FloatDType, Shape, Tensor,
+    DType, FloatDType, Shape, Tensor, TensorData,
 };
 use burn_cubecl::{
     ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, BoolElement, CubeBackend,
@@ -46,12 +46,6 @@ struct Walked<R: CubeRuntime> {
     grads: Option<(CubeTensor<R>, CubeTensor<R>)>,
 }
 
-/// The weight gradient summed over chunks in fp32, and the hidden gradient's chunks.
-struct GradSums<B: burn::tensor::backend::Backend> {
-    hidden: Vec<Tensor<B, 2>>,
-    weight: Option<Tensor<B, 2>>,
-}
-
 fn f32_rows<R: CubeRuntime>(like: &CubeTensor<R>, n: usize) -> CubeTensor<R> {
     empty_device_contiguous_dtype(
         like.client.clone(),
@@ -81,8 +75,11 @@ where
     let (lse, loss_rows, grad_loss) = match want {
         Want::Loss => (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), None),
         Want::LossAndGrads => {
-            let one = Tensor::<Cube<R, F, I, BT>, 1>::ones([1], &hidden.device);
-            let one = prim(cast_to(one, FloatDType::F32));
+            let one = TensorData::new(vec![1f32], [1]);
+            let one = prim(Tensor::<Cube<R, F, I, BT>, 1>::from_data(
+                one,
+                &hidden.device,
+            ));
             (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), Some(one))
         }
         Want::Grads { lse, grad_loss } => {
@@ -95,10 +92,9 @@ where
     };
     let h: Tensor<Cube<R, F, I, BT>, 2> = float(hidden);
     let w: Tensor<Cube<R, F, I, BT>, 2> = float(weight);
-    let mut sums = GradSums {
-        hidden: Vec::new(),
-        weight: None,
-    };
+    let inv_rows = 1.0 / n as f32;
+    let mut grad_hidden = Vec::new(); // per chunk [c, d]
+    let mut grad_weight: Option<Tensor<Cube<R, F, I, BT>, 2>> = None; // [d, V], fp32 sum
     for (s, e) in chunks(n, chunk_rows) {
         let h_c = h.clone().slice(s..e); // [c, d]
         let logits = prim(h_c.clone().matmul(w.clone())); // [c, V], in the compute dtype
@@ -108,13 +104,12 @@ where
         let Some(grad_loss) = &grad_loss else {
             continue;
         };
-        let inv_rows = 1.0 / n as f32;
         let (t, l, gl) = (targets.clone(), lse.clone(), grad_loss.clone());
         lm_head::softmax_grad_in_place(&logits, t, l, gl, inv_rows, s);
         let g: Tensor<Cube<R, F, I, BT>, 2> = float(logits); // [c, V], d loss/d logits
-        sums.hidden.push(g.clone().matmul(w.clone().transpose())); // [c, d]
+        grad_hidden.push(g.clone().matmul(w.clone().transpose())); // [c, d]
         let gw = h_c.transpose().matmul(g); // [d, V]
-        sums.weight = Some(match sums.weight.take() {
+        grad_weight = Some(match grad_weight.take() {
             None => cast_to(gw, FloatDType::F32),
             Some(acc) => {
                 lm_head::add_widened(&prim(acc.clone()), prim(gw));
@@ -123,8 +118,8 @@ where
         });
     }
     let grads = grad_loss.map(|_| {
-        let gh = Tensor::cat(sums.hidden, 0);
-        let gw = cast_to(sums.weight.expect("at least one chunk"), weight_dtype);
+        let gh = Tensor::cat(grad_hidden, 0);
+        let gw = cast_to(grad_weight.expect("at least one chunk"), weight_dtype);
         (prim(gh), prim(gw))
     });
     let loss = loss_rows.map(|rows| prim(float::<Cube<R, F, I, BT>, 1>(rows).mean()));
