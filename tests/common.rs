@@ -198,6 +198,17 @@ pub fn line_count(path: &Path) -> usize {
         .count()
 }
 
+/// The SIGTERM drill's run: 40 steps, no periodic checkpoint (only the emergency one), every
+/// step logged.
+pub const SIGTERM_DRILL_FLAGS: [&str; 6] = [
+    "--total-steps",
+    "40",
+    "--ckpt-every",
+    "1000",
+    "--log-every",
+    "1",
+];
+
 /// Starts `cmd` (a `lab train` into `run`), sends it SIGTERM once metrics.jsonl has `rows`
 /// rows, and returns its exit code.
 pub fn sigterm_after_rows(cmd: &mut Command, run: &Path, rows: usize) -> Option<i32> {

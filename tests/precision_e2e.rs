@@ -9,18 +9,9 @@ use std::process::Command;
 
 use common::*;
 
-const FLAGS: [&str; 6] = [
-    "--total-steps",
-    "40",
-    "--ckpt-every",
-    "1000",
-    "--log-every",
-    "1",
-];
-
 fn train(cfg: &Path, run: &Path, precision: &str) -> Command {
     let mut c = train_on(cfg, &data_dir(), run);
-    c.args(FLAGS).args(["--precision", precision]);
+    c.args(SIGTERM_DRILL_FLAGS).args(["--precision", precision]);
     c
 }
 

@@ -90,14 +90,7 @@ fn kill_9_at_a_random_step_then_resume_matches_an_uninterrupted_run() {
 fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = micro_config(tmp.path());
-    let flags = [
-        "--total-steps",
-        "40",
-        "--ckpt-every",
-        "1000",
-        "--log-every",
-        "1",
-    ];
+    let flags = SIGTERM_DRILL_FLAGS;
     let reference = tmp.path().join("reference");
     run_ok(train(&cfg, &reference).args(flags));
 

@@ -58,12 +58,15 @@ cuda_version="$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*
 read -r major minor <<<"$cuda_version"
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-$((major * 1000 + minor * 10))}"
 echo "driver supports CUDA $major.$minor: CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION"
+# The lookup lab itself makes (crates/train/src/backend.rs, cuda_headers): CUDA_PATH, else the
+# first of /usr/local/cuda and /opt/cuda that exists, else /usr when the distro's nvcc is there.
 cuda_root="${CUDA_PATH:-}"
 for candidate in /usr/local/cuda /opt/cuda; do
-  [ -z "$cuda_root" ] && [ -f "$candidate/include/cuda.h" ] && cuda_root="$candidate"
+  [ -z "$cuda_root" ] && [ -e "$candidate" ] && cuda_root="$candidate"
 done
+[ -z "$cuda_root" ] && [ -e /usr/bin/nvcc ] && cuda_root=/usr
 if [ -z "$cuda_root" ] || [ ! -f "$cuda_root/include/cuda.h" ]; then
-  echo "bootstrap: no CUDA toolkit headers (cuda.h) under CUDA_PATH, /usr/local/cuda or /opt/cuda;" >&2
+  echo "bootstrap: no CUDA toolkit headers (cuda.h) under CUDA_PATH, /usr/local/cuda, /opt/cuda or /usr;" >&2
   echo "  cubecl compiles kernels at run time with NVRTC and needs them: install the toolkit" >&2
   echo "  matching CUDA $major.$minor (apt: cuda-toolkit-${major}-${minor}) or set CUDA_PATH" >&2
   exit 1

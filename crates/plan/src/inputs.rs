@@ -137,10 +137,7 @@ impl PlanInputs {
             Precision::Bf16 => device.peak_bf16_flops,
             Precision::Fp32 => device.peak_fp32_flops,
         });
-        let precision_name = match precision {
-            Precision::Bf16 => "bf16",
-            Precision::Fp32 => "fp32",
-        };
+        let precision_name = precision.as_str();
         note(
             "device",
             format!(

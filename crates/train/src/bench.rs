@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use lab_config::LabConfig;
 use lab_data::Batch;
 use serde::Serialize;
@@ -21,6 +21,8 @@ pub struct BenchOptions {
     /// Timed steps (after the warm-up steps, which are not timed).
     pub steps: usize,
     pub warmup: usize,
+    /// Also write the token stream the steps draw from here (little-endian u32 ids).
+    pub tokens_out: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +98,11 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         bail!("--steps must be at least 1");
     }
     let tokens = bench_tokens(cfg)?;
+    if let Some(path) = &opts.tokens_out {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        lab_fsio::write_atomic(path, &bytes)
+            .with_context(|| format!("--tokens-out {}", path.display()))?;
+    }
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
@@ -339,9 +346,9 @@ impl MatmulBench {
     pub fn shapes(cfg: &lab_config::ModelConfig) -> Vec<(&'static str, usize, usize)> {
         let (d, hd) = (cfg.d_model, cfg.head_dim());
         vec![
-            ("wq", d, cfg.n_head * hd),
+            ("wq", d, cfg.d_attn()),
             ("wk/wv", d, cfg.n_kv_head * hd),
-            ("wo", cfg.n_head * hd, d),
+            ("wo", cfg.d_attn(), d),
             ("ffn.gate/up", d, cfg.d_ff),
             ("ffn.down", cfg.d_ff, d),
             ("lm_head", d, cfg.vocab_size),
@@ -358,6 +365,7 @@ impl OnBackend for MatmulBench {
         let m = cfg.train.micro_batch * cfg.model.seq_len;
         let dtype = lab_model::compute_dtype(cfg.train.precision);
         let normal = Distribution::Normal(0.0, 1.0);
+        let iters = self.iters.max(1);
         let mut out = Vec::new();
         for (name, k, n) in Self::shapes(&cfg.model) {
             let a = Tensor::<Inner<B>, 2>::random([m, k], normal, &device).cast(dtype);
@@ -372,10 +380,10 @@ impl OnBackend for MatmulBench {
             };
             product();
             let t0 = Instant::now();
-            for _ in 0..self.iters.max(1) {
+            for _ in 0..iters {
                 product();
             }
-            let s = t0.elapsed().as_secs_f64() / self.iters.max(1) as f64;
+            let s = t0.elapsed().as_secs_f64() / iters as f64;
             let tflops = 2.0 * (m * k * n) as f64 / s / 1e12;
             out.push(MatmulShape {
                 name,

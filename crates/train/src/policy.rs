@@ -116,7 +116,7 @@ pub trait Journal {
     fn say(&mut self, line: &str);
     fn flag_step(&mut self, flag: &str);
     /// A column for this step's metrics row, if the step is logged.
-    fn metric(&mut self, _name: &str, _value: f64) {}
+    fn metric(&mut self, name: &str, value: f64);
 }
 
 pub trait StepPolicy {

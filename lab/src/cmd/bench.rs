@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lab_train::bench::BenchOptions;
 use lab_train::BackendKind;
 
@@ -43,11 +43,11 @@ pub struct Args {
     pub ckpt_dir: std::path::PathBuf,
     /// Also write the token stream the steps draw from (little-endian u32 ids) to FILE, for
     /// scripts/reference/torch_train_ref.py to train on the same windows.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["matmul", "generate", "checkpoint"])]
     pub tokens_out: Option<PathBuf>,
     /// Time the backend's matmul on the model's projection shapes (micro_batch × seq_len
     /// rows), in the run's precision, instead of training steps.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["generate", "checkpoint"])]
     pub matmul: bool,
     /// Print the report as JSON.
     #[arg(long)]
@@ -145,16 +145,11 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(path) = &args.tokens_out {
-        let tokens = lab_train::bench::bench_tokens(&config)?;
-        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        lab_fsio::write_atomic(path, &bytes)
-            .with_context(|| format!("--tokens-out {}", path.display()))?;
-    }
     let r = backend.dispatch(BenchOptions {
         config,
         steps: args.steps,
         warmup: args.warmup,
+        tokens_out: args.tokens_out,
     })?;
     if args.json {
         let mut v = serde_json::to_value(&r)?;

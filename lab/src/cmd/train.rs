@@ -273,13 +273,17 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
 }
 
 /// GPU health readings and alerts: NVML on a CUDA run, a recorded file for the drill, none
-/// on the CPU. A GPU host without NVML trains on, with a warning.
+/// on the CPU. A GPU host without NVML trains on, with a warning. Rank 0's GPU only: the
+/// other ranks neither log nor alert, so their readings would be dropped.
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn gpu_health(
     args: &Args,
     backend: BackendKind,
     launch: &lab_dist::Launch,
 ) -> Result<Option<GpuHealth>> {
+    if launch.rank != 0 {
+        return Ok(None);
+    }
     let probe: Box<dyn lab_health::Probe> = match (&args.inject_gpu_telemetry, backend) {
         (Some(file), _) => {
             Box::new(lab_health::replay::ReplayProbe::open(file).context("--inject-gpu-telemetry")?)
