@@ -107,3 +107,38 @@ fn the_bench_reports_the_precision_it_ran() {
     assert_eq!(report["precision"], "bf16");
     assert!(report["tokens_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn selective_checkpointing_recomputes_the_same_bits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = |mode: &str| {
+        let dir = tmp.path().join(mode);
+        run_ok(train_on(&cfg, &data_dir(), &dir).args([
+            "--total-steps",
+            "8",
+            "--ckpt-every",
+            "8",
+            "--log-every",
+            "1",
+            "--precision",
+            "bf16",
+            "--activation-checkpointing",
+            mode,
+        ]));
+        dir
+    };
+    let (kept, selective) = (run("none"), run("selective"));
+    // Recomputed elementwise results are the forward's own bits: same losses, same weights
+    // and AdamW moments.
+    assert_eq!(losses(&kept).len(), 8);
+    assert_eq!(losses(&kept), losses(&selective));
+    for file in ["model.safetensors", "optimizer.safetensors"] {
+        let at = |run: &Path| sha256(&run.join("step-00000008").join(file));
+        assert_eq!(at(&kept), at(&selective), "{file}");
+    }
+    // The run's config records the mode (and stays silent about the default).
+    let recorded = |run: &Path| std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(recorded(&selective).contains("activation_checkpointing = \"selective\""));
+    assert!(!recorded(&kept).contains("activation_checkpointing"));
+}

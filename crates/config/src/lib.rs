@@ -25,7 +25,7 @@ pub use hardware::{Hardware, HardwareSpec};
 pub use model::{ModelConfig, ParamCount};
 pub use parallel::ParallelConfig;
 pub use stability::{Escalation, SpikeConfig, SpikeKind, SpikePolicy, Stability, StabilityConfig};
-pub use train::{LmHeadLoss, Precision, TrainConfig};
+pub use train::{ActivationCheckpointing, LmHeadLoss, Precision, TrainConfig};
 
 /// One `configs/*.toml` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

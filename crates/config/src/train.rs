@@ -24,6 +24,40 @@ pub enum LmHeadLoss {
     Unfused,
 }
 
+/// What the backward pass recomputes instead of keeping (`train.activation_checkpointing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActivationCheckpointing {
+    /// Every activation backward needs is kept from the forward (the default).
+    #[default]
+    None,
+    /// torchtitan's "selective" (op-level) checkpointing, as burn's `BalancedCheckpointing`
+    /// does it: outputs of compute-bound ops (matmuls, casts, fused kernels) are kept, those of
+    /// elementwise ops (norms, RoPE, SwiGLU, softmax) are recomputed in backward from them.
+    /// Same arithmetic, same results; less memory, some recomputation.
+    Selective,
+}
+
+impl ActivationCheckpointing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Selective => "selective",
+        }
+    }
+}
+
+/// The names `as_str` gives (`--activation-checkpointing none|selective`).
+impl std::str::FromStr for ActivationCheckpointing {
+    type Err = String;
+    fn from_str(name: &str) -> Result<Self, String> {
+        [Self::None, Self::Selective]
+            .into_iter()
+            .find(|c| c.as_str() == name)
+            .ok_or_else(|| format!("{name:?} is not a checkpointing mode: use none or selective"))
+    }
+}
+
 impl Precision {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -85,6 +119,9 @@ pub struct TrainConfig {
     /// `fused` (default) or `unfused`; recorded in the run's config.toml.
     #[serde(default, skip_serializing_if = "is_fused")]
     pub lm_head_loss: LmHeadLoss,
+    /// `none` (default) or `selective`; recorded in the run's config.toml when not `none`.
+    #[serde(default, skip_serializing_if = "is_none")]
+    pub activation_checkpointing: ActivationCheckpointing,
     #[serde(default = "default_log_every")]
     pub log_every: usize,
     #[serde(default = "default_eval_every")]
@@ -108,6 +145,10 @@ pub struct TrainConfig {
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+fn is_none(ac: &ActivationCheckpointing) -> bool {
+    *ac == ActivationCheckpointing::None
 }
 
 fn is_fused(l: &LmHeadLoss) -> bool {

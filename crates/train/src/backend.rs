@@ -2,7 +2,13 @@
 //! [`TrainBackend`]; adding or upgrading a backend touches this file only.
 
 use anyhow::{bail, Result};
+use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy};
+use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
+use lab_config::ActivationCheckpointing;
+
+/// burn's name for keeping every activation (the default strategy).
+type NoRecompute = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use lab_model::FusedOps;
 use lab_ops::FusedAdamW;
 
@@ -13,11 +19,11 @@ pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + F
 impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps> TrainBackend for B {}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
-pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;
+pub type Cpu<C = NoRecompute> = Autodiff<burn::backend::Flex, C>;
 #[cfg(feature = "cuda")]
-pub type Cuda = burn::backend::Autodiff<burn::backend::Cuda>;
+pub type Cuda<C = NoRecompute> = Autodiff<burn::backend::Cuda, C>;
 #[cfg(feature = "wgpu")]
-pub type Wgpu = burn::backend::Autodiff<burn::backend::Wgpu>;
+pub type Wgpu<C = NoRecompute> = Autodiff<burn::backend::Wgpu, C>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -64,13 +70,30 @@ impl BackendKind {
 
     /// Runs `work` on this backend, or says why it cannot.
     pub fn dispatch<W: OnBackend>(self, work: W) -> Result<W::Output> {
+        self.dispatch_checkpointed(ActivationCheckpointing::None, work)
+    }
+
+    /// [`BackendKind::dispatch`] for work that trains: the backward pass keeps or recomputes
+    /// activations as `checkpointing` says (burn's autodiff takes it as a type parameter).
+    pub fn dispatch_checkpointed<W: OnBackend>(
+        self,
+        checkpointing: ActivationCheckpointing,
+        work: W,
+    ) -> Result<W::Output> {
+        match checkpointing {
+            ActivationCheckpointing::None => self.run_with::<NoRecompute, W>(work),
+            ActivationCheckpointing::Selective => self.run_with::<BalancedCheckpointing, W>(work),
+        }
+    }
+
+    fn run_with<C: CheckpointStrategy, W: OnBackend>(self, work: W) -> Result<W::Output> {
         self.ensure_available()?;
         match self {
-            Self::Cpu => work.run::<Cpu>(Default::default()),
+            Self::Cpu => work.run::<Cpu<C>>(Default::default()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => work.run::<Cuda>(cuda_device()?),
+            Self::Cuda => work.run::<Cuda<C>>(cuda_device()?),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => work.run::<Wgpu>(Default::default()),
+            Self::Wgpu => work.run::<Wgpu<C>>(Default::default()),
             #[allow(unreachable_patterns)]
             _ => unreachable!("ensure_available refused it"),
         }
@@ -135,8 +158,37 @@ fn cuda_headers(
 
 #[cfg(test)]
 mod tests {
-    use super::cuda_headers;
+    use super::*;
     use std::path::Path;
+
+    /// Work that reports which backend type it was given.
+    struct BackendTypeName;
+
+    impl OnBackend for BackendTypeName {
+        type Output = &'static str;
+        fn run<B: TrainBackend>(self, _device: B::Device) -> Result<&'static str> {
+            Ok(std::any::type_name::<B>())
+        }
+    }
+
+    #[test]
+    fn selective_checkpointing_trains_on_burns_balanced_strategy() {
+        let on = |ac| {
+            BackendKind::Cpu
+                .dispatch_checkpointed(ac, BackendTypeName)
+                .unwrap()
+        };
+        let selective = on(ActivationCheckpointing::Selective);
+        assert!(selective.contains("BalancedCheckpointing"), "{selective}");
+        let kept = on(ActivationCheckpointing::None);
+        // (type_name leaves out the default NoCheckpointing.)
+        assert!(!kept.contains("Balanced"), "{kept}");
+        assert_eq!(
+            BackendKind::Cpu.dispatch(BackendTypeName).unwrap(),
+            kept,
+            "plain dispatch keeps everything"
+        );
+    }
 
     #[test]
     fn cuda_headers_are_found_where_cubecl_looks_and_only_with_cuda_h() {

@@ -31,6 +31,8 @@ pub struct BenchReport {
     pub lm_head_loss: String,
     /// `fp32` or `bf16` (mixed precision); MFU is against the peak of this precision.
     pub precision: String,
+    /// `none` or `selective` activation checkpointing.
+    pub activation_checkpointing: String,
     pub tokens_per_step: usize,
     pub steps: usize,
     pub tokens_per_s: f64,
@@ -130,6 +132,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         config: cfg.name.clone(),
         lm_head_loss: cfg.train.lm_head_loss.as_str().into(),
         precision: cfg.train.precision.as_str().into(),
+        activation_checkpointing: cfg.train.activation_checkpointing.as_str().into(),
         tokens_per_step,
         steps: opts.steps,
         tokens_per_s,

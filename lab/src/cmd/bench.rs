@@ -30,6 +30,10 @@ pub struct Args {
     /// Overrides train.precision: `fp32`, or `bf16` (bf16 matmuls over fp32 weights).
     #[arg(long)]
     pub precision: Option<lab_config::Precision>,
+    /// Overrides train.activation_checkpointing: `none` or `selective` (to time the
+    /// recomputation).
+    #[arg(long)]
+    pub activation_checkpointing: Option<lab_config::ActivationCheckpointing>,
     /// Time decoding this many tokens with the KV cache against recomputing the sequence.
     #[arg(long, value_name = "TOKENS")]
     pub generate: Option<usize>,
@@ -68,6 +72,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
     if let Some(p) = args.precision {
         config.train.precision = p;
+    }
+    if let Some(c) = args.activation_checkpointing {
+        config.train.activation_checkpointing = c;
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
         std::thread::available_parallelism()
@@ -145,12 +152,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let r = backend.dispatch(BenchOptions {
-        config,
-        steps: args.steps,
-        warmup: args.warmup,
-        tokens_out: args.tokens_out,
-    })?;
+    let r = backend.dispatch_checkpointed(
+        config.train.activation_checkpointing,
+        BenchOptions {
+            config,
+            steps: args.steps,
+            warmup: args.warmup,
+            tokens_out: args.tokens_out,
+        },
+    )?;
     if args.json {
         let mut v = serde_json::to_value(&r)?;
         v["backend"] = backend.name().into();
@@ -158,11 +168,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} on {} ({threads} threads, {} loss, {}): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
+            "{} on {} ({threads} threads, {} loss, {}, checkpointing {}): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
             r.config,
             backend.name(),
             r.lm_head_loss,
             r.precision,
+            r.activation_checkpointing,
             r.tokens_per_s,
             r.ms_per_step,
             r.tokens_per_step,

@@ -330,6 +330,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         seed: None,
         backend: r.backend.clone(),
         precision: None,
+        activation_checkpointing: None,
         inject_gpu_telemetry: None,
         mlflow_uri: None,
         spike: SpikeFlags {

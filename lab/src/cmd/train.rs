@@ -53,6 +53,10 @@ pub struct Args {
     /// activations over fp32 master weights, optimizer state and checkpoints).
     #[arg(long)]
     pub precision: Option<Precision>,
+    /// Overrides train.activation_checkpointing: `none`, or `selective` (elementwise results
+    /// recomputed in backward: less activation memory, same results).
+    #[arg(long)]
+    pub activation_checkpointing: Option<lab_config::ActivationCheckpointing>,
     /// Fire drill: read the GPU's health from FILE (one JSON reading per line: t_s, util_pct,
     /// mem_used_bytes, mem_total_bytes, temp_c, ecc_corrected, ecc_uncorrected) instead of
     /// NVML, one per logged step, to see the metrics columns and alerts without a failing GPU.
@@ -202,6 +206,9 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     }
     if let Some(p) = args.precision {
         t.precision = p;
+    }
+    if let Some(c) = args.activation_checkpointing {
+        t.activation_checkpointing = c;
     }
     if let Some(k) = args.init.freeze_non_embedding_steps {
         t.freeze_non_embedding_steps = k;
@@ -378,7 +385,7 @@ pub fn train(args: &Args) -> Result<Ended> {
         opts.policies.push(Box::new(BudgetPolicy(g)));
     }
     let run_dir = opts.run_dir.clone();
-    let result = backend.dispatch(opts);
+    let result = backend.dispatch_checkpointed(opts.config.train.activation_checkpointing, opts);
     if let Some(uri) = args.mlflow_uri.as_ref().filter(|_| leader) {
         super::export::log_mlflow(uri, &run_dir, None);
     }
