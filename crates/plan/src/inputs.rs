@@ -253,6 +253,9 @@ impl PlanInputs {
             None if zero_stage == 0 => 1,
             None => dp,
         };
+        // --activation-checkpointing, or the config's train.activation_checkpointing.
+        let activation_checkpointing = req.activation_checkpointing
+            || cfg.train.activation_checkpointing == lab_config::ActivationCheckpointing::Selective;
         let micro_batch = at_least_one(
             "--micro-batch",
             req.micro_batch.unwrap_or(cfg.train.micro_batch),
@@ -267,7 +270,7 @@ impl PlanInputs {
             shard,
             micro_batch,
             grad_accum: grad_accum_exact.round().max(1.0) as usize,
-            activation_checkpointing: req.activation_checkpointing,
+            activation_checkpointing,
         };
         let zero_words = match zero_stage {
             0 => "DDP (no sharding)".to_string(),
@@ -292,8 +295,8 @@ impl PlanInputs {
                 } else {
                     format!("{grad_accum_exact:.2}")
                 },
-                if req.activation_checkpointing {
-                    ", activation checkpointing"
+                if activation_checkpointing {
+                    ", selective activation checkpointing"
                 } else {
                     ""
                 }
@@ -395,6 +398,14 @@ impl PlanInputs {
             ),
         );
 
+        let block_bytes = |selective| {
+            crate::memory::block_bytes_per_token(
+                &model,
+                precision,
+                crate::memory::AttentionKind::Flash,
+                selective,
+            )
+        };
         let states = match precision {
             Precision::Bf16 => {
                 "bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam m, v 8 = 16 B/param"
@@ -404,10 +415,11 @@ impl PlanInputs {
         note(
             "memory model",
             format!(
-                "{states}, sharded by ZeRO stage; activations per layer (4h + 2·d_attn + 2·kv + 3·d_ff) × {} B/token, split over TP (sequence parallel), pp micro-batches in flight; the fused LM-head loss (d hidden, d head, one ≤ 1 GiB chunk of logits; no [tokens, V] logits); comm buffers 2 × one block at 4 B/param",
-                if precision == Precision::Bf16 { 2 } else { 4 }
+                "{states}, sharded by ZeRO stage; activations per layer {} B/token ({} with selective checkpointing), split over TP (sequence parallel), pp micro-batches in flight; the fused LM-head loss (d hidden, d head, one ≤ 1 GiB chunk of logits; no [tokens, V] logits); comm buffers 2 × one block at 4 B/param",
+                group(block_bytes(false) as u64),
+                group(block_bytes(true) as u64),
             ),
-            "ZeRO paper (Rajbhandari et al. 2020); Korthikanti et al. 2022 re-derived for RMSNorm/GQA/SwiGLU with FlashAttention".into(),
+            "ZeRO paper (Rajbhandari et al. 2020); what lab's model keeps under burn's autodiff with flash attention, counted op by op and measured on the CPU (crates/plan/tests/activation_memory.rs)".into(),
         );
         let deadline_hours = req.hours.map(|h| positive("--hours", h)).transpose()?;
         if let Some(h) = deadline_hours {

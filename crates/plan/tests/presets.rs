@@ -123,8 +123,10 @@ fn med_7b_fsdp_128_by_tp_2_fits_an_a100() {
     );
     // 4,194,304 tokens / (128 replicas × 4,096) = 8 micro-batches of 1 per step.
     assert_eq!(p.batch.grad_accum, 8.0);
+    // ~15.7 GiB: 0.5 GiB of sharded states, 0.7 of collective buffers, 14.7 of activations
+    // (32 layers × 4,096 tokens × 220,808 B / TP 2, and the loss).
     let gib = p.memory.chosen.total / (1u64 << 30) as f64;
-    assert!(gib > 5.0 && gib < 15.0, "{gib}");
+    assert!(gib > 10.0 && gib < 20.0, "{gib}");
     assert!(p.memory.fits);
     assert!(
         !p.warnings
@@ -209,6 +211,11 @@ fn medgemma_27b_zero_3_on_320_h200_and_the_quote() {
     let c = &p.memory.chosen;
     let states = c.params + c.grads + c.master + c.moments;
     assert!(within(states, 16.0 * p.params.total as f64 / 320.0, 1e-9));
+    // It fits because the config trains with selective activation checkpointing: keeping
+    // every activation of 62 layers × 8,192 tokens would not.
+    assert!(p.memory.layout.activation_checkpointing);
+    assert_eq!(c.total, c.total_with_checkpointing);
+    assert!(c.total_without_checkpointing > p.memory.device_memory_bytes);
     assert!(p.memory.fits);
     let q = p.quote.as_ref().unwrap();
     assert_eq!(q.readings[0].total_usd, 42_000.0);

@@ -69,7 +69,8 @@ pub struct Args {
     /// ZeRO/FSDP sharding degree [default: all data-parallel ranks].
     #[arg(long)]
     pub fsdp: Option<usize>,
-    /// Plan with full activation checkpointing.
+    /// Plan with selective activation checkpointing (as train.activation_checkpointing =
+    /// "selective" trains) [default: the config's].
     #[arg(long)]
     pub activation_checkpointing: bool,
     /// Steps between checkpoints [default: train.ckpt_every].
