@@ -469,3 +469,82 @@ fn the_checkpoint_bench_leaves_the_folder_it_measures_alone() {
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("precious.txt")]);
 }
+
+#[test]
+fn fit_micro_batch_splits_the_step_to_fit_the_memory_given() {
+    use lab_plan::memory::{per_device, AttentionKind, Layout};
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg_path = micro_config(tmp.path());
+    let cfg = lab_config::LabConfig::load(&cfg_path).unwrap();
+    // The config's step is 4 × 2 sequences. A device between the memory model's totals at
+    // micro-batches 2 and 4 (the CPU keeps T × T scores) takes 2 × 4.
+    let planned = |micro_batch| {
+        let layout = Layout {
+            gpus: 1,
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            zero_stage: 0,
+            shard: 1,
+            micro_batch,
+            grad_accum: 8 / micro_batch,
+            activation_checkpointing: false,
+        };
+        let params = cfg.model.param_count().total() as f64;
+        per_device(
+            &cfg.model,
+            cfg.train.precision,
+            params,
+            &layout,
+            AttentionKind::Scores,
+        )
+        .total
+    };
+    let usable = (planned(2) + planned(4)) / 2.0;
+    let gib = usable / lab_plan::checks::TIGHT_MEMORY_SHARE / lab_plan::units::GIB;
+
+    let steps = [
+        "--total-steps",
+        "3",
+        "--ckpt-every",
+        "1000",
+        "--log-every",
+        "1",
+    ];
+    let (fitted, plain) = (tmp.path().join("fitted"), tmp.path().join("plain"));
+    let out = run_ok(
+        train(&cfg_path, &fitted)
+            .args(steps)
+            .args(["--fit-micro-batch".to_string(), gib.to_string()]),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("micro-batch 2 × 4 accumulated (config: 4 × 2)"),
+        "{stdout}"
+    );
+    let recorded = std::fs::read_to_string(fitted.join("config.toml")).unwrap();
+    assert!(
+        recorded.contains("micro_batch = 2\ngrad_accum = 4\n"),
+        "{recorded}"
+    );
+
+    // The same samples per step, split differently: the losses agree to summation order.
+    run_ok(train(&cfg_path, &plain).args(steps));
+    let loss = |run: &Path| -> Vec<f64> {
+        losses(run)
+            .iter()
+            .map(|(_, b)| f64::from_bits(*b))
+            .collect()
+    };
+    let (a, b) = (loss(&fitted), loss(&plain));
+    assert_eq!(a.len(), 3);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * y, "fitted {x}, config's split {y}");
+    }
+
+    // Without a size on the CPU: one line naming the flag and the fix.
+    expect_one_line_error(
+        train(&cfg_path, &tmp.path().join("cpu")).args(["--fit-micro-batch"]),
+        "give it in GiB (--fit-micro-batch 80)",
+    );
+}

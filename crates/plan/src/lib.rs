@@ -3,11 +3,12 @@
 //! plans that cannot work. `lab plan --check-lab` checks a lab page's promises.
 //!
 //! One module per idea: [`compute`] (parameters, FLOPs, Chinchilla), [`memory`] (per-GPU
-//! memory under DP/ZeRO/TP/PP), [`schedule`] (time, cost, what a deadline or budget buys),
+//! memory under DP/ZeRO/TP/PP), [`fit`] (the micro-batch a device fits), [`schedule`] (time, cost, what a deadline or budget buys),
 //! [`checks`] (warnings), [`report`] (the text table), [`lab_page`] (`--check-lab`).
 
 pub mod checks;
 pub mod compute;
+pub mod fit;
 pub mod inputs;
 pub mod lab_page;
 pub mod memory;

@@ -212,11 +212,23 @@ pub fn lm_head_loss_bytes(model: &ModelConfig, act: f64, tokens: usize, tp: usiz
     kept + while_running
 }
 
+/// One GPU's memory when its trainer runs the flash attention (the GPU backends).
 pub fn per_gpu(
     model: &ModelConfig,
     precision: Precision,
     params_used: f64,
     layout: &Layout,
+) -> MemoryBreakdown {
+    per_device(model, precision, params_used, layout, AttentionKind::Flash)
+}
+
+/// [`per_gpu`] for a device running `attention`.
+pub fn per_device(
+    model: &ModelConfig,
+    precision: Precision,
+    params_used: f64,
+    layout: &Layout,
+    attention: AttentionKind,
 ) -> MemoryBreakdown {
     let bytes = state_bytes(precision);
     let sp = stage_params(model, params_used, layout);
@@ -239,12 +251,10 @@ pub fn per_gpu(
     };
 
     // Tokens of one micro-batch; with sequence parallelism every activation is split over TP.
-    // The GPU trainer runs the flash kernel.
     let tokens = (layout.micro_batch * model.seq_len) as f64;
     let tp = layout.tp as f64;
-    let block = |selective| {
-        block_bytes_per_token(model, precision, AttentionKind::Flash, selective) * tokens / tp
-    };
+    let block =
+        |selective| block_bytes_per_token(model, precision, attention, selective) * tokens / tp;
     // 1F1B: the first stage holds up to `pp` micro-batches in flight (Korthikanti §4.2.3).
     let in_flight = layout.pp.min(layout.grad_accum.max(1)) as f64;
     let layers = sp.layers as f64;

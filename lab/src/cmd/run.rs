@@ -331,6 +331,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         backend: r.backend.clone(),
         precision: None,
         activation_checkpointing: None,
+        fit_micro_batch: None,
         inject_gpu_telemetry: None,
         mlflow_uri: None,
         spike: SpikeFlags {

@@ -57,6 +57,11 @@ pub struct Args {
     /// recomputed in backward: less activation memory, same results).
     #[arg(long)]
     pub activation_checkpointing: Option<lab_config::ActivationCheckpointing>,
+    /// Replace train.micro_batch by the largest that fits this GPU's memory by `lab plan`'s
+    /// memory model, and train.grad_accum so the step keeps its sequences. GIB gives the
+    /// device's memory (any backend); without it the CUDA GPU is asked (NVML).
+    #[arg(long, value_name = "GIB", num_args = 0..=1)]
+    pub fit_micro_batch: Option<Option<f64>>,
     /// Fire drill: read the GPU's health from FILE (one JSON reading per line: t_s, util_pct,
     /// mem_used_bytes, mem_total_bytes, temp_c, ecc_corrected, ecc_uncorrected) instead of
     /// NVML, one per logged step, to see the metrics columns and alerts without a failing GPU.
@@ -218,6 +223,10 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
+    let launch = lab_dist::Launch::from_env()?;
+    if let Some(gib) = args.fit_micro_batch {
+        fit_micro_batch(&mut config, gib, backend, &launch)?;
+    }
 
     let run_dir = args
         .ckpt_dir
@@ -239,7 +248,6 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         }
     };
     // Rank 0 of a data-parallel job talks to the budget guard; the others follow its stops.
-    let launch = lab_dist::Launch::from_env()?;
     let guard = match launch.rank {
         0 => RunGuard::new(
             &args.budget,
@@ -277,6 +285,59 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         launch,
     };
     Ok((opts, guard))
+}
+
+/// `--fit-micro-batch [GIB]`: the micro-batch and accumulation `lab plan`'s memory model
+/// fits in the device's memory, written into the config the run records.
+fn fit_micro_batch(
+    config: &mut LabConfig,
+    gib: Option<f64>,
+    backend: BackendKind,
+    launch: &lab_dist::Launch,
+) -> Result<()> {
+    let device_bytes = match gib {
+        Some(g) if g.is_finite() && g > 0.0 => g * lab_plan::units::GIB,
+        Some(g) => bail!("--fit-micro-batch {g}: give the device's memory in GiB, e.g. 80"),
+        None => gpu_memory_bytes(backend, launch)?,
+    };
+    let (micro_batch, grad_accum) = (config.train.micro_batch, config.train.grad_accum);
+    // The GPU backends run lab-kernels' flash attention; the CPU keeps the T × T scores.
+    let attention = match backend {
+        BackendKind::Cpu => lab_plan::memory::AttentionKind::Scores,
+        BackendKind::Cuda | BackendKind::Wgpu => lab_plan::memory::AttentionKind::Flash,
+    };
+    let fit = lab_plan::fit::fit_micro_batch(config, launch.world, device_bytes, attention)?;
+    config.train.micro_batch = fit.micro_batch;
+    config.train.grad_accum = fit.grad_accum;
+    if launch.rank == 0 {
+        println!(
+            "lab train: --fit-micro-batch: micro-batch {} × {} accumulated (config: {micro_batch} × {grad_accum}), {:.2} GiB per device planned of {:.2} GiB usable",
+            fit.micro_batch,
+            fit.grad_accum,
+            fit.planned_bytes / lab_plan::units::GIB,
+            fit.usable_bytes / lab_plan::units::GIB
+        );
+    }
+    Ok(())
+}
+
+/// This rank's GPU memory, from NVML.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f64> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let index = lab_dist::gpu_index(launch)? as u32;
+            let probe = lab_health::nvml::NvmlProbe::open(index).context(
+                "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80)",
+            )?;
+            Ok(lab_health::Probe::describe(&probe).memory_bytes as f64)
+        }
+        other => bail!(
+            "--fit-micro-batch needs the device's memory: on --backend {} give it in GiB (--fit-micro-batch 80)",
+            other.name()
+        ),
+    }
 }
 
 /// GPU health readings and alerts: NVML on a CUDA run, a recorded file for the drill, none
