@@ -130,6 +130,11 @@ fn the_planner_counts_the_activations_the_model_keeps() {
             let plan = |selective| block_bytes_per_token(&cfg, p, AttentionKind::Scores, selective);
             let kept = measured::<NoCheckpointing>(shape, p);
             let kept_selective = measured::<BalancedCheckpointing>(shape, p);
+            eprintln!(
+                "{shape:?} {p:?}: kept {kept:.0} B/layer/token (planner {:.0}), selective {kept_selective:.0} (planner {:.0})",
+                plan(false),
+                plan(true)
+            );
             for (what, got, want) in [
                 ("kept", kept, plan(false)),
                 (
