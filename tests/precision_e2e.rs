@@ -112,9 +112,9 @@ fn the_bench_reports_the_precision_it_ran() {
 fn selective_checkpointing_recomputes_the_same_bits() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = micro_config(tmp.path());
-    let run = |mode: &str| {
-        let dir = tmp.path().join(mode);
-        run_ok(train_on(&cfg, &data_dir(), &dir).args([
+    let train = |dir: &Path, mode: &str| {
+        let mut c = train_on(&cfg, &data_dir(), dir);
+        c.args([
             "--total-steps",
             "8",
             "--ckpt-every",
@@ -125,7 +125,12 @@ fn selective_checkpointing_recomputes_the_same_bits() {
             "bf16",
             "--activation-checkpointing",
             mode,
-        ]));
+        ]);
+        c
+    };
+    let run = |mode: &str| {
+        let dir = tmp.path().join(mode);
+        run_ok(&mut train(&dir, mode));
         dir
     };
     let (kept, selective) = (run("none"), run("selective"));
@@ -141,4 +146,6 @@ fn selective_checkpointing_recomputes_the_same_bits() {
     let recorded = |run: &Path| std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(recorded(&selective).contains("activation_checkpointing = \"selective\""));
     assert!(!recorded(&kept).contains("activation_checkpointing"));
+    // Not part of the recipe: a run resumes in the other mode.
+    run_ok(train(&kept, "selective").arg("--resume-from-latest"));
 }

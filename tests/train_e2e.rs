@@ -472,33 +472,14 @@ fn the_checkpoint_bench_leaves_the_folder_it_measures_alone() {
 
 #[test]
 fn fit_micro_batch_splits_the_step_to_fit_the_memory_given() {
-    use lab_plan::memory::{per_device, AttentionKind, Layout};
+    use lab_plan::memory::AttentionKind;
     let tmp = tempfile::tempdir().unwrap();
     let cfg_path = micro_config(tmp.path());
     let cfg = lab_config::LabConfig::load(&cfg_path).unwrap();
     // The config's step is 4 × 2 sequences. A device between the memory model's totals at
     // micro-batches 2 and 4 (the CPU keeps T × T scores) takes 2 × 4.
     let planned = |micro_batch| {
-        let layout = Layout {
-            gpus: 1,
-            dp: 1,
-            tp: 1,
-            pp: 1,
-            zero_stage: 0,
-            shard: 1,
-            micro_batch,
-            grad_accum: 8 / micro_batch,
-            activation_checkpointing: false,
-        };
-        let params = cfg.model.param_count().total() as f64;
-        per_device(
-            &cfg.model,
-            cfg.train.precision,
-            params,
-            &layout,
-            AttentionKind::Scores,
-        )
-        .total
+        lab_plan::fit::planned_bytes(&cfg, 1, micro_batch, 8 / micro_batch, AttentionKind::Scores)
     };
     let usable = (planned(2) + planned(4)) / 2.0;
     let gib = usable / lab_plan::checks::TIGHT_MEMORY_SHARE / lab_plan::units::GIB;
@@ -541,6 +522,18 @@ fn fit_micro_batch_splits_the_step_to_fit_the_memory_given() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() <= 1e-5 * y, "fitted {x}, config's split {y}");
     }
+
+    // Resuming with the config's own split (another device): allowed, with a warning.
+    let out = run_ok(
+        train(&cfg_path, &fitted)
+            .args(steps)
+            .arg("--resume-from-latest"),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("split its steps 2 × 4; this launch splits them 4 × 2"),
+        "{stderr}"
+    );
 
     // Without a size on the CPU: one line naming the flag and the fix.
     expect_one_line_error(

@@ -137,6 +137,9 @@ impl LabConfig {
         let mut t = self.train.clone();
         (t.log_every, t.eval_every, t.eval_batches, t.ckpt_every) = (0, 0, 0, 0);
         (t.keep_last, t.keep_every) = (0, 0);
+        // Recomputing instead of keeping changes no number (and `none` serializes as absent,
+        // leaving earlier hashes as they were).
+        t.activation_checkpointing = ActivationCheckpointing::None;
         // The mixture decides the samples; absent, it leaves earlier runs' hashes as they were.
         let json = match &self.data {
             None => serde_json::to_string(&(&self.model, &t, &self.spike)),

@@ -2,13 +2,12 @@
 //! [`TrainBackend`]; adding or upgrading a backend touches this file only.
 
 use anyhow::{bail, Result};
-use burn::backend::autodiff::checkpoint::strategy::{BalancedCheckpointing, CheckpointStrategy};
+use burn::backend::autodiff::checkpoint::strategy::{
+    BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
+};
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use lab_config::ActivationCheckpointing;
-
-/// burn's name for keeping every activation (the default strategy).
-type NoRecompute = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use lab_model::FusedOps;
 use lab_ops::FusedAdamW;
 
@@ -19,11 +18,11 @@ pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + F
 impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps> TrainBackend for B {}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
-pub type Cpu<C = NoRecompute> = Autodiff<burn::backend::Flex, C>;
+pub type Cpu<C = NoCheckpointing> = Autodiff<burn::backend::Flex, C>;
 #[cfg(feature = "cuda")]
-pub type Cuda<C = NoRecompute> = Autodiff<burn::backend::Cuda, C>;
+pub type Cuda<C = NoCheckpointing> = Autodiff<burn::backend::Cuda, C>;
 #[cfg(feature = "wgpu")]
-pub type Wgpu<C = NoRecompute> = Autodiff<burn::backend::Wgpu, C>;
+pub type Wgpu<C = NoCheckpointing> = Autodiff<burn::backend::Wgpu, C>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
@@ -47,6 +46,11 @@ impl std::str::FromStr for BackendKind {
 /// Work to run on whichever backend was chosen at run time.
 pub trait OnBackend {
     type Output;
+    /// What the backward pass recomputes instead of keeping: work that trains says what its
+    /// config asks; the rest keeps everything.
+    fn checkpointing(&self) -> ActivationCheckpointing {
+        ActivationCheckpointing::None
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Self::Output>;
 }
 
@@ -68,20 +72,11 @@ impl BackendKind {
         }
     }
 
-    /// Runs `work` on this backend, or says why it cannot.
+    /// Runs `work` on this backend, or says why it cannot. The backward pass keeps or
+    /// recomputes activations as the work says (burn's autodiff takes it as a type parameter).
     pub fn dispatch<W: OnBackend>(self, work: W) -> Result<W::Output> {
-        self.dispatch_checkpointed(ActivationCheckpointing::None, work)
-    }
-
-    /// [`BackendKind::dispatch`] for work that trains: the backward pass keeps or recomputes
-    /// activations as `checkpointing` says (burn's autodiff takes it as a type parameter).
-    pub fn dispatch_checkpointed<W: OnBackend>(
-        self,
-        checkpointing: ActivationCheckpointing,
-        work: W,
-    ) -> Result<W::Output> {
-        match checkpointing {
-            ActivationCheckpointing::None => self.run_with::<NoRecompute, W>(work),
+        match work.checkpointing() {
+            ActivationCheckpointing::None => self.run_with::<NoCheckpointing, W>(work),
             ActivationCheckpointing::Selective => self.run_with::<BalancedCheckpointing, W>(work),
         }
     }
@@ -161,10 +156,23 @@ mod tests {
     use super::*;
     use std::path::Path;
 
-    /// Work that reports which backend type it was given.
-    struct BackendTypeName;
+    /// Work that asks for `.0` and reports which backend type it was given.
+    struct BackendTypeName(ActivationCheckpointing);
 
     impl OnBackend for BackendTypeName {
+        type Output = &'static str;
+        fn checkpointing(&self) -> ActivationCheckpointing {
+            self.0
+        }
+        fn run<B: TrainBackend>(self, _device: B::Device) -> Result<&'static str> {
+            Ok(std::any::type_name::<B>())
+        }
+    }
+
+    /// The same, saying nothing about checkpointing.
+    struct Silent;
+
+    impl OnBackend for Silent {
         type Output = &'static str;
         fn run<B: TrainBackend>(self, _device: B::Device) -> Result<&'static str> {
             Ok(std::any::type_name::<B>())
@@ -173,20 +181,16 @@ mod tests {
 
     #[test]
     fn selective_checkpointing_trains_on_burns_balanced_strategy() {
-        let on = |ac| {
-            BackendKind::Cpu
-                .dispatch_checkpointed(ac, BackendTypeName)
-                .unwrap()
-        };
+        let on = |ac| BackendKind::Cpu.dispatch(BackendTypeName(ac)).unwrap();
         let selective = on(ActivationCheckpointing::Selective);
         assert!(selective.contains("BalancedCheckpointing"), "{selective}");
         let kept = on(ActivationCheckpointing::None);
         // (type_name leaves out the default NoCheckpointing.)
         assert!(!kept.contains("Balanced"), "{kept}");
         assert_eq!(
-            BackendKind::Cpu.dispatch(BackendTypeName).unwrap(),
+            BackendKind::Cpu.dispatch(Silent).unwrap(),
             kept,
-            "plain dispatch keeps everything"
+            "work that does not say keeps everything"
         );
     }
 

@@ -48,6 +48,9 @@ pub struct BenchReport {
 
 impl OnBackend for BenchOptions {
     type Output = BenchReport;
+    fn checkpointing(&self) -> lab_config::ActivationCheckpointing {
+        self.config.train.activation_checkpointing
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<BenchReport> {
         bench::<B>(self, device)
     }

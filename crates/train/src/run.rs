@@ -279,6 +279,16 @@ impl Run {
     fn check_same_run(&self, dir: &Path, state: &TrainState) -> Result<()> {
         let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if state.training_sha256 != self.training_sha {
+            if let Some((micro_batch, grad_accum)) = self.only_the_split_differs() {
+                let t = &self.cfg.train;
+                eprintln!(
+                    "warning: {} split its steps {micro_batch} × {grad_accum}; this launch splits them {} × {} (--fit-micro-batch on another device?): the same samples per step, summed in another order",
+                    dir.display(),
+                    t.micro_batch,
+                    t.grad_accum
+                );
+                return self.check_same_data(dir, state);
+            }
             if let Some(planned) = self.only_total_steps_differ() {
                 let new = self.cfg.train.total_steps;
                 bail!(
@@ -293,6 +303,11 @@ impl Run {
                 short(&self.training_sha)
             );
         }
+        self.check_same_data(dir, state)
+    }
+
+    fn check_same_data(&self, dir: &Path, state: &TrainState) -> Result<()> {
+        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if !state.data_sha256.is_empty() && state.data_sha256 != self.data_sha {
             bail!(
                 "{} was trained on other data (meta.json sha256 {} vs {} in --data-dir); resume with the run's --data-dir (see {}), or use a new --ckpt-dir",
@@ -303,6 +318,19 @@ impl Run {
             );
         }
         Ok(())
+    }
+
+    /// The run's micro-batch and accumulation when the run folder's config.toml splits the same
+    /// sequences per step differently and differs from this one in nothing else the training
+    /// hash covers (`--fit-micro-batch` chose another split on another device).
+    fn only_the_split_differs(&self) -> Option<(usize, usize)> {
+        let text = std::fs::read_to_string(self.dir.join(lab_run::CONFIG)).ok()?;
+        let mut recorded = LabConfig::from_toml(&text).ok()?;
+        let t = &self.cfg.train;
+        let split = (recorded.train.micro_batch, recorded.train.grad_accum);
+        let same_step = split.0 * split.1 == t.micro_batch * t.grad_accum;
+        (recorded.train.micro_batch, recorded.train.grad_accum) = (t.micro_batch, t.grad_accum);
+        (same_step && recorded.training_sha256() == self.training_sha).then_some(split)
     }
 
     /// The run's planned `total_steps` when the run folder's config.toml differs from this

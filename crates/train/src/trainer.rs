@@ -85,6 +85,9 @@ pub enum Outcome {
 
 impl OnBackend for TrainOptions {
     type Output = Outcome;
+    fn checkpointing(&self) -> lab_config::ActivationCheckpointing {
+        self.config.train.activation_checkpointing
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Outcome> {
         train::<B>(self, device)
     }

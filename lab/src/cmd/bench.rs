@@ -152,15 +152,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let r = backend.dispatch_checkpointed(
-        config.train.activation_checkpointing,
-        BenchOptions {
-            config,
-            steps: args.steps,
-            warmup: args.warmup,
-            tokens_out: args.tokens_out,
-        },
-    )?;
+    let r = backend.dispatch(BenchOptions {
+        config,
+        steps: args.steps,
+        warmup: args.warmup,
+        tokens_out: args.tokens_out,
+    })?;
     if args.json {
         let mut v = serde_json::to_value(&r)?;
         v["backend"] = backend.name().into();

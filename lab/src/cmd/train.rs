@@ -298,6 +298,11 @@ fn fit_micro_batch(
     let device_bytes = match gib {
         Some(g) if g.is_finite() && g > 0.0 => g * lab_plan::units::GIB,
         Some(g) => bail!("--fit-micro-batch {g}: give the device's memory in GiB, e.g. 80"),
+        // Every rank must choose the same split: one number, not each GPU's own reading.
+        None if launch.world > 1 => bail!(
+            "--fit-micro-batch on {} ranks: give the smallest GPU's memory in GiB (--fit-micro-batch 80) so every rank splits the step alike",
+            launch.world
+        ),
         None => gpu_memory_bytes(backend, launch)?,
     };
     let (micro_batch, grad_accum) = (config.train.micro_batch, config.train.grad_accum);
@@ -309,6 +314,7 @@ fn fit_micro_batch(
     let fit = lab_plan::fit::fit_micro_batch(config, launch.world, device_bytes, attention)?;
     config.train.micro_batch = fit.micro_batch;
     config.train.grad_accum = fit.grad_accum;
+    config.train.eval_batches = fit.eval_batches;
     if launch.rank == 0 {
         println!(
             "lab train: --fit-micro-batch: micro-batch {} × {} accumulated (config: {micro_batch} × {grad_accum}), {:.2} GiB per device planned of {:.2} GiB usable",
@@ -331,7 +337,10 @@ fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f
             let probe = lab_health::nvml::NvmlProbe::open(index).context(
                 "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80)",
             )?;
-            Ok(lab_health::Probe::describe(&probe).memory_bytes as f64)
+            match lab_health::Probe::describe(&probe).memory_bytes {
+                0 => bail!("--fit-micro-batch: NVML reports no memory for GPU {index}; give it in GiB (--fit-micro-batch 80)"),
+                bytes => Ok(bytes as f64),
+            }
         }
         other => bail!(
             "--fit-micro-batch needs the device's memory: on --backend {} give it in GiB (--fit-micro-batch 80)",
@@ -446,7 +455,7 @@ pub fn train(args: &Args) -> Result<Ended> {
         opts.policies.push(Box::new(BudgetPolicy(g)));
     }
     let run_dir = opts.run_dir.clone();
-    let result = backend.dispatch_checkpointed(opts.config.train.activation_checkpointing, opts);
+    let result = backend.dispatch(opts);
     if let Some(uri) = args.mlflow_uri.as_ref().filter(|_| leader) {
         super::export::log_mlflow(uri, &run_dir, None);
     }
