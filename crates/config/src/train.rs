@@ -51,11 +51,29 @@ impl ActivationCheckpointing {
 impl std::str::FromStr for ActivationCheckpointing {
     type Err = String;
     fn from_str(name: &str) -> Result<Self, String> {
-        [Self::None, Self::Selective]
-            .into_iter()
-            .find(|c| c.as_str() == name)
-            .ok_or_else(|| format!("{name:?} is not a checkpointing mode: use none or selective"))
+        by_name(
+            name,
+            &[Self::None, Self::Selective],
+            Self::as_str,
+            "checkpointing mode",
+        )
     }
+}
+
+/// The member of `all` called `name`, or a one-line error listing the names.
+fn by_name<T: Copy>(
+    name: &str,
+    all: &[T],
+    name_of: fn(T) -> &'static str,
+    what: &str,
+) -> Result<T, String> {
+    all.iter()
+        .copied()
+        .find(|&x| name_of(x) == name)
+        .ok_or_else(|| {
+            let names: Vec<_> = all.iter().map(|&x| name_of(x)).collect();
+            format!("{name:?} is not a {what}: use {}", names.join(" or "))
+        })
 }
 
 impl Precision {
@@ -71,10 +89,7 @@ impl Precision {
 impl std::str::FromStr for Precision {
     type Err = String;
     fn from_str(name: &str) -> Result<Self, String> {
-        [Self::Fp32, Self::Bf16]
-            .into_iter()
-            .find(|p| p.as_str() == name)
-            .ok_or_else(|| format!("{name:?} is not a precision: use fp32 or bf16"))
+        by_name(name, &[Self::Fp32, Self::Bf16], Self::as_str, "precision")
     }
 }
 

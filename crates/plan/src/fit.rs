@@ -65,7 +65,8 @@ pub fn fit_micro_batch(
     if cfg.train.lm_head_loss == LmHeadLoss::Unfused {
         bail!("--fit-micro-batch plans the fused LM-head loss, and train.lm_head_loss = \"unfused\" holds every logit: drop one of them");
     }
-    let dp = cfg.parallel().dp;
+    let parallel = cfg.parallel();
+    let dp = parallel.dp;
     let sequences = cfg.train.micro_batch * cfg.train.grad_accum;
     let eval_windows = cfg.train.eval_batches * cfg.train.micro_batch;
     let usable_bytes = device_bytes * TIGHT_MEMORY_SHARE;
@@ -100,7 +101,7 @@ pub fn fit_micro_batch(
     if cfg.train.activation_checkpointing == ActivationCheckpointing::None {
         fixes.push("set train.activation_checkpointing = \"selective\"");
     }
-    if world > 1 && cfg.parallel().zero == 0 {
+    if world > 1 && parallel.zero == 0 {
         fixes.push("shard the optimizer (parallel.zero = 1)");
     }
     fixes.push("shorten model.seq_len");

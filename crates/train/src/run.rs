@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use burn::module::AutodiffModule;
 use indicatif::ProgressBar;
-use lab_config::LabConfig;
+use lab_config::{LabConfig, TrainConfig};
 
 use lab_run::{JsonLines, MetricsRow, Status};
 use serde_json::{json, Value};
@@ -277,71 +277,71 @@ impl Run {
 
     /// A checkpoint from another recipe or other data is refused with one line.
     fn check_same_run(&self, dir: &Path, state: &TrainState) -> Result<()> {
-        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if state.training_sha256 != self.training_sha {
-            if let Some((micro_batch, grad_accum)) = self.only_the_split_differs() {
-                let t = &self.cfg.train;
-                eprintln!(
-                    "warning: {} split its steps {micro_batch} × {grad_accum}; this launch splits them {} × {} (--fit-micro-batch on another device?): the same samples per step, summed in another order",
-                    dir.display(),
-                    t.micro_batch,
-                    t.grad_accum
-                );
-                return self.check_same_data(dir, state);
-            }
-            if let Some(planned) = self.only_total_steps_differ() {
-                let new = self.cfg.train.total_steps;
-                bail!(
-                    "{}: the run was planned for {planned} steps, not {new} (train.total_steps is part of the schedule a bit-exact resume keeps); to train longer, keep train.total_steps = {planned} (drop --total-steps {new}) and add --extend-to-steps {new}",
-                    dir.display()
-                );
-            }
-            bail!(
-                "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
-                dir.display(),
-                short(&state.training_sha256),
-                short(&self.training_sha)
-            );
+            self.explain_other_recipe(dir, state)?;
         }
-        self.check_same_data(dir, state)
-    }
-
-    fn check_same_data(&self, dir: &Path, state: &TrainState) -> Result<()> {
-        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         if !state.data_sha256.is_empty() && state.data_sha256 != self.data_sha {
             bail!(
                 "{} was trained on other data (meta.json sha256 {} vs {} in --data-dir); resume with the run's --data-dir (see {}), or use a new --ckpt-dir",
                 dir.display(),
-                short(&state.data_sha256),
-                short(&self.data_sha),
+                short_sha(&state.data_sha256),
+                short_sha(&self.data_sha),
                 self.dir.join(DATA).display()
             );
         }
         Ok(())
     }
 
-    /// The run's micro-batch and accumulation when the run folder's config.toml splits the same
-    /// sequences per step differently and differs from this one in nothing else the training
-    /// hash covers (`--fit-micro-batch` chose another split on another device).
-    fn only_the_split_differs(&self) -> Option<(usize, usize)> {
-        let text = std::fs::read_to_string(self.dir.join(lab_run::CONFIG)).ok()?;
-        let mut recorded = LabConfig::from_toml(&text).ok()?;
+    /// The checkpoint's training hash is not this launch's. Resuming is still right when the
+    /// run folder's config.toml splits the same step into other micro-batches and differs in
+    /// nothing else (`--fit-micro-batch` on another device): a warning. Otherwise one line
+    /// saying what to do: keep `total_steps` and extend, or resume with the same recipe.
+    fn explain_other_recipe(&self, dir: &Path, state: &TrainState) -> Result<()> {
         let t = &self.cfg.train;
-        let split = (recorded.train.micro_batch, recorded.train.grad_accum);
-        let same_step = split.0 * split.1 == t.micro_batch * t.grad_accum;
-        (recorded.train.micro_batch, recorded.train.grad_accum) = (t.micro_batch, t.grad_accum);
-        (same_step && recorded.training_sha256() == self.training_sha).then_some(split)
+        let recorded = std::fs::read_to_string(self.dir.join(lab_run::CONFIG))
+            .ok()
+            .and_then(|text| LabConfig::from_toml(&text).ok());
+        if let Some(r) = &recorded {
+            let (micro_batch, grad_accum) = (r.train.micro_batch, r.train.grad_accum);
+            let same_step = micro_batch * grad_accum == t.micro_batch * t.grad_accum;
+            if same_step
+                && self.same_recipe_but(r, |r| {
+                    (r.micro_batch, r.grad_accum) = (t.micro_batch, t.grad_accum)
+                })
+            {
+                eprintln!(
+                    "warning: {} split its steps {micro_batch} × {grad_accum}; this launch splits them {} × {} (--fit-micro-batch on another device?): the same samples per step, summed in another order",
+                    dir.display(),
+                    t.micro_batch,
+                    t.grad_accum
+                );
+                return Ok(());
+            }
+            let planned = r.train.total_steps;
+            if planned != t.total_steps
+                && self.same_recipe_but(r, |r| r.total_steps = t.total_steps)
+            {
+                let new = t.total_steps;
+                bail!(
+                    "{}: the run was planned for {planned} steps, not {new} (train.total_steps is part of the schedule a bit-exact resume keeps); to train longer, keep train.total_steps = {planned} (drop --total-steps {new}) and add --extend-to-steps {new}",
+                    dir.display()
+                );
+            }
+        }
+        bail!(
+            "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
+            dir.display(),
+            short_sha(&state.training_sha256),
+            short_sha(&self.training_sha)
+        );
     }
 
-    /// The run's planned `total_steps` when the run folder's config.toml differs from this
-    /// one in nothing else the training hash covers.
-    fn only_total_steps_differ(&self) -> Option<usize> {
-        let text = std::fs::read_to_string(self.dir.join(lab_run::CONFIG)).ok()?;
-        let mut recorded = LabConfig::from_toml(&text).ok()?;
-        let planned = recorded.train.total_steps;
-        recorded.train.total_steps = self.cfg.train.total_steps;
-        (planned != self.cfg.train.total_steps && recorded.training_sha256() == self.training_sha)
-            .then_some(planned)
+    /// Whether the run's recorded config, with `align` copying this launch's values over the
+    /// fields that differ, trains exactly what this launch does.
+    fn same_recipe_but(&self, recorded: &LabConfig, align: impl FnOnce(&mut TrainConfig)) -> bool {
+        let mut aligned = recorded.clone();
+        align(&mut aligned.train);
+        aligned.training_sha256() == self.training_sha
     }
 
     /// The run folder's record of what this run is: config.toml, data.json, hardware.json.
@@ -870,4 +870,9 @@ fn take_folder(dir: &Path, resume: bool) -> Result<File> {
         }
     }
     Ok(lock)
+}
+
+/// The first 12 hex digits of a sha256, as errors quote it.
+fn short_sha(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
 }
