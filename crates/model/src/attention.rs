@@ -58,12 +58,21 @@ impl<B: Backend> Attention<B> {
         how: &Attend<B>,
     ) -> Tensor<B, 2> {
         let (q, k, v) = self.project(x, batch, rope, 0);
+        self.merge_heads(self.attend_heads(q, k, v, how))
+    }
+
+    /// The attention proper, between the projections: q `[B, h, T, hd]`, k and v
+    /// `[B, kv, T, hd]` (RoPE applied) → `[B, h, T, hd]`, causal, the way `how` says.
+    pub fn attend_heads(
+        &self,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        how: &Attend<B>,
+    ) -> Tensor<B, 4> {
         match how {
             Attend::Decomposed(future) => self.attend(q, k, v, future),
-            Attend::Fused(kernel) => {
-                let out = kernel(q, k, v, 1.0 / (self.head_dim as f32).sqrt());
-                self.merge_heads(out)
-            }
+            Attend::Fused(kernel) => kernel(q, k, v, 1.0 / (self.head_dim as f32).sqrt()),
         }
     }
 
@@ -81,7 +90,7 @@ impl<B: Backend> Attention<B> {
         let offset = cache.len();
         let (q, k, v) = self.project(x, batch, rope, offset);
         let (k, v) = cache.append(k, v);
-        self.attend(q, k, v, future)
+        self.merge_heads(self.attend(q, k, v, future))
     }
 
     /// q `[B, h, T, hd]`, k and v `[B, kv, T, hd]`, rotated for positions `offset..`.
@@ -103,14 +112,14 @@ impl<B: Backend> Attention<B> {
     }
 
     /// Causal attention of `q` over keys/values `k`, `v`; `future` marks the keys each stacked
-    /// query row may not see. Returns `[B·T, d]`.
+    /// query row may not see. Returns `[B, h, T, hd]`.
     fn attend(
         &self,
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
         future: &Tensor<B, 2, Bool>,
-    ) -> Tensor<B, 2> {
+    ) -> Tensor<B, 4> {
         let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
         let [batch, _, t, _] = q.dims();
         let keys = k.dims()[2];
@@ -128,8 +137,7 @@ impl<B: Backend> Attention<B> {
         let scores = scores.mask_fill(future, f32::NEG_INFINITY);
         let probs = lab_ops::cast_to(softmax(scores, 3), dtype);
         // [B, KV, group·T, hd]; query heads in order h = kv·group + g.
-        let out = probs.matmul(v);
-        self.merge_heads(out.reshape([batch, h, t, hd]))
+        probs.matmul(v).reshape([batch, h, t, hd])
     }
 
     /// `[B, h, T, hd]` → `[B·T, h·hd]`, then the output projection.

@@ -38,8 +38,13 @@ impl<B: Backend> FeedForward<B> {
 
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.down
-            .forward(silu(self.gate.forward(x.clone())) * self.up.forward(x))
+            .forward(swiglu(self.gate.forward(x.clone()), self.up.forward(x)))
     }
+}
+
+/// SwiGLU's gating, between the projections: `silu(gate) ⊙ up`.
+pub fn swiglu<B: Backend>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
+    silu(gate) * up
 }
 
 /// One pre-norm residual block: `x += attn(norm(x)); x += ffn(norm(x))`.
@@ -181,17 +186,34 @@ impl<B: Backend> Llama<B> {
         // Position tables, built once per forward and shared by every layer.
         let compute = self.compute_dtype();
         let rope = Rope::new(t, self.head_dim, self.rope_base, &device).cast(compute);
-        let how = match kernel {
-            Some(kernel) => Attend::Fused(kernel),
-            None => Attend::Decomposed(crate::attention::causal_mask::<B>(t, self.group, &device)),
-        };
-        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
-        let d = x.dims()[2];
-        let mut x = x.reshape([batch * t, d]);
+        let how = self.attend_path(t, kernel, &device);
+        let mut x = self.embed_tokens(tokens);
         for block in &self.blocks {
             x = block.forward(x, batch, &rope, &how, compute);
         }
         self.norm.forward(x)
+    }
+
+    /// How attention runs over `t` tokens: the fused `kernel` where there is one, else the
+    /// tensor ops with a causal mask built once and shared by every layer.
+    pub fn attend_path(
+        &self,
+        t: usize,
+        kernel: Option<AttentionFn<B>>,
+        device: &B::Device,
+    ) -> Attend<B> {
+        match kernel {
+            Some(kernel) => Attend::Fused(kernel),
+            None => Attend::Decomposed(crate::attention::causal_mask::<B>(t, self.group, device)),
+        }
+    }
+
+    /// `tokens: [B, T]` → their embeddings as `[B·T, d_model]` rows.
+    pub fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let [batch, t] = tokens.dims();
+        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
+        let d = x.dims()[2];
+        x.reshape([batch * t, d])
     }
 
     /// The LM head as a `[d_model, vocab]` matrix (the transposed embedding when tied).
@@ -231,9 +253,7 @@ impl<B: Backend> Llama<B> {
         );
         let device = tokens.device();
         let future = crate::attention::causal_mask_after::<B>(t, offset, self.group, &device);
-        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
-        let d = x.dims()[2];
-        let mut x = x.reshape([batch * t, d]);
+        let mut x = self.embed_tokens(tokens);
         for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(x, batch, &cache.rope, &future, layer);
         }
@@ -306,17 +326,23 @@ impl<B: FusedOps> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];
+        let hidden = self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>());
+        self.head_loss(hidden, targets.reshape([n]))
+    }
+
+    /// The LM head's mean cross-entropy: final hidden states `[N, d_model]` (fp32) against
+    /// `targets: [N]`, computed in the compute dtype.
+    pub fn head_loss(&self, hidden: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
         let kind = if self.unfused_loss {
             LmHeadLoss::Unfused
         } else {
             LmHeadLoss::Fused
         };
         let compute = self.compute_dtype();
-        let hidden = self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>());
         crate::loss::lm_head_loss(
             cast_to(hidden, compute),
             cast_to(self.head_weight(), compute),
-            targets.reshape([n]),
+            targets,
             kind,
         )
     }
