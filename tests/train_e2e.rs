@@ -471,6 +471,70 @@ fn the_checkpoint_bench_leaves_the_folder_it_measures_alone() {
 }
 
 #[test]
+fn bench_split_accounts_for_the_whole_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let out = run_ok(
+            lab()
+                .args([
+                    "bench", "--json", "--steps", "2", "--warmup", "1", "--config",
+                ])
+                .arg(&cfg)
+                .args(extra),
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let plain = bench(&[]);
+    assert!(plain["split"].is_null(), "no split unless asked: {plain}");
+    assert_eq!(plain["memory_gauge"], "process peak RSS");
+    assert!(plain["peak_memory_bytes"].as_u64().unwrap() > 0);
+
+    let r = bench(&["--split"]);
+    let split = &r["split"];
+    let classes = split["classes"].as_array().unwrap();
+    let names: Vec<_> = classes
+        .iter()
+        .map(|c| c["class"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "matmul",
+            "attention",
+            "rope",
+            "norm",
+            "swiglu",
+            "embedding",
+            "lm_head_loss"
+        ]
+    );
+    // micro: 2 layers, 2 micro-batches per step.
+    let runs: Vec<_> = classes
+        .iter()
+        .map(|c| c["runs_per_step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(runs, [4, 4, 4, 10, 4, 2, 2]);
+    let f = |v: &serde_json::Value| v.as_f64().unwrap();
+    let step = f(&split["step_ms"]);
+    assert_eq!(step, f(&r["ms_per_step"]));
+    let parts: f64 = classes.iter().map(|c| f(&c["ms_per_step"])).sum::<f64>()
+        + f(&split["optimizer_ms"])
+        + f(&split["other_ms"]);
+    assert!((parts / step - 1.0).abs() < 1e-9, "{parts} vs {step}");
+    for c in classes {
+        assert!(f(&c["ms_per_run"]) > 0.0, "{c}");
+        assert_eq!(
+            f(&c["ms_per_step"]),
+            f(&c["ms_per_run"]) * c["runs_per_step"].as_u64().unwrap() as f64
+        );
+        let counted =
+            ["matmul", "attention", "lm_head_loss"].contains(&c["class"].as_str().unwrap());
+        assert_eq!(c["tflops"].is_number(), counted, "{c}");
+    }
+}
+
+#[test]
 fn fit_micro_batch_splits_the_step_to_fit_the_memory_given() {
     use lab_plan::memory::AttentionKind;
     let tmp = tempfile::tempdir().unwrap();

@@ -12,6 +12,7 @@ use serde::Serialize;
 use burn::module::AutodiffModule;
 
 use crate::backend::{OnBackend, TrainBackend};
+use crate::op_split;
 use crate::optim::grad_norm;
 use crate::state::TrainingState;
 use crate::step::{forward_backward, mfu, PhaseTimes};
@@ -23,6 +24,29 @@ pub struct BenchOptions {
     pub warmup: usize,
     /// Also write the token stream the steps draw from here (little-endian u32 ids).
     pub tokens_out: Option<std::path::PathBuf>,
+    /// Also split the step's time by op class (`lab bench --split`).
+    pub split: bool,
+    pub memory: MemoryGauge,
+}
+
+/// Where the bench reads the peak memory it reports.
+pub enum MemoryGauge {
+    /// The process's peak resident memory over the timed steps (the kernel's high-water
+    /// mark): what the CPU backend uses.
+    ProcessPeak,
+    /// A GPU's used memory (NVML on CUDA), read after every timed step; the largest reading.
+    /// burn's memory pool keeps what a step reserved, so the reading after a step holds the
+    /// forward's peak.
+    Gpu(Box<dyn lab_health::Probe>),
+}
+
+impl MemoryGauge {
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::ProcessPeak => "process peak RSS",
+            Self::Gpu(_) => "GPU memory used",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -41,6 +65,11 @@ pub struct BenchReport {
     pub backward_ms: f64,
     pub optimizer_ms: f64,
     pub mfu: f64,
+    /// The peak memory the gauge saw over the timed steps, and which gauge it was.
+    pub peak_memory_bytes: u64,
+    pub memory_gauge: String,
+    /// The step's time by op class, when asked for.
+    pub split: Option<crate::op_split::OpSplit>,
     /// The loss of the last step (warm-up included in the count): what the PyTorch
     /// reference's loss at the same step is compared with.
     pub last_loss: f64,
@@ -97,7 +126,7 @@ pub fn bench_tokens(cfg: &LabConfig) -> Result<Vec<u32>> {
     Ok(tokens)
 }
 
-fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
+fn bench<B: TrainBackend>(mut opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
     let cfg = &opts.config;
     if opts.steps == 0 {
         bail!("--steps must be at least 1");
@@ -111,7 +140,11 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
+    let mut peak_gpu = 0;
     for i in 0..opts.warmup + opts.steps {
+        if i == opts.warmup {
+            memory::reset_peak();
+        }
         let micro = batches(cfg, &tokens, i);
         let mut times = PhaseTimes::default();
         let (grads, loss) = forward_backward(&state.model, &micro, &device, Some(&mut times));
@@ -125,12 +158,32 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             phases.forward_s += times.forward_s;
             phases.backward_s += times.backward_s;
             opt_s += t0.elapsed().as_secs_f64();
+            if let MemoryGauge::Gpu(probe) = &mut opts.memory {
+                let used = lab_health::Probe::sample(probe.as_mut())
+                    .context("reading the GPU's memory")?;
+                peak_gpu = peak_gpu.max(used.mem_used_bytes);
+            }
         }
     }
+    let peak_memory_bytes = match &opts.memory {
+        MemoryGauge::ProcessPeak => memory::peak(),
+        MemoryGauge::Gpu(_) => peak_gpu,
+    };
     let n = opts.steps as f64;
     let ms_per_step = (phases.forward_s + phases.backward_s + opt_s) / n * 1e3;
-    let tokens_per_step = cfg.tokens_per_step();
+    // This process's tokens: a data-parallel config's other replicas are not running here.
+    let tokens_per_step = cfg.tokens_per_replica_step();
     let tokens_per_s = tokens_per_step as f64 / (ms_per_step / 1e3);
+    let split = opts.split.then(|| {
+        let (tokens, targets) = crate::step::to_tensors::<B>(&batches(cfg, &tokens, 0)[0], &device);
+        let rows = targets.dims()[0] * targets.dims()[1];
+        let probes = op_split::probes(&state.model, cfg, tokens, targets.reshape([rows]), &device);
+        let per_run: Vec<_> = probes
+            .iter()
+            .map(|p| (p.class, op_split::time(p, opts.steps, &device)))
+            .collect();
+        op_split::OpSplit::new(cfg, &per_run, opt_s / n * 1e3, ms_per_step)
+    });
     Ok(BenchReport {
         config: cfg.name.clone(),
         lm_head_loss: cfg.train.lm_head_loss.as_str().into(),
@@ -144,6 +197,9 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         backward_ms: phases.backward_s / n * 1e3,
         optimizer_ms: opt_s / n * 1e3,
         mfu: mfu(cfg, tokens_per_s),
+        peak_memory_bytes,
+        memory_gauge: opts.memory.describe().into(),
+        split,
         last_loss,
     })
 }
@@ -401,5 +457,40 @@ impl OnBackend for MatmulBench {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU gauge reports the largest reading taken after the timed steps, not after the
+    /// warm-up: a replayed NVML stream whose third reading is the largest.
+    #[test]
+    fn the_gpu_gauge_reports_the_largest_reading_of_the_timed_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpu.jsonl");
+        let line = |used: u64| {
+            format!("{{\"t_s\":0,\"util_pct\":99,\"mem_used_bytes\":{used},\"mem_total_bytes\":100,\"temp_c\":60}}\n")
+        };
+        let lines: String = [30, 70, 50, 90].map(line).concat();
+        std::fs::write(&path, lines).unwrap();
+        let mut config =
+            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
+        config.train.micro_batch = 1;
+        config.model.seq_len = 16;
+        let probe = lab_health::replay::ReplayProbe::open(&path).unwrap();
+        let opts = BenchOptions {
+            config,
+            steps: 3,
+            warmup: 1,
+            tokens_out: None,
+            split: false,
+            memory: MemoryGauge::Gpu(Box::new(probe)),
+        };
+        let r = bench::<crate::backend::Cpu>(opts, Default::default()).unwrap();
+        assert_eq!(r.peak_memory_bytes, 70);
+        assert_eq!(r.memory_gauge, "GPU memory used");
+        assert!(r.split.is_none());
     }
 }

@@ -13,6 +13,7 @@ pub mod health;
 pub mod hf_init;
 pub mod inject;
 pub mod judge;
+pub mod op_split;
 pub mod optim;
 pub mod parallel;
 pub mod policy;

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use lab_train::bench::BenchOptions;
+use lab_train::bench::{BenchOptions, MemoryGauge};
+use lab_train::op_split::OpSplit;
 use lab_train::BackendKind;
 
 #[derive(clap::Args)]
@@ -53,6 +54,11 @@ pub struct Args {
     /// rows), in the run's precision, instead of training steps.
     #[arg(long, conflicts_with_all = ["generate", "checkpoint"])]
     pub matmul: bool,
+    /// Also split the step's time by op class (projections, attention, RoPE, RMSNorm, SwiGLU,
+    /// embedding, LM head + loss, optimizer, other): each class timed alone at the step's
+    /// shapes, forward and backward, times its runs per step.
+    #[arg(long, conflicts_with_all = ["matmul", "generate", "checkpoint"])]
+    pub split: bool,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -157,6 +163,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         steps: args.steps,
         warmup: args.warmup,
         tokens_out: args.tokens_out,
+        split: args.split,
+        memory: memory_gauge(backend)?,
     })?;
     if args.json {
         let mut v = serde_json::to_value(&r)?;
@@ -185,6 +193,65 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.warmup + args.steps,
             r.last_loss
         );
+        println!(
+            "  peak memory {:.2} GiB ({})",
+            r.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+            r.memory_gauge
+        );
+        if let Some(split) = &r.split {
+            print_split(split);
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The GPU's used memory through NVML on CUDA; the process's peak RSS elsewhere (or when
+/// NVML cannot be opened, with a warning).
+fn memory_gauge(backend: BackendKind) -> Result<MemoryGauge> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let launch = lab_dist::Launch::from_env()?;
+            let index = lab_dist::gpu_index(&launch)? as u32;
+            match lab_health::nvml::NvmlProbe::open(index) {
+                Ok(probe) => Ok(MemoryGauge::Gpu(Box::new(probe))),
+                Err(e) => {
+                    eprintln!("warning: {e:#}; reporting the process's peak RSS instead");
+                    Ok(MemoryGauge::ProcessPeak)
+                }
+            }
+        }
+        _ => Ok(MemoryGauge::ProcessPeak),
+    }
+}
+
+fn print_split(split: &OpSplit) {
+    println!("  time by op class (each alone at the step's shapes, forward + backward, × runs per step):");
+    for c in &split.classes {
+        let rate = c
+            .tflops
+            .map(|t| format!("  {t:.2} TFLOP/s"))
+            .unwrap_or_default();
+        println!(
+            "    {:<22} {:>9.1} ms {:>5.1} %  ({} × {:.2} ms){rate}",
+            c.class.name(),
+            c.ms_per_step,
+            c.share * 100.0,
+            c.runs_per_step,
+            c.ms_per_run
+        );
+    }
+    let share = |ms: f64| ms / split.step_ms * 100.0;
+    println!(
+        "    {:<22} {:>9.1} ms {:>5.1} %",
+        "optimizer",
+        split.optimizer_ms,
+        share(split.optimizer_ms)
+    );
+    println!(
+        "    {:<22} {:>9.1} ms {:>5.1} %  (residual adds, casts, reshapes, accumulation, fusion across classes)",
+        "other",
+        split.other_ms,
+        share(split.other_ms)
+    );
 }

@@ -1,0 +1,390 @@
+//! `lab bench --split`: where a training step's time goes, by op class.
+//!
+//! Each class runs alone at the step's shapes, forward and backward through the model's own
+//! code (block 0's weights; random inputs that require gradients), synced after every run,
+//! and its time per run is multiplied by how often one step runs it. The optimizer (gradient
+//! norm and AdamW) is timed inside the bench's steps. What the measured step holds beyond the
+//! classes is `other`: residual adds, dtype casts, head reshapes, gradient accumulation, and
+//! the launches a lazy backend saves by fusing across the classes' borders (which can make
+//! it negative). PyTorch's profiler would split by kernel; burn has no such hook, so this is
+//! the split by the model's own pieces.
+
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Distribution, ElementConversion, FloatDType, Int, Tensor};
+use lab_config::LabConfig;
+use lab_model::Llama;
+use serde::Serialize;
+
+use crate::backend::TrainBackend;
+
+/// The pieces a step's time is split into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpClass {
+    /// The seven projections of a block (q, k, v, o, gate, up, down).
+    Matmul,
+    /// Attention between the projections: scores, mask, softmax and weighted values, or
+    /// the fused kernel.
+    Attention,
+    Rope,
+    Norm,
+    Swiglu,
+    Embedding,
+    /// The LM head's matmul and the cross-entropy (fused or not, as the run's config says).
+    LmHeadLoss,
+}
+
+impl OpClass {
+    pub const ALL: [OpClass; 7] = [
+        Self::Matmul,
+        Self::Attention,
+        Self::Rope,
+        Self::Norm,
+        Self::Swiglu,
+        Self::Embedding,
+        Self::LmHeadLoss,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Matmul => "matmul (projections)",
+            Self::Attention => "attention",
+            Self::Rope => "rope",
+            Self::Norm => "rmsnorm",
+            Self::Swiglu => "swiglu",
+            Self::Embedding => "embedding",
+            Self::LmHeadLoss => "lm head + loss",
+        }
+    }
+
+    /// How many times one step of `cfg` runs this class (each run a forward and a backward
+    /// over one micro-batch).
+    pub fn runs_per_step(self, cfg: &LabConfig) -> usize {
+        let layers = cfg.model.n_layer;
+        let per_micro_batch = match self {
+            Self::Matmul | Self::Attention | Self::Rope | Self::Swiglu => layers,
+            Self::Norm => 2 * layers + 1,
+            Self::Embedding | Self::LmHeadLoss => 1,
+        };
+        per_micro_batch * cfg.train.grad_accum
+    }
+
+    /// Training FLOPs of one run as the MFU formula counts them (6 per matmul parameter and
+    /// token, 12 · T · d_attn per token and layer for attention); 0 for the classes it does
+    /// not count.
+    pub fn flops_per_run(self, cfg: &LabConfig) -> f64 {
+        let m = &cfg.model;
+        let tokens = (cfg.train.micro_batch * m.seq_len) as f64;
+        let p = m.param_count();
+        match self {
+            Self::Matmul => 6.0 * tokens * (p.attention + p.ffn) as f64 / m.n_layer as f64,
+            Self::Attention => 12.0 * tokens * (m.seq_len * m.d_attn()) as f64,
+            Self::LmHeadLoss => 6.0 * tokens * (m.d_model * m.vocab_size) as f64,
+            _ => 0.0,
+        }
+    }
+}
+
+/// One class's share of a step.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClassTime {
+    pub class: OpClass,
+    pub runs_per_step: usize,
+    pub ms_per_run: f64,
+    pub ms_per_step: f64,
+    /// Of the measured step.
+    pub share: f64,
+    /// Achieved training FLOP/s (in units of 10¹²), for the classes the MFU formula counts.
+    pub tflops: Option<f64>,
+}
+
+/// A step's time by op class.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpSplit {
+    pub classes: Vec<ClassTime>,
+    pub optimizer_ms: f64,
+    /// The measured step less the classes and the optimizer.
+    pub other_ms: f64,
+    pub step_ms: f64,
+}
+
+impl OpSplit {
+    /// The split of a measured step of `step_ms` (its optimizer part `optimizer_ms`) given
+    /// each class's time per run.
+    pub fn new(
+        cfg: &LabConfig,
+        per_run_ms: &[(OpClass, f64)],
+        optimizer_ms: f64,
+        step_ms: f64,
+    ) -> Self {
+        let classes: Vec<ClassTime> = per_run_ms
+            .iter()
+            .map(|&(class, ms)| {
+                let runs = class.runs_per_step(cfg);
+                let flops = class.flops_per_run(cfg);
+                ClassTime {
+                    class,
+                    runs_per_step: runs,
+                    ms_per_run: ms,
+                    ms_per_step: ms * runs as f64,
+                    share: ms * runs as f64 / step_ms,
+                    tflops: (flops > 0.0).then(|| flops / (ms / 1e3) / 1e12),
+                }
+            })
+            .collect();
+        let classes_ms: f64 = classes.iter().map(|c| c.ms_per_step).sum();
+        Self {
+            classes,
+            optimizer_ms,
+            other_ms: step_ms - classes_ms - optimizer_ms,
+            step_ms,
+        }
+    }
+}
+
+/// The gradients of one run, held until the sync (a lazy backend may skip work whose result
+/// nobody holds).
+type Grads<B> = Vec<<B as AutodiffBackend>::Gradients>;
+
+/// How much gradient (Σ|g|) reached one input of a run.
+type Reached<'a, B> = Box<dyn Fn(&Grads<B>) -> f64 + 'a>;
+
+/// One class at the step's shapes: `run` is a forward and a backward; `inputs` tell how much
+/// gradient reached each input of the run (the proof, in tests, that backward is timed too).
+pub struct Probe<'a, B: TrainBackend> {
+    pub class: OpClass,
+    pub run: Box<dyn Fn() -> Grads<B> + 'a>,
+    pub inputs: Vec<Reached<'a, B>>,
+}
+
+/// Milliseconds per run of `probe`: one untimed run (kernel selection, caches), then `reps`.
+pub fn time<B: TrainBackend>(probe: &Probe<B>, reps: usize, device: &B::Device) -> f64 {
+    let once = || {
+        let grads = (probe.run)();
+        B::sync(device).ok();
+        drop(grads);
+    };
+    once();
+    let t0 = Instant::now();
+    for _ in 0..reps.max(1) {
+        once();
+    }
+    t0.elapsed().as_secs_f64() * 1e3 / reps.max(1) as f64
+}
+
+/// A random input of `shape` in `dtype` that requires a gradient.
+fn input<B: TrainBackend, const D: usize>(
+    shape: [usize; D],
+    dtype: FloatDType,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    let x = Tensor::<B, D>::random(shape, Distribution::Normal(0.0, 1.0), device);
+    lab_ops::cast_to(x, dtype).require_grad()
+}
+
+/// Σ|gradient| of `x` over a run's gradients (0 when none reached it).
+fn reached<'a, B: TrainBackend, const D: usize>(
+    x: Tensor<B, D>,
+) -> Reached<'a, B> {
+    Box::new(move |grads| {
+        grads
+            .iter()
+            .filter_map(|g| x.grad(g))
+            .map(|g| {
+                let g = lab_ops::cast_to(g, FloatDType::F32);
+                g.abs().sum().into_scalar().elem::<f64>()
+            })
+            .sum()
+    })
+}
+
+/// Every class's probe over `model` (built for `cfg`), with `tokens` and `targets` one
+/// micro-batch of token ids.
+pub fn probes<'a, B: TrainBackend>(
+    model: &'a Llama<B>,
+    cfg: &LabConfig,
+    tokens: Tensor<B, 2, Int>,
+    targets: Tensor<B, 1, Int>,
+    device: &B::Device,
+) -> Vec<Probe<'a, B>> {
+    let m = &cfg.model;
+    let (b, t, d, hd) = (cfg.train.micro_batch, m.seq_len, m.d_model, m.head_dim());
+    let n = b * t;
+    let compute = model.compute_dtype();
+    let block = &model.blocks[0];
+    let mut out = Vec::new();
+
+    let linears = [
+        (&block.attn.wq, d),
+        (&block.attn.wk, d),
+        (&block.attn.wv, d),
+        (&block.attn.wo, m.d_attn()),
+        (&block.ffn.gate, d),
+        (&block.ffn.up, d),
+        (&block.ffn.down, m.d_ff),
+    ];
+    let xs: Vec<Tensor<B, 2>> = linears
+        .iter()
+        .map(|&(_, k)| input([n, k], compute, device))
+        .collect();
+    let mut inputs: Vec<_> = xs.iter().map(|x| reached(x.clone())).collect();
+    inputs.extend(linears.iter().map(|(l, _)| reached(l.weight.val())));
+    out.push(Probe {
+        class: OpClass::Matmul,
+        run: Box::new(move || {
+            let each = linears.iter().zip(&xs);
+            each.map(|((l, _), x)| l.forward(x.clone()).backward())
+                .collect()
+        }),
+        inputs,
+    });
+
+    let q = input([b, m.n_head, t, hd], compute, device);
+    let k = input([b, m.n_kv_head, t, hd], compute, device);
+    let v = input([b, m.n_kv_head, t, hd], compute, device);
+    let how = model.attend_path(t, lab_ops::fused_attention_fn::<B>(), device);
+    let inputs = vec![reached(q.clone()), reached(k.clone()), reached(v.clone())];
+    let (q2, k2) = (q.clone(), k.clone());
+    out.push(Probe {
+        class: OpClass::Attention,
+        run: Box::new(move || {
+            let o = block
+                .attn
+                .attend_heads(q.clone(), k.clone(), v.clone(), &how);
+            vec![o.backward()]
+        }),
+        inputs,
+    });
+
+    let rope = lab_model::layers::Rope::new(t, hd, m.rope_base, device).cast(compute);
+    out.push(Probe {
+        class: OpClass::Rope,
+        inputs: vec![reached(q2.clone()), reached(k2.clone())],
+        run: Box::new(move || {
+            vec![
+                rope.apply(q2.clone()).backward(),
+                rope.apply(k2.clone()).backward(),
+            ]
+        }),
+    });
+
+    let x = input([n, d], FloatDType::F32, device);
+    out.push(Probe {
+        class: OpClass::Norm,
+        inputs: vec![reached(x.clone()), reached(block.attn_norm.weight.val())],
+        run: Box::new(move || vec![block.attn_norm.forward(x.clone()).backward()]),
+    });
+
+    let gate: Tensor<B, 2> = input([n, m.d_ff], compute, device);
+    let up: Tensor<B, 2> = input([n, m.d_ff], compute, device);
+    out.push(Probe {
+        class: OpClass::Swiglu,
+        inputs: vec![reached(gate.clone()), reached(up.clone())],
+        run: Box::new(move || {
+            let y = lab_model::transformer::swiglu(gate.clone(), up.clone());
+            vec![y.backward()]
+        }),
+    });
+
+    let embedded = tokens.clone();
+    out.push(Probe {
+        class: OpClass::Embedding,
+        inputs: vec![reached(model.embed.val())],
+        run: Box::new(move || vec![model.embed_tokens(embedded.clone()).backward()]),
+    });
+
+    let hidden = input([n, d], FloatDType::F32, device);
+    let head = match &model.lm_head {
+        Some(head) => head.weight.val(),
+        // Tied: the gradient lands on the embedding (the leaf the head is made from).
+        None => model.embed.val(),
+    };
+    out.push(Probe {
+        class: OpClass::LmHeadLoss,
+        inputs: vec![reached(hidden.clone()), reached(head)],
+        run: Box::new(move || vec![model.head_loss(hidden.clone(), targets.clone()).backward()]),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lab_config::{LabConfig, Precision};
+
+    fn config(name: &str) -> LabConfig {
+        let path = format!("{}/../../configs/{name}", env!("CARGO_MANIFEST_DIR"));
+        LabConfig::load(std::path::Path::new(&path)).unwrap()
+    }
+
+    /// The classes' FLOPs add up to what MFU counts for a step: no matmul or attention
+    /// FLOP is left out of the split, none counted twice.
+    #[test]
+    fn the_classes_flops_are_the_steps_flops() {
+        for name in ["tiny-cpu.toml", "x1-50m-a100.toml", "med-7b-256xa100.toml"] {
+            let cfg = config(name);
+            let split: f64 = OpClass::ALL
+                .iter()
+                .map(|c| c.flops_per_run(&cfg) * c.runs_per_step(&cfg) as f64)
+                .sum();
+            let step = cfg.model.train_flops_per_token() * cfg.tokens_per_replica_step() as f64;
+            assert!(
+                (split / step - 1.0).abs() < 1e-12,
+                "{name}: {split} vs {step}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_is_the_step_less_the_classes_and_the_optimizer() {
+        let cfg = config("tiny-cpu.toml");
+        let per_run: Vec<_> = OpClass::ALL.iter().map(|&c| (c, 1.0)).collect();
+        let split = OpSplit::new(&cfg, &per_run, 5.0, 200.0);
+        let l = cfg.model.n_layer;
+        let a = cfg.train.grad_accum;
+        // Four per-layer classes, 2L + 1 norms, the embedding and the loss, once per micro-batch.
+        let runs = (4 * l + 2 * l + 1 + 2) * a;
+        assert_eq!(split.other_ms, 200.0 - runs as f64 - 5.0);
+        let norm = &split.classes[3];
+        assert_eq!(norm.runs_per_step, (2 * l + 1) * a);
+        assert_eq!(norm.share, (2 * l + 1) as f64 * a as f64 / 200.0);
+        assert!(norm.tflops.is_none() && split.classes[0].tflops.is_some());
+    }
+
+    /// Every probe's backward reaches every input it names (so the timed run is a forward
+    /// and a backward), with finite gradients, in fp32 and bf16.
+    #[test]
+    fn every_probe_runs_forward_and_backward() {
+        type B = crate::backend::Cpu;
+        let device = Default::default();
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let mut cfg = config("tiny-cpu.toml");
+            cfg.train.micro_batch = 2;
+            cfg.model.seq_len = 16;
+            cfg.train.precision = precision;
+            let model = crate::state::TrainingState::<B>::fresh(&cfg, &device).model;
+            let ids = |k: usize| {
+                let v: Vec<i32> = (0..32).map(|i| ((i * 7919 + k) % 1000) as i32).collect();
+                burn::tensor::TensorData::new(v, [2, 16])
+            };
+            let tokens = Tensor::<B, 2, Int>::from_data(ids(0), &device);
+            let targets = Tensor::<B, 2, Int>::from_data(ids(1), &device).reshape([32]);
+            let probes = probes(&model, &cfg, tokens, targets, &device);
+            let classes: Vec<_> = probes.iter().map(|p| p.class).collect();
+            assert_eq!(classes, OpClass::ALL);
+            for p in &probes {
+                let grads = (p.run)();
+                for (i, reached) in p.inputs.iter().enumerate() {
+                    let g = reached(&grads);
+                    assert!(
+                        g.is_finite() && g > 0.0,
+                        "{precision:?} {:?} input {i}: Σ|grad| = {g}",
+                        p.class
+                    );
+                }
+            }
+        }
+    }
+}
