@@ -194,7 +194,11 @@ impl<B: Backend> ModuleVisitor<B> for SumSquares<'_, B> {
             Squares::Grads(grads) => grads.get::<B, D>(param.id),
         };
         if let Some(x) = x {
-            let sq = x.square().sum();
+            // Row sums, then their sum: the same bits whatever the thread count or timing.
+            // Flex sums a tensor of 4M+ elements (an embedding's gradient is 50257 × d) in
+            // parallel chunks combined in the order threads finish; a row and a column of
+            // row sums are each summed by one thread.
+            let sq = x.square().sum_dim(D - 1).sum();
             self.total = Some(match self.total.take() {
                 Some(t) => t + sq,
                 None => sq,
@@ -284,5 +288,48 @@ where
 
         let p = Tensor::<AB, D>::from_inner(p.reshape(dims)).require_grad();
         Param::from_mapped_value(id, p, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::module::Module;
+
+    #[derive(Module, Debug)]
+    struct Big<B: Backend> {
+        w: Param<Tensor<B, 2>>,
+    }
+
+    /// A weight of 4.5M elements (past the size Flex sums in parallel chunks): its norm has
+    /// the same bits on 1 thread and on 3, and matches an fp64 host sum.
+    #[test]
+    fn the_norm_of_a_large_tensor_does_not_depend_on_threads() {
+        let (rows, cols) = (4096, 1100);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                s ^= s >> 12;
+                s ^= s << 25;
+                s ^= s >> 27;
+                (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        let exact = data.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+        let w = Tensor::<Flex, 2>::from_data(
+            burn::tensor::TensorData::new(data, [rows, cols]),
+            &Default::default(),
+        );
+        let model = Big { w: Param::from_tensor(w) };
+        let norm_on = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| param_norm::<Flex, _>(&model))
+        };
+        let one = norm_on(1);
+        for _ in 0..3 {
+            assert_eq!(norm_on(3).to_bits(), one.to_bits());
+        }
+        assert!((one / exact - 1.0).abs() < 1e-6, "{one} vs {exact}");
     }
 }
