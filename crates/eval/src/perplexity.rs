@@ -3,8 +3,9 @@
 //! summed loss over the sum of their tokens, so they add back up exactly.
 
 use anyhow::{bail, Result};
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use lab_data::{sampler, Meta, TokenFile};
+use lab_model::FusedRope;
 use lab_model::Llama;
 use serde::Serialize;
 
@@ -43,7 +44,7 @@ pub struct Perplexity {
 
 /// Scores windows of `seq_len + 1` tokens starting at `offsets` of `file` (named `name` in
 /// `meta`), `rows` windows per forward pass.
-pub fn score_windows<B: Backend>(
+pub fn score_windows<B: FusedRope>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,
@@ -94,7 +95,7 @@ pub fn score_windows<B: Backend>(
 
 /// The whole of `name` (val.bin, say) in consecutive windows: every token but the first is a
 /// target exactly once (a last partial window is dropped).
-pub fn perplexity<B: Backend>(
+pub fn perplexity<B: FusedRope>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,
@@ -117,7 +118,7 @@ pub fn perplexity<B: Backend>(
 }
 
 /// The fixed evaluation windows the trainer uses (`sampler::eval_batch`), scored by type.
-pub fn eval_windows<B: Backend>(
+pub fn eval_windows<B: FusedRope>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,

@@ -6,7 +6,7 @@
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Bool, FloatDType, Tensor};
-use lab_ops::AttentionFn;
+use lab_ops::{AttentionFn, FusedRope};
 
 use crate::layers::{Linear, Rope};
 
@@ -48,7 +48,9 @@ impl<B: Backend> Attention<B> {
             head_dim: hd,
         }
     }
+}
 
+impl<B: FusedRope> Attention<B> {
     /// `x: [B·T, d]` → `[B·T, d]`, causal.
     pub fn forward(
         &self,

@@ -3,6 +3,8 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
+use lab_ops::FusedRope;
+
 use crate::init;
 
 /// `y = x · W` with `W: [d_in, d_out]` and no bias (Llama has none).
@@ -92,23 +94,21 @@ impl<B: Backend> Rope<B> {
             sin: lab_ops::cast_to(self.sin, dtype),
         }
     }
+}
 
+impl<B: FusedRope> Rope<B> {
     /// Rotates `x: [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
-    /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension.
+    /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension
+    /// (lab-ops' one-node op: its backward keeps only the tables).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.apply_at(x, 0)
     }
 
     /// [`Rope::apply`] for positions `offset..offset + seq` (tokens after a KV cache).
     pub fn apply_at(&self, x: Tensor<B, 4>, offset: usize) -> Tensor<B, 4> {
-        let [_, _, t, hd] = x.dims();
-        let (a, b) = (
-            x.clone().narrow(3, 0, hd / 2),
-            x.clone().narrow(3, hd / 2, hd / 2),
-        );
-        let rotated = Tensor::cat(vec![b.neg(), a], 3);
-        let cos = self.cos.clone().narrow(0, offset, t).unsqueeze::<4>();
-        let sin = self.sin.clone().narrow(0, offset, t).unsqueeze::<4>();
-        x * cos + rotated * sin
+        let t = x.dims()[2];
+        let cos = self.cos.clone().narrow(0, offset, t);
+        let sin = self.sin.clone().narrow(0, offset, t);
+        lab_ops::rope(x, cos, sin)
     }
 }

@@ -4,7 +4,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{activation::silu, backend::Backend, Bool, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
-use lab_ops::{cast_to, AttentionFn, FusedOps};
+use lab_ops::{cast_to, AttentionFn, FusedOps, FusedRope};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
@@ -56,7 +56,7 @@ pub struct Block<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-impl<B: Backend> Block<B> {
+impl<B: FusedRope> Block<B> {
     fn forward_cached(
         &self,
         x: Tensor<B, 2>,
@@ -164,36 +164,6 @@ impl<B: Backend> Llama<B> {
         })
     }
 
-    /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
-    /// the tensor-op attention.
-    pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
-        self.hidden_with(tokens, None)
-    }
-
-    /// [`Llama::hidden`] through a fused attention kernel where one is given.
-    pub fn hidden_with(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        kernel: Option<AttentionFn<B>>,
-    ) -> Tensor<B, 2> {
-        let [batch, t] = tokens.dims();
-        assert!(
-            t <= self.seq_len,
-            "sequence of {t} tokens exceeds seq_len {}",
-            self.seq_len
-        );
-        let device = tokens.device();
-        // Position tables, built once per forward and shared by every layer.
-        let compute = self.compute_dtype();
-        let rope = Rope::new(t, self.head_dim, self.rope_base, &device).cast(compute);
-        let how = self.attend_path(t, kernel, &device);
-        let mut x = self.embed_tokens(tokens);
-        for block in &self.blocks {
-            x = block.forward(x, batch, &rope, &how, compute);
-        }
-        self.norm.forward(x)
-    }
-
     /// How attention runs over `t` tokens: the fused `kernel` where there is one, else the
     /// tensor ops with a causal mask built once and shared by every layer.
     pub fn attend_path(
@@ -236,6 +206,44 @@ impl<B: Backend> Llama<B> {
         }
     }
 
+    /// The longest sequence the model takes.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+}
+
+/// The forward passes: RoPE is lab-ops' op.
+impl<B: FusedRope> Llama<B> {
+    /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
+    /// the tensor-op attention.
+    pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        self.hidden_with(tokens, None)
+    }
+
+    /// [`Llama::hidden`] through a fused attention kernel where one is given.
+    pub fn hidden_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        kernel: Option<AttentionFn<B>>,
+    ) -> Tensor<B, 2> {
+        let [batch, t] = tokens.dims();
+        assert!(
+            t <= self.seq_len,
+            "sequence of {t} tokens exceeds seq_len {}",
+            self.seq_len
+        );
+        let device = tokens.device();
+        // Position tables, built once per forward and shared by every layer.
+        let compute = self.compute_dtype();
+        let rope = Rope::new(t, self.head_dim, self.rope_base, &device).cast(compute);
+        let how = self.attend_path(t, kernel, &device);
+        let mut x = self.embed_tokens(tokens);
+        for block in &self.blocks {
+            x = block.forward(x, batch, &rope, &how, compute);
+        }
+        self.norm.forward(x)
+    }
+
     /// Logits `[B, T, vocab]` of `tokens` that follow what `cache` holds, appending their keys
     /// and values to it: incremental decoding, positions and causal mask offset by the cache.
     pub fn forward_cached(
@@ -260,11 +268,6 @@ impl<B: Backend> Llama<B> {
         let logits = self.norm.forward(x).matmul(self.head_weight());
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
-    }
-
-    /// The longest sequence the model takes.
-    pub fn seq_len(&self) -> usize {
-        self.seq_len
     }
 
     /// Next-token logits, `[B, T, vocab]`.
@@ -302,7 +305,7 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: Backend> Llama<B> {
+impl<B: FusedRope> Llama<B> {
     /// Per-token cross-entropy `[B, T]` (evaluation: chunked, no gradient kept).
     pub fn token_losses(
         &self,

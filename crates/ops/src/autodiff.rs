@@ -15,7 +15,7 @@ use burn::backend::autodiff::{
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::TensorMetadata;
 
-use crate::{FusedAttention, FusedLoss};
+use crate::{FusedAttention, FusedLoss, FusedRope};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -148,6 +148,46 @@ impl<B: FusedAttention, C: CheckpointStrategy> FusedAttention for Autodiff<B, C>
                 v.primitive,
                 scale,
             )),
+        }
+    }
+}
+
+/// RoPE's node: keeps the tables; backward turns the gradient back by the opposite angle.
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: FusedRope> Backward<B, 1> for RopeBackward {
+    /// cos, sin.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (cos, sin) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(x)] = ops.parents {
+            grads.register::<B>(x.id, B::rope(dy, cos, B::float_neg(sin)));
+        }
+    }
+}
+
+impl<B: FusedRope, C: CheckpointStrategy> FusedRope for Autodiff<B, C> {
+    /// The tables get no gradient: they are made from positions, never trained.
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        // The state is the tables, not activations: nothing to recompute.
+        match RopeBackward
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::rope(x.primitive, cos.clone(), sin.clone());
+                prep.finish((cos, sin), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rope(x.primitive, cos, sin)),
         }
     }
 }

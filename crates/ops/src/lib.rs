@@ -1,8 +1,9 @@
 //! lab-ops: fused training ops that burn does not provide.
 //!
 //! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), causal GQA
-//! attention as one op where a GPU kernel exists ([`FusedAttention`]), and one AdamW update of
-//! one parameter in one pass ([`FusedAdamW`]).
+//! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
+//! embedding as one op with a one-pass CPU kernel ([`rope`]), and one AdamW update of one
+//! parameter in one pass ([`FusedAdamW`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -33,12 +34,14 @@ mod autodiff;
 mod cube;
 mod flex;
 mod generic;
+mod rope;
 
 pub use adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
 pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,
 };
+pub use rope::{rope, rope_tensor_ops, FusedRope};
 
 /// `x` in `dtype`. A no-op when it already is: burn's cast records an autodiff node even
 /// then, and fp32 runs must keep the graph (and the bits) they had before mixed precision.
@@ -51,8 +54,8 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
 }
 
 /// Every fused op the model calls: what a backend must provide to train.
-pub trait FusedOps: FusedLoss + FusedAttention {}
-impl<B: FusedLoss + FusedAttention> FusedOps for B {}
+pub trait FusedOps: FusedLoss + FusedAttention + FusedRope {}
+impl<B: FusedLoss + FusedAttention + FusedRope> FusedOps for B {}
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

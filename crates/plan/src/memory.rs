@@ -181,8 +181,9 @@ pub fn block_bytes_per_token(
         // The two branch outputs widened into the fp32 residual stream (the matmul outputs
         // themselves in fp32 runs), and in mixed precision the norms' outputs cast for the matmuls.
         let residual = 2.0 * h * f32 + if mixed { 2.0 * h * c } else { 0.0 };
-        // q and k before and after RoPE and RoPE's rotated halves, v, the attention output.
-        let attention_side = (4.0 * a + 4.0 * kv) * c;
+        // q and k after RoPE and as the score matmul reads them, v, the attention output
+        // (RoPE is one op that keeps only its tables, so q and k before it are not kept).
+        let attention_side = (3.0 * a + 3.0 * kv) * c;
         // SwiGLU's gate and up.
         let ffn = 2.0 * ff * c;
         let attend = match attention {
@@ -385,14 +386,14 @@ mod tests {
             + 4.0 * (2.0 + 32.0);
         assert_eq!(per_token_layer, 220_808.0);
         // Selective: the branch outputs in fp32 and the norms' bf16 outputs 2·4h + 2·2h; q and
-        // k before and after RoPE, the rotated halves, v and the attention output
-        // 2 × (4·4,096 + 4·1,024); SwiGLU's gate and up 2 × 2·ff; the same row statistics.
+        // k after RoPE and as the score matmul reads them, v and the attention output
+        // 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same row statistics.
         let selective_token_layer = 2.0 * 4.0 * 4096.0
             + 2.0 * 2.0 * 4096.0
-            + 2.0 * (4.0 * 4096.0 + 4.0 * 1024.0)
+            + 2.0 * (3.0 * 4096.0 + 3.0 * 1024.0)
             + 2.0 * 2.0 * 11008.0
             + 4.0 * 34.0;
-        assert_eq!(selective_token_layer, 134_280.0);
+        assert_eq!(selective_token_layer, 124_040.0);
         // Both split over TP 2, plus the fused loss over half the vocabulary and half the
         // tokens: d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 8,384
         // fit in 1 GiB of 32,000 words) at 2 bytes, one chunk's d head at 2 and their fp32 sum

@@ -1,0 +1,228 @@
+//! RoPE as one op against an fp64 host reference (forward, and the gradient derived by hand
+//! below) and against burn's composition of tensor ops, which it must match bit for bit in
+//! fp32 (the CPU kernel) and in bf16 (the generic path), gradients included.
+
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+use lab_ops::{rope, rope_tensor_ops};
+use proptest::prelude::*;
+
+type B = Autodiff<Flex>;
+
+/// xorshift64*: inputs that do not depend on burn's global RNG state.
+fn floats(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
+            u * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// RoPE's tables as the model builds them: position t, frequency i mod hd/2.
+fn tables(t: usize, hd: usize) -> (Vec<f32>, Vec<f32>) {
+    let angle =
+        |p: usize, i: usize| p as f64 * 1e4f64.powf(-2.0 * (i % (hd / 2)) as f64 / hd as f64);
+    let all = |f: fn(f64) -> f64| {
+        (0..t)
+            .flat_map(|p| (0..hd).map(move |i| f(angle(p, i)) as f32))
+            .collect()
+    };
+    (all(f64::cos), all(f64::sin))
+}
+
+struct Case {
+    shape: [usize; 4],
+    x: Vec<f32>,
+    /// The upstream gradient.
+    g: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+fn case(shape: [usize; 4], seed: u64) -> Case {
+    let n = shape.iter().product();
+    let (cos, sin) = tables(shape[2], shape[3]);
+    Case {
+        shape,
+        x: floats(n, seed),
+        g: floats(n, seed + 1),
+        cos,
+        sin,
+    }
+}
+
+/// fp64: `y` and `dx` for the upstream gradient `g`, from the definition. With h = hd/2,
+/// `y[i] = x[i]·c[i] − x[i+h]·s[i]` and `y[i+h] = x[i+h]·c[i+h] + x[i]·s[i+h]`, so
+/// `dx[i] = g[i]·c[i] + g[i+h]·s[i+h]` and `dx[i+h] = −g[i]·s[i] + g[i+h]·c[i+h]`.
+fn reference(c: &Case) -> (Vec<f64>, Vec<f64>) {
+    let [_, _, t, hd] = c.shape;
+    let h = hd / 2;
+    let (mut y, mut dx) = (vec![0.0; c.x.len()], vec![0.0; c.x.len()]);
+    for (row, base) in (0..c.x.len()).step_by(hd).enumerate() {
+        let p = row % t;
+        let at = |v: &[f32], i: usize| v[base + i] as f64;
+        let tab = |v: &[f32], i: usize| v[p * hd + i] as f64;
+        for i in 0..h {
+            let (cs, sn) = (
+                (tab(&c.cos, i), tab(&c.cos, i + h)),
+                (tab(&c.sin, i), tab(&c.sin, i + h)),
+            );
+            y[base + i] = at(&c.x, i) * cs.0 - at(&c.x, i + h) * sn.0;
+            y[base + i + h] = at(&c.x, i + h) * cs.1 + at(&c.x, i) * sn.1;
+            dx[base + i] = at(&c.g, i) * cs.0 + at(&c.g, i + h) * sn.1;
+            dx[base + i + h] = -at(&c.g, i) * sn.0 + at(&c.g, i + h) * cs.1;
+        }
+    }
+    (y, dx)
+}
+
+/// `(y, dx)` through `op` on `Autodiff<Flex>` in `dtype`; `transposed` feeds `x` as a
+/// `[B, T, H, hd]` tensor with its middle axes swapped, the strided view the model passes.
+fn through(
+    c: &Case,
+    dtype: FloatDType,
+    transposed: bool,
+    op: fn(Tensor<B, 4>, Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 4>,
+) -> (Vec<f32>, Vec<f32>) {
+    let device = Default::default();
+    let [b, h, t, hd] = c.shape;
+    let leaf = if transposed {
+        // The same logical x, stored as [B, T, H, hd].
+        let mut stored = vec![0f32; c.x.len()];
+        for (i, v) in c.x.iter().enumerate() {
+            let (bi, hi, ti, di) = (i / (h * t * hd), i / (t * hd) % h, i / hd % t, i % hd);
+            stored[((bi * t + ti) * h + hi) * hd + di] = *v;
+        }
+        let x = Tensor::<B, 4>::from_data(TensorData::new(stored, [b, t, h, hd]), &device);
+        x.cast(dtype).require_grad()
+    } else {
+        let x = Tensor::<B, 4>::from_data(TensorData::new(c.x.clone(), c.shape), &device);
+        x.cast(dtype).require_grad()
+    };
+    let x = if transposed {
+        leaf.clone().swap_dims(1, 2)
+    } else {
+        leaf.clone()
+    };
+    let table = |v: &Vec<f32>| {
+        Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [t, hd]), &device).cast(dtype)
+    };
+    let g = Tensor::<B, 4>::from_data(TensorData::new(c.g.clone(), c.shape), &device).cast(dtype);
+    let y = op(x, table(&c.cos), table(&c.sin));
+    let grads = (y.clone() * g).sum().backward();
+    let dx = leaf.grad(&grads).unwrap();
+    let dx = if transposed { dx.swap_dims(1, 2) } else { dx };
+    let f32s = |d: TensorData| d.convert::<f32>().to_vec::<f32>().unwrap();
+    (f32s(y.into_data()), f32s(dx.into_data()))
+}
+
+fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+            "{name}[{i}]: {g} vs {w} (tolerance {tol})"
+        );
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Head widths down to 2, batch and heads of 1 and odd counts; contiguous and strided `x`.
+const SHAPES: [[usize; 4]; 5] = [
+    [1, 1, 1, 2],
+    [2, 3, 5, 6],
+    [1, 4, 7, 8],
+    [3, 2, 9, 64],
+    [2, 5, 3, 30],
+];
+
+/// fp32: each element is two products and a sum, each rounded once, so 1e-6 relative to
+/// |y| + 1 covers it (inputs and tables are at most 1 in magnitude).
+#[test]
+fn fp32_matches_the_fp64_reference_forward_and_backward() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        let c = case(shape, k as u64);
+        let (y_ref, dx_ref) = reference(&c);
+        for transposed in [false, true] {
+            let (y, dx) = through(&c, FloatDType::F32, transposed, rope);
+            assert_close(&format!("y {shape:?}"), &y, &y_ref, 1e-6);
+            assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1e-6);
+        }
+    }
+}
+
+/// bf16 (mixed precision's compute dtype): 8 bits of mantissa, rounded after each of the
+/// three operations, so 2⁻⁸ · 3 ≈ 1.2e-2 relative to |y| + 1.
+#[test]
+fn bf16_matches_the_fp64_reference() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        let c = case(shape, 10 + k as u64);
+        let (y_ref, dx_ref) = reference(&c);
+        let (y, dx) = through(&c, FloatDType::BF16, true, rope);
+        assert_close(&format!("y {shape:?}"), &y, &y_ref, 1.2e-2);
+        assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1.2e-2);
+    }
+}
+
+/// The op changes no bit of training: output and gradient equal burn's composition's,
+/// in fp32 (the Flex kernel) and bf16 (the generic path with the op's own backward).
+#[test]
+fn same_bits_as_the_composition() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        let c = case(shape, 20 + k as u64);
+        for dtype in [FloatDType::F32, FloatDType::BF16] {
+            for transposed in [false, true] {
+                let fused = through(&c, dtype, transposed, rope);
+                let composed = through(&c, dtype, transposed, rope_tensor_ops);
+                assert_eq!(bits(&fused.0), bits(&composed.0), "y {shape:?} {dtype:?}");
+                assert_eq!(bits(&fused.1), bits(&composed.1), "dx {shape:?} {dtype:?}");
+            }
+        }
+    }
+}
+
+/// The CPU kernel writes every element of its output.
+#[test]
+fn output_is_f32_contiguous_and_fully_written() {
+    let c = case([2, 3, 4, 8], 7);
+    let device = Default::default();
+    let x = Tensor::<Flex, 4>::from_data(TensorData::new(c.x.clone(), c.shape), &device);
+    let table =
+        |v: &Vec<f32>| Tensor::<Flex, 2>::from_data(TensorData::new(v.clone(), [4, 8]), &device);
+    let y = rope(x, table(&c.cos), table(&c.sin));
+    assert_eq!(y.dtype(), DType::F32);
+    let y: Vec<f32> = y.into_data().to_vec().unwrap();
+    // The kernel starts from NaN: an element it missed would still be NaN.
+    assert!(y.iter().all(|v| v.is_finite()));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    /// Any shape, any position offset into longer tables (as decoding after a KV cache
+    /// narrows them): the kernel's bits are the composition's.
+    #[test]
+    fn kernel_bits_equal_the_composition_for_any_shape(
+        b in 1usize..3, h in 1usize..5, t in 1usize..9, half in 1usize..20, offset in 0usize..5,
+        seed in 0u64..1000,
+    ) {
+        let device = Default::default();
+        let hd = 2 * half;
+        let x = Tensor::<Flex, 4>::from_data(TensorData::new(floats(b * h * t * hd, seed), [b, h, t, hd]), &device);
+        let (cos, sin) = tables(t + offset, hd);
+        let table = |v: Vec<f32>| {
+            Tensor::<Flex, 2>::from_data(TensorData::new(v, [t + offset, hd]), &device).narrow(0, offset, t)
+        };
+        let (cos, sin) = (table(cos), table(sin));
+        let fused: Vec<f32> = rope(x.clone(), cos.clone(), sin.clone()).into_data().to_vec().unwrap();
+        let composed: Vec<f32> = rope_tensor_ops(x, cos, sin).into_data().to_vec().unwrap();
+        prop_assert_eq!(bits(&fused), bits(&composed));
+    }
+}
