@@ -185,9 +185,7 @@ fn input<B: TrainBackend, const D: usize>(
 }
 
 /// Σ|gradient| of `x` over a run's gradients (0 when none reached it).
-fn reached<'a, B: TrainBackend, const D: usize>(
-    x: Tensor<B, D>,
-) -> Reached<'a, B> {
+fn reached<'a, B: TrainBackend, const D: usize>(x: Tensor<B, D>) -> Reached<'a, B> {
     Box::new(move |grads| {
         grads
             .iter()

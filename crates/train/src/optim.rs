@@ -316,14 +316,23 @@ mod tests {
                 (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect();
-        let exact = data.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt();
+        let exact = data
+            .iter()
+            .map(|&x| x as f64 * x as f64)
+            .sum::<f64>()
+            .sqrt();
         let w = Tensor::<Flex, 2>::from_data(
             burn::tensor::TensorData::new(data, [rows, cols]),
             &Default::default(),
         );
-        let model = Big { w: Param::from_tensor(w) };
+        let model = Big {
+            w: Param::from_tensor(w),
+        };
         let norm_on = |threads| {
-            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
             pool.install(|| param_norm::<Flex, _>(&model))
         };
         let one = norm_on(1);
