@@ -4,7 +4,8 @@
 #   scripts/gpu/bench.sh [--lab PATH] [--config FILE] [--steps N] [--warmup N] [--device cuda|cpu]
 #
 # Runs, one after another (never side by side: they would share the GPU):
-#   1. lab bench --backend cuda (bf16) on the config, writing its token stream;
+#   1. lab bench --backend cuda (bf16) on the config, writing its token stream, with its
+#      time split by op class;
 #   2. scripts/reference/torch_train_ref.py on the same stream: eager, then torch.compile;
 #   3. lab bench --matmul and PyTorch's matmul (cuBLAS) on the model's projection shapes.
 # Prints tokens/s, MFU (against the detected GPU's dense bf16 peak, FLOPs counted as lab
@@ -56,7 +57,7 @@ else
   backend=cpu
 fi
 common=(--config "$config" --steps "$steps" --warmup "$warmup")
-with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json \
+with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json --split \
   --tokens-out "$out/tokens.u32" > "$out/lab.json"
 ref=("$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
      --precision bf16 --json)
@@ -89,6 +90,14 @@ for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
     mfu = f"{r['tokens_per_s'] * fpt / peak * 100:.1f} %" if peak else "-"
     print(f"| {name} | {r['tokens_per_s']:.0f} | {mfu} | {mem(key)} | {r['last_loss']:.4f} | "
           f"{lab_tps / r['tokens_per_s']:.2f}x |")
+split = runs[0][1].get("split")
+if split:
+    print(f"\nlab's step ({split['step_ms']:.1f} ms) by op class, each alone, forward + backward:")
+    rows = [(c["class"], c["ms_per_step"], c.get("tflops")) for c in split["classes"]]
+    rows += [("optimizer", split["optimizer_ms"], None), ("other", split["other_ms"], None)]
+    for name, ms, tflops in rows:
+        rate = f", {tflops:.1f} TFLOP/s" if tflops else ""
+        print(f"  {name:<13} {ms:9.1f} ms {ms / split['step_ms'] * 100:5.1f} %{rate}")
 print()
 for a, b in zip(load("lab_matmul.json"), load("torch_matmul.json")):
     print(f"matmul {a['name']:<12} [{a['m']}x{a['k']}]@[{a['k']}x{a['n']}]: cubecl {a['tflops']:.1f} "
