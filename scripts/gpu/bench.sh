@@ -4,8 +4,8 @@
 #   scripts/gpu/bench.sh [--lab PATH] [--config FILE] [--steps N] [--warmup N] [--device cuda|cpu]
 #
 # Runs, one after another (never side by side: they would share the GPU):
-#   1. lab bench --backend cuda (bf16) on the config, writing its token stream, with its
-#      time split by op class;
+#   1. lab bench --backend cuda (bf16) on the config, writing its token stream; then again
+#      with its time split by op class (--split);
 #   2. scripts/reference/torch_train_ref.py on the same stream: eager, then torch.compile;
 #   3. lab bench --matmul and PyTorch's matmul (cuBLAS) on the model's projection shapes.
 # Prints tokens/s, MFU (against the detected GPU's dense bf16 peak, FLOPs counted as lab
@@ -57,8 +57,11 @@ else
   backend=cpu
 fi
 common=(--config "$config" --steps "$steps" --warmup "$warmup")
-with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json --split \
+with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json \
   --tokens-out "$out/tokens.u32" > "$out/lab.json"
+# The split on its own run, outside the memory sampling (its probes' inputs are not a step's).
+"$lab" bench --backend "$backend" --precision bf16 "${common[@]}" --json --split \
+  > "$out/lab_split.json"
 ref=("$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
      --precision bf16 --json)
 with_memory eager "${ref[@]}" --tokens "$out/tokens.u32" > "$out/eager.json"
@@ -90,7 +93,7 @@ for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
     mfu = f"{r['tokens_per_s'] * fpt / peak * 100:.1f} %" if peak else "-"
     print(f"| {name} | {r['tokens_per_s']:.0f} | {mfu} | {mem(key)} | {r['last_loss']:.4f} | "
           f"{lab_tps / r['tokens_per_s']:.2f}x |")
-split = runs[0][1].get("split")
+split = load("lab_split.json").get("split")
 if split:
     print(f"\nlab's step ({split['step_ms']:.1f} ms) by op class, each alone, forward + backward:")
     rows = [(c["class"], c["ms_per_step"], c.get("tflops")) for c in split["classes"]]

@@ -32,7 +32,7 @@ pub struct BenchOptions {
 /// Where the bench reads the peak memory it reports.
 pub enum MemoryGauge {
     /// The process's peak resident memory over the timed steps (the kernel's high-water
-    /// mark): what the CPU backend uses.
+    /// mark): all of it on the CPU backend; host memory only on wgpu.
     ProcessPeak,
     /// A GPU's used memory (NVML on CUDA), read after every timed step; the largest reading.
     /// burn's memory pool keeps what a step reserved, so the reading after a step holds the
@@ -49,6 +49,51 @@ impl MemoryGauge {
     }
 }
 
+/// A gauge read over the timed steps.
+struct PeakMemory {
+    gauge: MemoryGauge,
+    gpu_peak: u64,
+    /// The GPU stopped answering: the peak covers the readings before.
+    gpu_lost: bool,
+}
+
+impl PeakMemory {
+    /// Starts the window (the process's high-water mark is reset to what it holds now).
+    fn start(gauge: MemoryGauge) -> Self {
+        memory::reset_peak();
+        Self {
+            gauge,
+            gpu_peak: 0,
+            gpu_lost: false,
+        }
+    }
+
+    fn after_step(&mut self) {
+        let MemoryGauge::Gpu(probe) = &mut self.gauge else {
+            return;
+        };
+        if self.gpu_lost {
+            return;
+        }
+        match lab_health::Probe::sample(probe.as_mut()) {
+            Ok(s) => self.gpu_peak = self.gpu_peak.max(s.mem_used_bytes),
+            Err(e) => {
+                eprintln!(
+                    "warning: reading the GPU's memory: {e:#}; the peak covers the steps before"
+                );
+                self.gpu_lost = true;
+            }
+        }
+    }
+
+    fn peak(&self) -> u64 {
+        match self.gauge {
+            MemoryGauge::ProcessPeak => memory::peak(),
+            MemoryGauge::Gpu(_) => self.gpu_peak,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub config: String,
@@ -57,6 +102,7 @@ pub struct BenchReport {
     pub precision: String,
     /// `none` or `selective` activation checkpointing.
     pub activation_checkpointing: String,
+    /// Tokens this process computes per step (one replica's share of a data-parallel step).
     pub tokens_per_step: usize,
     pub steps: usize,
     pub tokens_per_s: f64,
@@ -126,7 +172,7 @@ pub fn bench_tokens(cfg: &LabConfig) -> Result<Vec<u32>> {
     Ok(tokens)
 }
 
-fn bench<B: TrainBackend>(mut opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
+fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<BenchReport> {
     let cfg = &opts.config;
     if opts.steps == 0 {
         bail!("--steps must be at least 1");
@@ -140,10 +186,11 @@ fn bench<B: TrainBackend>(mut opts: BenchOptions, device: B::Device) -> Result<B
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
-    let mut peak_gpu = 0;
+    let (mut gauge, mut memory) = (Some(opts.memory), None);
     for i in 0..opts.warmup + opts.steps {
+        let timed = i >= opts.warmup;
         if i == opts.warmup {
-            memory::reset_peak();
+            memory = gauge.take().map(PeakMemory::start);
         }
         let micro = batches(cfg, &tokens, i);
         let mut times = PhaseTimes::default();
@@ -154,34 +201,22 @@ fn bench<B: TrainBackend>(mut opts: BenchOptions, device: B::Device) -> Result<B
         let scale = state.optim.clip_scale(norm);
         state = state.apply(grads, 1e-4, scale);
         B::sync(&device).ok();
-        if i >= opts.warmup {
+        if timed {
             phases.forward_s += times.forward_s;
             phases.backward_s += times.backward_s;
             opt_s += t0.elapsed().as_secs_f64();
-            if let MemoryGauge::Gpu(probe) = &mut opts.memory {
-                let used = lab_health::Probe::sample(probe.as_mut())
-                    .context("reading the GPU's memory")?;
-                peak_gpu = peak_gpu.max(used.mem_used_bytes);
-            }
+            memory.as_mut().expect("started").after_step();
         }
     }
-    let peak_memory_bytes = match &opts.memory {
-        MemoryGauge::ProcessPeak => memory::peak(),
-        MemoryGauge::Gpu(_) => peak_gpu,
-    };
+    let memory = memory.expect("at least one timed step");
     let n = opts.steps as f64;
     let ms_per_step = (phases.forward_s + phases.backward_s + opt_s) / n * 1e3;
-    // This process's tokens: a data-parallel config's other replicas are not running here.
     let tokens_per_step = cfg.tokens_per_replica_step();
     let tokens_per_s = tokens_per_step as f64 / (ms_per_step / 1e3);
+    // After the steps and their memory reading: the probes' inputs are not the step's.
     let split = opts.split.then(|| {
-        let (tokens, targets) = crate::step::to_tensors::<B>(&batches(cfg, &tokens, 0)[0], &device);
-        let rows = targets.dims()[0] * targets.dims()[1];
-        let probes = op_split::probes(&state.model, cfg, tokens, targets.reshape([rows]), &device);
-        let per_run: Vec<_> = probes
-            .iter()
-            .map(|p| (p.class, op_split::time(p, opts.steps, &device)))
-            .collect();
+        let first = &batches(cfg, &tokens, 0)[0];
+        let per_run = time_classes(&state.model, cfg, first, opts.steps, &device);
         op_split::OpSplit::new(cfg, &per_run, opt_s / n * 1e3, ms_per_step)
     });
     Ok(BenchReport {
@@ -197,11 +232,27 @@ fn bench<B: TrainBackend>(mut opts: BenchOptions, device: B::Device) -> Result<B
         backward_ms: phases.backward_s / n * 1e3,
         optimizer_ms: opt_s / n * 1e3,
         mfu: mfu(cfg, tokens_per_s),
-        peak_memory_bytes,
-        memory_gauge: opts.memory.describe().into(),
+        peak_memory_bytes: memory.peak(),
+        memory_gauge: memory.gauge.describe().into(),
         split,
         last_loss,
     })
+}
+
+/// Milliseconds per run of every op class, `reps` runs each, on `batch`'s tokens.
+fn time_classes<B: TrainBackend>(
+    model: &lab_model::Llama<B>,
+    cfg: &LabConfig,
+    batch: &Batch,
+    reps: usize,
+    device: &B::Device,
+) -> Vec<(op_split::OpClass, f64)> {
+    let (ids, targets) = crate::step::to_tensors::<B>(batch, device);
+    let targets = targets.reshape([batch.rows * batch.seq_len]);
+    op_split::probes(model, cfg, ids, targets, device)
+        .iter()
+        .map(|p| (p.class, op_split::time(p, reps, device)))
+        .collect()
 }
 
 /// `lab bench --generate N`: decoding N tokens with the KV cache against recomputing the whole
@@ -464,8 +515,9 @@ impl OnBackend for MatmulBench {
 mod tests {
     use super::*;
 
-    /// The GPU gauge reports the largest reading taken after the timed steps, not after the
-    /// warm-up: a replayed NVML stream whose third reading is the largest.
+    /// The GPU gauge reports the largest reading taken after the timed steps: the three timed
+    /// steps read 30, 70 and 50 of a replayed NVML stream (peak 70); a reading after the
+    /// warm-up step too would have reached 90.
     #[test]
     fn the_gpu_gauge_reports_the_largest_reading_of_the_timed_steps() {
         let dir = tempfile::tempdir().unwrap();

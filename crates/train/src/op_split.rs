@@ -24,12 +24,12 @@ use crate::backend::TrainBackend;
 #[serde(rename_all = "snake_case")]
 pub enum OpClass {
     /// The seven projections of a block (q, k, v, o, gate, up, down).
-    Matmul,
+    Projections,
     /// Attention between the projections: scores, mask, softmax and weighted values, or
     /// the fused kernel.
     Attention,
     Rope,
-    Norm,
+    RmsNorm,
     Swiglu,
     Embedding,
     /// The LM head's matmul and the cross-entropy (fused or not, as the run's config says).
@@ -38,24 +38,25 @@ pub enum OpClass {
 
 impl OpClass {
     pub const ALL: [OpClass; 7] = [
-        Self::Matmul,
+        Self::Projections,
         Self::Attention,
         Self::Rope,
-        Self::Norm,
+        Self::RmsNorm,
         Self::Swiglu,
         Self::Embedding,
         Self::LmHeadLoss,
     ];
 
+    /// The class as reports name it (the same in text and JSON).
     pub fn name(self) -> &'static str {
         match self {
-            Self::Matmul => "matmul (projections)",
+            Self::Projections => "projections",
             Self::Attention => "attention",
             Self::Rope => "rope",
-            Self::Norm => "rmsnorm",
+            Self::RmsNorm => "rms_norm",
             Self::Swiglu => "swiglu",
             Self::Embedding => "embedding",
-            Self::LmHeadLoss => "lm head + loss",
+            Self::LmHeadLoss => "lm_head_loss",
         }
     }
 
@@ -64,8 +65,8 @@ impl OpClass {
     pub fn runs_per_step(self, cfg: &LabConfig) -> usize {
         let layers = cfg.model.n_layer;
         let per_micro_batch = match self {
-            Self::Matmul | Self::Attention | Self::Rope | Self::Swiglu => layers,
-            Self::Norm => 2 * layers + 1,
+            Self::Projections | Self::Attention | Self::Rope | Self::Swiglu => layers,
+            Self::RmsNorm => 2 * layers + 1,
             Self::Embedding | Self::LmHeadLoss => 1,
         };
         per_micro_batch * cfg.train.grad_accum
@@ -79,7 +80,7 @@ impl OpClass {
         let tokens = (cfg.train.micro_batch * m.seq_len) as f64;
         let p = m.param_count();
         match self {
-            Self::Matmul => 6.0 * tokens * (p.attention + p.ffn) as f64 / m.n_layer as f64,
+            Self::Projections => 6.0 * tokens * (p.attention + p.ffn) as f64 / m.n_layer as f64,
             Self::Attention => 12.0 * tokens * (m.seq_len * m.d_attn()) as f64,
             Self::LmHeadLoss => 6.0 * tokens * (m.d_model * m.vocab_size) as f64,
             _ => 0.0,
@@ -152,7 +153,8 @@ type Grads<B> = Vec<<B as AutodiffBackend>::Gradients>;
 type Reached<'a, B> = Box<dyn Fn(&Grads<B>) -> f64 + 'a>;
 
 /// One class at the step's shapes: `run` is a forward and a backward; `inputs` tell how much
-/// gradient reached each input of the run (the proof, in tests, that backward is timed too).
+/// gradient reached each input of the run (for tests: the proof that backward is timed too;
+/// the bench never calls them).
 pub struct Probe<'a, B: TrainBackend> {
     pub class: OpClass,
     pub run: Box<dyn Fn() -> Grads<B> + 'a>,
@@ -198,8 +200,30 @@ fn reached<'a, B: TrainBackend, const D: usize>(x: Tensor<B, D>) -> Reached<'a, 
     })
 }
 
-/// Every class's probe over `model` (built for `cfg`), with `tokens` and `targets` one
-/// micro-batch of token ids.
+/// The step's shapes and compute dtype, as every probe needs them.
+struct Shapes<'d, B: TrainBackend> {
+    cfg: &'d lab_config::ModelConfig,
+    /// Sequences and tokens per sequence of one micro-batch, and their product.
+    batch: usize,
+    t: usize,
+    rows: usize,
+    compute: FloatDType,
+    device: &'d B::Device,
+}
+
+impl<B: TrainBackend> Shapes<'_, B> {
+    fn input<const D: usize>(&self, shape: [usize; D]) -> Tensor<B, D> {
+        input(shape, self.compute, self.device)
+    }
+
+    /// Queries or keys/values of `heads` heads, `[B, heads, T, hd]`.
+    fn heads(&self, heads: usize) -> Tensor<B, 4> {
+        self.input([self.batch, heads, self.t, self.cfg.head_dim()])
+    }
+}
+
+/// Every class's probe over `model` (built for `cfg`), in [`OpClass::ALL`]'s order, with
+/// `tokens` and `targets` one micro-batch of token ids.
 pub fn probes<'a, B: TrainBackend>(
     model: &'a Llama<B>,
     cfg: &LabConfig,
@@ -207,104 +231,140 @@ pub fn probes<'a, B: TrainBackend>(
     targets: Tensor<B, 1, Int>,
     device: &B::Device,
 ) -> Vec<Probe<'a, B>> {
-    let m = &cfg.model;
-    let (b, t, d, hd) = (cfg.train.micro_batch, m.seq_len, m.d_model, m.head_dim());
-    let n = b * t;
-    let compute = model.compute_dtype();
-    let block = &model.blocks[0];
-    let mut out = Vec::new();
+    let (batch, t) = (cfg.train.micro_batch, cfg.model.seq_len);
+    let s = Shapes {
+        cfg: &cfg.model,
+        batch,
+        t,
+        rows: batch * t,
+        compute: model.compute_dtype(),
+        device,
+    };
+    // Attention and RoPE read the same queries and keys.
+    let (q, k) = (s.heads(cfg.model.n_head), s.heads(cfg.model.n_kv_head));
+    vec![
+        projections(model, &s),
+        attention(model, &s, q.clone(), k.clone()),
+        rope(&s, q, k),
+        rms_norm(model, &s),
+        swiglu(&s),
+        embedding(model, tokens),
+        lm_head_loss(model, &s, targets),
+    ]
+}
 
+/// Block 0's seven projections, each on its own input.
+fn projections<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
+    let (block, m) = (&model.blocks[0], s.cfg);
     let linears = [
-        (&block.attn.wq, d),
-        (&block.attn.wk, d),
-        (&block.attn.wv, d),
+        (&block.attn.wq, m.d_model),
+        (&block.attn.wk, m.d_model),
+        (&block.attn.wv, m.d_model),
         (&block.attn.wo, m.d_attn()),
-        (&block.ffn.gate, d),
-        (&block.ffn.up, d),
+        (&block.ffn.gate, m.d_model),
+        (&block.ffn.up, m.d_model),
         (&block.ffn.down, m.d_ff),
     ];
-    let xs: Vec<Tensor<B, 2>> = linears
-        .iter()
-        .map(|&(_, k)| input([n, k], compute, device))
-        .collect();
+    let xs: Vec<Tensor<B, 2>> = linears.iter().map(|&(_, k)| s.input([s.rows, k])).collect();
     let mut inputs: Vec<_> = xs.iter().map(|x| reached(x.clone())).collect();
     inputs.extend(linears.iter().map(|(l, _)| reached(l.weight.val())));
-    out.push(Probe {
-        class: OpClass::Matmul,
+    Probe {
+        class: OpClass::Projections,
         run: Box::new(move || {
             let each = linears.iter().zip(&xs);
             each.map(|((l, _), x)| l.forward(x.clone()).backward())
                 .collect()
         }),
         inputs,
-    });
+    }
+}
 
-    let q = input([b, m.n_head, t, hd], compute, device);
-    let k = input([b, m.n_kv_head, t, hd], compute, device);
-    let v = input([b, m.n_kv_head, t, hd], compute, device);
-    let how = model.attend_path(t, lab_ops::fused_attention_fn::<B>(), device);
-    let inputs = vec![reached(q.clone()), reached(k.clone()), reached(v.clone())];
-    let (q2, k2) = (q.clone(), k.clone());
-    out.push(Probe {
+/// Attention between the projections, the way training runs it on this backend.
+fn attention<'a, B: TrainBackend>(
+    model: &'a Llama<B>,
+    s: &Shapes<B>,
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+) -> Probe<'a, B> {
+    let v = s.heads(s.cfg.n_kv_head);
+    let how = model.attend_path(s.t, lab_ops::fused_attention_fn::<B>(), s.device);
+    Probe {
         class: OpClass::Attention,
+        inputs: vec![reached(q.clone()), reached(k.clone()), reached(v.clone())],
         run: Box::new(move || {
-            let o = block
-                .attn
-                .attend_heads(q.clone(), k.clone(), v.clone(), &how);
-            vec![o.backward()]
+            let attn = &model.blocks[0].attn;
+            vec![attn
+                .attend_heads(q.clone(), k.clone(), v.clone(), &how)
+                .backward()]
         }),
-        inputs,
-    });
+    }
+}
 
-    let rope = lab_model::layers::Rope::new(t, hd, m.rope_base, device).cast(compute);
-    out.push(Probe {
+/// RoPE on the queries and the keys.
+fn rope<'a, B: TrainBackend>(s: &Shapes<B>, q: Tensor<B, 4>, k: Tensor<B, 4>) -> Probe<'a, B> {
+    let (m, t) = (s.cfg, s.t);
+    let rope = lab_model::layers::Rope::new(t, m.head_dim(), m.rope_base, s.device).cast(s.compute);
+    Probe {
         class: OpClass::Rope,
-        inputs: vec![reached(q2.clone()), reached(k2.clone())],
+        inputs: vec![reached(q.clone()), reached(k.clone())],
         run: Box::new(move || {
             vec![
-                rope.apply(q2.clone()).backward(),
-                rope.apply(k2.clone()).backward(),
+                rope.apply(q.clone()).backward(),
+                rope.apply(k.clone()).backward(),
             ]
         }),
-    });
+    }
+}
 
-    let x = input([n, d], FloatDType::F32, device);
-    out.push(Probe {
-        class: OpClass::Norm,
-        inputs: vec![reached(x.clone()), reached(block.attn_norm.weight.val())],
-        run: Box::new(move || vec![block.attn_norm.forward(x.clone()).backward()]),
-    });
+/// One RMSNorm over the fp32 residual stream.
+fn rms_norm<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
+    let norm = &model.blocks[0].attn_norm;
+    let x = input([s.rows, s.cfg.d_model], FloatDType::F32, s.device);
+    Probe {
+        class: OpClass::RmsNorm,
+        inputs: vec![reached(x.clone()), reached(norm.weight.val())],
+        run: Box::new(move || vec![norm.forward(x.clone()).backward()]),
+    }
+}
 
-    let gate: Tensor<B, 2> = input([n, m.d_ff], compute, device);
-    let up: Tensor<B, 2> = input([n, m.d_ff], compute, device);
-    out.push(Probe {
+/// SwiGLU's gating between the projections.
+fn swiglu<'a, B: TrainBackend>(s: &Shapes<B>) -> Probe<'a, B> {
+    let gate: Tensor<B, 2> = s.input([s.rows, s.cfg.d_ff]);
+    let up: Tensor<B, 2> = s.input([s.rows, s.cfg.d_ff]);
+    Probe {
         class: OpClass::Swiglu,
         inputs: vec![reached(gate.clone()), reached(up.clone())],
         run: Box::new(move || {
-            let y = lab_model::transformer::swiglu(gate.clone(), up.clone());
-            vec![y.backward()]
+            vec![lab_model::transformer::swiglu(gate.clone(), up.clone()).backward()]
         }),
-    });
+    }
+}
 
-    let embedded = tokens.clone();
-    out.push(Probe {
+fn embedding<B: TrainBackend>(model: &Llama<B>, tokens: Tensor<B, 2, Int>) -> Probe<'_, B> {
+    Probe {
         class: OpClass::Embedding,
         inputs: vec![reached(model.embed.val())],
-        run: Box::new(move || vec![model.embed_tokens(embedded.clone()).backward()]),
-    });
+        run: Box::new(move || vec![model.embed_tokens(tokens.clone()).backward()]),
+    }
+}
 
-    let hidden = input([n, d], FloatDType::F32, device);
+/// The LM head and the loss, fused or not as the config says.
+fn lm_head_loss<'a, B: TrainBackend>(
+    model: &'a Llama<B>,
+    s: &Shapes<B>,
+    targets: Tensor<B, 1, Int>,
+) -> Probe<'a, B> {
+    let hidden = input([s.rows, s.cfg.d_model], FloatDType::F32, s.device);
     let head = match &model.lm_head {
         Some(head) => head.weight.val(),
         // Tied: the gradient lands on the embedding (the leaf the head is made from).
         None => model.embed.val(),
     };
-    out.push(Probe {
+    Probe {
         class: OpClass::LmHeadLoss,
         inputs: vec![reached(hidden.clone()), reached(head)],
         run: Box::new(move || vec![model.head_loss(hidden.clone(), targets.clone()).backward()]),
-    });
-    out
+    }
 }
 
 #[cfg(test)]
