@@ -152,7 +152,7 @@ impl<B: FusedAttention, C: CheckpointStrategy> FusedAttention for Autodiff<B, C>
     }
 }
 
-/// RoPE's node: keeps the tables; backward turns the gradient back by the opposite angle.
+/// RoPE's node: keeps the tables; backward is RoPE's transpose (see `rope.rs`).
 #[derive(Debug)]
 struct RopeBackward;
 
@@ -164,7 +164,8 @@ impl<B: FusedRope> Backward<B, 1> for RopeBackward {
         let (cos, sin) = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         if let [Some(x)] = ops.parents {
-            grads.register::<B>(x.id, B::rope(dy, cos, B::float_neg(sin)));
+            let dx = B::rope(dy, cos, crate::rope::backward_sin::<B>(sin));
+            grads.register::<B>(x.id, dx);
         }
     }
 }

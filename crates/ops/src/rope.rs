@@ -1,13 +1,13 @@
 //! Rotary position embedding as one op.
 //!
-//! RoPE turns each pair `(x[i], x[i + hd/2])` of a head by its position's angle:
-//! `y = x·cos + rotate_half(x)·sin` with `rotate_half([a, b]) = [−b, a]`. It is linear in
-//! `x` and the turn is orthogonal, so its backward is the turn by the opposite angle:
-//! `dx = rope(dy, cos, −sin)` (both halves of a head share their angles). The op keeps
-//! nothing for backward but the tables. burn's composition (two narrows, a negation, a
-//! concatenation, two products and a sum) records five graph nodes whose backward sends each
-//! half back through a zero-padded full-size tensor. Both give the same bits: every output
-//! element is the same two products and one sum, and negations are exact.
+//! RoPE turns each pair `(x[i], x[i + h])` of a head (`h = hd/2`) by its position's angle:
+//! `y = x·cos + rotate_half(x)·sin` with `rotate_half([a, b]) = [−b, a]`. It is linear in `x`,
+//! so its backward is its transpose, which is RoPE again with `−swap_halves(sin)` for `sin`:
+//! `dx[i] = dy[i]·cos[i] + dy[i+h]·sin[i+h]` and `dx[i+h] = dy[i+h]·cos[i+h] − dy[i]·sin[i]`.
+//! The op keeps nothing for backward but the tables. burn's composition (two narrows, a
+//! negation, a concatenation, two products and a sum) records a graph node for each, and its
+//! backward sends each half back through a zero-padded full-size tensor. Both give the same
+//! bits: every element is the same two products and one sum, and negations are exact.
 //!
 //! Backends: [`FusedRope::rope`] defaults to the composition on the backend's own tensor
 //! ops (the GPUs today, and bf16 on the CPU); `Flex` runs f32 in one pass (below);
@@ -29,12 +29,29 @@ pub trait FusedRope: Backend {
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let float = |t| Tensor::<Self, 4>::from_primitive(TensorPrimitive::Float(t));
-        let table = |t| Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(t));
-        rope_tensor_ops(float(x), table(cos), table(sin))
-            .into_primitive()
-            .tensor()
+        composed::<Self>(x, cos, sin)
     }
+}
+
+/// [`rope_tensor_ops`] on raw primitives.
+fn composed<B: Backend>(
+    x: FloatTensor<B>,
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let table = |t| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
+    let x = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x));
+    rope_tensor_ops(x, table(cos), table(sin))
+        .into_primitive()
+        .tensor()
+}
+
+/// The table RoPE's backward turns by: `−swap_halves(sin)` of a `[T, hd]` table.
+pub(crate) fn backward_sin<B: Backend>(sin: FloatTensor<B>) -> FloatTensor<B> {
+    let sin = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(sin));
+    let half = sin.dims()[1] / 2;
+    let (a, b) = (sin.clone().narrow(1, 0, half), sin.narrow(1, half, half));
+    Tensor::cat(vec![b, a], 1).neg().into_primitive().tensor()
 }
 
 /// RoPE through the backend's own tensor ops: the reference the fused versions match bit
@@ -71,18 +88,13 @@ impl FusedRope for Flex {
     fn rope(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTensor {
         match (View::<4>::of(&x), View::<2>::of(&cos), View::<2>::of(&sin)) {
             (Some(x), Some(cos), Some(sin)) => rope_f32(&x, &cos, &sin),
-            _ => {
-                let float = |t| Tensor::<Flex, 4>::from_primitive(TensorPrimitive::Float(t));
-                let table = |t| Tensor::<Flex, 2>::from_primitive(TensorPrimitive::Float(t));
-                rope_tensor_ops(float(x), table(cos), table(sin))
-                    .into_primitive()
-                    .tensor()
-            }
+            _ => composed::<Flex>(x, cos, sin),
         }
     }
 }
 
-/// A read-only strided f32 view of a Flex tensor of `D` dimensions.
+/// A read-only f32 view of a Flex tensor of `D` dimensions whose rows (the last dimension)
+/// are contiguous; other strides positive.
 struct View<'a, const D: usize> {
     data: &'a [f32],
     offset: usize,
@@ -93,11 +105,9 @@ struct View<'a, const D: usize> {
 impl<'a, const D: usize> View<'a, D> {
     fn of(t: &'a FlexTensor) -> Option<Self> {
         let layout = t.layout();
-        if t.dtype() != DType::F32 || !layout.has_positive_strides() {
-            return None;
-        }
         let (shape, strides) = (layout.shape(), layout.strides());
-        if shape.num_dims() != D {
+        let rows_contiguous = shape.num_dims() == D && (strides[D - 1] == 1 || shape[D - 1] == 1);
+        if t.dtype() != DType::F32 || !layout.has_positive_strides() || !rows_contiguous {
             return None;
         }
         Some(Self {
@@ -108,23 +118,15 @@ impl<'a, const D: usize> View<'a, D> {
         })
     }
 
-    fn at(&self, index: [usize; D]) -> f32 {
-        let at: usize = index.iter().zip(&self.strides).map(|(i, s)| i * s).sum();
-        self.data[self.offset + at]
-    }
-
-    /// The innermost row at `lead` (the other indices) as a slice, when it is contiguous.
-    fn row(&self, lead: [usize; D]) -> Option<&'a [f32]> {
-        let n = self.shape[D - 1];
-        (self.strides[D - 1] == 1 || n == 1).then(|| {
-            let start = self.offset
-                + lead
-                    .iter()
-                    .zip(&self.strides)
-                    .map(|(i, s)| i * s)
-                    .sum::<usize>();
-            &self.data[start..start + n]
-        })
+    /// The row at `lead` (its last index 0).
+    fn row(&self, lead: [usize; D]) -> &'a [f32] {
+        let start = self.offset
+            + lead
+                .iter()
+                .zip(&self.strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>();
+        &self.data[start..start + self.shape[D - 1]]
     }
 }
 
@@ -132,23 +134,14 @@ impl<'a, const D: usize> View<'a, D> {
 /// order, as the composition computes it (Rust never fuses it into an FMA).
 fn rope_f32(x: &View<4>, cos: &View<2>, sin: &View<2>) -> FlexTensor {
     let [b, h, t, hd] = x.shape;
-    // NaN, not zero: an element the loop missed would show in every test.
-    let mut out = vec![f32::NAN; b * h * t * hd];
+    let mut out = vec![0f32; b * h * t * hd];
     out.par_chunks_mut(t * hd)
         .enumerate()
         .for_each(|(bh, head)| {
             let (bi, hi) = (bh / h, bh % h);
             for (ti, y) in head.chunks_mut(hd).enumerate() {
-                let rows = (x.row([bi, hi, ti, 0]), cos.row([ti, 0]), sin.row([ti, 0]));
-                match rows {
-                    (Some(x), Some(c), Some(s)) => rotate_row(y, x, c, s),
-                    _ => {
-                        let x: Vec<f32> = (0..hd).map(|i| x.at([bi, hi, ti, i])).collect();
-                        let c: Vec<f32> = (0..hd).map(|i| cos.at([ti, i])).collect();
-                        let s: Vec<f32> = (0..hd).map(|i| sin.at([ti, i])).collect();
-                        rotate_row(y, &x, &c, &s)
-                    }
-                }
+                let (x, c, s) = (x.row([bi, hi, ti, 0]), cos.row([ti, 0]), sin.row([ti, 0]));
+                rotate_row(y, x, c, s);
             }
         });
     FlexTensor::new(

@@ -3,7 +3,7 @@
 //! fp32 (the CPU kernel) and in bf16 (the generic path), gradients included.
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, FloatDType, Tensor, TensorData};
+use burn::tensor::{FloatDType, Tensor, TensorData};
 use lab_ops::{rope, rope_tensor_ops};
 use proptest::prelude::*;
 
@@ -189,19 +189,22 @@ fn same_bits_as_the_composition() {
     }
 }
 
-/// The CPU kernel writes every element of its output.
+/// The backward is RoPE's transpose for any tables, not only the model's (whose two halves
+/// share their angles): random `cos` and `sin` against the fp64 reference.
 #[test]
-fn output_is_f32_contiguous_and_fully_written() {
-    let c = case([2, 3, 4, 8], 7);
-    let device = Default::default();
-    let x = Tensor::<Flex, 4>::from_data(TensorData::new(c.x.clone(), c.shape), &device);
-    let table =
-        |v: &Vec<f32>| Tensor::<Flex, 2>::from_data(TensorData::new(v.clone(), [4, 8]), &device);
-    let y = rope(x, table(&c.cos), table(&c.sin));
-    assert_eq!(y.dtype(), DType::F32);
-    let y: Vec<f32> = y.into_data().to_vec().unwrap();
-    // The kernel starts from NaN: an element it missed would still be NaN.
-    assert!(y.iter().all(|v| v.is_finite()));
+fn the_gradient_is_the_transpose_for_any_tables() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        let [_, _, t, hd] = shape;
+        let mut c = case(shape, 30 + k as u64);
+        c.cos = floats(t * hd, 40 + k as u64);
+        c.sin = floats(t * hd, 50 + k as u64);
+        let (y_ref, dx_ref) = reference(&c);
+        for transposed in [false, true] {
+            let (y, dx) = through(&c, FloatDType::F32, transposed, rope);
+            assert_close(&format!("y {shape:?}"), &y, &y_ref, 1e-6);
+            assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1e-6);
+        }
+    }
 }
 
 proptest! {
