@@ -183,6 +183,8 @@ pub fn block_bytes_per_token(
         let residual = 2.0 * h * f32 + if mixed { 2.0 * h * c } else { 0.0 };
         // q and k after RoPE and as the score matmul reads them, v, the attention output
         // (RoPE is one op that keeps only its tables, so q and k before it are not kept).
+        // Measured on the tensor-op attention; the flash kernel may not need the score
+        // matmul's copies of q and k, so on a GPU this may count (a + kv)·c too many.
         let attention_side = (3.0 * a + 3.0 * kv) * c;
         // SwiGLU's gate and up.
         let ffn = 2.0 * ff * c;
