@@ -144,17 +144,22 @@ const SHAPES: [[usize; 4]; 5] = [
     [2, 5, 3, 30],
 ];
 
+/// `rope` on `Autodiff<Flex>` in `dtype` against the fp64 reference, output and gradient.
+fn check_reference(c: &Case, dtype: FloatDType, transposed: bool, tol: f64) {
+    let (y_ref, dx_ref) = reference(c);
+    let (y, dx) = through(c, dtype, transposed, rope);
+    let at = format!("{:?} {dtype:?} transposed {transposed}", c.shape);
+    assert_close(&format!("y {at}"), &y, &y_ref, tol);
+    assert_close(&format!("dx {at}"), &dx, &dx_ref, tol);
+}
+
 /// fp32: each element is two products and a sum, each rounded once, so 1e-6 relative to
 /// |y| + 1 covers it (inputs and tables are at most 1 in magnitude).
 #[test]
 fn fp32_matches_the_fp64_reference_forward_and_backward() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        let c = case(shape, k as u64);
-        let (y_ref, dx_ref) = reference(&c);
         for transposed in [false, true] {
-            let (y, dx) = through(&c, FloatDType::F32, transposed, rope);
-            assert_close(&format!("y {shape:?}"), &y, &y_ref, 1e-6);
-            assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1e-6);
+            check_reference(&case(shape, k as u64), FloatDType::F32, transposed, 1e-6);
         }
     }
 }
@@ -164,11 +169,7 @@ fn fp32_matches_the_fp64_reference_forward_and_backward() {
 #[test]
 fn bf16_matches_the_fp64_reference() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        let c = case(shape, 10 + k as u64);
-        let (y_ref, dx_ref) = reference(&c);
-        let (y, dx) = through(&c, FloatDType::BF16, true, rope);
-        assert_close(&format!("y {shape:?}"), &y, &y_ref, 1.2e-2);
-        assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1.2e-2);
+        check_reference(&case(shape, 10 + k as u64), FloatDType::BF16, true, 1.2e-2);
     }
 }
 
@@ -198,11 +199,8 @@ fn the_gradient_is_the_transpose_for_any_tables() {
         let mut c = case(shape, 30 + k as u64);
         c.cos = floats(t * hd, 40 + k as u64);
         c.sin = floats(t * hd, 50 + k as u64);
-        let (y_ref, dx_ref) = reference(&c);
         for transposed in [false, true] {
-            let (y, dx) = through(&c, FloatDType::F32, transposed, rope);
-            assert_close(&format!("y {shape:?}"), &y, &y_ref, 1e-6);
-            assert_close(&format!("dx {shape:?}"), &dx, &dx_ref, 1e-6);
+            check_reference(&c, FloatDType::F32, transposed, 1e-6);
         }
     }
 }
