@@ -46,7 +46,7 @@ pub fn review(plan: &Plan, inputs: &PlanInputs) -> (Vec<Warning>, Vec<String>) {
                 format!(
                     "ZeRO-{stage}{}",
                     if ckpt {
-                        " with --activation-checkpointing (selective)"
+                        " with --activation-checkpointing selective"
                     } else {
                         ""
                     }

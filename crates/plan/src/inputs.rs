@@ -42,8 +42,9 @@ pub struct PlanRequest {
     pub zero: Option<u8>,
     /// Sharding degree of ZeRO/FSDP; default: every data-parallel rank.
     pub fsdp: Option<usize>,
+    /// Default `train.activation_checkpointing`.
     #[serde(default)]
-    pub activation_checkpointing: bool,
+    pub activation_checkpointing: Option<lab_config::ActivationCheckpointing>,
     /// Default `train.ckpt_every`.
     pub ckpt_every: Option<usize>,
     /// Checkpoint storage write bandwidth, GB/s; default 1.
@@ -254,8 +255,10 @@ impl PlanInputs {
             None => dp,
         };
         // --activation-checkpointing, or the config's train.activation_checkpointing.
-        let activation_checkpointing = req.activation_checkpointing
-            || cfg.train.activation_checkpointing == lab_config::ActivationCheckpointing::Selective;
+        let activation_checkpointing = req
+            .activation_checkpointing
+            .unwrap_or(cfg.train.activation_checkpointing)
+            == lab_config::ActivationCheckpointing::Selective;
         let micro_batch = at_least_one(
             "--micro-batch",
             req.micro_batch.unwrap_or(cfg.train.micro_batch),
@@ -494,6 +497,7 @@ impl PlanRequest {
             pp,
             zero,
             fsdp,
+            activation_checkpointing,
             ckpt_every,
             storage_gb_per_s,
             budget_usd,
@@ -506,7 +510,6 @@ impl PlanRequest {
         if !over.prices.is_empty() {
             self.prices = over.prices.clone();
         }
-        self.activation_checkpointing |= over.activation_checkpointing;
         self
     }
 }

@@ -230,6 +230,31 @@ fn medgemma_27b_zero_3_on_320_h200_and_the_quote() {
     assert!(p.warnings.iter().any(|w| w.kind == "quote"));
 }
 
+/// `--activation-checkpointing none` overrides a config's `selective`: MedGemma's preset
+/// then keeps every activation and does not fit an H200.
+#[test]
+fn the_flag_turns_the_configs_selective_checkpointing_off() {
+    let cfg = preset("medgemma-27b-320xh200.toml");
+    let plan = |mode| {
+        let req = PlanRequest {
+            gpus: Some(320),
+            zero: Some(3),
+            activation_checkpointing: mode,
+            ..Default::default()
+        };
+        run(&cfg, &req)
+    };
+    use lab_config::ActivationCheckpointing::{None as Kept, Selective};
+    for (mode, selective) in [(None, true), (Some(Selective), true), (Some(Kept), false)] {
+        let p = plan(mode);
+        assert_eq!(
+            p.memory.layout.activation_checkpointing, selective,
+            "{mode:?}"
+        );
+        assert_eq!(p.memory.fits, selective, "{mode:?}");
+    }
+}
+
 #[test]
 fn lab00_page_fails_its_own_arithmetic() {
     let path = configs().join("lab/lab00-a100.toml");

@@ -69,10 +69,10 @@ pub struct Args {
     /// ZeRO/FSDP sharding degree [default: all data-parallel ranks].
     #[arg(long)]
     pub fsdp: Option<usize>,
-    /// Plan with selective activation checkpointing (as train.activation_checkpointing =
-    /// "selective" trains) [default: the config's].
+    /// `none` or `selective` activation checkpointing (as train.activation_checkpointing
+    /// trains) [default: the config's].
     #[arg(long)]
-    pub activation_checkpointing: bool,
+    pub activation_checkpointing: Option<lab_config::ActivationCheckpointing>,
     /// Steps between checkpoints [default: train.ckpt_every].
     #[arg(long)]
     pub ckpt_every: Option<usize>,
