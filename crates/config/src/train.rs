@@ -33,7 +33,7 @@ pub enum ActivationCheckpointing {
     None,
     /// torchtitan's "selective" (op-level) checkpointing, as burn's `BalancedCheckpointing`
     /// does it: outputs of compute-bound ops (matmuls, casts, fused kernels) are kept, those of
-    /// elementwise ops (norms, RoPE, SwiGLU, softmax) are recomputed in backward from them.
+    /// elementwise ops (norms, SwiGLU, softmax) are recomputed in backward from them.
     /// Same arithmetic, same results; less memory, some recomputation.
     Selective,
 }

@@ -86,15 +86,22 @@ pub fn rope<B: FusedRope>(x: Tensor<B, 4>, cos: Tensor<B, 2>, sin: Tensor<B, 2>)
 
 impl FusedRope for Flex {
     fn rope(x: FlexTensor, cos: FlexTensor, sin: FlexTensor) -> FlexTensor {
+        // A gradient may arrive with strided rows (k's, through the score matmul's
+        // transpose): one contiguous copy is cheaper than composing seven ops.
+        let x = if x.dtype() == DType::F32 && View::<4>::of(&x).is_none() {
+            x.to_contiguous()
+        } else {
+            x
+        };
         match (View::<4>::of(&x), View::<2>::of(&cos), View::<2>::of(&sin)) {
-            (Some(x), Some(cos), Some(sin)) => rope_f32(&x, &cos, &sin),
+            (Some(x), Some(cos), Some(sin)) if !x.is_empty() => rope_f32(&x, &cos, &sin),
             _ => composed::<Flex>(x, cos, sin),
         }
     }
 }
 
 /// A read-only f32 view of a Flex tensor of `D` dimensions whose rows (the last dimension)
-/// are contiguous; other strides positive.
+/// are contiguous; other strides non-negative.
 struct View<'a, const D: usize> {
     data: &'a [f32],
     offset: usize,
@@ -116,6 +123,10 @@ impl<'a, const D: usize> View<'a, D> {
             shape: std::array::from_fn(|i| shape[i]),
             strides: std::array::from_fn(|i| strides[i] as usize),
         })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.shape.contains(&0)
     }
 
     /// The row at `lead` (its last index 0).

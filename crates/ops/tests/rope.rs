@@ -223,7 +223,14 @@ proptest! {
         };
         let (cos, sin) = (table(cos), table(sin));
         let fused: Vec<f32> = rope(x.clone(), cos.clone(), sin.clone()).into_data().to_vec().unwrap();
-        let composed: Vec<f32> = rope_tensor_ops(x, cos, sin).into_data().to_vec().unwrap();
+        let composed: Vec<f32> = rope_tensor_ops(x.clone(), cos.clone(), sin.clone()).into_data().to_vec().unwrap();
+        prop_assert_eq!(bits(&fused), bits(&composed));
+        // Rows strided too (the last two axes of a [B, H, hd, T] tensor swapped), as k's
+        // gradient arrives through the score matmul's transpose.
+        let strided = x.swap_dims(2, 3).into_data();
+        let strided = Tensor::<Flex, 4>::from_data(strided, &device).swap_dims(2, 3);
+        let fused: Vec<f32> = rope(strided.clone(), cos.clone(), sin.clone()).into_data().to_vec().unwrap();
+        let composed: Vec<f32> = rope_tensor_ops(strided, cos, sin).into_data().to_vec().unwrap();
         prop_assert_eq!(bits(&fused), bits(&composed));
     }
 }

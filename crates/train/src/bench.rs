@@ -209,11 +209,12 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         }
     }
     let memory = memory.expect("at least one timed step");
+    // Read now: the split below allocates its probes' inputs, which are not a step's.
+    let peak_memory_bytes = memory.peak();
     let n = opts.steps as f64;
     let ms_per_step = (phases.forward_s + phases.backward_s + opt_s) / n * 1e3;
     let tokens_per_step = cfg.tokens_per_replica_step();
     let tokens_per_s = tokens_per_step as f64 / (ms_per_step / 1e3);
-    // After the steps and their memory reading: the probes' inputs are not the step's.
     let split = opts.split.then(|| {
         let first = &batches(cfg, &tokens, 0)[0];
         let per_run = time_classes(&state.model, cfg, first, opts.steps, &device);
@@ -232,7 +233,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         backward_ms: phases.backward_s / n * 1e3,
         optimizer_ms: opt_s / n * 1e3,
         mfu: mfu(cfg, tokens_per_s),
-        peak_memory_bytes: memory.peak(),
+        peak_memory_bytes,
         memory_gauge: memory.gauge.describe().into(),
         split,
         last_loss,
