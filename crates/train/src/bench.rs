@@ -58,14 +58,17 @@ struct PeakMemory {
 }
 
 impl PeakMemory {
-    /// Starts the window (the process's high-water mark is reset to what it holds now).
-    fn start(gauge: MemoryGauge) -> Self {
-        memory::reset_peak();
+    fn new(gauge: MemoryGauge) -> Self {
         Self {
             gauge,
             gpu_peak: 0,
             gpu_lost: false,
         }
+    }
+
+    /// Starts the window: the process's high-water mark is reset to what it holds now.
+    fn start(&self) {
+        memory::reset_peak();
     }
 
     fn after_step(&mut self) {
@@ -186,11 +189,11 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
-    let (mut gauge, mut memory) = (Some(opts.memory), None);
+    let mut memory = PeakMemory::new(opts.memory);
     for i in 0..opts.warmup + opts.steps {
         let timed = i >= opts.warmup;
         if i == opts.warmup {
-            memory = gauge.take().map(PeakMemory::start);
+            memory.start();
         }
         let micro = batches(cfg, &tokens, i);
         let mut times = PhaseTimes::default();
@@ -205,10 +208,9 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             phases.forward_s += times.forward_s;
             phases.backward_s += times.backward_s;
             opt_s += t0.elapsed().as_secs_f64();
-            memory.as_mut().expect("started").after_step();
+            memory.after_step();
         }
     }
-    let memory = memory.expect("at least one timed step");
     // Read now: the split below allocates its probes' inputs, which are not a step's.
     let peak_memory_bytes = memory.peak();
     let n = opts.steps as f64;
