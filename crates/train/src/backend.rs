@@ -112,6 +112,13 @@ fn cuda_device() -> Result<burn::backend::cuda::CudaDevice> {
     })
 }
 
+/// NVML's reader of this rank's GPU. NVML numbers GPUs by PCI bus and is asked with CUDA's
+/// number: the same order unless CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER reorder the GPUs.
+#[cfg(feature = "cuda")]
+pub fn nvml_probe(launch: &lab_dist::Launch) -> Result<lab_health::nvml::NvmlProbe> {
+    lab_health::nvml::NvmlProbe::open(lab_dist::gpu_index(launch)? as u32)
+}
+
 /// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic
 /// deep inside cudarc.
 #[cfg(feature = "cuda")]

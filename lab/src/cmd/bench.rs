@@ -210,17 +210,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
 fn memory_gauge(backend: BackendKind) -> Result<MemoryGauge> {
     match backend {
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            let launch = lab_dist::Launch::from_env()?;
-            let index = lab_dist::gpu_index(&launch)? as u32;
-            match lab_health::nvml::NvmlProbe::open(index) {
-                Ok(probe) => Ok(MemoryGauge::Gpu(Box::new(probe))),
-                Err(e) => {
-                    eprintln!("warning: {e:#}; reporting the process's peak RSS instead");
-                    Ok(MemoryGauge::ProcessPeak)
-                }
+        BackendKind::Cuda => match lab_train::backend::nvml_probe(&lab_dist::Launch::from_env()?) {
+            Ok(probe) => Ok(MemoryGauge::Gpu(Box::new(probe))),
+            Err(e) => {
+                eprintln!("warning: {e:#}; reporting the process's peak RSS instead");
+                Ok(MemoryGauge::ProcessPeak)
             }
-        }
+        },
         _ => Ok(MemoryGauge::ProcessPeak),
     }
 }

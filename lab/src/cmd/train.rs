@@ -333,13 +333,12 @@ fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f
     match backend {
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
-            let index = lab_dist::gpu_index(launch)? as u32;
-            let probe = lab_health::nvml::NvmlProbe::open(index).context(
+            let probe = lab_train::backend::nvml_probe(launch).context(
                 "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80)",
             )?;
-            match lab_health::Probe::describe(&probe).memory_bytes {
-                0 => bail!("--fit-micro-batch: NVML reports no memory for GPU {index}; give it in GiB (--fit-micro-batch 80)"),
-                bytes => Ok(bytes as f64),
+            match lab_health::Probe::describe(&probe) {
+                gpu if gpu.memory_bytes == 0 => bail!("--fit-micro-batch: NVML reports no memory for GPU {}; give it in GiB (--fit-micro-batch 80)", gpu.index),
+                gpu => Ok(gpu.memory_bytes as f64),
             }
         }
         other => bail!(
@@ -366,18 +365,13 @@ fn gpu_health(
             Box::new(lab_health::replay::ReplayProbe::open(file).context("--inject-gpu-telemetry")?)
         }
         #[cfg(feature = "cuda")]
-        (None, BackendKind::Cuda) => {
-            // CUDA's device numbering; NVML numbers by PCI bus, the same order unless
-            // CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER reorder the GPUs.
-            let index = lab_dist::gpu_index(launch)? as u32;
-            match lab_health::nvml::NvmlProbe::open(index) {
-                Ok(p) => Box::new(p),
-                Err(e) => {
-                    eprintln!("warning: {e:#}");
-                    return Ok(None);
-                }
+        (None, BackendKind::Cuda) => match lab_train::backend::nvml_probe(launch) {
+            Ok(p) => Box::new(p),
+            Err(e) => {
+                eprintln!("warning: {e:#}");
+                return Ok(None);
             }
-        }
+        },
         _ => return Ok(None),
     };
     let watch = lab_health::Watch::new(lab_health::Rules::default());
