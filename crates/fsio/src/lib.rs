@@ -185,6 +185,11 @@ pub fn sha256_bytes(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// The first 12 hex digits of a sha256, as messages quote it.
+pub fn short_sha256(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

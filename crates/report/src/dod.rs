@@ -297,13 +297,12 @@ fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
         ));
     };
     if actual != listed {
-        let short = |s: &str| s.get(..12).unwrap_or(s).to_string();
         return Ok((
             false,
             format!(
                 "sha256 {} but the manifest says {}",
-                short(&actual),
-                short(listed)
+                lab_fsio::short_sha256(&actual),
+                lab_fsio::short_sha256(listed)
             ),
             expected,
         ));

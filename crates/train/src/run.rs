@@ -284,8 +284,8 @@ impl Run {
             bail!(
                 "{} was trained on other data (meta.json sha256 {} vs {} in --data-dir); resume with the run's --data-dir (see {}), or use a new --ckpt-dir",
                 dir.display(),
-                short_sha(&state.data_sha256),
-                short_sha(&self.data_sha),
+                lab_fsio::short_sha256(&state.data_sha256),
+                lab_fsio::short_sha256(&self.data_sha),
                 self.dir.join(DATA).display()
             );
         }
@@ -331,8 +331,8 @@ impl Run {
         bail!(
             "{} was written by a different model or optimization recipe (training sha256 {} vs {}); resume with the same config and flags, or use a new --ckpt-dir",
             dir.display(),
-            short_sha(&state.training_sha256),
-            short_sha(&self.training_sha)
+            lab_fsio::short_sha256(&state.training_sha256),
+            lab_fsio::short_sha256(&self.training_sha)
         );
     }
 
@@ -870,9 +870,4 @@ fn take_folder(dir: &Path, resume: bool) -> Result<File> {
         }
     }
     Ok(lock)
-}
-
-/// The first 12 hex digits of a sha256, as errors quote it.
-fn short_sha(sha: &str) -> &str {
-    sha.get(..12).unwrap_or(sha)
 }
