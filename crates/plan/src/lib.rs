@@ -3,8 +3,9 @@
 //! plans that cannot work. `lab plan --check-lab` checks a lab page's promises.
 //!
 //! One module per idea: [`compute`] (parameters, FLOPs, Chinchilla), [`memory`] (per-GPU
-//! memory under DP/ZeRO/TP/PP), [`fit`] (the micro-batch a device fits), [`schedule`] (time, cost, what a deadline or budget buys),
-//! [`checks`] (warnings), [`report`] (the text table), [`lab_page`] (`--check-lab`).
+//! memory under DP/ZeRO/TP/PP), [`fit`] (the micro-batch a device fits), [`schedule`] (time,
+//! cost, what a deadline or budget buys), [`checks`] (warnings), [`report`] (the text table),
+//! [`lab_page`] (`--check-lab`).
 
 pub mod checks;
 pub mod compute;

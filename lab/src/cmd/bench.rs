@@ -195,7 +195,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
         println!(
             "  peak memory {:.2} GiB ({})",
-            r.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+            r.peak_memory_bytes as f64 / lab_plan::units::GIB,
             r.memory_gauge
         );
         if let Some(split) = &r.split {
@@ -237,17 +237,16 @@ fn print_split(split: &OpSplit) {
             c.ms_per_run
         );
     }
-    let share = |ms: f64| ms / split.step_ms * 100.0;
-    println!(
-        "    {:<22} {:>9.1} ms {:>5.1} %",
-        "optimizer",
-        split.optimizer_ms,
-        share(split.optimizer_ms)
-    );
-    println!(
-        "    {:<22} {:>9.1} ms {:>5.1} %  (residual adds, casts, reshapes, accumulation, fusion across classes)",
-        "other",
-        split.other_ms,
-        share(split.other_ms)
-    );
+    let rest = [
+        ("optimizer", split.optimizer_ms, ""),
+        (
+            "other",
+            split.other_ms,
+            "  (residual adds, casts, reshapes, accumulation, fusion across classes)",
+        ),
+    ];
+    for (name, ms, what) in rest {
+        let share = ms / split.step_ms * 100.0;
+        println!("    {name:<22} {ms:>9.1} ms {share:>5.1} %{what}");
+    }
 }
