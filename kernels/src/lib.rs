@@ -5,10 +5,12 @@
 //! their speed and bf16 need a GPU. Everything here sits behind the `cube` feature (turned on
 //! by `wgpu` or `cuda`): the default CPU build compiles none of it.
 //!
-//! Today: causal GQA flash attention, forward and backward ([`attention`]), and the row-wise
-//! halves of the fused LM-head cross-entropy ([`lm_head`]).
+//! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
+//! halves of the fused LM-head cross-entropy ([`lm_head`]), and RoPE in one pass ([`rope`]).
 
 #[cfg(feature = "cube")]
 pub mod attention;
 #[cfg(feature = "cube")]
 pub mod lm_head;
+#[cfg(feature = "cube")]
+pub mod rope;

@@ -2,7 +2,7 @@
 //!
 //! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), causal GQA
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
-//! embedding as one op with a one-pass CPU kernel ([`rope`]), and one AdamW update of one
+//! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), and one AdamW update of one
 //! parameter in one pass ([`FusedAdamW`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32

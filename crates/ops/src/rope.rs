@@ -6,12 +6,14 @@
 //! `dx[i] = dy[i]·cos[i] + dy[i+h]·sin[i+h]` and `dx[i+h] = dy[i+h]·cos[i+h] − dy[i]·sin[i]`.
 //! The op keeps nothing for backward but the tables. burn's composition (two narrows, a
 //! negation, a concatenation, two products and a sum) records a graph node for each, and its
-//! backward sends each half back through a zero-padded full-size tensor. Both give the same
-//! bits: every element is the same two products and one sum, and negations are exact.
+//! backward sends each half back through a zero-padded full-size tensor. On the CPU both give
+//! the same bits: every element is the same two products and one sum, and negations are exact.
 //!
 //! Backends: [`FusedRope::rope`] defaults to the composition on the backend's own tensor
-//! ops (the GPUs today, and bf16 on the CPU); `Flex` runs f32 in one pass (below);
-//! `Autodiff<B>` records the one node (`autodiff.rs`).
+//! ops (bf16 on the CPU); `Flex` runs f32 in one pass (below); `CubeBackend` (CUDA, wgpu)
+//! runs lab-kernels' one-pass kernel in f32 arithmetic for every storage type, so its bf16
+//! rounds once where the composition rounds three times, and Fusion passes it through as a
+//! custom op (`cube/rope.rs`); `Autodiff<B>` records the one node (`autodiff.rs`).
 //!
 //! Shapes: `x [B, H, T, hd]` (any positive strides), `cos, sin [T, hd]` in `x`'s dtype.
 

@@ -1,10 +1,11 @@
 //! RoPE as one op against an fp64 host reference (forward, and the gradient derived by hand
-//! below) and against burn's composition of tensor ops, which it must match bit for bit in
-//! fp32 (the CPU kernel) and in bf16 (the generic path), gradients included.
+//! below) and against burn's composition of tensor ops, which it must match bit for bit on
+//! the CPU in fp32 (the CPU kernel) and in bf16 (the generic path), gradients included. With
+//! the `wgpu` feature, the GPU kernel too, through Fusion and without it (lavapipe in CI).
 
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{FloatDType, Tensor, TensorData};
-use lab_ops::{rope, rope_tensor_ops};
+use burn::tensor::{backend::AutodiffBackend, FloatDType, Tensor, TensorData};
+use lab_ops::{rope, rope_tensor_ops, FusedRope};
 use proptest::prelude::*;
 
 type B = Autodiff<Flex>;
@@ -81,13 +82,13 @@ fn reference(c: &Case) -> (Vec<f64>, Vec<f64>) {
     (y, dx)
 }
 
-/// `(y, dx)` through `op` on `Autodiff<Flex>` in `dtype`; `transposed` feeds `x` as a
+/// `(y, dx)` through `op` on the autodiff backend `A` in `dtype`; `transposed` feeds `x` as a
 /// `[B, T, H, hd]` tensor with its middle axes swapped, the strided view the model passes.
-fn through(
+fn through<A: AutodiffBackend>(
     c: &Case,
     dtype: FloatDType,
     transposed: bool,
-    op: fn(Tensor<B, 4>, Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 4>,
+    op: fn(Tensor<A, 4>, Tensor<A, 2>, Tensor<A, 2>) -> Tensor<A, 4>,
 ) -> (Vec<f32>, Vec<f32>) {
     let device = Default::default();
     let [b, h, t, hd] = c.shape;
@@ -98,10 +99,10 @@ fn through(
             let (bi, hi, ti, di) = (i / (h * t * hd), i / (t * hd) % h, i / hd % t, i % hd);
             stored[((bi * t + ti) * h + hi) * hd + di] = *v;
         }
-        let x = Tensor::<B, 4>::from_data(TensorData::new(stored, [b, t, h, hd]), &device);
+        let x = Tensor::<A, 4>::from_data(TensorData::new(stored, [b, t, h, hd]), &device);
         x.cast(dtype).require_grad()
     } else {
-        let x = Tensor::<B, 4>::from_data(TensorData::new(c.x.clone(), c.shape), &device);
+        let x = Tensor::<A, 4>::from_data(TensorData::new(c.x.clone(), c.shape), &device);
         x.cast(dtype).require_grad()
     };
     let x = if transposed {
@@ -110,9 +111,9 @@ fn through(
         leaf.clone()
     };
     let table = |v: &Vec<f32>| {
-        Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [t, hd]), &device).cast(dtype)
+        Tensor::<A, 2>::from_data(TensorData::new(v.clone(), [t, hd]), &device).cast(dtype)
     };
-    let g = Tensor::<B, 4>::from_data(TensorData::new(c.g.clone(), c.shape), &device).cast(dtype);
+    let g = Tensor::<A, 4>::from_data(TensorData::new(c.g.clone(), c.shape), &device).cast(dtype);
     let y = op(x, table(&c.cos), table(&c.sin));
     let grads = (y.clone() * g).sum().backward();
     let dx = leaf.grad(&grads).unwrap();
@@ -144,10 +145,16 @@ const SHAPES: [[usize; 4]; 5] = [
     [2, 5, 3, 30],
 ];
 
-/// `rope` on `Autodiff<Flex>` in `dtype` against the fp64 reference, output and gradient.
-fn check_reference(c: &Case, dtype: FloatDType, transposed: bool, tol: f64) {
+/// `rope` on the autodiff backend `A` in `dtype` against the fp64 reference, output and
+/// gradient.
+fn check_reference<A: AutodiffBackend + FusedRope>(
+    c: &Case,
+    dtype: FloatDType,
+    transposed: bool,
+    tol: f64,
+) {
     let (y_ref, dx_ref) = reference(c);
-    let (y, dx) = through(c, dtype, transposed, rope);
+    let (y, dx) = through::<A>(c, dtype, transposed, rope);
     let at = format!("{:?} {dtype:?} transposed {transposed}", c.shape);
     assert_close(&format!("y {at}"), &y, &y_ref, tol);
     assert_close(&format!("dx {at}"), &dx, &dx_ref, tol);
@@ -159,7 +166,7 @@ fn check_reference(c: &Case, dtype: FloatDType, transposed: bool, tol: f64) {
 fn fp32_matches_the_fp64_reference_forward_and_backward() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
         for transposed in [false, true] {
-            check_reference(&case(shape, k as u64), FloatDType::F32, transposed, 1e-6);
+            check_reference::<B>(&case(shape, k as u64), FloatDType::F32, transposed, 1e-6);
         }
     }
 }
@@ -169,7 +176,7 @@ fn fp32_matches_the_fp64_reference_forward_and_backward() {
 #[test]
 fn bf16_matches_the_fp64_reference() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        check_reference(&case(shape, 10 + k as u64), FloatDType::BF16, true, 1.2e-2);
+        check_reference::<B>(&case(shape, 10 + k as u64), FloatDType::BF16, true, 1.2e-2);
     }
 }
 
@@ -181,8 +188,8 @@ fn same_bits_as_the_composition() {
         let c = case(shape, 20 + k as u64);
         for dtype in [FloatDType::F32, FloatDType::BF16] {
             for transposed in [false, true] {
-                let fused = through(&c, dtype, transposed, rope);
-                let composed = through(&c, dtype, transposed, rope_tensor_ops);
+                let fused = through::<B>(&c, dtype, transposed, rope);
+                let composed = through::<B>(&c, dtype, transposed, rope_tensor_ops);
                 assert_eq!(bits(&fused.0), bits(&composed.0), "y {shape:?} {dtype:?}");
                 assert_eq!(bits(&fused.1), bits(&composed.1), "dx {shape:?} {dtype:?}");
             }
@@ -200,7 +207,7 @@ fn the_gradient_is_the_transpose_for_any_tables() {
         c.cos = floats(t * hd, 40 + k as u64);
         c.sin = floats(t * hd, 50 + k as u64);
         for transposed in [false, true] {
-            check_reference(&c, FloatDType::F32, transposed, 1e-6);
+            check_reference::<B>(&c, FloatDType::F32, transposed, 1e-6);
         }
     }
 }
@@ -232,5 +239,84 @@ proptest! {
         let fused: Vec<f32> = rope(strided.clone(), cos.clone(), sin.clone()).into_data().to_vec().unwrap();
         let composed: Vec<f32> = rope_tensor_ops(strided, cos, sin).into_data().to_vec().unwrap();
         prop_assert_eq!(bits(&fused), bits(&composed));
+    }
+}
+
+/// The GPU kernel (lab-kernels' `rope`) wired into `CubeBackend` and through Fusion (what
+/// `burn::backend::Wgpu` and `Cuda` are), forward and backward, on the wgpu device.
+#[cfg(feature = "wgpu")]
+mod gpu {
+    use super::*;
+    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
+    use burn::backend::Wgpu;
+    use burn::tensor::{backend::Backend, f16, DType};
+
+    type ThroughFusion = Autodiff<Wgpu>;
+    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+
+    /// fp32 on both backends, the model's tables and random ones (the backward's tables are
+    /// `−swap_halves(sin)`, exercised only by the gradient): within 1e-6 of |y| + 1 as on the
+    /// CPU (the GPU may fuse a product and the sum into one rounding, which is closer still).
+    #[test]
+    fn fp32_matches_the_fp64_reference_forward_and_backward() {
+        for (k, shape) in SHAPES.into_iter().enumerate() {
+            let [_, _, t, hd] = shape;
+            let mut random_tables = case(shape, 60 + k as u64);
+            random_tables.cos = floats(t * hd, 70 + k as u64);
+            random_tables.sin = floats(t * hd, 80 + k as u64);
+            for c in [&case(shape, 90 + k as u64), &random_tables] {
+                for transposed in [false, true] {
+                    check_reference::<ThroughFusion>(c, FloatDType::F32, transposed, 1e-6);
+                    check_reference::<Plain>(c, FloatDType::F32, transposed, 1e-6);
+                }
+            }
+        }
+    }
+
+    /// `c`'s values as f16 stores them, so the reference sees what the GPU sees.
+    fn rounded_to_f16(c: Case) -> Case {
+        let round = |v: Vec<f32>| v.into_iter().map(|x| f16::from_f32(x).to_f32()).collect();
+        Case {
+            shape: c.shape,
+            x: round(c.x),
+            g: round(c.g),
+            cos: round(c.cos),
+            sin: round(c.sin),
+        }
+    }
+
+    /// Half of f16's spacing at `w`: the most one correct rounding of `w` can be off by.
+    fn half_f16_ulp(w: f64) -> f64 {
+        let exponent = w.abs().log2().floor().max(-14.0);
+        0.5 * 2f64.powf(exponent - 10.0)
+    }
+
+    /// In f16 every output element is rounded once, from f32 arithmetic: within half an f16
+    /// spacing of the exact value (plus f32's own error, under 3e-7 for terms up to 1), in
+    /// both directions. The composition rounds each product and the sum, and misses this
+    /// bound (it did on these shapes when `CubeBackend` still composed).
+    #[test]
+    fn f16_is_rounded_once() {
+        assert!(
+            <Wgpu as Backend>::supports_dtype(
+                &burn::backend::wgpu::WgpuDevice::default(),
+                DType::F16
+            ),
+            "this wgpu device has no f16 (lavapipe has it)"
+        );
+        for (k, shape) in SHAPES.into_iter().enumerate() {
+            let c = rounded_to_f16(case(shape, 100 + k as u64));
+            let (y_ref, dx_ref) = reference(&c);
+            let (y, dx) = through::<ThroughFusion>(&c, FloatDType::F16, true, rope);
+            for (name, got, want) in [("y", &y, &y_ref), ("dx", &dx, &dx_ref)] {
+                for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                    let bound = half_f16_ulp(w) + 3e-7;
+                    assert!(
+                        (g as f64 - w).abs() <= bound,
+                        "{name} {shape:?}[{i}]: {g} vs {w} (bound {bound:.3e})"
+                    );
+                }
+            }
+        }
     }
 }

@@ -7,20 +7,8 @@ use burn_ir::HandleContainer;
 
 mod attention;
 mod loss;
+mod rope;
 
 /// The tensors a Fusion custom operation reads and registers, by id.
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
-
-/// RoPE on the GPUs: the composition of the backend's own tensor ops (Fusion fuses its
-/// elementwise part), with the one-node backward of `Autodiff`; no kernel of its own yet.
-impl<R, F, I, BT> crate::FusedRope for burn_cubecl::CubeBackend<R, F, I, BT>
-where
-    R: burn_cubecl::CubeRuntime,
-    F: burn_cubecl::FloatElement,
-    I: burn_cubecl::IntElement,
-    BT: burn_cubecl::BoolElement,
-{
-}
-
-impl<B: FusionBackend> crate::FusedRope for burn_fusion::Fusion<B> {}

@@ -1,0 +1,114 @@
+//! Rotary position embedding in one pass, as a cubecl kernel.
+//!
+//! With `h = hd/2`, each pair `(x[i], x[i + h])` of a head row at position `t` becomes
+//! `y[i] = x[i]·cos[t, i] − x[i+h]·sin[t, i]` and `y[i+h] = x[i+h]·cos[t, i+h] +
+//! x[i]·sin[t, i+h]`. One unit owns one pair: it reads two elements of `x` and four of the
+//! tables and writes two of the output. burn's composition of the same (two narrows, a
+//! negation, a concatenation, two products and a sum) reads and writes `x`-sized tensors
+//! about six times.
+//!
+//! RoPE's backward is RoPE again with other tables (lab-ops passes `−swap_halves(sin)`), so
+//! this one kernel serves both directions.
+//!
+//! `x [B, H, T, hd]` is read through its strides, so the model's `[B, T, H, hd]` projections
+//! with their middle axes swapped, and gradients with strided rows, need no copy; the tables
+//! `cos, sin [T, hd]` too (a narrowed window of longer tables, as decoding after a KV cache
+//! passes). The output is contiguous. Arithmetic is f32 whatever the storage type (f32, f16,
+//! bf16): one rounding per output element, where the composition in bf16 rounds three times.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
+use cubecl::prelude::*;
+
+/// Units per cube.
+const UNITS: u32 = 256;
+
+#[cube(launch)]
+fn rope_kernel<F: Float, A: Float>(
+    x: &Tensor<F>,
+    cos: &Tensor<F>,
+    sin: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let (heads, seq, half) = (x.shape(1), x.shape(2), x.shape(3) / 2);
+    let pair = ABSOLUTE_POS;
+    if pair < x.shape(0) * heads * seq * half {
+        // The pair's (batch, head, position, index in the first half).
+        let (row, i) = (pair / half, pair % half);
+        let (bh, t) = (row / seq, row % seq);
+        let (b, h) = (bh / heads, bh % heads);
+        let at_a = b * x.stride(0) + h * x.stride(1) + t * x.stride(2) + i * x.stride(3);
+        let at_b = at_a + half * x.stride(3);
+        let (xa, xb) = (A::cast_from(x[at_a]), A::cast_from(x[at_b]));
+        let ya = xa * entry::<F, A>(cos, t, i) - xb * entry::<F, A>(sin, t, i);
+        let yb = xb * entry::<F, A>(cos, t, i + half) + xa * entry::<F, A>(sin, t, i + half);
+        let o = row * 2 * half + i;
+        out[o] = F::cast_from(ya);
+        out[o + half] = F::cast_from(yb);
+    }
+}
+
+/// A table's entry `[t, j]`, widened.
+#[cube]
+fn entry<F: Float, A: Float>(table: &Tensor<F>, t: usize, j: usize) -> A {
+    A::cast_from(table[t * table.stride(0) + j * table.stride(1)])
+}
+
+/// `[B, H, T, hd]` of `x`, checked against the tables' `[T, hd]` and dtype.
+fn dims<R: CubeRuntime>(x: &CubeTensor<R>, cos: &CubeTensor<R>, sin: &CubeTensor<R>) -> [usize; 4] {
+    let s = x.meta.shape();
+    assert_eq!(s.num_dims(), 4, "rope: x is [B, H, T, hd]");
+    let [b, h, t, hd] = [s[0], s[1], s[2], s[3]];
+    assert!(hd % 2 == 0, "rope: head_dim {hd} is odd");
+    for (name, table) in [("cos", cos), ("sin", sin)] {
+        let ts = table.meta.shape();
+        assert_eq!(ts.as_slice(), [t, hd], "rope: {name} is not [{t}, {hd}]");
+        assert_eq!(table.dtype, x.dtype, "rope: {name} is not x's dtype");
+    }
+    [b, h, t, hd]
+}
+
+/// RoPE of `x [B, H, T, hd]` (any strides) by `cos, sin [T, hd]` in `x`'s dtype (any
+/// strides): a new contiguous tensor (see the module docs).
+pub fn rope<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let shape = Shape::from(dims(&x, &cos, &sin).to_vec());
+    let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, x.dtype);
+    rope_into(x, cos, sin, out)
+}
+
+/// [`rope`] into an output the caller allocated (tests poison it to see unwritten
+/// elements): contiguous, shaped and typed as `x`.
+pub fn rope_into<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    out: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let [b, h, t, hd] = dims(&x, &cos, &sin);
+    assert_eq!(out.meta.shape(), x.meta.shape(), "rope: output shape");
+    assert!(out.is_contiguous(), "rope: the output is contiguous");
+    assert_eq!(out.dtype, x.dtype, "rope: output dtype");
+    let pairs = b * h * t * hd / 2;
+    if pairs == 0 {
+        return out;
+    }
+    let client = x.client.clone();
+    let cube_dim = CubeDim::new_1d(UNITS);
+    let types = [x.dtype.into(), DType::F32.into()];
+    rope_kernel::launch::<R>(
+        &client,
+        cubecl::calculate_cube_count_elemwise(&client, pairs, cube_dim),
+        cube_dim,
+        x.into_tensor_arg(),
+        cos.into_tensor_arg(),
+        sin.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        types,
+    );
+    out
+}

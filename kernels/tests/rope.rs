@@ -1,0 +1,219 @@
+//! The RoPE kernel against an fp64 host reference on the wgpu device (lavapipe in CI).
+//!
+//! Outputs are poisoned with NaN before each launch, so an element the kernel forgot to
+//! write fails the comparison. Inputs come in the layouts the model passes: contiguous,
+//! `[B, T, H, hd]` with its middle axes swapped (q, k and v as projected), rows strided (a
+//! gradient through the score matmul's transpose), and tables narrowed out of longer ones
+//! (positions after a KV cache). Head widths go down to 2; counts are odd; the tables are
+//! random (not only the model's, whose halves share angles), as RoPE's backward passes
+//! `−swap_halves(sin)`.
+//!
+//! Tolerances, relative to |y| + 1 (inputs and tables are within ±4):
+//! - f32: 1e-6. Two products and a sum in f32, each rounded once (≤ 3 · 2^-24 of terms
+//!   up to 16).
+//! - f16 storage (f32 arithmetic inside): 1e-3. Inputs are rounded to f16 before the
+//!   reference sees them, so only the output's own rounding remains (2^-11 ≈ 4.9e-4 of |y|).
+#![cfg(feature = "wgpu")]
+
+use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
+use lab_kernels::rope;
+use proptest::prelude::*;
+
+mod common;
+use common::{device, download, poisoned, upload, values, Prim, B};
+
+/// How `x` is laid out in memory (its logical shape is always `[B, H, T, hd]`).
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Contiguous,
+    /// Stored `[B, T, H, hd]`, the middle axes swapped.
+    HeadsSwapped,
+    /// Stored `[B, H, hd, T]`, the last axes swapped: rows are strided.
+    RowsStrided,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    shape: [usize; 4],
+    layout: Layout,
+    /// The tables are rows `offset .. offset + T` of `[offset + T + 2, hd]` ones.
+    offset: usize,
+}
+
+/// `values` spread to ±4-ish, then rounded to `dtype` so the reference sees what the GPU sees.
+fn inputs(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
+    values(n, seed, dtype)
+        .into_iter()
+        .map(|v| common::rounded(v * 2.0, dtype))
+        .collect()
+}
+
+/// fp64 `y` for `x` (logical `[B, H, T, hd]`, row-major) and `[T, hd]` tables.
+fn reference(shape: [usize; 4], x: &[f32], cos: &[f32], sin: &[f32]) -> Vec<f64> {
+    let [_, _, t, hd] = shape;
+    let h = hd / 2;
+    let mut y = vec![0.0; x.len()];
+    for (row, base) in (0..x.len()).step_by(hd).enumerate() {
+        let p = row % t;
+        let (xv, c, s) = (
+            |i: usize| x[base + i] as f64,
+            |i: usize| cos[p * hd + i] as f64,
+            |i: usize| sin[p * hd + i] as f64,
+        );
+        for i in 0..h {
+            y[base + i] = xv(i) * c(i) - xv(i + h) * s(i);
+            y[base + i + h] = xv(i + h) * c(i + h) + xv(i) * s(i + h);
+        }
+    }
+    y
+}
+
+/// Logical `[B, H, T, hd]` values in the case's layout on the device.
+fn upload_x(c: &Case, x: &[f32], dtype: DType) -> Prim {
+    let [b, h, t, hd] = c.shape;
+    let at = |bi, hi, ti, di| x[((bi * h + hi) * t + ti) * hd + di];
+    let stored = |dims: [usize; 4], f: &dyn Fn([usize; 4]) -> f32| {
+        let mut v = Vec::with_capacity(x.len());
+        for i0 in 0..dims[0] {
+            for i1 in 0..dims[1] {
+                for i2 in 0..dims[2] {
+                    for i3 in 0..dims[3] {
+                        v.push(f([i0, i1, i2, i3]));
+                    }
+                }
+            }
+        }
+        Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(upload(&v, &dims, dtype)))
+    };
+    let x = match c.layout {
+        Layout::Contiguous => stored([b, h, t, hd], &|[i, j, k, l]| at(i, j, k, l)),
+        Layout::HeadsSwapped => {
+            stored([b, t, h, hd], &|[i, k, j, l]| at(i, j, k, l)).swap_dims(1, 2)
+        }
+        Layout::RowsStrided => {
+            stored([b, h, hd, t], &|[i, j, l, k]| at(i, j, k, l)).swap_dims(2, 3)
+        }
+    };
+    x.into_primitive().tensor()
+}
+
+/// Rows `offset .. offset + t` of a longer `[rows, hd]` table on the device (a view).
+fn upload_table(
+    all: &[f32],
+    rows: usize,
+    hd: usize,
+    offset: usize,
+    t: usize,
+    dtype: DType,
+) -> Prim {
+    let whole =
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(all, &[rows, hd], dtype)));
+    whole.narrow(0, offset, t).into_primitive().tensor()
+}
+
+fn check(c: Case, dtype: DType, seed: u64, tol: f64) {
+    let [_, _, t, hd] = c.shape;
+    let n = c.shape.iter().product();
+    let rows = c.offset + t + 2;
+    let x = inputs(n, seed, dtype);
+    let (cos_all, sin_all) = (
+        inputs(rows * hd, seed + 1, dtype),
+        inputs(rows * hd, seed + 2, dtype),
+    );
+    let window = |all: &[f32]| all[c.offset * hd..(c.offset + t) * hd].to_vec();
+    let want = reference(c.shape, &x, &window(&cos_all), &window(&sin_all));
+    let got = download(rope::rope_into(
+        upload_x(&c, &x, dtype),
+        upload_table(&cos_all, rows, hd, c.offset, t, dtype),
+        upload_table(&sin_all, rows, hd, c.offset, t, dtype),
+        poisoned(&c.shape, dtype),
+    ));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= tol * (1.0 + w.abs()),
+            "{c:?} {dtype:?} y[{i}]: got {g}, want {w} (error {err:.3e})"
+        );
+    }
+}
+
+const CASES: [Case; 6] = [
+    Case {
+        shape: [1, 1, 1, 2],
+        layout: Layout::Contiguous,
+        offset: 0,
+    },
+    Case {
+        shape: [2, 3, 5, 6],
+        layout: Layout::HeadsSwapped,
+        offset: 3,
+    },
+    Case {
+        shape: [1, 4, 7, 8],
+        layout: Layout::RowsStrided,
+        offset: 1,
+    },
+    Case {
+        shape: [3, 2, 9, 64],
+        layout: Layout::HeadsSwapped,
+        offset: 0,
+    },
+    Case {
+        shape: [2, 5, 33, 30],
+        layout: Layout::Contiguous,
+        offset: 7,
+    },
+    Case {
+        shape: [1, 3, 300, 16],
+        layout: Layout::RowsStrided,
+        offset: 2,
+    },
+];
+
+#[test]
+fn f32_matches_the_fp64_reference() {
+    for (k, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F32, 10 * k as u64, 1e-6);
+    }
+}
+
+#[test]
+fn f16_matches_the_fp64_reference() {
+    assert!(
+        B::supports_dtype(&device(), DType::F16),
+        "this wgpu device has no f16 (lavapipe has it)"
+    );
+    for (k, c) in CASES.into_iter().enumerate() {
+        check(c, DType::F16, 10 * k as u64 + 5, 1e-3);
+    }
+}
+
+/// An empty batch launches nothing and returns the (empty) output.
+#[test]
+fn an_empty_input_gives_an_empty_output() {
+    let c = Case {
+        shape: [0, 2, 3, 4],
+        layout: Layout::Contiguous,
+        offset: 0,
+    };
+    let (cos, sin) = (inputs(12, 1, DType::F32), inputs(12, 2, DType::F32));
+    let y = rope::rope(
+        upload_x(&c, &[], DType::F32),
+        upload(&cos, &[3, 4], DType::F32),
+        upload(&sin, &[3, 4], DType::F32),
+    );
+    assert_eq!(y.meta.shape().as_slice(), [0, 2, 3, 4]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    /// Random shapes, layouts and table windows in f32.
+    #[test]
+    fn any_shape_and_layout_matches_the_reference(
+        b in 1usize..3, h in 1usize..5, t in 1usize..20, half in 1usize..20,
+        offset in 0usize..5, layout in 0usize..3, seed in 0u64..1000,
+    ) {
+        let layout = [Layout::Contiguous, Layout::HeadsSwapped, Layout::RowsStrided][layout];
+        check(Case { shape: [b, h, t, 2 * half], layout, offset }, DType::F32, seed, 1e-6);
+    }
+}
