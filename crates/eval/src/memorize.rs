@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use lab_corpus::tokenize::Tokenizer;
 use lab_model::generate::{generate, Sampling};
-use lab_model::FusedRope;
+use lab_model::FusedLayers;
 use lab_model::Llama;
 use serde::Serialize;
 use serde_json::Value;
@@ -71,7 +71,7 @@ pub struct MemorizationReport {
 
 /// Completes every probe greedily (the identifier's length in tokens plus `slack`) and counts
 /// completions that contain the identifier.
-pub fn probe<B: FusedRope>(
+pub fn probe<B: FusedLayers>(
     model: &Llama<B>,
     tok: &Tokenizer,
     probes: &[Probe],

@@ -60,7 +60,7 @@ fn fit(prompt: &[u32], seq_len: usize) -> &[u32] {
 
 /// Decodes up to `max_new` tokens after `prompt` with the KV cache, calling `on_token` as each
 /// is chosen (streaming). Stops early at `eot` or when the context is full.
-pub fn generate<B: lab_ops::FusedRope>(
+pub fn generate<B: lab_ops::FusedLayers>(
     model: &Llama<B>,
     prompt: &[u32],
     max_new: usize,
@@ -94,7 +94,7 @@ pub fn generate<B: lab_ops::FusedRope>(
 
 /// The same decoding without a cache: the whole sequence recomputed for every token (the
 /// reference the cache is tested against, and the baseline of `lab bench --generate`).
-pub fn generate_recompute<B: lab_ops::FusedRope>(
+pub fn generate_recompute<B: lab_ops::FusedLayers>(
     model: &Llama<B>,
     prompt: &[u32],
     max_new: usize,

@@ -2,9 +2,9 @@
 //! residuals → final RMSNorm → LM head.
 
 use burn::module::{Module, Param};
-use burn::tensor::{activation::silu, backend::Backend, Bool, FloatDType, Int, Tensor};
+use burn::tensor::{backend::Backend, Bool, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
-use lab_ops::{cast_to, AttentionFn, FusedOps, FusedRope};
+use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedSwiglu};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
@@ -35,16 +35,19 @@ impl<B: Backend> FeedForward<B> {
             ),
         }
     }
+}
 
+impl<B: FusedSwiglu> FeedForward<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.down
             .forward(swiglu(self.gate.forward(x.clone()), self.up.forward(x)))
     }
 }
 
-/// SwiGLU's gating, between the projections: `silu(gate) ⊙ up`.
-pub fn swiglu<B: Backend>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
-    silu(gate) * up
+/// SwiGLU's gating, between the projections: `silu(gate) ⊙ up` (lab-ops' one-node op: its
+/// backward keeps only `gate` and `up`).
+pub fn swiglu<B: FusedSwiglu>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
+    lab_ops::swiglu(gate, up)
 }
 
 /// One pre-norm residual block: `x += attn(norm(x)); x += ffn(norm(x))`.
@@ -56,7 +59,7 @@ pub struct Block<B: Backend> {
     pub ffn: FeedForward<B>,
 }
 
-impl<B: FusedRope> Block<B> {
+impl<B: FusedLayers> Block<B> {
     fn forward_cached(
         &self,
         x: Tensor<B, 2>,
@@ -213,7 +216,7 @@ impl<B: Backend> Llama<B> {
 }
 
 /// The forward passes: RoPE is lab-ops' op.
-impl<B: FusedRope> Llama<B> {
+impl<B: FusedLayers> Llama<B> {
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
     /// the tensor-op attention.
     pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
@@ -305,7 +308,7 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: FusedRope> Llama<B> {
+impl<B: FusedLayers> Llama<B> {
     /// Per-token cross-entropy `[B, T]` (evaluation: chunked, no gradient kept).
     pub fn token_losses(
         &self,

@@ -6,16 +6,21 @@
 //! `[N, d]` and `[d, V]`, nothing of size `[N, V]`; backward only scales them by the upstream
 //! gradient (exact when it is a power of two, as `loss / grad_accum` is for the presets).
 
+use std::marker::PhantomData;
+
 use burn::backend::autodiff::{
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    checkpoint::{
+        base::Checkpointer, retro_forward::RetroForward, state::BackwardStates,
+        strategy::CheckpointStrategy,
+    },
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
-    Autodiff,
+    Autodiff, NodeId,
 };
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::TensorMetadata;
 
-use crate::{FusedAttention, FusedLoss, FusedRope};
+use crate::{FusedAttention, FusedLoss, FusedRope, FusedSwiglu};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -189,6 +194,67 @@ impl<B: FusedRope, C: CheckpointStrategy> FusedRope for Autodiff<B, C> {
                 prep.finish((cos, sin), y)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::rope(x.primitive, cos, sin)),
+        }
+    }
+}
+
+/// SwiGLU's node: keeps its inputs `g` and `u` (as checkpoints, so selective checkpointing
+/// may recompute them), recomputes `σ(g)` in backward (see `swiglu.rs`).
+#[derive(Debug)]
+struct SwigluBackward;
+
+/// Recomputes the op's output when a later node needs it and it was not kept.
+#[derive(Debug, Clone)]
+struct RetroSwiglu<B> {
+    g: NodeId,
+    u: NodeId,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusedSwiglu> RetroForward for RetroSwiglu<B> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let g = states.get_state::<FloatTensor<B>>(&self.g);
+        let u = states.get_state::<FloatTensor<B>>(&self.u);
+        states.save(out_node, B::swiglu(g, u))
+    }
+}
+
+impl<B: FusedSwiglu> Backward<B, 2> for SwigluBackward {
+    /// The nodes of g and u.
+    type State = (NodeId, NodeId);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
+        let (g, u) = ops.state;
+        let (g, u) = (cp.retrieve_node_output(g), cp.retrieve_node_output(u));
+        let dy = grads.consume::<B>(&ops.node);
+        let (dg, du) = B::swiglu_backward(g, u, dy);
+        for (node, grad) in ops.parents.into_iter().zip([dg, du]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
+    fn swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
+        let retro = RetroSwiglu::<B> {
+            g: g.node.id,
+            u: u.node.id,
+            _backend: PhantomData,
+        };
+        match SwigluBackward
+            .prepare::<C>([g.node.clone(), u.node.clone()])
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&g, &u])
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&g), prep.checkpoint(&u));
+                prep.finish(state, B::swiglu(g.primitive, u.primitive))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(g.primitive, u.primitive)),
         }
     }
 }

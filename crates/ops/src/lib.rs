@@ -2,8 +2,9 @@
 //!
 //! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), causal GQA
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
-//! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), and one AdamW update of one
-//! parameter in one pass ([`FusedAdamW`]).
+//! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating as one op
+//! that keeps two tensors instead of four ([`swiglu`]), and one AdamW update of one parameter
+//! in one pass ([`FusedAdamW`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -35,6 +36,7 @@ mod cube;
 mod flex;
 mod generic;
 mod rope;
+mod swiglu;
 
 pub use adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
 pub use attention::{
@@ -42,6 +44,7 @@ pub use attention::{
     FusedAttention,
 };
 pub use rope::{rope, rope_tensor_ops, FusedRope};
+pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};
 
 /// `x` in `dtype`. A no-op when it already is: burn's cast records an autodiff node even
 /// then, and fp32 runs must keep the graph (and the bits) they had before mixed precision.
@@ -53,9 +56,13 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
     }
 }
 
+/// The fused ops inside the model's blocks: what a backend must provide to run the forward.
+pub trait FusedLayers: FusedRope + FusedSwiglu {}
+impl<B: FusedRope + FusedSwiglu> FusedLayers for B {}
+
 /// Every fused op the model calls: what a backend must provide to train.
-pub trait FusedOps: FusedLoss + FusedAttention + FusedRope {}
-impl<B: FusedLoss + FusedAttention + FusedRope> FusedOps for B {}
+pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers {}
+impl<B: FusedLoss + FusedAttention + FusedLayers> FusedOps for B {}
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

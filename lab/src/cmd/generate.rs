@@ -64,7 +64,7 @@ impl Utf8Stream {
     }
 }
 
-fn decode<B: lab_model::FusedRope>(a: &Args, device: &B::Device) -> Result<()> {
+fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
         bail!("--temperature ({}) must be >= 0", a.temperature);
     }

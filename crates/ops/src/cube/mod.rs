@@ -12,3 +12,16 @@ mod rope;
 /// The tensors a Fusion custom operation reads and registers, by id.
 type Handles<B> =
     HandleContainer<<<B as FusionBackend>::FusionRuntime as FusionRuntime>::FusionHandle>;
+
+/// SwiGLU on the GPUs: the composition of the backend's own tensor ops (Fusion fuses the
+/// elementwise chain), with the one-node backward of `Autodiff` that keeps only its inputs.
+impl<R, F, I, BT> crate::FusedSwiglu for burn_cubecl::CubeBackend<R, F, I, BT>
+where
+    R: burn_cubecl::CubeRuntime,
+    F: burn_cubecl::FloatElement,
+    I: burn_cubecl::IntElement,
+    BT: burn_cubecl::BoolElement,
+{
+}
+
+impl<B: FusionBackend> crate::FusedSwiglu for burn_fusion::Fusion<B> {}
