@@ -61,6 +61,12 @@ fn dims<R: CubeRuntime>(x: &CubeTensor<R>, cos: &CubeTensor<R>, sin: &CubeTensor
     assert_eq!(s.num_dims(), 4, "rope: x is [B, H, T, hd]");
     let [b, h, t, hd] = [s[0], s[1], s[2], s[3]];
     assert!(hd % 2 == 0, "rope: head_dim {hd} is odd");
+    // The arithmetic is f32: wider storage would lose precision silently.
+    assert!(
+        matches!(x.dtype, DType::F32 | DType::F16 | DType::BF16),
+        "rope: x is {:?}; the kernel computes in f32 for f32, f16 and bf16",
+        x.dtype
+    );
     for (name, table) in [("cos", cos), ("sin", sin)] {
         let ts = table.meta.shape();
         assert_eq!(ts.as_slice(), [t, hd], "rope: {name} is not [{t}, {hd}]");

@@ -46,9 +46,7 @@ impl<B: FusedSwiglu> FeedForward<B> {
 
 /// SwiGLU's gating, between the projections: `silu(gate) ⊙ up` (lab-ops' one-node op: its
 /// backward keeps only `gate` and `up`).
-pub fn swiglu<B: FusedSwiglu>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
-    lab_ops::swiglu(gate, up)
-}
+pub use lab_ops::swiglu;
 
 /// One pre-norm residual block: `x += attn(norm(x)); x += ffn(norm(x))`.
 #[derive(Module, Debug)]

@@ -17,6 +17,7 @@ use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use crate::adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
+use crate::flex_tensor::contiguous;
 
 /// Elements per task: large enough that scheduling is noise, small enough to spread 1-D
 /// gains and small projections over both threads.
@@ -115,15 +116,6 @@ impl Constants {
             m[i] = mi;
             v[i] = vi;
         }
-    }
-}
-
-/// `t` itself when its elements are one contiguous run, else a contiguous copy.
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.layout().contiguous_offsets().is_some() {
-        t
-    } else {
-        t.to_contiguous()
     }
 }
 

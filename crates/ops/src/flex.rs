@@ -28,10 +28,11 @@
 //!
 //! Inputs that are not plain f32 matrices with non-negative strides take the generic path.
 
-use burn::backend::flex::{Flex, FlexTensor, Layout};
-use burn::tensor::{ops::FloatTensor, Bytes, DType, Shape};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::tensor::{ops::FloatTensor, DType};
 use rayon::prelude::*;
 
+use crate::flex_tensor::f32_tensor;
 use crate::{generic, FusedLoss};
 
 impl FusedLoss for Flex {
@@ -150,15 +151,6 @@ impl<'a> Mat<'a> {
         // In bounds: the layout says row i starts there.
         self.data[self.offset + i * self.rs as usize..].as_ptr()
     }
-}
-
-fn f32_tensor<const D: usize>(data: Vec<f32>, shape: [usize; D]) -> FlexTensor {
-    let shape = Shape::from(shape.to_vec());
-    FlexTensor::new(
-        Bytes::from_elems(data),
-        Layout::contiguous(shape),
-        DType::F32,
-    )
 }
 
 fn first_f32(t: FloatTensor<Flex>) -> f32 {

@@ -34,6 +34,7 @@ mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
 mod flex;
+mod flex_tensor;
 mod generic;
 mod rope;
 mod swiglu;

@@ -17,11 +17,11 @@
 //!
 //! Shapes: `x [B, H, T, hd]` (any positive strides), `cos, sin [T, hd]` in `x`'s dtype.
 
-use burn::backend::flex::{Flex, FlexTensor, Layout};
-use burn::tensor::{
-    backend::Backend, ops::FloatTensor, Bytes, DType, Shape, Tensor, TensorPrimitive,
-};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor, TensorPrimitive};
 use rayon::prelude::*;
+
+use crate::flex_tensor::f32_tensor;
 
 /// A backend that can rotate by RoPE's tables.
 pub trait FusedRope: Backend {
@@ -157,11 +157,7 @@ fn rope_f32(x: &View<4>, cos: &View<2>, sin: &View<2>) -> FlexTensor {
                 rotate_row(y, x, c, s);
             }
         });
-    FlexTensor::new(
-        Bytes::from_elems(out),
-        Layout::contiguous(Shape::from(vec![b, h, t, hd])),
-        DType::F32,
-    )
+    f32_tensor(out, [b, h, t, hd])
 }
 
 /// `y = x·c + rotate_half(x)·s` for one head row.

@@ -1,9 +1,8 @@
 //! SwiGLU's gating as one op: `y = silu(g) ⊙ u` with `silu(g) = g·σ(g)`.
 //!
 //! burn's composition (a sigmoid, two products) records a graph node for each, and autodiff
-//! keeps five `[N, d_ff]` tensors for backward: `g` twice over (for the sigmoid's product and
-//! the outer one), `σ(g)`, `silu(g)` and `u`. The op keeps `g` and `u` and recomputes `σ(g)`
-//! in backward, where the chain rule gives
+//! keeps four `[N, d_ff]` tensors for backward: `g`, `σ(g)`, `silu(g)` and `u`. The op keeps
+//! `g` and `u` and recomputes `σ(g)` in backward, where the chain rule gives
 //! `du = dy·silu(g)` and `dg = (dy·u)·σ(g) + ((dy·u)·g)·σ(g)·(1 − σ(g))`,
 //! the two terms burn's autodiff sums for the product and the sigmoid, computed in the same
 //! order, so they give the same bits.
@@ -13,9 +12,11 @@
 //! `Flex` runs f32 in one pass each way (below); `Autodiff<B>` records the one node
 //! (`autodiff.rs`).
 
-use burn::backend::flex::{Flex, FlexTensor, Layout};
-use burn::tensor::{backend::Backend, ops::FloatTensor, Bytes, DType, Tensor, TensorPrimitive};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor, TensorPrimitive};
 use rayon::prelude::*;
+
+use crate::flex_tensor::{contiguous, f32_tensor};
 
 /// `(dg, du)`: SwiGLU's gradients.
 pub type SwigluGrads<B> = (FloatTensor<B>, FloatTensor<B>);
@@ -37,17 +38,17 @@ pub trait FusedSwiglu: Backend {
     }
 }
 
-fn float<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 2> {
+fn tensor2<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 2> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 
-fn prim<B: Backend>(t: Tensor<B, 2>) -> FloatTensor<B> {
+fn primitive<B: Backend>(t: Tensor<B, 2>) -> FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
 /// The forward on the backend's tensor ops: burn's `silu(g) * u`.
 fn composed<B: Backend>(g: FloatTensor<B>, u: FloatTensor<B>) -> FloatTensor<B> {
-    prim(burn::tensor::activation::silu(float::<B>(g)) * float::<B>(u))
+    primitive(burn::tensor::activation::silu(tensor2::<B>(g)) * tensor2::<B>(u))
 }
 
 /// The backward on the backend's tensor ops, in burn autodiff's order.
@@ -56,13 +57,14 @@ fn composed_backward<B: Backend>(
     u: FloatTensor<B>,
     dy: FloatTensor<B>,
 ) -> SwigluGrads<B> {
-    let (g, u, dy) = (float::<B>(g), float::<B>(u), float::<B>(dy));
+    let (g, u, dy) = (tensor2::<B>(g), tensor2::<B>(u), tensor2::<B>(dy));
     let s = burn::tensor::activation::sigmoid(g.clone());
     let d_silu = dy.clone() * u;
-    let through_sigmoid = B::sigmoid_backward(prim(s.clone()), prim(d_silu.clone() * g.clone()));
-    let dg = d_silu * s.clone() + float::<B>(through_sigmoid);
+    let through_sigmoid =
+        B::sigmoid_backward(primitive(s.clone()), primitive(d_silu.clone() * g.clone()));
+    let dg = d_silu * s.clone() + tensor2::<B>(through_sigmoid);
     let du = dy * (g * s);
-    (prim(dg), prim(du))
+    (primitive(dg), primitive(du))
 }
 
 /// SwiGLU's gating `silu(gate) ⊙ up` of `[N, d_ff]` tensors (see the module docs).
@@ -74,14 +76,13 @@ pub fn swiglu<B: FusedSwiglu>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B,
 
 impl FusedSwiglu for Flex {
     fn swiglu(g: FlexTensor, u: FlexTensor) -> FlexTensor {
-        if g.dtype() != DType::F32 {
+        let Some(shape) = f32_shape(&[&g, &u]) else {
             return composed::<Flex>(g, u);
-        }
-        let shape = g.layout().shape().clone();
+        };
         let (g, u) = (contiguous(g), contiguous(u));
         let (g, u) = (slice(&g), slice(&u));
         let mut y = vec![0f32; g.len()];
-        par_rows(&mut y, |at, y| {
+        par_chunks(&mut y, |at, y| {
             for (i, y) in y.iter_mut().enumerate() {
                 let (g, u) = (g[at + i], u[at + i]);
                 *y = g * sigmoid(g) * u;
@@ -91,15 +92,14 @@ impl FusedSwiglu for Flex {
     }
 
     fn swiglu_backward(g: FlexTensor, u: FlexTensor, dy: FlexTensor) -> SwigluGrads<Flex> {
-        if g.dtype() != DType::F32 {
+        let Some(shape) = f32_shape(&[&g, &u, &dy]) else {
             return composed_backward::<Flex>(g, u, dy);
-        }
-        let shape = g.layout().shape().clone();
+        };
         let (g, u, dy) = (contiguous(g), contiguous(u), contiguous(dy));
         let (g, u, dy) = (slice(&g), slice(&u), slice(&dy));
         let mut dg = vec![0f32; g.len()];
         let mut du = vec![0f32; g.len()];
-        par_rows_pair(&mut dg, &mut du, |at, dg, du| {
+        par_chunk_pairs(&mut dg, &mut du, |at, dg, du| {
             for i in 0..dg.len() {
                 let (g, u, dy) = (g[at + i], u[at + i], dy[at + i]);
                 let s = sigmoid(g);
@@ -109,8 +109,18 @@ impl FusedSwiglu for Flex {
                 du[i] = dy * (g * s);
             }
         });
-        (f32_tensor(dg, shape.clone()), f32_tensor(du, shape))
+        (f32_tensor(dg, shape), f32_tensor(du, shape))
     }
+}
+
+/// The common `[N, d_ff]` shape when every tensor is a 2-D f32 one of it: the kernels' case
+/// (anything else composes tensor ops, which broadcast or fail as burn's do).
+fn f32_shape(tensors: &[&FlexTensor]) -> Option<[usize; 2]> {
+    let shape = tensors[0].layout().shape();
+    let same = tensors
+        .iter()
+        .all(|t| t.dtype() == DType::F32 && t.layout().shape() == shape);
+    (same && shape.num_dims() == 2).then(|| [shape[0], shape[1]])
 }
 
 /// Flex's sigmoid, branch for branch, so the kernel's bits are the composition's.
@@ -123,14 +133,6 @@ fn sigmoid(x: f32) -> f32 {
     }
 }
 
-fn contiguous(t: FlexTensor) -> FlexTensor {
-    if t.as_slice::<f32>().is_some() {
-        t
-    } else {
-        t.to_contiguous()
-    }
-}
-
 fn slice(t: &FlexTensor) -> &[f32] {
     t.as_slice::<f32>().expect("a contiguous f32 tensor")
 }
@@ -138,25 +140,17 @@ fn slice(t: &FlexTensor) -> &[f32] {
 /// Elements per parallel task: big enough to amortise rayon, small enough to share.
 const CHUNK: usize = 1 << 14;
 
-/// `f(offset, chunk)` over `out` in parallel chunks.
-fn par_rows(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+/// `f(offset, chunk)` over `out` in parallel chunks of [`CHUNK`] elements.
+fn par_chunks(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
     out.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(k, chunk)| f(k * CHUNK, chunk));
 }
 
-/// [`par_rows`] over two outputs of one length, chunk by chunk.
-fn par_rows_pair(a: &mut [f32], b: &mut [f32], f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync) {
+/// [`par_chunks`] over two outputs of one length, chunk by chunk.
+fn par_chunk_pairs(a: &mut [f32], b: &mut [f32], f: impl Fn(usize, &mut [f32], &mut [f32]) + Sync) {
     a.par_chunks_mut(CHUNK)
         .zip(b.par_chunks_mut(CHUNK))
         .enumerate()
         .for_each(|(k, (a, b))| f(k * CHUNK, a, b));
-}
-
-fn f32_tensor(data: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
-    FlexTensor::new(
-        Bytes::from_elems(data),
-        Layout::contiguous(shape),
-        DType::F32,
-    )
 }

@@ -293,7 +293,8 @@ mod gpu {
 
     /// In f16 every output element is rounded once, from f32 arithmetic: within half an f16
     /// spacing of the exact value (plus f32's own error, under 3e-7 for terms up to 1), in
-    /// both directions. The composition rounds each product and the sum, and misses this
+    /// both directions. This assumes the device rounds f32 to f16 to nearest, as lavapipe and
+    /// CUDA do (Vulkan leaves it to the device: one that truncates may be a whole spacing off). The composition rounds each product and the sum, and misses this
     /// bound (it did on these shapes when `CubeBackend` still composed).
     #[test]
     fn f16_is_rounded_once() {

@@ -125,7 +125,7 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Single elements, odd widths, and one past the CPU kernel's 16,384-element chunk.
+/// Single elements, odd widths, and more than the CPU kernel's 16,384-element chunk (16,500).
 const SHAPES: [[usize; 2]; 4] = [[1, 1], [3, 7], [16, 64], [5, 3_300]];
 
 fn check_reference<A: AutodiffBackend + FusedSwiglu>(c: &Case, dtype: FloatDType, tol: f64) {
@@ -170,7 +170,8 @@ fn assert_same_bits<A: AutodiffBackend + FusedSwiglu>(c: &Case, dtype: FloatDTyp
 }
 
 /// The op changes no bit of training on the CPU: output and gradients equal burn's
-/// composition's in fp32 (the Flex kernels) and bf16 (the generic path).
+/// composition's in fp32 (the Flex kernels) and bf16 (the generic path, whose forward is the
+/// composition itself: there only the gradients are a check).
 #[test]
 fn same_bits_as_the_composition() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
