@@ -152,37 +152,21 @@ fn check(c: Case, dtype: DType, seed: u64) {
     }
 }
 
+const fn case(shape: [usize; 4], layout: Layout, offset: usize) -> Case {
+    Case {
+        shape,
+        layout,
+        offset,
+    }
+}
+
 const CASES: [Case; 6] = [
-    Case {
-        shape: [1, 1, 1, 2],
-        layout: Layout::Contiguous,
-        offset: 0,
-    },
-    Case {
-        shape: [2, 3, 5, 6],
-        layout: Layout::HeadsSwapped,
-        offset: 3,
-    },
-    Case {
-        shape: [1, 4, 7, 8],
-        layout: Layout::RowsStrided,
-        offset: 1,
-    },
-    Case {
-        shape: [3, 2, 9, 64],
-        layout: Layout::HeadsSwapped,
-        offset: 0,
-    },
-    Case {
-        shape: [2, 5, 33, 30],
-        layout: Layout::Contiguous,
-        offset: 7,
-    },
-    Case {
-        shape: [1, 3, 300, 16],
-        layout: Layout::RowsStrided,
-        offset: 2,
-    },
+    case([1, 1, 1, 2], Layout::Contiguous, 0),
+    case([2, 3, 5, 6], Layout::HeadsSwapped, 3),
+    case([1, 4, 7, 8], Layout::RowsStrided, 1),
+    case([3, 2, 9, 64], Layout::HeadsSwapped, 0),
+    case([2, 5, 33, 30], Layout::Contiguous, 7),
+    case([1, 3, 300, 16], Layout::RowsStrided, 2),
 ];
 
 #[test]
@@ -206,11 +190,7 @@ fn f16_matches_the_fp64_reference() {
 /// An empty batch launches nothing and returns the (empty) output.
 #[test]
 fn an_empty_input_gives_an_empty_output() {
-    let c = Case {
-        shape: [0, 2, 3, 4],
-        layout: Layout::Contiguous,
-        offset: 0,
-    };
+    let c = case([0, 2, 3, 4], Layout::Contiguous, 0);
     let (cos, sin) = (inputs(12, 1, DType::F32), inputs(12, 2, DType::F32));
     let y = rope::rope(
         upload_x(&c, &[], DType::F32),
@@ -229,6 +209,6 @@ proptest! {
         offset in 0usize..5, layout in 0usize..3, seed in 0u64..1000,
     ) {
         let layout = [Layout::Contiguous, Layout::HeadsSwapped, Layout::RowsStrided][layout];
-        check(Case { shape: [b, h, t, 2 * half], layout, offset }, DType::F32, seed);
+        check(case([b, h, t, 2 * half], layout, offset), DType::F32, seed);
     }
 }

@@ -8,21 +8,10 @@ use burn::tensor::{backend::AutodiffBackend, FloatDType, Tensor, TensorData};
 use lab_ops::{rope, rope_tensor_ops, FusedRope};
 use proptest::prelude::*;
 
-type B = Autodiff<Flex>;
+mod common;
+use common::{assert_close, bits, floats};
 
-/// xorshift64*: inputs that do not depend on burn's global RNG state.
-fn floats(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
-            u * 2.0 - 1.0
-        })
-        .collect()
-}
+type B = Autodiff<Flex>;
 
 /// RoPE's tables as the model builds them: position t, frequency i mod hd/2.
 fn tables(t: usize, hd: usize) -> (Vec<f32>, Vec<f32>) {
@@ -50,8 +39,8 @@ fn case(shape: [usize; 4], seed: u64) -> Case {
     let (cos, sin) = tables(shape[2], shape[3]);
     Case {
         shape,
-        x: floats(n, seed),
-        g: floats(n, seed + 1),
+        x: floats(n, seed, 1.0),
+        g: floats(n, seed + 1, 1.0),
         cos,
         sin,
     }
@@ -122,20 +111,6 @@ fn through<A: AutodiffBackend>(
     (f32s(y.into_data()), f32s(dx.into_data()))
 }
 
-fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len());
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
-            "{name}[{i}]: {g} vs {w} (tolerance {tol})"
-        );
-    }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 /// Head widths down to 2, batch and heads of 1 and odd counts; contiguous and strided `x`.
 const SHAPES: [[usize; 4]; 5] = [
     [1, 1, 1, 2],
@@ -204,8 +179,8 @@ fn the_gradient_is_the_transpose_for_any_tables() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
         let [_, _, t, hd] = shape;
         let mut c = case(shape, 30 + k as u64);
-        c.cos = floats(t * hd, 40 + k as u64);
-        c.sin = floats(t * hd, 50 + k as u64);
+        c.cos = floats(t * hd, 40 + k as u64, 1.0);
+        c.sin = floats(t * hd, 50 + k as u64, 1.0);
         for transposed in [false, true] {
             check_reference::<B>(&c, FloatDType::F32, transposed, 1e-6);
         }
@@ -223,7 +198,7 @@ proptest! {
     ) {
         let device = Default::default();
         let hd = 2 * half;
-        let x = Tensor::<Flex, 4>::from_data(TensorData::new(floats(b * h * t * hd, seed), [b, h, t, hd]), &device);
+        let x = Tensor::<Flex, 4>::from_data(TensorData::new(floats(b * h * t * hd, seed, 1.0), [b, h, t, hd]), &device);
         let (cos, sin) = tables(t + offset, hd);
         let table = |v: Vec<f32>| {
             Tensor::<Flex, 2>::from_data(TensorData::new(v, [t + offset, hd]), &device).narrow(0, offset, t)
@@ -262,8 +237,8 @@ mod gpu {
         for (k, shape) in SHAPES.into_iter().enumerate() {
             let [_, _, t, hd] = shape;
             let mut random_tables = case(shape, 60 + k as u64);
-            random_tables.cos = floats(t * hd, 70 + k as u64);
-            random_tables.sin = floats(t * hd, 80 + k as u64);
+            random_tables.cos = floats(t * hd, 70 + k as u64, 1.0);
+            random_tables.sin = floats(t * hd, 80 + k as u64, 1.0);
             for c in [&case(shape, 90 + k as u64), &random_tables] {
                 for transposed in [false, true] {
                     check_reference::<ThroughFusion>(c, FloatDType::F32, transposed, 1e-6);

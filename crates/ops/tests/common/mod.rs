@@ -1,0 +1,31 @@
+//! What the elementwise-op tests (RoPE, SwiGLU) share: seeded inputs, a comparison against
+//! fp64 references, and bit patterns.
+
+/// xorshift64*: values in `[-scale, scale)` that do not depend on burn's global RNG.
+pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
+            (u * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Every element within `tol · (1 + |want|)`; NaN fails.
+pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+            "{name}[{i}]: {g} vs {w} (tolerance {tol})"
+        );
+    }
+}
+
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
