@@ -213,7 +213,7 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// The forward passes: RoPE is lab-ops' op.
+/// The forward passes: RoPE and SwiGLU's gating are lab-ops' ops.
 impl<B: FusedLayers> Llama<B> {
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
     /// the tensor-op attention.

@@ -46,6 +46,17 @@ fn case(shape: [usize; 4], seed: u64) -> Case {
     }
 }
 
+/// [`case`] with random `cos` and `sin` tables (halves with unequal angles) instead of the
+/// model's.
+fn with_random_tables(shape: [usize; 4], seed: u64) -> Case {
+    let [_, _, t, hd] = shape;
+    Case {
+        cos: floats(t * hd, seed + 10, 1.0),
+        sin: floats(t * hd, seed + 20, 1.0),
+        ..case(shape, seed)
+    }
+}
+
 /// fp64: `y` and `dx` for the upstream gradient `g`, from the definition. With h = hd/2,
 /// `y[i] = x[i]·c[i] − x[i+h]·s[i]` and `y[i+h] = x[i+h]·c[i+h] + x[i]·s[i+h]`, so
 /// `dx[i] = g[i]·c[i] + g[i+h]·s[i+h]` and `dx[i+h] = −g[i]·s[i] + g[i+h]·c[i+h]`.
@@ -177,10 +188,7 @@ fn same_bits_as_the_composition() {
 #[test]
 fn the_gradient_is_the_transpose_for_any_tables() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        let [_, _, t, hd] = shape;
-        let mut c = case(shape, 30 + k as u64);
-        c.cos = floats(t * hd, 40 + k as u64, 1.0);
-        c.sin = floats(t * hd, 50 + k as u64, 1.0);
+        let c = with_random_tables(shape, 30 + k as u64);
         for transposed in [false, true] {
             check_reference::<B>(&c, FloatDType::F32, transposed, 1e-6);
         }
@@ -235,10 +243,7 @@ mod gpu {
     #[test]
     fn fp32_matches_the_fp64_reference_forward_and_backward() {
         for (k, shape) in SHAPES.into_iter().enumerate() {
-            let [_, _, t, hd] = shape;
-            let mut random_tables = case(shape, 60 + k as u64);
-            random_tables.cos = floats(t * hd, 70 + k as u64, 1.0);
-            random_tables.sin = floats(t * hd, 80 + k as u64, 1.0);
+            let random_tables = with_random_tables(shape, 60 + k as u64);
             for c in [&case(shape, 90 + k as u64), &random_tables] {
                 for transposed in [false, true] {
                     check_reference::<ThroughFusion>(c, FloatDType::F32, transposed, 1e-6);

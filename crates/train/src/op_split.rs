@@ -19,9 +19,8 @@ use serde::Serialize;
 
 use crate::backend::TrainBackend;
 
-/// The pieces a step's time is split into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// The pieces a step's time is split into (serialized as [`OpClass::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpClass {
     /// The seven projections of a block (q, k, v, o, gate, up, down).
     Projections,
@@ -85,6 +84,13 @@ impl OpClass {
             Self::LmHeadLoss => 6.0 * tokens * (m.d_model * m.vocab_size) as f64,
             _ => 0.0,
         }
+    }
+}
+
+/// One name for text and JSON reports.
+impl Serialize for OpClass {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
     }
 }
 
