@@ -4,8 +4,8 @@
 //! The engines are ones that exist: [`Single`] (one process, every collective the identity),
 //! Open MPI through the `mpi` crate (feature `mpi`), NCCL through cudarc (feature `cuda`). No
 //! collective waits forever: each has a deadline ([`Timeout`]), so a dead peer becomes a
-//! one-line error and a non-zero exit, never a hang (NCCL's deadline covers its rendezvous
-//! only, see `nccl`).
+//! one-line error and a non-zero exit, never a hang (MPI polls its requests; NCCL's calls are
+//! watched by a thread, see `watchdog`).
 
 mod bucket;
 mod launch;
@@ -16,6 +16,7 @@ mod nccl;
 mod rendezvous;
 mod shard;
 mod single;
+mod watchdog;
 
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ pub use launch::{Launch, Launcher};
 pub use rendezvous::{exchange_bytes, Rendezvous};
 pub use shard::{balance, Shards};
 pub use single::Single;
+pub use watchdog::{Armed, Guard, Watchdog};
 
 /// The GPU this rank computes on: `local_rank` modulo the GPUs the process sees (one, when the
 /// launcher binds a GPU per task through `CUDA_VISIBLE_DEVICES`).
@@ -61,6 +63,15 @@ impl Default for Timeout {
     fn default() -> Self {
         Timeout(Duration::from_secs(600))
     }
+}
+
+/// What a rank says when `what` has waited out `timeout` for its peers (MPI's and NCCL's one
+/// spelling).
+fn stuck_peer_message(what: &str, timeout: Timeout) -> String {
+    format!(
+        "{what} waited {:?} for its peers (a rank died or hangs; [parallel] timeout_s sets the wait); exiting",
+        timeout.0
+    )
 }
 
 /// The collectives data parallelism needs, over flat buffers every rank lays out the same way.

@@ -62,8 +62,10 @@ impl Mpi {
             let waited = started.elapsed();
             if waited > self.timeout.0 {
                 eprintln!(
-                    "error: rank {} of {}: {what} waited {:?} for its peers (a rank died or hangs; [parallel] timeout_s sets the wait); exiting",
-                    self.rank, self.world, self.timeout.0
+                    "error: rank {} of {}: {}",
+                    self.rank,
+                    self.world,
+                    crate::stuck_peer_message(what, self.timeout)
                 );
                 std::process::exit(1);
             }

@@ -3,8 +3,9 @@
 //! Buffers are host slices staged through the GPU of `local_rank`; NCCL's all-gather and
 //! reduce-scatter take equal blocks, so uneven ones are padded to the largest.
 //!
-//! The deadline covers the rendezvous; a collective itself waits on the CUDA stream (giving
-//! up on one needs `ncclCommAbort`, which is not wired yet).
+//! The deadline covers every call: the rendezvous has its own, and the communicator's
+//! creation and each collective (host call, kernel and copy back) are watched by a
+//! [`Watchdog`] thread, which ends the process with one line when a peer never answers.
 //!
 //! Staging through the host keeps the seam one for every engine, at the cost of copies; a GPU
 //! trainer should hand NCCL device buffers (the GPU path of the trainer is not built yet).
@@ -15,13 +16,16 @@ use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::safe::{Comm, Id, ReduceOp};
 
-use crate::{check_counts, exchange_bytes, Collectives, Launch, Reduce, Rendezvous, Timeout};
+use crate::{
+    check_counts, exchange_bytes, Collectives, Launch, Reduce, Rendezvous, Timeout, Watchdog,
+};
 
 pub struct Nccl {
     comm: Comm,
     stream: Arc<CudaStream>,
     rank: usize,
     world: usize,
+    watchdog: Watchdog,
 }
 
 fn nccl_err(what: &str) -> impl Fn(cudarc::nccl::result::NcclError) -> anyhow::Error + '_ {
@@ -65,13 +69,20 @@ impl Nccl {
             }
             Id::uninit(raw)
         };
-        let comm = Comm::from_rank(stream.clone(), launch.rank, launch.world, id)
-            .map_err(nccl_err("init"))?;
+        let who = format!("rank {} of {}", launch.rank, launch.world);
+        let watchdog = Watchdog::exiting(who, timeout);
+        let comm = {
+            // Creation connects to every peer: one that died after the rendezvous hangs it.
+            let _watched = watchdog.arm("NCCL init");
+            Comm::from_rank(stream.clone(), launch.rank, launch.world, id)
+                .map_err(nccl_err("init"))?
+        };
         Ok(Nccl {
             comm,
             stream,
             rank: launch.rank,
             world: launch.world,
+            watchdog,
         })
     }
 
@@ -106,6 +117,7 @@ impl Collectives for Nccl {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()> {
+        let _watched = self.watchdog.arm("NCCL all_reduce");
         let mut dev = self.to_device(buf)?;
         self.comm
             .all_reduce_in_place(&mut dev, &Self::op(op))
@@ -116,6 +128,7 @@ impl Collectives for Nccl {
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
         let lengths = (out.len(), mine.len());
         check_counts("all_gather", counts, (self.rank, self.world), lengths)?;
+        let _watched = self.watchdog.arm("NCCL all_gather");
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = mine.to_vec();
         padded.resize(block, 0.0);
@@ -143,6 +156,7 @@ impl Collectives for Nccl {
     ) -> Result<()> {
         let lengths = (buf.len(), out.len());
         check_counts("reduce_scatter", counts, (self.rank, self.world), lengths)?;
+        let _watched = self.watchdog.arm("NCCL reduce_scatter");
         let block = *counts.iter().max().unwrap_or(&0);
         let mut padded = vec![0.0; block * self.world];
         let mut at = 0;
@@ -162,6 +176,7 @@ impl Collectives for Nccl {
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
+        let _watched = self.watchdog.arm("NCCL broadcast");
         let mut dev = self.to_device(buf)?;
         self.comm
             .broadcast_in_place(&mut dev, root as i32)
