@@ -50,11 +50,12 @@ impl<B: Backend> RmsNorm<B> {
             eps,
         }
     }
+}
 
-    /// `x: [n, d]` → `x / sqrt(mean(x²) + eps) · g`.
+impl<B: lab_ops::FusedRmsNorm> RmsNorm<B> {
+    /// `x: [n, d]` → `x / sqrt(mean(x²) + eps) · g`, one autodiff node (`lab_ops::rms_norm`).
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let rms = (x.clone().square().mean_dim(1) + self.eps).sqrt();
-        x / rms * self.weight.val().unsqueeze::<2>()
+        lab_ops::rms_norm(x, self.weight.val(), self.eps)
     }
 }
 

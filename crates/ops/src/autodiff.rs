@@ -20,7 +20,7 @@ use burn::backend::autodiff::{
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::TensorMetadata;
 
-use crate::{FusedAttention, FusedLoss, FusedRope, FusedSwiglu};
+use crate::{FusedAttention, FusedLoss, FusedRmsNorm, FusedRope, FusedSwiglu};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -255,6 +255,69 @@ impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
                 prep.finish(state, B::swiglu(g.primitive, u.primitive))
             }
             OpsKind::UnTracked(prep) => prep.finish(B::swiglu(g.primitive, u.primitive)),
+        }
+    }
+}
+
+/// RMSNorm's node: keeps its input and gain (as checkpoints, so selective checkpointing may
+/// recompute the input), recomputes the per-row rms in backward (see `rms_norm.rs`).
+#[derive(Debug)]
+struct RmsNormBackward;
+
+/// Recomputes the op's output when a later node needs it and it was not kept.
+#[derive(Debug, Clone)]
+struct RetroRmsNorm<B> {
+    x: NodeId,
+    gain: NodeId,
+    eps: f64,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusedRmsNorm> RetroForward for RetroRmsNorm<B> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let x = states.get_state::<FloatTensor<B>>(&self.x);
+        let gain = states.get_state::<FloatTensor<B>>(&self.gain);
+        states.save(out_node, B::rms_norm(x, gain, self.eps))
+    }
+}
+
+impl<B: FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
+    /// The nodes of x and the gain, and eps.
+    type State = (NodeId, NodeId, f64);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
+        let (x, gain, eps) = ops.state;
+        let (x, gain) = (cp.retrieve_node_output(x), cp.retrieve_node_output(gain));
+        let dy = grads.consume::<B>(&ops.node);
+        let (dx, dgain) = B::rms_norm_backward(x, gain, eps, dy);
+        for (node, grad) in ops.parents.into_iter().zip([dx, dgain]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
+    fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        let retro = RetroRmsNorm::<B> {
+            x: x.node.id,
+            gain: gain.node.id,
+            eps,
+            _backend: PhantomData,
+        };
+        match RmsNormBackward
+            .prepare::<C>([x.node.clone(), gain.node.clone()])
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&x, &gain])
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), prep.checkpoint(&gain), eps);
+                prep.finish(state, B::rms_norm(x.primitive, gain.primitive, eps))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rms_norm(x.primitive, gain.primitive, eps)),
         }
     }
 }

@@ -160,11 +160,13 @@ pub fn block_bytes_per_token(
     let c = state_bytes(precision).activation;
     let f32 = 4.0;
     let mixed = c != f32;
-    // 1/rms of both norms, and per attention row the softmax sum or the flash log-sum-exp.
-    let rows = (2.0 + heads) * f32;
+    // Per attention row the softmax sum or the flash log-sum-exp (RMSNorm is one op that
+    // recomputes its per-row rms in backward).
+    let rows = heads * f32;
     if !selective {
-        // Each RMSNorm: its input and x/rms in fp32, its output in the compute dtype.
-        let norms = 2.0 * (2.0 * h * f32 + h * c);
+        // Each RMSNorm (one op): its fp32 input, and its output in the compute dtype (the
+        // projections' input).
+        let norms = 2.0 * (h * f32 + h * c);
         // q and k after RoPE, v, and the heads merged for the output projection.
         let qkv_merged = (2.0 * a + 2.0 * kv) * c;
         // SwiGLU: gate and up (lab-ops' one-node op keeps only its inputs) and their product
@@ -379,24 +381,24 @@ mod tests {
         let states = mem.params + mem.grads + mem.master + mem.moments;
         assert!((states - 16.0 * n / 256.0).abs() / states < 1e-9);
         // Per token per layer, bf16 with flash attention (h = d_attn = 4,096, kv 1,024, ff
-        // 11,008, 32 heads): two norms' fp32 input and x/rms plus bf16 output 2 × (2·4·h +
-        // 2h); q, k, v and the merged heads 2 × (2·4,096 + 2·1,024); SwiGLU's three 2 × 3·ff;
-        // the kernel's output 2h; 1/rms ×2 and the log-sum-exp per head at 4 bytes.
-        let per_token_layer = 2.0 * (8.0 * 4096.0 + 2.0 * 4096.0)
+        // 11,008, 32 heads): two norms' fp32 input plus bf16 output 2 × (4h + 2h); q, k, v and
+        // the merged heads 2 × (2·4,096 + 2·1,024); SwiGLU's three 2 × 3·ff; the kernel's
+        // output 2h; the log-sum-exp per head at 4 bytes.
+        let per_token_layer = 2.0 * (4.0 * 4096.0 + 2.0 * 4096.0)
             + 2.0 * (2.0 * 4096.0 + 2.0 * 1024.0)
             + 2.0 * 3.0 * 11008.0
             + 2.0 * 4096.0
-            + 4.0 * (2.0 + 32.0);
-        assert_eq!(per_token_layer, 176_776.0);
+            + 4.0 * 32.0;
+        assert_eq!(per_token_layer, 144_000.0);
         // Selective: the branch outputs in fp32 and the norms' bf16 outputs 2·4h + 2·2h; q and
         // k after RoPE and as the score matmul reads them, v and the attention output
-        // 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same row statistics.
+        // 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same log-sum-exp.
         let selective_token_layer = 2.0 * 4.0 * 4096.0
             + 2.0 * 2.0 * 4096.0
             + 2.0 * (3.0 * 4096.0 + 3.0 * 1024.0)
             + 2.0 * 2.0 * 11008.0
-            + 4.0 * 34.0;
-        assert_eq!(selective_token_layer, 124_040.0);
+            + 4.0 * 32.0;
+        assert_eq!(selective_token_layer, 124_032.0);
         // Both split over TP 2, plus the fused loss over half the vocabulary and half the
         // tokens: d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 8,384
         // fit in 1 GiB of 32,000 words) at 2 bytes, one chunk's d head at 2 and their fp32 sum

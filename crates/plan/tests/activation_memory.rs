@@ -148,12 +148,17 @@ fn the_planner_counts_the_activations_the_model_keeps() {
                     "{shape:?} {p:?}: {what} {got} B/layer/token, planner {want}"
                 );
             }
-            // Recomputing the elementwise ops keeps at least a tenth less at these small shapes
-            // (where the feed-forward, the main saving, is narrow).
-            assert!(
-                kept_selective < 0.9 * kept,
-                "{shape:?} {p:?}: {kept_selective} vs {kept}"
-            );
+            // In fp32, recomputing the elementwise ops keeps at least a tenth less at these
+            // small shapes (where the feed-forward, the main saving, is narrow). In bf16 it saves
+            // little or nothing here: with RMSNorm and SwiGLU keeping only their inputs, what
+            // selective keeps instead (the fp32 branch outputs, the bf16 copies the matmuls
+            // read) weighs about as much.
+            if p == Precision::Fp32 {
+                assert!(
+                    kept_selective < 0.9 * kept,
+                    "{shape:?} {p:?}: {kept_selective} vs {kept}"
+                );
+            }
         }
     }
 }

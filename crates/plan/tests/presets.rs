@@ -211,12 +211,16 @@ fn medgemma_27b_zero_3_on_320_h200_and_the_quote() {
     let c = &p.memory.chosen;
     let states = c.params + c.grads + c.master + c.moments;
     assert!(within(states, 16.0 * p.params.total as f64 / 320.0, 1e-9));
-    // It fits because the config trains with selective activation checkpointing: keeping
-    // every activation of 62 layers × 8,192 tokens would not.
+    // It fits with room because the config trains with selective activation checkpointing:
+    // keeping every activation of 62 layers × 8,192 tokens would leave under a tenth of the
+    // device for the CUDA context and fragmentation.
     assert!(p.memory.layout.activation_checkpointing);
     assert_eq!(c.total, c.total_with_checkpointing);
-    assert!(c.total_without_checkpointing > p.memory.device_memory_bytes);
+    let device = p.memory.device_memory_bytes;
+    assert!(c.total_with_checkpointing <= 0.9 * device);
+    assert!(c.total_without_checkpointing > 0.9 * device);
     assert!(p.memory.fits);
+    assert!(!p.warnings.iter().any(|w| w.kind.starts_with("memory")));
     let q = p.quote.as_ref().unwrap();
     assert_eq!(q.readings[0].total_usd, 42_000.0);
     assert_eq!(q.readings[2].total_usd, 13_440_000.0);
@@ -231,7 +235,7 @@ fn medgemma_27b_zero_3_on_320_h200_and_the_quote() {
 }
 
 /// `--activation-checkpointing none` overrides a config's `selective`: MedGemma's preset
-/// then keeps every activation and does not fit an H200.
+/// then keeps every activation and is too tight on an H200 (the "memory-tight" warning).
 #[test]
 fn the_flag_turns_the_configs_selective_checkpointing_off() {
     let cfg = preset("medgemma-27b-320xh200.toml");
@@ -251,7 +255,8 @@ fn the_flag_turns_the_configs_selective_checkpointing_off() {
             p.memory.layout.activation_checkpointing, selective,
             "{mode:?}"
         );
-        assert_eq!(p.memory.fits, selective, "{mode:?}");
+        let tight = p.warnings.iter().any(|w| w.kind == "memory-tight");
+        assert_eq!(tight, !selective, "{mode:?}");
     }
 }
 

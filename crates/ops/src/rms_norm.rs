@@ -1,0 +1,82 @@
+//! RMSNorm as one op: `y = x / r ⊙ g`, `r = sqrt(mean(x²) + eps)` per row of `x: [N, d]`.
+//!
+//! burn's composition (a square, a mean, a sqrt, a division, a product) records a node for
+//! each, and autodiff keeps `x` and `x / r` (`[N, d]`, fp32 in the residual stream) plus
+//! per-row values. The op keeps `x` (and the gain, a parameter kept anyway) and recomputes
+//! `r` in backward, one pass over `x`. With `q = x / r` and `gy = dy ⊙ g`:
+//!
+//! `dg = Σ_rows dy ⊙ q` and `dx = (gy − q · mean(gy ⊙ q)) / r`,
+//!
+//! the derivative of the whole norm at once, in place of the chain rule through five nodes.
+//! The forward is burn's composition itself, so evaluation and generation keep their bits.
+//! Training's bits change: `x`'s gradient sums in another order (see BENCHMARKS.md).
+//!
+//! Backends: [`FusedRmsNorm`] defaults to these formulas on the backend's own tensor ops (on
+//! the GPUs, burn's Fusion fuses the elementwise parts); `Autodiff<B>` records the one node
+//! (`autodiff.rs`).
+
+use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};
+
+/// `(dx, dg)`: RMSNorm's gradients.
+pub type RmsNormGrads<B> = (FloatTensor<B>, FloatTensor<B>);
+
+/// A backend that can normalise by the root mean square.
+pub trait FusedRmsNorm: Backend {
+    /// `x / sqrt(mean(x², row) + eps) ⊙ gain` for `x: [N, d]`, `gain: [d]`, differentiable
+    /// on autodiff backends.
+    fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        let (x, gain) = (tensor::<Self, 2>(x), tensor::<Self, 1>(gain));
+        primitive(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+    }
+
+    /// `(dx, dg)` for the upstream gradient `dy` (see the module docs).
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gain: FloatTensor<Self>,
+        eps: f64,
+        dy: FloatTensor<Self>,
+    ) -> RmsNormGrads<Self> {
+        let (x, gain, dy) = (
+            tensor::<Self, 2>(x),
+            tensor::<Self, 1>(gain),
+            tensor::<Self, 2>(dy),
+        );
+        let r = rms(x.clone(), eps);
+        let q = x / r.clone();
+        let dg = (dy.clone() * q.clone()).sum_dim(0).squeeze_dim::<1>(0);
+        let gy = dy * gain.unsqueeze::<2>();
+        let along = (gy.clone() * q.clone()).mean_dim(1);
+        let dx = (gy - q * along) / r;
+        (primitive(dx), primitive(dg))
+    }
+}
+
+/// `sqrt(mean(x², row) + eps)`, `[N, 1]`: the composition's own expression.
+fn rms<B: Backend>(x: Tensor<B, 2>, eps: f64) -> Tensor<B, 2> {
+    (x.square().mean_dim(1) + eps).sqrt()
+}
+
+fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+/// RMSNorm of the rows of `x: [N, d]` with the gain `gain: [d]` (see the module docs).
+pub fn rms_norm<B: FusedRmsNorm>(x: Tensor<B, 2>, gain: Tensor<B, 1>, eps: f64) -> Tensor<B, 2> {
+    assert_eq!(
+        x.dims()[1],
+        gain.dims()[0],
+        "rms_norm: x's rows and the gain differ"
+    );
+    let y = B::rms_norm(
+        x.into_primitive().tensor(),
+        gain.into_primitive().tensor(),
+        eps,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+impl FusedRmsNorm for burn::backend::flex::Flex {}
