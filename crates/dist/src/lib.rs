@@ -27,7 +27,7 @@ pub use launch::{Launch, Launcher};
 pub use rendezvous::{exchange_bytes, Rendezvous};
 pub use shard::{balance, Shards};
 pub use single::Single;
-pub use watchdog::{Armed, Guard, Watchdog};
+pub use watchdog::{Guard, Watchdog};
 
 /// The GPU this rank computes on: `local_rank` modulo the GPUs the process sees (one, when the
 /// launcher binds a GPU per task through `CUDA_VISIBLE_DEVICES`).

@@ -96,6 +96,16 @@ impl Nccl {
         Ok(())
     }
 
+    /// An all-reduce watched under the name `what` (a barrier is one of a single element).
+    fn all_reduce_as(&self, buf: &mut [f32], op: Reduce, what: &'static str) -> Result<()> {
+        let _watched = self.watchdog.arm(what);
+        let mut dev = self.to_device(buf)?;
+        self.comm
+            .all_reduce_in_place(&mut dev, &Self::op(op))
+            .map_err(nccl_err("all_reduce"))?;
+        self.to_host(&dev, buf)
+    }
+
     fn op(op: Reduce) -> ReduceOp {
         match op {
             Reduce::Sum => ReduceOp::Sum,
@@ -117,12 +127,7 @@ impl Collectives for Nccl {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: Reduce) -> Result<()> {
-        let _watched = self.watchdog.arm("NCCL all_reduce");
-        let mut dev = self.to_device(buf)?;
-        self.comm
-            .all_reduce_in_place(&mut dev, &Self::op(op))
-            .map_err(nccl_err("all_reduce"))?;
-        self.to_host(&dev, buf)
+        self.all_reduce_as(buf, op, "NCCL all_reduce")
     }
 
     fn all_gather(&self, mine: &[f32], counts: &[usize], out: &mut [f32]) -> Result<()> {
@@ -205,7 +210,7 @@ impl Collectives for Nccl {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.all_reduce(&mut [0.0], Reduce::Sum)
+        self.all_reduce_as(&mut [0.0], Reduce::Sum, "NCCL barrier")
     }
 }
 
