@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
-use lab_ops::FusedRope;
+use lab_ops::{FusedRmsNorm, FusedRope};
 
 use crate::init;
 
@@ -52,7 +52,7 @@ impl<B: Backend> RmsNorm<B> {
     }
 }
 
-impl<B: lab_ops::FusedRmsNorm> RmsNorm<B> {
+impl<B: FusedRmsNorm> RmsNorm<B> {
     /// `x: [n, d]` → `x / sqrt(mean(x²) + eps) · g`, one autodiff node (`lab_ops::rms_norm`).
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         lab_ops::rms_norm(x, self.weight.val(), self.eps)

@@ -1,13 +1,13 @@
 //! RMSNorm as one op: `y = x / r ⊙ g`, `r = sqrt(mean(x²) + eps)` per row of `x: [N, d]`.
 //!
-//! burn's composition (a square, a mean, a sqrt, a division, a product) records a node for
-//! each, and autodiff keeps `x` and `x / r` (`[N, d]`, fp32 in the residual stream) plus
+//! burn's composition (a square, a mean, `+ eps`, a sqrt, a division, a product) records a
+//! node for each, and autodiff keeps `x` and `x / r` (`[N, d]`, fp32 in the residual stream) plus
 //! per-row values. The op keeps `x` (and the gain, a parameter kept anyway) and recomputes
 //! `r` in backward, one pass over `x`. With `q = x / r` and `gy = dy ⊙ g`:
 //!
 //! `dg = Σ_rows dy ⊙ q` and `dx = (gy − q · mean(gy ⊙ q)) / r`,
 //!
-//! the derivative of the whole norm at once, in place of the chain rule through five nodes.
+//! the derivative of the whole norm at once, in place of the chain rule through six nodes.
 //! The forward is burn's composition itself, so evaluation and generation keep their bits.
 //! Training's bits change: `x`'s gradient sums in another order (see BENCHMARKS.md).
 //!
@@ -15,7 +15,9 @@
 //! the GPUs, burn's Fusion fuses the elementwise parts); `Autodiff<B>` records the one node
 //! (`autodiff.rs`).
 
-use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor};
+
+use crate::{primitive, tensor};
 
 /// `(dx, dg)`: RMSNorm's gradients.
 pub type RmsNormGrads<B> = (FloatTensor<B>, FloatTensor<B>);
@@ -56,27 +58,14 @@ fn rms<B: Backend>(x: Tensor<B, 2>, eps: f64) -> Tensor<B, 2> {
     (x.square().mean_dim(1) + eps).sqrt()
 }
 
-fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
 /// RMSNorm of the rows of `x: [N, d]` with the gain `gain: [d]` (see the module docs).
 pub fn rms_norm<B: FusedRmsNorm>(x: Tensor<B, 2>, gain: Tensor<B, 1>, eps: f64) -> Tensor<B, 2> {
     assert_eq!(
         x.dims()[1],
         gain.dims()[0],
-        "rms_norm: x's rows and the gain differ"
+        "rms_norm: x's width differs from the gain's length"
     );
-    let y = B::rms_norm(
-        x.into_primitive().tensor(),
-        gain.into_primitive().tensor(),
-        eps,
-    );
-    Tensor::from_primitive(TensorPrimitive::Float(y))
+    tensor(B::rms_norm(primitive(x), primitive(gain), eps))
 }
 
 impl FusedRmsNorm for burn::backend::flex::Flex {}

@@ -13,10 +13,11 @@
 //! (`autodiff.rs`).
 
 use burn::backend::flex::{Flex, FlexTensor};
-use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::flex_tensor::{contiguous, f32_tensor};
+use crate::{primitive, tensor};
 
 /// `(dg, du)`: SwiGLU's gradients.
 pub type SwigluGrads<B> = (FloatTensor<B>, FloatTensor<B>);
@@ -38,17 +39,9 @@ pub trait FusedSwiglu: Backend {
     }
 }
 
-fn tensor2<B: Backend>(t: FloatTensor<B>) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-fn primitive<B: Backend>(t: Tensor<B, 2>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
 /// The forward on the backend's tensor ops: burn's `silu(g) * u`.
 fn composed<B: Backend>(g: FloatTensor<B>, u: FloatTensor<B>) -> FloatTensor<B> {
-    primitive(burn::tensor::activation::silu(tensor2::<B>(g)) * tensor2::<B>(u))
+    primitive(burn::tensor::activation::silu(tensor::<B, 2>(g)) * tensor::<B, 2>(u))
 }
 
 /// The backward on the backend's tensor ops, in burn autodiff's order.
@@ -57,12 +50,12 @@ fn composed_backward<B: Backend>(
     u: FloatTensor<B>,
     dy: FloatTensor<B>,
 ) -> SwigluGrads<B> {
-    let (g, u, dy) = (tensor2::<B>(g), tensor2::<B>(u), tensor2::<B>(dy));
+    let (g, u, dy) = (tensor::<B, 2>(g), tensor::<B, 2>(u), tensor::<B, 2>(dy));
     let s = burn::tensor::activation::sigmoid(g.clone());
     let d_silu = dy.clone() * u;
     let through_sigmoid =
         B::sigmoid_backward(primitive(s.clone()), primitive(d_silu.clone() * g.clone()));
-    let dg = d_silu * s.clone() + tensor2::<B>(through_sigmoid);
+    let dg = d_silu * s.clone() + tensor::<B, 2>(through_sigmoid);
     let du = dy * (g * s);
     (primitive(dg), primitive(du))
 }
@@ -70,8 +63,7 @@ fn composed_backward<B: Backend>(
 /// SwiGLU's gating `silu(gate) ⊙ up` of `[N, d_ff]` tensors (see the module docs).
 pub fn swiglu<B: FusedSwiglu>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
     assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up shapes differ");
-    let y = B::swiglu(gate.into_primitive().tensor(), up.into_primitive().tensor());
-    Tensor::from_primitive(TensorPrimitive::Float(y))
+    tensor(B::swiglu(primitive(gate), primitive(up)))
 }
 
 impl FusedSwiglu for Flex {

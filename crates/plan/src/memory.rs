@@ -139,8 +139,8 @@ pub enum AttentionKind {
 /// is `train.activation_checkpointing = "selective"` (burn's balanced checkpointing).
 ///
 /// Korthikanti et al.'s count for this block would be 4h + 2·d_attn + 2·kv + 3·d_ff elements:
-/// lab keeps about 1.5× that without checkpointing (x1-50m in bf16), because the residual
-/// stream and norms stay fp32 and the heads are merged by a copy.
+/// lab keeps about 1.2× that without checkpointing (x1-50m in bf16), because the residual
+/// stream and the norms' inputs stay fp32 and the heads are merged by a copy.
 /// crates/plan/tests/activation_memory.rs measures the `Scores` counts on the CPU with a
 /// counting allocator at fp32 and bf16; the `Flash` terms are the kernel's saved state (its
 /// output and log-sum-exp), not measured (no GPU in CI).

@@ -153,12 +153,12 @@ fn the_planner_counts_the_activations_the_model_keeps() {
             // little or nothing here: with RMSNorm and SwiGLU keeping only their inputs, what
             // selective keeps instead (the fp32 branch outputs, the bf16 copies the matmuls
             // read) weighs about as much.
-            if p == Precision::Fp32 {
-                assert!(
-                    kept_selective < 0.9 * kept,
-                    "{shape:?} {p:?}: {kept_selective} vs {kept}"
-                );
-            }
+            // (It keeps at most 2 % more here, 3,858 B against 3,790 at the widest heads.)
+            let bound = if p == Precision::Fp32 { 0.9 } else { 1.05 };
+            assert!(
+                kept_selective < bound * kept,
+                "{shape:?} {p:?}: {kept_selective} vs {kept}"
+            );
         }
     }
 }
