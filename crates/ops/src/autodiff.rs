@@ -120,11 +120,7 @@ impl<B: FusedAttention> Backward<B, 3> for FusedAttentionBackward {
         let (q, k, v, out, lse) = ops.state;
         let d_out = grads.consume::<B>(&ops.node);
         let (dq, dk, dv) = B::fused_attention_backward(q, k, v, out, lse, d_out, self.scale);
-        for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        register_each::<B, 3>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dq, dk, dv]);
     }
 }
 
@@ -228,11 +224,7 @@ impl<B: FusedSwiglu> Backward<B, 2> for SwigluBackward {
         let (g, u) = (cp.retrieve_node_output(g), cp.retrieve_node_output(u));
         let dy = grads.consume::<B>(&ops.node);
         let (dg, du) = B::swiglu_backward(g, u, dy);
-        for (node, grad) in ops.parents.into_iter().zip([dg, du]) {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dg, du]);
     }
 }
 
@@ -262,7 +254,9 @@ impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
 /// RMSNorm's node: keeps its input and gain (as checkpoints, so selective checkpointing may
 /// recompute the input), recomputes the per-row rms in backward (see `rms_norm.rs`).
 #[derive(Debug)]
-struct RmsNormBackward;
+struct RmsNormBackward {
+    eps: f64,
+}
 
 /// Recomputes the op's output when a later node needs it and it was not kept.
 #[derive(Debug, Clone)]
@@ -282,19 +276,15 @@ impl<B: FusedRmsNorm> RetroForward for RetroRmsNorm<B> {
 }
 
 impl<B: FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
-    /// The nodes of x and the gain, and eps.
-    type State = (NodeId, NodeId, f64);
+    /// The nodes of x and the gain.
+    type State = (NodeId, NodeId);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
-        let (x, gain, eps) = ops.state;
+        let (x, gain) = ops.state;
         let (x, gain) = (cp.retrieve_node_output(x), cp.retrieve_node_output(gain));
         let dy = grads.consume::<B>(&ops.node);
-        let (dx, dgain) = B::rms_norm_backward(x, gain, eps, dy);
-        for (node, grad) in ops.parents.into_iter().zip([dx, dgain]) {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy);
+        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dx, dgain]);
     }
 }
 
@@ -306,7 +296,7 @@ impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
             eps,
             _backend: PhantomData,
         };
-        match RmsNormBackward
+        match (RmsNormBackward { eps })
             .prepare::<C>([x.node.clone(), gain.node.clone()])
             .memory_bound()
             .retro_forward(retro)
@@ -314,10 +304,23 @@ impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(mut prep) => {
-                let state = (prep.checkpoint(&x), prep.checkpoint(&gain), eps);
+                let state = (prep.checkpoint(&x), prep.checkpoint(&gain));
                 prep.finish(state, B::rms_norm(x.primitive, gain.primitive, eps))
             }
             OpsKind::UnTracked(prep) => prep.finish(B::rms_norm(x.primitive, gain.primitive, eps)),
+        }
+    }
+}
+
+/// Hands each tracked parent its gradient (untracked parents, `None`, get none).
+fn register_each<B: burn::tensor::backend::Backend, const N: usize>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; N],
+    values: [FloatTensor<B>; N],
+) {
+    for (parent, grad) in parents.into_iter().zip(values) {
+        if let Some(id) = parent {
+            grads.register::<B>(id, grad);
         }
     }
 }

@@ -59,17 +59,6 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
     }
 }
 
-/// A backend's float tensor as a `D`-dimensional `Tensor` (what the ops' default bodies,
-/// written in tensor ops, start from).
-pub(crate) fn tensor<B: Backend, const D: usize>(t: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
-
-/// A `Tensor`'s float primitive (what the backend traits return).
-pub(crate) fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
-    t.into_primitive().tensor()
-}
-
 /// The fused ops inside the model's blocks: what a backend must provide to run the forward.
 pub trait FusedLayers: FusedRmsNorm + FusedRope + FusedSwiglu {}
 impl<B: FusedRmsNorm + FusedRope + FusedSwiglu> FusedLayers for B {}

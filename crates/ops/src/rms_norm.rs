@@ -17,7 +17,7 @@
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor};
 
-use crate::{primitive, tensor};
+use crate::generic::{float, prim};
 
 /// `(dx, dg)`: RMSNorm's gradients.
 pub type RmsNormGrads<B> = (FloatTensor<B>, FloatTensor<B>);
@@ -27,8 +27,8 @@ pub trait FusedRmsNorm: Backend {
     /// `x / sqrt(mean(x², row) + eps) ⊙ gain` for `x: [N, d]`, `gain: [d]`, differentiable
     /// on autodiff backends.
     fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        let (x, gain) = (tensor::<Self, 2>(x), tensor::<Self, 1>(gain));
-        primitive(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+        let (x, gain) = (float::<Self, 2>(x), float::<Self, 1>(gain));
+        prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
     }
 
     /// `(dx, dg)` for the upstream gradient `dy` (see the module docs).
@@ -39,9 +39,9 @@ pub trait FusedRmsNorm: Backend {
         dy: FloatTensor<Self>,
     ) -> RmsNormGrads<Self> {
         let (x, gain, dy) = (
-            tensor::<Self, 2>(x),
-            tensor::<Self, 1>(gain),
-            tensor::<Self, 2>(dy),
+            float::<Self, 2>(x),
+            float::<Self, 1>(gain),
+            float::<Self, 2>(dy),
         );
         let r = rms(x.clone(), eps);
         let q = x / r.clone();
@@ -49,7 +49,7 @@ pub trait FusedRmsNorm: Backend {
         let gy = dy * gain.unsqueeze::<2>();
         let along = (gy.clone() * q.clone()).mean_dim(1);
         let dx = (gy - q * along) / r;
-        (primitive(dx), primitive(dg))
+        (prim(dx), prim(dg))
     }
 }
 
@@ -65,7 +65,7 @@ pub fn rms_norm<B: FusedRmsNorm>(x: Tensor<B, 2>, gain: Tensor<B, 1>, eps: f64) 
         gain.dims()[0],
         "rms_norm: x's width differs from the gain's length"
     );
-    tensor(B::rms_norm(primitive(x), primitive(gain), eps))
+    float(B::rms_norm(prim(x), prim(gain), eps))
 }
 
 impl FusedRmsNorm for burn::backend::flex::Flex {}

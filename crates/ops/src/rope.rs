@@ -15,7 +15,7 @@
 //! rounds once where the composition rounds three times, and Fusion passes it through as a
 //! custom op (`cube/rope.rs`); `Autodiff<B>` records the one node (`autodiff.rs`).
 //!
-//! Shapes: `x [B, H, T, hd]` (any positive strides), `cos, sin [T, hd]` in `x`'s dtype.
+//! Shapes: `x [B, H, T, hd]` (any non-negative strides), `cos, sin [T, hd]` in `x`'s dtype.
 
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor, TensorPrimitive};

@@ -17,7 +17,7 @@ use burn::tensor::{backend::Backend, ops::FloatTensor, DType, Tensor};
 use rayon::prelude::*;
 
 use crate::flex_tensor::{contiguous, f32_tensor};
-use crate::{primitive, tensor};
+use crate::generic::{float, prim};
 
 /// `(dg, du)`: SwiGLU's gradients.
 pub type SwigluGrads<B> = (FloatTensor<B>, FloatTensor<B>);
@@ -41,7 +41,7 @@ pub trait FusedSwiglu: Backend {
 
 /// The forward on the backend's tensor ops: burn's `silu(g) * u`.
 fn composed<B: Backend>(g: FloatTensor<B>, u: FloatTensor<B>) -> FloatTensor<B> {
-    primitive(burn::tensor::activation::silu(tensor::<B, 2>(g)) * tensor::<B, 2>(u))
+    prim(burn::tensor::activation::silu(float::<B, 2>(g)) * float::<B, 2>(u))
 }
 
 /// The backward on the backend's tensor ops, in burn autodiff's order.
@@ -50,20 +50,19 @@ fn composed_backward<B: Backend>(
     u: FloatTensor<B>,
     dy: FloatTensor<B>,
 ) -> SwigluGrads<B> {
-    let (g, u, dy) = (tensor::<B, 2>(g), tensor::<B, 2>(u), tensor::<B, 2>(dy));
+    let (g, u, dy) = (float::<B, 2>(g), float::<B, 2>(u), float::<B, 2>(dy));
     let s = burn::tensor::activation::sigmoid(g.clone());
     let d_silu = dy.clone() * u;
-    let through_sigmoid =
-        B::sigmoid_backward(primitive(s.clone()), primitive(d_silu.clone() * g.clone()));
-    let dg = d_silu * s.clone() + tensor::<B, 2>(through_sigmoid);
+    let through_sigmoid = B::sigmoid_backward(prim(s.clone()), prim(d_silu.clone() * g.clone()));
+    let dg = d_silu * s.clone() + float::<B, 2>(through_sigmoid);
     let du = dy * (g * s);
-    (primitive(dg), primitive(du))
+    (prim(dg), prim(du))
 }
 
 /// SwiGLU's gating `silu(gate) ⊙ up` of `[N, d_ff]` tensors (see the module docs).
 pub fn swiglu<B: FusedSwiglu>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
     assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up shapes differ");
-    tensor(B::swiglu(primitive(gate), primitive(up)))
+    float(B::swiglu(prim(gate), prim(up)))
 }
 
 impl FusedSwiglu for Flex {

@@ -10,8 +10,6 @@ use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 use lab_ops::{rms_norm, FusedRmsNorm};
 use proptest::prelude::*;
 
-// This test bounds by the terms' sizes (`assert_within`), not `common::assert_close`.
-#[allow(dead_code)]
 mod common;
 use common::{bits, floats};
 

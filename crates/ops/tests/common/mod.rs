@@ -1,5 +1,6 @@
 //! What the elementwise-op tests (RoPE, SwiGLU) share: seeded inputs, a comparison against
 //! fp64 references, and bit patterns.
+#![allow(dead_code)] // each test file uses some of these
 
 /// xorshift64*: values in `[-scale, scale)` that do not depend on burn's global RNG.
 pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
