@@ -70,7 +70,7 @@ impl Nccl {
             Id::uninit(raw)
         };
         let who = format!("rank {} of {}", launch.rank, launch.world);
-        let watchdog = Watchdog::exiting(who, timeout);
+        let watchdog = Watchdog::exiting(who, timeout)?;
         let comm = {
             // Creation connects to every peer: one that died after the rendezvous hangs it.
             let _watched = watchdog.arm("NCCL init");

@@ -63,7 +63,7 @@ impl Drop for Guard<'_> {
 
 impl Watchdog {
     /// A watchdog whose overdue call ends the process with `error: {who}: {what} waited …`.
-    pub fn exiting(who: String, timeout: Timeout) -> Self {
+    pub fn exiting(who: String, timeout: Timeout) -> anyhow::Result<Self> {
         Self::with_action(
             timeout,
             Box::new(move |what| {
@@ -77,7 +77,7 @@ impl Watchdog {
     }
 
     /// A watchdog that hands an overdue call's name to `on_overdue` once.
-    fn with_action(timeout: Timeout, on_overdue: OnOverdue) -> Self {
+    fn with_action(timeout: Timeout, on_overdue: OnOverdue) -> anyhow::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
@@ -86,8 +86,8 @@ impl Watchdog {
         std::thread::Builder::new()
             .name("lab-watchdog".into())
             .spawn(move || watch(&watched, timeout, on_overdue))
-            .expect("spawning the collectives watchdog thread");
-        Watchdog { shared }
+            .map_err(|e| anyhow::anyhow!("cannot start the collectives watchdog thread: {e}"))?;
+        Ok(Watchdog { shared })
     }
 
     /// Starts the deadline of `what`; it ends when the guard drops.
@@ -173,12 +173,12 @@ mod tests {
     #[test]
     fn the_thread_reports_the_stuck_call_and_not_the_finished_one() {
         let (tx, rx) = mpsc::channel();
-        let tx = Mutex::new(tx);
         let dog = Watchdog::with_action(
             // Long enough that a descheduled test thread cannot outlive it between arm and drop.
             Timeout(SECOND),
-            Box::new(move |what| tx.lock().unwrap().send(what).unwrap()),
-        );
+            Box::new(move |what| tx.send(what).unwrap()),
+        )
+        .unwrap();
         {
             let _finished = dog.arm("broadcast");
         }
@@ -199,11 +199,11 @@ mod tests {
     #[test]
     fn dropping_the_watchdog_ends_its_thread() {
         let (tx, rx) = mpsc::channel::<&'static str>();
-        let tx = Mutex::new(tx);
         let dog = Watchdog::with_action(
             Timeout(3600 * SECOND),
-            Box::new(move |what| tx.lock().unwrap().send(what).unwrap()),
-        );
+            Box::new(move |what| tx.send(what).unwrap()),
+        )
+        .unwrap();
         drop(dog);
         // The sender lived in the thread's closure: once the thread ends, the channel closes.
         assert_eq!(

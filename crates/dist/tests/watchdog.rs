@@ -22,7 +22,7 @@ fn child() {
     let Ok(mode) = std::env::var("WATCHDOG_CHILD") else {
         return;
     };
-    let dog = Watchdog::exiting("rank 1 of 2".into(), Timeout(Duration::from_millis(300)));
+    let dog = Watchdog::exiting("rank 1 of 2".into(), Timeout(Duration::from_millis(300))).unwrap();
     {
         let _watched = dog.arm("NCCL all_reduce");
         // "stuck": a peer that does not answer for 20 s (without the watchdog the child

@@ -16,5 +16,5 @@ pub mod vocab_swap;
 pub mod weights;
 
 pub use attention::LayerCache;
-pub use lab_ops::{FusedLayers, FusedLoss, FusedOps, FusedRope};
+pub use lab_ops::{FusedLayers, FusedLoss, FusedOps};
 pub use transformer::{compute_dtype, KvCache, Llama};

@@ -336,10 +336,11 @@ fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f
             let probe = lab_train::backend::nvml_probe(launch).context(
                 "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80)",
             )?;
-            match lab_health::Probe::describe(&probe) {
-                gpu if gpu.memory_bytes == 0 => bail!("--fit-micro-batch: NVML reports no memory for GPU {}; give it in GiB (--fit-micro-batch 80)", gpu.index),
-                gpu => Ok(gpu.memory_bytes as f64),
+            let gpu = lab_health::Probe::describe(&probe);
+            if gpu.memory_bytes == 0 {
+                bail!("--fit-micro-batch: NVML reports no memory for GPU {}; give it in GiB (--fit-micro-batch 80)", gpu.index);
             }
+            Ok(gpu.memory_bytes as f64)
         }
         other => bail!(
             "--fit-micro-batch needs the device's memory: on --backend {} give it in GiB (--fit-micro-batch 80)",
