@@ -7,7 +7,7 @@ use burn::backend::autodiff::checkpoint::strategy::{
 };
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
-use lab_config::ActivationCheckpointing;
+use lab_config::{ActivationCheckpointing, Precision};
 use lab_model::FusedOps;
 use lab_ops::FusedAdamW;
 
@@ -51,6 +51,11 @@ pub trait OnBackend {
     fn checkpointing(&self) -> ActivationCheckpointing {
         ActivationCheckpointing::None
     }
+    /// The precision the work computes in: work that trains or times says what its config
+    /// asks; the rest (evaluation, decoding) computes in fp32.
+    fn precision(&self) -> Precision {
+        Precision::Fp32
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Self::Output>;
 }
 
@@ -84,14 +89,34 @@ impl BackendKind {
     fn run_with<C: CheckpointStrategy, W: OnBackend>(self, work: W) -> Result<W::Output> {
         self.ensure_available()?;
         match self {
-            Self::Cpu => work.run::<Cpu<C>>(Default::default()),
+            Self::Cpu => self.run_on::<Cpu<C>, W>(work, Default::default()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => work.run::<Cuda<C>>(cuda_device()?),
+            Self::Cuda => self.run_on::<Cuda<C>, W>(work, cuda_device()?),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => work.run::<Wgpu<C>>(Default::default()),
+            Self::Wgpu => self.run_on::<Wgpu<C>, W>(work, Default::default()),
             #[allow(unreachable_patterns)]
             _ => unreachable!("ensure_available refused it"),
         }
+    }
+
+    /// Runs `work` on `device` once the device is known to compute in the work's precision
+    /// (WebGPU, and Vulkan without its bf16 extension, have no bf16: without this check the
+    /// first bf16 kernel panics deep inside wgpu).
+    fn run_on<B: TrainBackend, W: OnBackend>(
+        self,
+        work: W,
+        device: B::Device,
+    ) -> Result<W::Output> {
+        let precision = work.precision();
+        let dtype = lab_model::compute_dtype(precision).into();
+        if !B::supports_dtype(&device, dtype) {
+            bail!(
+                "--precision {p} (or train.precision = \"{p}\"): this {} device has no {dtype:?} arithmetic; use --precision fp32 here, or --backend cuda or cpu for {p}",
+                self.name(),
+                p = precision.as_str(),
+            );
+        }
+        work.run::<B>(device)
     }
 
     pub fn name(self) -> &'static str {
@@ -199,6 +224,47 @@ mod tests {
             kept,
             "work that does not say keeps everything"
         );
+    }
+
+    /// Work that computes in bf16 and reports that it ran.
+    struct Bf16Work;
+
+    impl OnBackend for Bf16Work {
+        type Output = ();
+        fn precision(&self) -> Precision {
+            Precision::Bf16
+        }
+        fn run<B: TrainBackend>(self, _device: B::Device) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The CPU computes in bf16 (flex widens it for its matmuls), so bf16 work runs there.
+    #[test]
+    fn bf16_work_runs_on_the_cpu() {
+        BackendKind::Cpu.dispatch(Bf16Work).unwrap();
+    }
+
+    /// WebGPU has no bf16 (nor has lavapipe's Vulkan): bf16 work is refused in one line
+    /// naming the flag and the fix, before any kernel runs.
+    #[cfg(feature = "wgpu")]
+    #[test]
+    fn bf16_work_on_a_device_without_bf16_is_refused_in_one_line() {
+        use burn::tensor::{backend::Backend, DType};
+        let has_bf16 = <Wgpu as Backend>::supports_dtype(&Default::default(), DType::BF16);
+        match BackendKind::Wgpu.dispatch(Bf16Work) {
+            Ok(()) => assert!(has_bf16, "bf16 work ran on a device without bf16"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!has_bf16, "refused on a device with bf16: {e}");
+                assert!(e.starts_with("--precision bf16 (or train.precision"), "{e}");
+                assert!(e.contains("this wgpu device has no BF16"), "{e}");
+                assert!(
+                    e.contains("use --precision fp32") && !e.contains('\n'),
+                    "{e}"
+                );
+            }
+        }
     }
 
     #[test]

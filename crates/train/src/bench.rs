@@ -129,6 +129,9 @@ impl OnBackend for BenchOptions {
     fn checkpointing(&self) -> lab_config::ActivationCheckpointing {
         self.config.train.activation_checkpointing
     }
+    fn precision(&self) -> lab_config::Precision {
+        self.config.train.precision
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<BenchReport> {
         bench::<B>(self, device)
     }
@@ -474,6 +477,9 @@ impl MatmulBench {
 
 impl OnBackend for MatmulBench {
     type Output = Vec<MatmulShape>;
+    fn precision(&self) -> lab_config::Precision {
+        self.config.train.precision
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Vec<MatmulShape>> {
         use burn::tensor::{backend::Backend, Distribution, Tensor};
         type Inner<B> = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
@@ -481,7 +487,10 @@ impl OnBackend for MatmulBench {
         let m = cfg.train.micro_batch * cfg.model.seq_len;
         let dtype = lab_model::compute_dtype(cfg.train.precision);
         let normal = Distribution::Normal(0.0, 1.0);
-        let iters = self.iters.max(1);
+        if self.iters == 0 {
+            bail!("--steps must be at least 1 (--matmul times each shape that many times)");
+        }
+        let iters = self.iters;
         let mut out = Vec::new();
         for (name, k, n) in Self::shapes(&cfg.model) {
             let a = Tensor::<Inner<B>, 2>::random([m, k], normal, &device).cast(dtype);
@@ -547,5 +556,36 @@ mod tests {
         assert_eq!(r.peak_memory_bytes, 70);
         assert_eq!(r.memory_gauge, "GPU memory used");
         assert!(r.split.is_none());
+    }
+
+    /// `--matmul` times the six projection shapes at `micro_batch × seq_len` rows, and
+    /// `--steps 0` is refused rather than quietly timing one product.
+    #[test]
+    fn the_matmul_bench_times_each_projection_and_refuses_zero_steps() {
+        let mut config =
+            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
+        config.train.micro_batch = 2;
+        config.model.seq_len = 8;
+        let run = |iters| {
+            crate::BackendKind::Cpu.dispatch(MatmulBench {
+                config: config.clone(),
+                iters,
+            })
+        };
+        let err = run(0).unwrap_err().to_string();
+        assert!(err.starts_with("--steps must be at least 1"), "{err}");
+        let shapes = run(1).unwrap();
+        let names: Vec<_> = shapes.iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            ["wq", "wk/wv", "wo", "ffn.gate/up", "ffn.down", "lm_head"]
+        );
+        let m = &config.model;
+        let lm_head = &shapes[5];
+        assert_eq!(
+            (lm_head.m, lm_head.k, lm_head.n),
+            (16, m.d_model, m.vocab_size)
+        );
+        assert!(shapes.iter().all(|s| s.m == 16 && s.tflops.is_finite()));
     }
 }

@@ -88,6 +88,9 @@ impl OnBackend for TrainOptions {
     fn checkpointing(&self) -> lab_config::ActivationCheckpointing {
         self.config.train.activation_checkpointing
     }
+    fn precision(&self) -> lab_config::Precision {
+        self.config.train.precision
+    }
     fn run<B: TrainBackend>(self, device: B::Device) -> Result<Outcome> {
         train::<B>(self, device)
     }
