@@ -2,14 +2,10 @@
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_fusion::{
-    stream::{Operation, OperationStreams},
-    Fusion, FusionBackend,
-};
-use burn_ir::{CustomOpIr, OperationIr, TensorIr};
+use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::attention;
 
-use super::Handles;
+use super::{custom_op, like};
 use crate::attention::{AttentionForward, AttentionGrads, FusedAttention};
 
 impl<R, F, I, BT> FusedAttention for CubeBackend<R, F, I, BT>
@@ -47,49 +43,6 @@ where
     }
 }
 
-/// The forward as a Fusion operation: inputs q, k, v; outputs out, lse.
-#[derive(Clone, Debug)]
-struct ForwardOp<B> {
-    desc: CustomOpIr,
-    scale: f32,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedAttention> Operation<B::FusionRuntime> for ForwardOp<B> {
-    fn execute(&self, h: &mut Handles<B>) {
-        let ([q, k, v], [out, lse]) = self.desc.as_fixed();
-        let (o, l) = B::fused_attention_forward(
-            h.get_float_tensor::<B>(q),
-            h.get_float_tensor::<B>(k),
-            h.get_float_tensor::<B>(v),
-            self.scale,
-        );
-        h.register_float_tensor::<B>(&out.id, o);
-        h.register_float_tensor::<B>(&lse.id, l);
-    }
-}
-
-/// The backward as a Fusion operation: inputs q, k, v, out, lse, d_out; outputs dq, dk, dv.
-#[derive(Clone, Debug)]
-struct BackwardOp<B> {
-    desc: CustomOpIr,
-    scale: f32,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedAttention> Operation<B::FusionRuntime> for BackwardOp<B> {
-    fn execute(&self, h: &mut Handles<B>) {
-        let ([q, k, v, out, lse, d_out], [dq, dk, dv]) = self.desc.as_fixed();
-        let get = |h: &mut Handles<B>, t| h.get_float_tensor::<B>(t);
-        let (q, k, v) = (get(h, q), get(h, k), get(h, v));
-        let (out, lse, d_out) = (get(h, out), get(h, lse), get(h, d_out));
-        let (gq, gk, gv) = B::fused_attention_backward(q, k, v, out, lse, d_out, self.scale);
-        h.register_float_tensor::<B>(&dq.id, gq);
-        h.register_float_tensor::<B>(&dk.id, gk);
-        h.register_float_tensor::<B>(&dv.id, gv);
-    }
-}
-
 impl<B: FusionBackend + FusedAttention> FusedAttention for Fusion<B> {
     fn has_fused_attention() -> bool {
         B::has_fused_attention()
@@ -101,22 +54,15 @@ impl<B: FusionBackend + FusedAttention> FusedAttention for Fusion<B> {
         v: Self::FloatTensorPrimitive,
         scale: f32,
     ) -> AttentionForward<Self> {
-        let client = q.client.clone();
-        let streams = OperationStreams::with_inputs([&q, &k, &v]);
-        let lse_shape = Shape::new([q.shape[0], q.shape[1], q.shape[2]]);
-        let out = TensorIr::uninit(client.create_empty_handle(), q.shape.clone(), q.dtype);
-        let lse = TensorIr::uninit(client.create_empty_handle(), lse_shape, DType::F32);
-        let inputs = [q.into_ir(), k.into_ir(), v.into_ir()];
-        let desc = CustomOpIr::new("lab_fused_attention_forward", &inputs, &[out, lse]);
-        let op = ForwardOp::<B> {
-            desc: desc.clone(),
-            scale,
-            _backend: Default::default(),
-        };
-        let [out, lse] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .expect("two outputs");
+        // The log-sum-exp is one fp32 value per query row.
+        let lse = (DType::F32, Shape::new([q.shape[0], q.shape[1], q.shape[2]]));
+        let outputs = [like(&q), lse];
+        let name = "lab_fused_attention_forward";
+        let [out, lse] = custom_op::<B, 2>(name, vec![q, k, v], outputs, move |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            let (out, lse) = B::fused_attention_forward(get(0), get(1), get(2), scale);
+            vec![out, lse]
+        });
         (out, lse)
     }
 
@@ -129,23 +75,16 @@ impl<B: FusionBackend + FusedAttention> FusedAttention for Fusion<B> {
         d_out: Self::FloatTensorPrimitive,
         scale: f32,
     ) -> AttentionGrads<Self> {
-        let client = q.client.clone();
-        let streams = OperationStreams::with_inputs([&q, &k, &v, &out, &lse, &d_out]);
-        let like = |t: &Self::FloatTensorPrimitive| {
-            TensorIr::uninit(client.create_empty_handle(), t.shape.clone(), t.dtype)
-        };
-        let grads = [like(&q), like(&k), like(&v)];
-        let inputs = [q, k, v, out, lse, d_out].map(|t| t.into_ir());
-        let desc = CustomOpIr::new("lab_fused_attention_backward", &inputs, &grads);
-        let op = BackwardOp::<B> {
-            desc: desc.clone(),
-            scale,
-            _backend: Default::default(),
-        };
-        let [dq, dk, dv] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .expect("three outputs");
+        let outputs = [like(&q), like(&k), like(&v)];
+        let inputs = vec![q, k, v, out, lse, d_out];
+        let name = "lab_fused_attention_backward";
+        let [dq, dk, dv] = custom_op::<B, 3>(name, inputs, outputs, move |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            let (q, k, v) = (get(0), get(1), get(2));
+            let (out, lse, d_out) = (get(3), get(4), get(5));
+            let (dq, dk, dv) = B::fused_attention_backward(q, k, v, out, lse, d_out, scale);
+            vec![dq, dk, dv]
+        });
         (dq, dk, dv)
     }
 }

@@ -15,14 +15,10 @@ use burn_cubecl::{
     ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, BoolElement, CubeBackend,
     CubeRuntime, FloatElement, IntElement,
 };
-use burn_fusion::{
-    stream::{Operation, OperationStreams},
-    Fusion, FusionBackend, FusionRuntime, FusionTensor,
-};
-use burn_ir::{CustomOpIr, OperationIr, TensorIr};
+use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::lm_head;
 
-use super::Handles;
+use super::{custom_op, like};
 use crate::generic::{chunks, float, prim};
 use crate::{cast_to, device_chunk_rows, FusedLoss};
 
@@ -183,22 +179,25 @@ enum LossHalf {
     Backward,
 }
 
-#[derive(Clone, Debug)]
-struct LossOp<B> {
-    desc: CustomOpIr,
+/// Records `half` on the Fusion stream with `outputs` shaped as given (dtype, shape).
+fn register<B: FusionBackend + FusedLoss, const M: usize>(
     half: LossHalf,
-    chunk_rows: usize,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedLoss> Operation<B::FusionRuntime> for LossOp<B> {
-    fn execute(&self, h: &mut Handles<B>) {
-        let inputs = &self.desc.inputs;
-        let hidden = h.get_float_tensor::<B>(&inputs[0]);
-        let weight = h.get_float_tensor::<B>(&inputs[1]);
-        let targets = h.get_int_tensor::<B>(&inputs[2]);
-        let c = self.chunk_rows;
-        let results = match self.half {
+    inputs: Vec<FloatTensor<Fusion<B>>>,
+    outputs: [(DType, Shape); M],
+    c: usize,
+) -> [FloatTensor<Fusion<B>>; M] {
+    let name = match half {
+        LossHalf::Forward => "lab_lm_head_loss_forward",
+        LossHalf::WithGrads => "lab_lm_head_loss_with_grads",
+        LossHalf::Backward => "lab_lm_head_loss_backward",
+    };
+    custom_op::<B, M>(name, inputs, outputs, move |h, t| {
+        let (hidden, weight) = (
+            h.get_float_tensor::<B>(&t[0]),
+            h.get_float_tensor::<B>(&t[1]),
+        );
+        let targets = h.get_int_tensor::<B>(&t[2]);
+        match half {
             LossHalf::Forward => {
                 let (loss, lse) = B::lm_head_loss_forward(hidden, weight, targets, c);
                 vec![loss, lse]
@@ -208,49 +207,13 @@ impl<B: FusionBackend + FusedLoss> Operation<B::FusionRuntime> for LossOp<B> {
                 vec![loss, gh, gw]
             }
             LossHalf::Backward => {
-                let lse = h.get_float_tensor::<B>(&inputs[3]);
-                let grad_loss = h.get_float_tensor::<B>(&inputs[4]);
+                let lse = h.get_float_tensor::<B>(&t[3]);
+                let grad_loss = h.get_float_tensor::<B>(&t[4]);
                 let (gh, gw) = B::lm_head_loss_backward(hidden, weight, targets, lse, grad_loss, c);
                 vec![gh, gw]
             }
-        };
-        for (out, t) in self.desc.outputs.iter().zip(results) {
-            h.register_float_tensor::<B>(&out.id, t);
         }
-    }
-}
-
-/// Registers `half` on the Fusion stream with `outputs` shaped as given (dtype, shape).
-fn register<B: FusionBackend + FusedLoss>(
-    half: LossHalf,
-    inputs: Vec<FloatTensor<Fusion<B>>>,
-    outputs: Vec<(DType, Shape)>,
-    chunk_rows: usize,
-) -> Vec<FloatTensor<Fusion<B>>> {
-    let client = inputs[0].client.clone();
-    let streams = OperationStreams::with_inputs(inputs.iter());
-    let outputs: Vec<TensorIr> = outputs
-        .into_iter()
-        .map(|(dtype, shape)| TensorIr::uninit(client.create_empty_handle(), shape, dtype))
-        .collect();
-    let inputs: Vec<TensorIr> = inputs.into_iter().map(|t| t.into_ir()).collect();
-    let name = match half {
-        LossHalf::Forward => "lab_lm_head_loss_forward",
-        LossHalf::WithGrads => "lab_lm_head_loss_with_grads",
-        LossHalf::Backward => "lab_lm_head_loss_backward",
-    };
-    let desc = CustomOpIr::new(name, &inputs, &outputs);
-    let op = LossOp::<B> {
-        desc: desc.clone(),
-        half,
-        chunk_rows,
-        _backend: Default::default(),
-    };
-    client.register(streams, OperationIr::Custom(desc), op)
-}
-
-fn like<R: FusionRuntime>(t: &FusionTensor<R>) -> (DType, Shape) {
-    (t.dtype, t.shape.clone())
+    })
 }
 
 impl<B: FusionBackend + FusedLoss> FusedLoss for Fusion<B> {
@@ -265,11 +228,9 @@ impl<B: FusionBackend + FusedLoss> FusedLoss for Fusion<B> {
         chunk_rows: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let n = hidden.shape[0];
-        let outputs = vec![(DType::F32, Shape::new([1])), (DType::F32, Shape::new([n]))];
+        let outputs = [(DType::F32, Shape::new([1])), (DType::F32, Shape::new([n]))];
         let inputs = vec![hidden, weight, targets];
-        let [loss, lse] = register::<B>(LossHalf::Forward, inputs, outputs, chunk_rows)
-            .try_into()
-            .expect("two outputs");
+        let [loss, lse] = register::<B, 2>(LossHalf::Forward, inputs, outputs, chunk_rows);
         (loss, lse)
     }
 
@@ -279,11 +240,9 @@ impl<B: FusionBackend + FusedLoss> FusedLoss for Fusion<B> {
         targets: IntTensor<Self>,
         chunk_rows: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let outputs = vec![(DType::F32, Shape::new([1])), like(&hidden), like(&weight)];
+        let outputs = [(DType::F32, Shape::new([1])), like(&hidden), like(&weight)];
         let inputs = vec![hidden, weight, targets];
-        let [loss, gh, gw] = register::<B>(LossHalf::WithGrads, inputs, outputs, chunk_rows)
-            .try_into()
-            .expect("three outputs");
+        let [loss, gh, gw] = register::<B, 3>(LossHalf::WithGrads, inputs, outputs, chunk_rows);
         (loss, gh, gw)
     }
 
@@ -295,11 +254,9 @@ impl<B: FusionBackend + FusedLoss> FusedLoss for Fusion<B> {
         grad_loss: FloatTensor<Self>,
         chunk_rows: usize,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let outputs = vec![like(&hidden), like(&weight)];
+        let outputs = [like(&hidden), like(&weight)];
         let inputs = vec![hidden, weight, targets, lse, grad_loss];
-        let [gh, gw] = register::<B>(LossHalf::Backward, inputs, outputs, chunk_rows)
-            .try_into()
-            .expect("two outputs");
+        let [gh, gw] = register::<B, 2>(LossHalf::Backward, inputs, outputs, chunk_rows);
         (gh, gw)
     }
 }

@@ -1,13 +1,9 @@
 //! RoPE on `CubeBackend` (lab-kernels' one-pass kernel) and through Fusion.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_fusion::{
-    stream::{Operation, OperationStreams},
-    Fusion, FusionBackend,
-};
-use burn_ir::{CustomOpIr, OperationIr, TensorIr};
+use burn_fusion::{Fusion, FusionBackend};
 
-use super::Handles;
+use super::{custom_op, like};
 use crate::FusedRope;
 
 impl<R, F, I, BT> FusedRope for CubeBackend<R, F, I, BT>
@@ -26,44 +22,17 @@ where
     }
 }
 
-/// RoPE as a Fusion operation: inputs x, cos, sin; output y.
-#[derive(Clone, Debug)]
-struct RopeOp<B> {
-    desc: CustomOpIr,
-    _backend: std::marker::PhantomData<B>,
-}
-
-impl<B: FusionBackend + FusedRope> Operation<B::FusionRuntime> for RopeOp<B> {
-    fn execute(&self, h: &mut Handles<B>) {
-        let ([x, cos, sin], [y]) = self.desc.as_fixed();
-        let out = B::rope(
-            h.get_float_tensor::<B>(x),
-            h.get_float_tensor::<B>(cos),
-            h.get_float_tensor::<B>(sin),
-        );
-        h.register_float_tensor::<B>(&y.id, out);
-    }
-}
-
 impl<B: FusionBackend + FusedRope> FusedRope for Fusion<B> {
     fn rope(
         x: Self::FloatTensorPrimitive,
         cos: Self::FloatTensorPrimitive,
         sin: Self::FloatTensorPrimitive,
     ) -> Self::FloatTensorPrimitive {
-        let client = x.client.clone();
-        let streams = OperationStreams::with_inputs([&x, &cos, &sin]);
-        let y = TensorIr::uninit(client.create_empty_handle(), x.shape.clone(), x.dtype);
-        let inputs = [x.into_ir(), cos.into_ir(), sin.into_ir()];
-        let desc = CustomOpIr::new("lab_rope", &inputs, &[y]);
-        let op = RopeOp::<B> {
-            desc: desc.clone(),
-            _backend: Default::default(),
-        };
-        let [y] = client
-            .register(streams, OperationIr::Custom(desc), op)
-            .try_into()
-            .expect("one output");
+        let y = like(&x);
+        let [y] = custom_op::<B, 1>("lab_rope", vec![x, cos, sin], [y], |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            vec![B::rope(get(0), get(1), get(2))]
+        });
         y
     }
 }
