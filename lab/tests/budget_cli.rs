@@ -787,6 +787,16 @@ fn gpu_health_readings_reach_the_metrics_and_their_alerts_the_webhook() {
     let gpu = kinds(&run, "gpu");
     assert_eq!(gpu.len(), 1);
     assert!(gpu[0]["name"].as_str().unwrap().starts_with("replay of"));
+    // With the peak its MFU is measured against: tiny-cpu computes on the CPU, in fp32.
+    let mfu = &gpu[0]["mfu"];
+    assert_eq!(
+        (mfu["device"].as_str(), mfu["precision"].as_str()),
+        (Some("cpu"), Some("fp32"))
+    );
+    assert_eq!(mfu["flops"], 160e9);
+    let hardware: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("hardware.json")).unwrap()).unwrap();
+    assert_eq!(hardware["mfu_peak"], *mfu);
     // Low from the 4th reading (t = 180 s): ten minutes at the 14th (t = 780 s), step 14.
     let low = kinds(&run, "gpu_low_utilization");
     assert_eq!(low.len(), 1, "{low:?}");

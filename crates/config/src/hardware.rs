@@ -52,6 +52,20 @@ pub const DEVICES: &[HardwareSpec] = &[
         memory_bandwidth: 3350.0 * GB,
     },
     HardwareSpec {
+        name: "h100-pcie",
+        peak_bf16_flops: 756e12,
+        peak_fp32_flops: 51e12,
+        memory_bytes: 80.0 * GIB,
+        memory_bandwidth: 2000.0 * GB,
+    },
+    HardwareSpec {
+        name: "h100-nvl",
+        peak_bf16_flops: 835e12,
+        peak_fp32_flops: 60e12,
+        memory_bytes: 94.0 * GB,
+        memory_bandwidth: 3900.0 * GB,
+    },
+    HardwareSpec {
         name: "h200",
         peak_bf16_flops: 989e12,
         peak_fp32_flops: 67e12,
@@ -69,6 +83,35 @@ pub const DEVICES: &[HardwareSpec] = &[
 
 pub fn lookup(name: &str) -> Option<&'static HardwareSpec> {
     DEVICES.iter().find(|d| d.name == name)
+}
+
+/// The table's entry for a GPU as the driver names it (NVML, `nvidia-smi`: "NVIDIA
+/// A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200"), with its
+/// memory to tell the two A100s apart when the name does not. None for a GPU the table lacks.
+pub fn from_gpu_name(name: &str, memory_bytes: u64) -> Option<&'static HardwareSpec> {
+    let lower = name.to_ascii_lowercase();
+    let words: Vec<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+    let has = |w: &str| words.contains(&w);
+    let device = if has("h200") && has("nvl") {
+        return None; // H200 NVL: a lower power limit, not the SXM part's peak
+    } else if has("h200") {
+        "h200"
+    } else if has("h100") && has("pcie") {
+        "h100-pcie"
+    } else if has("h100") && has("nvl") {
+        "h100-nvl"
+    } else if has("h100") {
+        "h100-sxm"
+    } else if has("a100") && (has("80gb") || memory_bytes as f64 > 60.0 * GIB) {
+        "a100-80gb"
+    } else if has("a100") {
+        "a100-40gb"
+    } else if has("l4") {
+        "l4"
+    } else {
+        return None;
+    };
+    lookup(device)
 }
 
 /// `[hardware]` section of a config.
@@ -124,5 +167,37 @@ impl Hardware {
             crate::Precision::Fp32 => self.spec().peak_fp32_flops,
             crate::Precision::Bf16 => self.spec().peak_bf16_flops,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names as NVML and nvidia-smi print them, on the GPUs lab's configs and clouds use.
+    #[test]
+    fn gpus_are_found_in_the_table_by_their_driver_names() {
+        let gib = |g: u64| g << 30;
+        let cases = [
+            ("NVIDIA A100-SXM4-80GB", gib(80), Some("a100-80gb")),
+            ("NVIDIA A100 80GB PCIe", gib(80), Some("a100-80gb")),
+            ("NVIDIA A100-SXM4-40GB", gib(40), Some("a100-40gb")),
+            ("NVIDIA A100-PCIE-40GB", gib(40), Some("a100-40gb")),
+            // A name without its size: the memory decides.
+            ("NVIDIA A100", gib(80), Some("a100-80gb")),
+            ("NVIDIA H100 80GB HBM3", gib(80), Some("h100-sxm")),
+            ("NVIDIA H100 PCIe", gib(80), Some("h100-pcie")),
+            ("NVIDIA H100 NVL", 94_000_000_000, Some("h100-nvl")),
+            ("NVIDIA H200", 141_000_000_000, Some("h200")),
+            ("NVIDIA L4", gib(24), Some("l4")),
+            ("NVIDIA H200 NVL", 141_000_000_000, None),
+            ("NVIDIA GH200 480GB", gib(96), None),
+            ("NVIDIA L40S", gib(48), None),
+            ("Tesla V100-SXM2-16GB", gib(16), None),
+        ];
+        for (name, memory, want) in cases {
+            let got = from_gpu_name(name, memory).map(|d| d.name);
+            assert_eq!(got, want, "{name}");
+        }
     }
 }

@@ -28,6 +28,23 @@ pub struct Hardware {
     /// The compute backend the run used (`cpu`, `cuda`, `wgpu`).
     #[serde(default)]
     pub backend: String,
+    /// What MFU is measured against: the hardware table's device and its peak FLOP/s at the
+    /// run's precision (absent in runs from before they were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu_peak: Option<MfuPeak>,
+}
+
+/// The peak a run's MFU divides by, and the table entry it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MfuPeak {
+    /// The hardware table's name (`h100-sxm`, `cpu`, …).
+    pub device: String,
+    pub peak_bf16_flops: f64,
+    pub peak_fp32_flops: f64,
+    /// The precision the run computes in, and the peak MFU uses (the table's for that
+    /// precision, or the config's `hardware.peak_flops`).
+    pub precision: String,
+    pub flops: f64,
 }
 
 impl Hardware {
@@ -58,6 +75,7 @@ impl Hardware {
             memory_gib: (mem_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
             gpus: nvidia_gpus(),
             backend: backend.to_string(),
+            mfu_peak: None,
         }
     }
 

@@ -3,6 +3,7 @@
 //! and the console. It never stops a run: a person decides what an idle or failing GPU means.
 
 use lab_health::{DeviceInfo, Probe, Watch};
+use lab_run::hardware::MfuPeak;
 use serde_json::json;
 
 use crate::policy::{Decision, Journal, StepPolicy, StepView};
@@ -11,6 +12,8 @@ pub struct GpuHealth {
     probe: Box<dyn Probe>,
     /// The device, as the probe described it when it opened.
     gpu: DeviceInfo,
+    /// What the run's MFU is measured against (recorded with the device).
+    mfu: MfuPeak,
     watch: Watch,
     announced: bool,
     /// Set once a reading fails: said once, then the run goes on without readings.
@@ -18,9 +21,10 @@ pub struct GpuHealth {
 }
 
 impl GpuHealth {
-    pub fn new(probe: Box<dyn Probe>, watch: Watch) -> Self {
+    pub fn new(probe: Box<dyn Probe>, watch: Watch, mfu: MfuPeak) -> Self {
         Self {
             gpu: probe.describe(),
+            mfu,
             probe,
             watch,
             announced: false,
@@ -62,7 +66,9 @@ impl StepPolicy for GpuHealth {
     fn before_step(&mut self, step: u64, j: &mut dyn Journal) -> Decision {
         if !self.announced {
             self.announced = true;
-            j.event(step, "gpu", json!(self.gpu));
+            let mut fields = json!(self.gpu);
+            fields["mfu"] = json!(self.mfu);
+            j.event(step, "gpu", fields);
         }
         Decision::Continue
     }

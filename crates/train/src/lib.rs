@@ -6,6 +6,7 @@ pub mod backend;
 pub mod bench;
 pub mod checkpoint;
 pub mod detect;
+pub mod device;
 pub mod eval;
 pub mod forensics;
 pub mod freeze;

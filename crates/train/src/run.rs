@@ -353,7 +353,9 @@ impl Run {
         lab_fsio::write_atomic(&dir.join(lab_run::CONFIG), self.cfg.to_toml().as_bytes())?;
         let data = serde_json::to_string_pretty(&self.identity)?;
         lab_fsio::write_atomic(&dir.join(DATA), data.as_bytes())?;
-        lab_run::Hardware::detect(self.backend).write(dir)
+        let mut hardware = lab_run::Hardware::detect(self.backend);
+        hardware.mfu_peak = Some(crate::device::mfu_peak(&self.cfg));
+        hardware.write(dir)
     }
 
     /// Lines an interrupted attempt logged after `step` are re-logged by the replay: metrics

@@ -82,6 +82,10 @@ pub fn run(args: Args) -> Result<ExitCode> {
     if let Some(c) = args.activation_checkpointing {
         config.train.activation_checkpointing = c;
     }
+    let launch = lab_dist::Launch::from_env()?;
+    if let Some(note) = super::train::measure_on_this_device(&mut config, backend, &launch) {
+        eprintln!("lab bench: {note}");
+    }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
         std::thread::available_parallelism()
             .map(|n| n.to_string())

@@ -227,6 +227,11 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     if let Some(gib) = args.fit_micro_batch {
         fit_micro_batch(&mut config, gib, backend, &launch)?;
     }
+    if let Some(note) = measure_on_this_device(&mut config, backend, &launch) {
+        if launch.rank == 0 {
+            eprintln!("lab train: {note}");
+        }
+    }
 
     let run_dir = args
         .ckpt_dir
@@ -265,7 +270,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         });
         sink
     });
-    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, backend, &launch)? {
+    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, &config, backend, &launch)? {
         Some(p) => vec![Box::new(p)],
         None => Vec::new(),
     };
@@ -327,6 +332,36 @@ fn fit_micro_batch(
     Ok(())
 }
 
+/// Points the config's `hardware.device` at the device this rank computes on (for MFU; see
+/// `lab_train::device`), returning the note to print when it moved.
+pub fn measure_on_this_device(
+    config: &mut LabConfig,
+    backend: BackendKind,
+    launch: &lab_dist::Launch,
+) -> Option<String> {
+    let gpu = gpu_name(backend, launch);
+    let found = lab_train::device::Found {
+        backend,
+        gpu: gpu.as_ref().map(|(name, memory)| (name.as_str(), *memory)),
+    };
+    lab_train::device::measure_on(config, found)
+}
+
+/// This rank's GPU as NVML names it, with its memory; None without one (or without NVML,
+/// which the health readings warn about).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn gpu_name(backend: BackendKind, launch: &lab_dist::Launch) -> Option<(String, u64)> {
+    match backend {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            let probe = lab_train::backend::nvml_probe(launch).ok()?;
+            let gpu = lab_health::Probe::describe(&probe);
+            Some((gpu.name, gpu.memory_bytes))
+        }
+        _ => None,
+    }
+}
+
 /// This rank's GPU memory, from NVML.
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f64> {
@@ -355,6 +390,7 @@ fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn gpu_health(
     args: &Args,
+    config: &LabConfig,
     backend: BackendKind,
     launch: &lab_dist::Launch,
 ) -> Result<Option<GpuHealth>> {
@@ -376,7 +412,8 @@ fn gpu_health(
         _ => return Ok(None),
     };
     let watch = lab_health::Watch::new(lab_health::Rules::default());
-    Ok(Some(GpuHealth::new(probe, watch)))
+    let mfu = lab_train::device::mfu_peak(config);
+    Ok(Some(GpuHealth::new(probe, watch, mfu)))
 }
 
 /// The budget guard as a step policy: consulted at its interval and at every checkpoint step,
