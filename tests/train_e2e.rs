@@ -186,6 +186,12 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
         .arg(&run);
     expect_one_line_error(&mut c, "truncated");
 
+    // A byte changed in place (the size still matches): refused before any step.
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 2] ^= 0x40;
+    std::fs::write(&train_bin, &flipped).unwrap();
+    expect_one_line_error(&mut c, "train.bin: sha256");
+
     // Token ids ≥ vocab (a .bin written with another tokenizer), consistent with its meta.
     let ids: Vec<u8> = (0..bytes.len() / 2)
         .flat_map(|_| 60_000u16.to_le_bytes())

@@ -8,6 +8,7 @@ pub mod meta;
 pub mod mixture;
 pub mod sampler;
 pub mod token_file;
+pub mod verify;
 
 pub use meta::{FileInfo, Meta, Span, TokenDtype};
 pub use mixture::{MixtureSampler, MixtureStage};

@@ -203,6 +203,14 @@ impl TrainData {
         let meta_sha256 = lab_fsio::sha256_file(&dir.join("meta.json"))?;
         let train = TokenFile::open(dir, "train.bin", &meta)?;
         let val = TokenFile::open(dir, "val.bin", &meta)?;
+        lab_data::verify::verify_files(dir, &meta, &mut |name, bytes| {
+            if bytes >= 1 << 30 {
+                eprintln!(
+                    "lab train: checking {name} ({:.1} GB) against meta.json's sha256 (once per version of the file)",
+                    bytes as f64 / 1e9
+                );
+            }
+        })?;
         let seq_len = cfg.model.seq_len;
         let order = Order::new(&meta, &train, cfg)?;
         if val.len() < seq_len + 1 {
