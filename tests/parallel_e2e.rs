@@ -247,6 +247,11 @@ fn sigterm_checkpoints_every_rank_and_exits_143() {
     let stopped = events(&run, "interrupted");
     assert_eq!(stopped.len(), 1, "{}", String::from_utf8_lossy(&out.stderr));
     let step = stopped[0]["step"].as_u64().unwrap();
+    // Recorded as a preemption, with the checkpoint it left.
+    let preempted = events(&run, "preemption");
+    assert_eq!(preempted.len(), 1, "{preempted:?}");
+    assert_eq!(preempted[0]["step"].as_u64(), Some(step));
+    assert_eq!(preempted[0]["checkpoint"], stopped[0]["checkpoint"]);
     let dir = run.join(format!("step-{step:08}"));
     for r in 0..2 {
         assert!(

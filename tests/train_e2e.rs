@@ -109,6 +109,7 @@ fn sigterm_writes_an_emergency_checkpoint_exits_143_and_resumes_exactly() {
         events.contains("\"interrupted\"") && events.contains("\"signal\":15"),
         "{events}"
     );
+    assert!(events.contains("\"preemption\""), "{events}");
 
     // The emergency checkpoint resumes to the same final weights as the uninterrupted run.
     run_ok(train(&cfg, &run).args(flags).arg("--resume-from-latest"));

@@ -689,6 +689,11 @@ impl Run {
             ),
         };
         fields["checkpoint"] = json!(checkpoint.map(|_| checkpoint::step_dir_name(step)));
+        if let Stop::Interrupted { signal: 15 } = stop {
+            // SIGTERM is how a spot instance's notice and Slurm's preemption reach a job.
+            let preempted = json!({ "signal": "SIGTERM", "checkpoint": fields["checkpoint"] });
+            self.event(step, "preemption", preempted);
+        }
         self.event(step, stop.state(), fields);
         self.say(&text);
         self.alert(&format!("lab {}: {text}", self.dir.display()));
