@@ -557,3 +557,20 @@ fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
         "resumed = uninterrupted"
     );
 }
+
+/// Where to export is a usage question: neither --output nor --hf exits 2 with clap's usage
+/// line naming both, before the run folder is read.
+#[test]
+fn export_without_a_destination_is_a_usage_error() {
+    let out = lab()
+        .args(["export", "--run", "/nonexistent/run"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--output") && stderr.contains("--hf"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("nonexistent"), "{stderr}");
+}

@@ -4,10 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use lab_report::{CheckpointChoice, ExportOptions, RunFiles};
 
 #[derive(clap::Args)]
+// Where to export is a usage question (exit 2, with clap's usage line): one of the two at least.
+#[command(group = clap::ArgGroup::new("destination").required(true).multiple(true).args(["output", "hf"]))]
 pub struct Args {
     /// The run folder (`lab train --ckpt-dir`).
     #[arg(long)]
@@ -30,9 +32,6 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    if args.output.is_none() && args.hf.is_none() {
-        bail!("lab export needs --output DIR (the export folder) and/or --hf DIR (a Hugging Face folder)");
-    }
     let choice: CheckpointChoice = args.checkpoint.parse()?;
     if let Some(out) = &args.output {
         let m = lab_report::export(&ExportOptions {
