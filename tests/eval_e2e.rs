@@ -231,6 +231,9 @@ fn training_evaluates_by_document_type_and_the_types_add_up() {
     );
     let m: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    // A run without a spike still gets its post-mortem page, saying so.
+    let pm = std::fs::read_to_string(out.join("spike-postmortem.md")).unwrap();
+    assert!(pm.contains("No loss spike was detected"), "{pm}");
     let evaluation = m["final_metrics"]["evaluation"].as_object().unwrap();
     assert!(
         evaluation.contains_key("mc_acc")

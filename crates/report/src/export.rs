@@ -1,7 +1,7 @@
 //! `lab export`: a run folder becomes `experiments/<lab>/<run>/`, written atomically (a
 //! temporary folder, renamed into place): manifest.json, metrics.csv, loss-curve.png,
-//! gradnorm-curve.png, throughput.png, final.safetensors, spike-postmortem.md (when the run
-//! has spikes), MODEL_CARD.md, run-uri.txt, and the run's own config.toml, events.jsonl,
+//! gradnorm-curve.png, throughput.png, final.safetensors, spike-postmortem.md (saying so
+//! when the run had no spike), MODEL_CARD.md, run-uri.txt, and the run's own config.toml, events.jsonl,
 //! hardware.json, data.json, budget.json and termination.json as evidence.
 
 use std::collections::BTreeMap;
@@ -94,13 +94,9 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
         plots::gradnorm_curve(&files, &stage.join("gradnorm-curve.png"))?;
         plots::throughput(&files, &stage.join("throughput.png"))?;
         copy(&checkpoint::model_file(&ck_dir), &stage.join(FINAL_WEIGHTS))?;
-        let spiky = files
-            .events
-            .iter()
-            .any(|e| e.kind == "spike_injected" || e.kind == "spike_detected");
-        if spiky {
-            postmortem::write_postmortem(&opts.run, Some(&stage.join("spike-postmortem.md")))?;
-        }
+        // Always: a run without a spike gets the page that says none was detected, and under
+        // which thresholds.
+        postmortem::write_postmortem(&opts.run, Some(&stage.join("spike-postmortem.md")))?;
         for name in EVIDENCE {
             let src = match *name {
                 "budget.json" => opts.budget.clone().unwrap_or(opts.run.join(name)),
