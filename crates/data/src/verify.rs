@@ -5,13 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::meta::Meta;
 
@@ -56,7 +54,7 @@ pub fn verify_files(dir: &Path, meta: &Meta, hashing: &mut dyn FnMut(&str, u64))
             continue;
         }
         hashing(name, now.bytes);
-        let sha = sha256_of(&path)?;
+        let sha = lab_fsio::sha256_file(&path)?;
         if sha != info.sha256 {
             bail!(
                 "{}: sha256 {} is not the {} meta.json records: the file is corrupt or was changed after preparing; re-run `lab data prepare` (or copy the data again)",
@@ -74,22 +72,6 @@ pub fn verify_files(dir: &Path, meta: &Meta, hashing: &mut dyn FnMut(&str, u64))
         let _ = lab_fsio::write_atomic(&record, text.as_bytes());
     }
     Ok(())
-}
-
-fn sha256_of(path: &Path) -> Result<String> {
-    let mut file =
-        fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file
-            .read(&mut buf)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if n == 0 {
-            return Ok(hex::encode(hasher.finalize()));
-        }
-        hasher.update(&buf[..n]);
-    }
 }
 
 #[cfg(test)]

@@ -84,6 +84,11 @@ mod tests {
         }
     }
 
+    /// A device with no GPU name to go by (the CPU, or NVML missing).
+    fn unnamed(backend: BackendKind) -> Found<'static> {
+        Found { backend, gpu: None }
+    }
+
     /// The A100 recipe on an H100 measures against the H100's bf16 peak, and says so.
     #[test]
     fn an_a100_config_on_an_h100_measures_against_the_h100() {
@@ -122,11 +127,7 @@ mod tests {
     #[test]
     fn a_gpu_config_on_the_cpu_measures_against_the_cpu() {
         let mut cfg = x1();
-        let found = Found {
-            backend: BackendKind::Cpu,
-            gpu: None,
-        };
-        let note = measure_on(&mut cfg, found).unwrap();
+        let note = measure_on(&mut cfg, unnamed(BackendKind::Cpu)).unwrap();
         assert_eq!(cfg.hardware.device, "cpu");
         assert!(
             note.ends_with("MFU is against cpu's bf16 peak, 160 GFLOP/s"),
@@ -148,11 +149,7 @@ mod tests {
     #[test]
     fn without_a_reading_the_config_stands() {
         let mut cfg = x1();
-        let found = Found {
-            backend: BackendKind::Cuda,
-            gpu: None,
-        };
-        assert_eq!(measure_on(&mut cfg, found), None);
+        assert_eq!(measure_on(&mut cfg, unnamed(BackendKind::Cuda)), None);
         assert_eq!(cfg, x1());
     }
 }
