@@ -104,6 +104,9 @@ mod tests {
         assert!(read.is_empty(), "{read:?}");
 
         let val = dir.path().join("val.bin");
+        // The kernel stamps ctime from a clock that ticks every few milliseconds: a rewrite in
+        // the same tick as the last check would look unchanged (as it would to any make).
+        std::thread::sleep(std::time::Duration::from_millis(50));
         let mut bytes = fs::read(&val).unwrap();
         bytes[1000] ^= 0x01;
         fs::write(&val, &bytes).unwrap();

@@ -172,6 +172,27 @@ pub struct MixtureReport {
     pub json: serde_json::Value,
 }
 
+/// Whether [`TrainData::open`] reads the files whole to check them against meta.json's sha256
+/// (their sizes are checked always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    Sha256,
+    SizeOnly,
+}
+
+/// Checks train.bin and val.bin against meta.json's sha256 (see `lab_data::verify`), saying so
+/// when a file is large enough for the reading to take a while.
+fn verify(dir: &Path, meta: &Meta) -> Result<()> {
+    lab_data::verify::verify_files(dir, meta, &mut |name, bytes| {
+        if bytes >= 1 << 30 {
+            eprintln!(
+                "lab train: checking {name} ({:.1} GB) against meta.json's sha256 (once per version of the file)",
+                bytes as f64 / 1e9
+            );
+        }
+    })
+}
+
 /// The run's data: validated files, the sample order, the rare-token set and the spike plan.
 pub struct TrainData {
     pub dir: PathBuf,
@@ -190,7 +211,7 @@ pub struct TrainData {
 
 impl TrainData {
     /// Opens and checks a data dir for `cfg` before any compute is spent on it.
-    pub fn open(dir: &Path, cfg: &LabConfig) -> Result<Self> {
+    pub fn open(dir: &Path, cfg: &LabConfig, check: Check) -> Result<Self> {
         let meta = Meta::load(dir)?;
         if meta.vocab_size > cfg.model.vocab_size {
             bail!(
@@ -203,14 +224,9 @@ impl TrainData {
         let meta_sha256 = lab_fsio::sha256_file(&dir.join("meta.json"))?;
         let train = TokenFile::open(dir, "train.bin", &meta)?;
         let val = TokenFile::open(dir, "val.bin", &meta)?;
-        lab_data::verify::verify_files(dir, &meta, &mut |name, bytes| {
-            if bytes >= 1 << 30 {
-                eprintln!(
-                    "lab train: checking {name} ({:.1} GB) against meta.json's sha256 (once per version of the file)",
-                    bytes as f64 / 1e9
-                );
-            }
-        })?;
+        if check == Check::Sha256 {
+            verify(dir, &meta)?;
+        }
         let seq_len = cfg.model.seq_len;
         let order = Order::new(&meta, &train, cfg)?;
         if val.len() < seq_len + 1 {

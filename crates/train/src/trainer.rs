@@ -23,7 +23,7 @@ use crate::stability::{NonFinite, Signals, SpikeResponse};
 use crate::state::TrainingState;
 use crate::step::forward_backward;
 use crate::stop_rules::StopRules;
-use crate::stream::{StepData, TrainData};
+use crate::stream::{Check, StepData, TrainData};
 
 /// Sends an alert (a Slack-compatible webhook, wired by the binary).
 pub type AlertSink = Box<dyn Fn(&str) -> Result<()>>;
@@ -112,7 +112,13 @@ fn report_mixture(run: &mut Run, step: u64, mix: crate::stream::MixtureReport) {
 /// Trains on backend `B` until `total_steps`, or until a policy stops the run.
 pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Result<Outcome> {
     let cfg = opts.config.clone();
-    let data = TrainData::open(&opts.data_dir, &cfg)?;
+    // One process per node reads the files whole: a shared file system once per node, and a
+    // copy local to each node checked where it lies.
+    let check = match opts.launch.local_rank {
+        0 => Check::Sha256,
+        _ => Check::SizeOnly,
+    };
+    let data = TrainData::open(&opts.data_dir, &cfg, check)?;
     // Read and checked before the run folder is touched.
     let init = match &opts.init_from_hf {
         Some(dir) => Some(
