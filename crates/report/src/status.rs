@@ -27,6 +27,7 @@ const ALERTS: &[&str] = &[
     "budget_stop_immediate",
     "budget_refused",
     "interrupted",
+    "preemption",
     "unstable",
 ];
 

@@ -690,8 +690,13 @@ impl Run {
         };
         fields["checkpoint"] = json!(checkpoint.map(|_| checkpoint::step_dir_name(step)));
         if let Stop::Interrupted { signal: 15 } = stop {
-            // SIGTERM is how a spot instance's notice and Slurm's preemption reach a job.
-            let preempted = json!({ "signal": "SIGTERM", "checkpoint": fields["checkpoint"] });
+            // SIGTERM is how a spot instance's notice and Slurm's preemption reach a job (a time
+            // limit or a plain `kill` look the same; the event says so).
+            let preempted = json!({
+                "signal": "SIGTERM",
+                "checkpoint": fields["checkpoint"],
+                "note": "SIGTERM: a spot notice, Slurm preemption or time limit, or a kill",
+            });
             self.event(step, "preemption", preempted);
         }
         self.event(step, stop.state(), fields);
