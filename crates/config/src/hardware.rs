@@ -92,7 +92,9 @@ pub fn from_gpu_name(name: &str, memory_bytes: u64) -> Option<&'static HardwareS
     let lower = name.to_ascii_lowercase();
     let words: Vec<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).collect();
     let has = |w: &str| words.contains(&w);
-    let device = if has("h200") && has("nvl") {
+    let device = if has("mig") {
+        return None; // a MIG slice has a fraction of the whole GPU's peak
+    } else if has("h200") && has("nvl") {
         return None; // H200 NVL: a lower power limit, not the SXM part's peak
     } else if has("h200") {
         "h200"
@@ -194,6 +196,7 @@ mod tests {
             ("NVIDIA GH200 480GB", gib(96), None),
             ("NVIDIA L40S", gib(48), None),
             ("Tesla V100-SXM2-16GB", gib(16), None),
+            ("NVIDIA A100-SXM4-80GB MIG 1g.10gb", gib(10), None),
         ];
         for (name, memory, want) in cases {
             let got = from_gpu_name(name, memory).map(|d| d.name);

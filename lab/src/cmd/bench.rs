@@ -83,7 +83,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config.train.activation_checkpointing = c;
     }
     let launch = lab_dist::Launch::from_env()?;
-    if let Some(note) = super::train::measure_on_this_device(&mut config, backend, &launch) {
+    if let Some(note) = super::measure_on_this_device(&mut config, backend, &launch) {
         eprintln!("lab bench: {note}");
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {

@@ -227,7 +227,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     if let Some(gib) = args.fit_micro_batch {
         fit_micro_batch(&mut config, gib, backend, &launch)?;
     }
-    if let Some(note) = measure_on_this_device(&mut config, backend, &launch) {
+    if let Some(note) = super::measure_on_this_device(&mut config, backend, &launch) {
         if launch.rank == 0 {
             eprintln!("lab train: {note}");
         }
@@ -330,36 +330,6 @@ fn fit_micro_batch(
         );
     }
     Ok(())
-}
-
-/// Points the config's `hardware.device` at the device this rank computes on (for MFU; see
-/// `lab_train::device`), returning the note to print when it moved.
-pub fn measure_on_this_device(
-    config: &mut LabConfig,
-    backend: BackendKind,
-    launch: &lab_dist::Launch,
-) -> Option<String> {
-    let gpu = gpu_name(backend, launch);
-    let found = lab_train::device::Found {
-        backend,
-        gpu: gpu.as_ref().map(|(name, memory)| (name.as_str(), *memory)),
-    };
-    lab_train::device::measure_on(config, found)
-}
-
-/// This rank's GPU as NVML names it, with its memory; None without one (or without NVML,
-/// which the health readings warn about).
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-fn gpu_name(backend: BackendKind, launch: &lab_dist::Launch) -> Option<(String, u64)> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            let probe = lab_train::backend::nvml_probe(launch).ok()?;
-            let gpu = lab_health::Probe::describe(&probe);
-            Some((gpu.name, gpu.memory_bytes))
-        }
-        _ => None,
-    }
 }
 
 /// This rank's GPU memory, from NVML.
