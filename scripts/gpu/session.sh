@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures issues 11 and 13 ask for, in stages that each fit one lent-device call
-# (under 10 minutes), given binaries built on a machine with Rust:
+# (under 10 minutes, on a machine that may be fresh each call), given binaries built on a
+# machine with Rust:
 #
 #   CUDARC_CUDA_VERSION=13000 cargo build --release -p lab@0.1.0 --features cuda
 #   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-dist --features cuda --test nccl --no-run
@@ -9,9 +10,9 @@
 #
 # then, on the GPU host (the device call's `carry`: [".bin"]), one stage per call:
 #
-#   scripts/gpu/session.sh smoke   [--lab PATH] [--nccl-test PATH] [--out DIR] [--config FILE] [--device cuda|cpu]
-#   scripts/gpu/session.sh train   [...]
-#   scripts/gpu/session.sh fp32    [...]
+#   scripts/gpu/session.sh smoke   [--lab PATH] [--nccl-test PATH] [--out DIR] [--config FILE] [--device cuda|cpu] [--steps N]
+#   scripts/gpu/session.sh curves  [...]
+#   scripts/gpu/session.sh memory  [...]
 #   scripts/gpu/session.sh compare [...]
 #
 # Every stage runs the config at 2 micro-batches a step, not the recipe's 16 (64K tokens a
@@ -21,13 +22,17 @@
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class;
 #          the plan; cubecl's matmul on the model's shapes; NCCL at world size 1 (issue 13's
 #          must-show 4).
-# train:   tinyshakespeare prepared here; 200 steps in bf16; 20 with selective checkpointing;
-#          10 with the micro-batch --fit-micro-batch picks.
-# fp32:    200 steps in fp32, then both curves on one chart and as CSV.
+# curves:  tinyshakespeare prepared on the host; --steps (200) in bf16, then in fp32; both
+#          curves on one chart and as CSV.
+# memory:  20 steps with selective checkpointing; 10 with the micro-batch --fit-micro-batch
+#          picks.
 # compare: scripts/gpu/bench.sh: lab against PyTorch eager and torch.compile, one table.
 #
-# Every log, JSON, CSV and chart goes to --out (default $OUT, what a device call returns).
-# `--device cpu --config configs/tiny-cpu.toml` runs the same plumbing on a CPU.
+# The work (data, run folders, logs) goes to $WORK (default /tmp/lab-session). What comes
+# back goes to --out (default $OUT, where a device call returns at most 8 files): the
+# stage's summary and one STAGE.tar.gz of its logs, charts, CSVs, metrics and events (no
+# checkpoints). `--device cpu --config configs/tiny-cpu.toml --steps 6` runs the same
+# plumbing on a CPU.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -37,6 +42,7 @@ stage="${1:-}"
 lab="$repo/.bin/lab"
 nccl_test="$repo/.bin/nccl-test"
 out="${OUT:-$repo/runs/gpu-session}"
+work="${WORK:-/tmp/lab-session}"
 config="$repo/configs/x1-50m-a100.toml"
 device=cuda
 steps=200
@@ -51,31 +57,53 @@ while [ $# -gt 0 ]; do
     *) echo "session.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$stage" in smoke|train|fp32|compare) ;; *)
-  echo "session.sh: the first argument is the stage: smoke, train, fp32 or compare (see the header of $0)" >&2
+case "$stage" in smoke|curves|memory|compare) ;; *)
+  echo "session.sh: the first argument is the stage: smoke, curves, memory or compare (see the header of $0)" >&2
   exit 2 ;;
 esac
+case "$device" in cuda|cpu) ;; *)
+  echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
+esac
 [ -x "$lab" ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
-mkdir -p "$out"
-backend=$([ "$device" = cuda ] && echo cuda || echo cpu)
+logs="$work/logs-$stage"
+mkdir -p "$out" "$logs"
+summary="$out/summary-$stage.txt"
+backend="$device"
 
-# Runs "$@", its output shown and kept in $out/$name.log; a failure is recorded, not fatal,
+# Runs "$@", its output shown and kept in $logs/$name.log; a failure is recorded, not fatal,
 # so one broken step does not cost the rest of the call.
 step() {
   local name="$1"; shift
   echo "== $name: $*"
-  if "$@" > >(tee "$out/$name.log") 2>&1; then
-    echo "ok $name" >> "$out/summary.txt"
+  if "$@" 2>&1 | tee "$logs/$name.log"; then
+    echo "ok $name" >> "$summary"
   else
-    echo "FAILED $name (exit $?), see $name.log" | tee -a "$out/summary.txt"
+    echo "FAILED $name (exit ${PIPESTATUS[0]}), see $name.log" | tee -a "$summary"
   fi
 }
 
-# The config at 2 micro-batches a step, evaluated every 50 steps on 2 batches.
+# The config at 2 micro-batches a step, evaluated on 2 batches; prints its path.
 short_config() {
   sed -e 's/^grad_accum = .*/grad_accum = 2/' -e 's/^eval_batches = .*/eval_batches = 2/' \
-    "$config" > "$out/short.toml"
-  echo "$out/short.toml"
+    "$config" > "$work/short.toml"
+  echo "$work/short.toml"
+}
+
+# Prepares tinyshakespeare (GPT-2 BPE, nanoGPT's 90/10 split) once; prints the folder.
+data() {
+  local dir="$work/data"
+  [ -f "$dir/train.bin" ] || step prepare "$lab" data prepare >&2 \
+    --input "$repo/crates/data/corpora/tinyshakespeare.txt" --output-dir "$dir" --split chars:0.9
+  echo "$dir"
+}
+
+# Trains the short config: run NAME STEPS FLAGS…, into $work/run-NAME (from scratch).
+run() {
+  local name="$1" n="$2"; shift 2
+  rm -rf "$work/run-$name"
+  step "train-$name" "$lab" train --config "$(short_config)" --data-dir "$(data)" \
+    --backend "$backend" --total-steps "$n" --log-every 10 --eval-every 50 --ckpt-every "$n" \
+    --ckpt-dir "$work/run-$name" "$@"
 }
 
 smoke() {
@@ -93,46 +121,39 @@ smoke() {
     if [ -x "$nccl_test" ]; then
       step nccl "$nccl_test" --ignored --nocapture
     else
-      echo "FAILED nccl: no test binary at $nccl_test (see the header)" | tee -a "$out/summary.txt"
+      echo "FAILED nccl: no test binary at $nccl_test (see the header)" | tee -a "$summary"
     fi
   fi
 }
 
-# Prepares tinyshakespeare (GPT-2 BPE, nanoGPT's 90/10 split) once; prints the folder.
-data() {
-  local dir="$out/data"
-  [ -f "$dir/train.bin" ] || step prepare "$lab" data prepare >&2 \
-    --input "$repo/crates/data/corpora/tinyshakespeare.txt" --output-dir "$dir" --split chars:0.9
-  echo "$dir"
-}
-
-# Trains the short config: train NAME STEPS FLAGS…, into $out/run-NAME.
-run() {
-  local name="$1" n="$2"; shift 2
-  step "train-$name" "$lab" train --config "$(short_config)" --data-dir "$(data)" \
-    --backend "$backend" --total-steps "$n" --log-every 10 --eval-every 50 --ckpt-every "$n" \
-    --ckpt-dir "$out/run-$name" "$@"
-}
-
-train() {
+curves() {
   run bf16 "$steps" --precision bf16
+  run fp32 "$steps" --precision fp32
+  step compare-curves "$lab" compare --run "bf16=$work/run-bf16" --run "fp32=$work/run-fp32" \
+    --output "$logs/bf16-vs-fp32.png" --csv "$logs/bf16-vs-fp32.csv"
+}
+
+memory() {
   run selective 20 --precision bf16 --activation-checkpointing selective
   if [ "$device" = cuda ]; then run fit 10 --precision bf16 --fit-micro-batch; fi
-}
-
-fp32() {
-  run fp32 "$steps" --precision fp32
-  step compare-curves "$lab" compare --run "bf16=$out/run-bf16" --run "fp32=$out/run-fp32" \
-    --output "$out/bf16-vs-fp32.png" --csv "$out/bf16-vs-fp32.csv"
 }
 
 compare() {
   step bench-sh "$here/bench.sh" --lab "$lab" --config "$(short_config)" --device "$device"
 }
 
-echo "session.sh $stage: lab $lab, config $config, device $device, results in $out"
-: > "$out/summary.txt"
+# The stage's logs, and each run folder's record without its checkpoints, in one archive.
+pack() {
+  local runs=()
+  for r in "$work"/run-*; do [ -d "$r" ] && runs+=("$(basename "$r")"); done
+  tar -czf "$out/$stage.tar.gz" -C "$work" --exclude='step-*' --exclude='latest' \
+    "logs-$stage" ${runs[@]+"${runs[@]}"}
+}
+
+echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
+: > "$summary"
 "$stage"
-echo "== summary ($out/summary.txt)"
-cat "$out/summary.txt"
-! grep -q '^FAILED' "$out/summary.txt"
+pack
+echo "== summary ($summary; logs in $out/$stage.tar.gz)"
+cat "$summary"
+! grep -q '^FAILED' "$summary"

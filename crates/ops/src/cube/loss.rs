@@ -184,7 +184,7 @@ fn register<B: FusionBackend + FusedLoss, const M: usize>(
     half: LossHalf,
     inputs: Vec<FloatTensor<Fusion<B>>>,
     outputs: [(DType, Shape); M],
-    c: usize,
+    chunk_rows: usize,
 ) -> [FloatTensor<Fusion<B>>; M] {
     let name = match half {
         LossHalf::Forward => "lab_lm_head_loss_forward",
@@ -197,6 +197,7 @@ fn register<B: FusionBackend + FusedLoss, const M: usize>(
             h.get_float_tensor::<B>(&t[1]),
         );
         let targets = h.get_int_tensor::<B>(&t[2]);
+        let c = chunk_rows;
         match half {
             LossHalf::Forward => {
                 let (loss, lse) = B::lm_head_loss_forward(hidden, weight, targets, c);
