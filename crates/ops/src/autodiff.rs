@@ -17,6 +17,7 @@ use burn::backend::autodiff::{
     ops::{Backward, Ops, OpsKind},
     Autodiff, NodeId,
 };
+use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::TensorMetadata;
 
@@ -38,13 +39,8 @@ impl<B: FusedLoss> Backward<B, 2> for LmHeadLossBackward {
         let scale = B::float_reshape(grad_loss, [1, 1].into());
         let grad_hidden = scaled::<B>(grad_hidden, scale.clone());
         let grad_weight = scaled::<B>(grad_weight, scale);
-        let [hidden_node, weight_node] = ops.parents;
-        if let Some(node) = hidden_node {
-            grads.register::<B>(node.id, grad_hidden);
-        }
-        if let Some(node) = weight_node {
-            grads.register::<B>(node.id, grad_weight);
-        }
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        register_each::<B, 2>(grads, parents, [grad_hidden, grad_weight]);
     }
 }
 
@@ -194,126 +190,133 @@ impl<B: FusedRope, C: CheckpointStrategy> FusedRope for Autodiff<B, C> {
     }
 }
 
-/// SwiGLU's node: keeps its inputs `g` and `u` (as checkpoints, so selective checkpointing
-/// may recompute them), recomputes `σ(g)` in backward (see `swiglu.rs`).
-#[derive(Debug)]
-struct SwigluBackward;
-
-/// Recomputes the op's output when a later node needs it and it was not kept.
-#[derive(Debug, Clone)]
-struct RetroSwiglu<B> {
-    g: NodeId,
-    u: NodeId,
-    _backend: PhantomData<B>,
+/// A two-input op whose graph node keeps only its inputs, as checkpoints (so selective
+/// checkpointing may recompute them), and recomputes in backward what its derivative needs:
+/// SwiGLU (`swiglu.rs`) and RMSNorm (`rms_norm.rs`).
+trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
+    fn forward(self, a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B>;
+    /// The gradients of `a` and `b` for the output's gradient `dy`.
+    fn backward(
+        self,
+        a: FloatTensor<B>,
+        b: FloatTensor<B>,
+        dy: FloatTensor<B>,
+    ) -> [FloatTensor<B>; 2];
 }
 
-impl<B: FusedSwiglu> RetroForward for RetroSwiglu<B> {
-    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
-        let g = states.get_state::<FloatTensor<B>>(&self.g);
-        let u = states.get_state::<FloatTensor<B>>(&self.u);
-        states.save(out_node, B::swiglu(g, u))
+/// SwiGLU of the gate `a` and the up projection `b`.
+#[derive(Debug, Clone, Copy)]
+struct SwigluOp;
+
+impl<B: FusedSwiglu> KeepsInputs<B> for SwigluOp {
+    fn forward(self, g: FloatTensor<B>, u: FloatTensor<B>) -> FloatTensor<B> {
+        B::swiglu(g, u)
+    }
+    fn backward(
+        self,
+        g: FloatTensor<B>,
+        u: FloatTensor<B>,
+        dy: FloatTensor<B>,
+    ) -> [FloatTensor<B>; 2] {
+        let (dg, du) = B::swiglu_backward(g, u, dy);
+        [dg, du]
     }
 }
 
-impl<B: FusedSwiglu> Backward<B, 2> for SwigluBackward {
-    /// The nodes of g and u.
+/// RMSNorm of `a` with the gain `b`.
+#[derive(Debug, Clone, Copy)]
+struct RmsNormOp {
+    eps: f64,
+}
+
+impl<B: FusedRmsNorm> KeepsInputs<B> for RmsNormOp {
+    fn forward(self, x: FloatTensor<B>, gain: FloatTensor<B>) -> FloatTensor<B> {
+        B::rms_norm(x, gain, self.eps)
+    }
+    fn backward(
+        self,
+        x: FloatTensor<B>,
+        gain: FloatTensor<B>,
+        dy: FloatTensor<B>,
+    ) -> [FloatTensor<B>; 2] {
+        let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy);
+        [dx, dgain]
+    }
+}
+
+/// The node of a [`KeepsInputs`] op.
+#[derive(Debug)]
+struct KeptInputsBackward<Op>(Op);
+
+impl<B: Backend, Op: KeepsInputs<B>> Backward<B, 2> for KeptInputsBackward<Op> {
+    /// The nodes of the two inputs.
     type State = (NodeId, NodeId);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
-        let (g, u) = ops.state;
-        let (g, u) = (cp.retrieve_node_output(g), cp.retrieve_node_output(u));
+        let (a, b) = ops.state;
+        let (a, b) = (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
         let dy = grads.consume::<B>(&ops.node);
-        let (dg, du) = B::swiglu_backward(g, u, dy);
-        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dg, du]);
+        let values = self.0.backward(a, b, dy);
+        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), values);
+    }
+}
+
+/// Recomputes a [`KeepsInputs`] op's output when a later node needs it and it was not kept.
+#[derive(Debug, Clone)]
+struct RetroKeptInputs<B, Op> {
+    inputs: (NodeId, NodeId),
+    op: Op,
+    _backend: PhantomData<B>,
+}
+
+impl<B: Backend, Op: KeepsInputs<B>> RetroForward for RetroKeptInputs<B, Op> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let a = states.get_state::<FloatTensor<B>>(&self.inputs.0);
+        let b = states.get_state::<FloatTensor<B>>(&self.inputs.1);
+        states.save(out_node, self.op.forward(a, b))
+    }
+}
+
+/// Applies `op` to `a` and `b`, recording its one node when a gradient is wanted.
+fn keeping_inputs<B: Backend, C: CheckpointStrategy, Op: KeepsInputs<B>>(
+    op: Op,
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let retro = RetroKeptInputs::<B, Op> {
+        inputs: (a.node.id, b.node.id),
+        op,
+        _backend: PhantomData,
+    };
+    match KeptInputsBackward(op)
+        .prepare::<C>([a.node.clone(), b.node.clone()])
+        .memory_bound()
+        .retro_forward(retro)
+        .parents([&a, &b])
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let state = (prep.checkpoint(&a), prep.checkpoint(&b));
+            prep.finish(state, op.forward(a.primitive, b.primitive))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(op.forward(a.primitive, b.primitive)),
     }
 }
 
 impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
     fn swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
-        let retro = RetroSwiglu::<B> {
-            g: g.node.id,
-            u: u.node.id,
-            _backend: PhantomData,
-        };
-        match SwigluBackward
-            .prepare::<C>([g.node.clone(), u.node.clone()])
-            .memory_bound()
-            .retro_forward(retro)
-            .parents([&g, &u])
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let state = (prep.checkpoint(&g), prep.checkpoint(&u));
-                prep.finish(state, B::swiglu(g.primitive, u.primitive))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(g.primitive, u.primitive)),
-        }
-    }
-}
-
-/// RMSNorm's node: keeps its input and gain (as checkpoints, so selective checkpointing may
-/// recompute the input), recomputes the per-row rms in backward (see `rms_norm.rs`).
-#[derive(Debug)]
-struct RmsNormBackward {
-    eps: f64,
-}
-
-/// Recomputes the op's output when a later node needs it and it was not kept.
-#[derive(Debug, Clone)]
-struct RetroRmsNorm<B> {
-    x: NodeId,
-    gain: NodeId,
-    eps: f64,
-    _backend: PhantomData<B>,
-}
-
-impl<B: FusedRmsNorm> RetroForward for RetroRmsNorm<B> {
-    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
-        let x = states.get_state::<FloatTensor<B>>(&self.x);
-        let gain = states.get_state::<FloatTensor<B>>(&self.gain);
-        states.save(out_node, B::rms_norm(x, gain, self.eps))
-    }
-}
-
-impl<B: FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
-    /// The nodes of x and the gain.
-    type State = (NodeId, NodeId);
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
-        let (x, gain) = ops.state;
-        let (x, gain) = (cp.retrieve_node_output(x), cp.retrieve_node_output(gain));
-        let dy = grads.consume::<B>(&ops.node);
-        let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy);
-        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dx, dgain]);
+        keeping_inputs::<B, C, _>(SwigluOp, g, u)
     }
 }
 
 impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
     fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        let retro = RetroRmsNorm::<B> {
-            x: x.node.id,
-            gain: gain.node.id,
-            eps,
-            _backend: PhantomData,
-        };
-        match (RmsNormBackward { eps })
-            .prepare::<C>([x.node.clone(), gain.node.clone()])
-            .memory_bound()
-            .retro_forward(retro)
-            .parents([&x, &gain])
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let state = (prep.checkpoint(&x), prep.checkpoint(&gain));
-                prep.finish(state, B::rms_norm(x.primitive, gain.primitive, eps))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::rms_norm(x.primitive, gain.primitive, eps)),
-        }
+        keeping_inputs::<B, C, _>(RmsNormOp { eps }, x, gain)
     }
 }
 
 /// Hands each tracked parent its gradient (untracked parents, `None`, get none).
-fn register_each<B: burn::tensor::backend::Backend, const N: usize>(
+fn register_each<B: Backend, const N: usize>(
     grads: &mut Gradients,
     parents: [Option<NodeId>; N],
     values: [FloatTensor<B>; N],
