@@ -83,7 +83,8 @@ pub fn run(args: Args) -> Result<ExitCode> {
         config.train.activation_checkpointing = c;
     }
     let launch = lab_dist::Launch::from_env()?;
-    if let Some(note) = super::measure_on_this_device(&mut config, backend, &launch) {
+    let gpu = super::open_gpu(backend, &launch);
+    if let Some(note) = super::measure_on_this_device(&mut config, backend, &gpu) {
         eprintln!("lab bench: {note}");
     }
     let threads = std::env::var("RAYON_NUM_THREADS").unwrap_or_else(|_| {
@@ -168,7 +169,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         warmup: args.warmup,
         tokens_out: args.tokens_out,
         split: args.split,
-        memory: memory_gauge(backend)?,
+        memory: memory_gauge(gpu),
     })?;
     if args.json {
         let mut v = serde_json::to_value(&r)?;
@@ -211,17 +212,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// The GPU's used memory through NVML on CUDA; the process's peak RSS elsewhere (or when
 /// NVML cannot be opened, with a warning).
-fn memory_gauge(backend: BackendKind) -> Result<MemoryGauge> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => match lab_train::backend::nvml_probe(&lab_dist::Launch::from_env()?) {
-            Ok(probe) => Ok(MemoryGauge::Gpu(Box::new(probe))),
-            Err(e) => {
-                eprintln!("warning: {e:#}; reporting the process's peak RSS instead");
-                Ok(MemoryGauge::ProcessPeak)
-            }
-        },
-        _ => Ok(MemoryGauge::ProcessPeak),
+fn memory_gauge(gpu: super::Gpu) -> MemoryGauge {
+    match gpu {
+        Ok(Some(probe)) => MemoryGauge::Gpu(probe),
+        Ok(None) => MemoryGauge::ProcessPeak,
+        Err(e) => {
+            eprintln!("warning: {e}; reporting the process's peak RSS instead");
+            MemoryGauge::ProcessPeak
+        }
     }
 }
 

@@ -17,35 +17,37 @@ pub mod supervise;
 pub mod tokenizer;
 pub mod train;
 
+/// This rank's GPU through NVML, opened once: None off CUDA, the error's text where NVML
+/// cannot be read. Its description picks MFU's peak and `--fit-micro-batch`'s memory; its
+/// readings feed the health policy (train) or the memory gauge (bench).
+pub type Gpu = Result<Option<Box<dyn lab_health::Probe>>, String>;
+
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+pub fn open_gpu(backend: lab_train::BackendKind, launch: &lab_dist::Launch) -> Gpu {
+    match backend {
+        #[cfg(feature = "cuda")]
+        lab_train::BackendKind::Cuda => match lab_train::backend::nvml_probe(launch) {
+            Ok(p) => Ok(Some(Box::new(p))),
+            Err(e) => Err(format!("{e:#}")),
+        },
+        _ => Ok(None),
+    }
+}
+
 /// Points the config's `hardware.device` at the device this rank computes on (for MFU; see
 /// `lab_train::device`), returning the note to print when it moved.
 pub fn measure_on_this_device(
     config: &mut lab_config::LabConfig,
     backend: lab_train::BackendKind,
-    launch: &lab_dist::Launch,
+    gpu: &Gpu,
 ) -> Option<String> {
-    let gpu = gpu_identity(backend, launch);
+    let info = match gpu {
+        Ok(Some(probe)) => Some(probe.describe()),
+        _ => None,
+    };
     let found = lab_train::device::Found {
         backend,
-        gpu: gpu.as_ref().map(|(name, memory)| (name.as_str(), *memory)),
+        gpu: info.as_ref().map(|g| (g.name.as_str(), g.memory_bytes)),
     };
     lab_train::device::measure_on(config, found)
-}
-
-/// This rank's GPU as NVML names it, with its memory; None without one (or without NVML,
-/// which the health readings warn about).
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-fn gpu_identity(
-    backend: lab_train::BackendKind,
-    launch: &lab_dist::Launch,
-) -> Option<(String, u64)> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        lab_train::BackendKind::Cuda => {
-            let probe = lab_train::backend::nvml_probe(launch).ok()?;
-            let gpu = lab_health::Probe::describe(&probe);
-            Some((gpu.name, gpu.memory_bytes))
-        }
-        _ => None,
-    }
 }

@@ -224,10 +224,11 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         .validate()
         .map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
     let launch = lab_dist::Launch::from_env()?;
+    let gpu = super::open_gpu(backend, &launch);
     if let Some(gib) = args.fit_micro_batch {
-        fit_micro_batch(&mut config, gib, backend, &launch)?;
+        fit_micro_batch(&mut config, gib, backend, &gpu, &launch)?;
     }
-    if let Some(note) = super::measure_on_this_device(&mut config, backend, &launch) {
+    if let Some(note) = super::measure_on_this_device(&mut config, backend, &gpu) {
         if launch.rank == 0 {
             eprintln!("lab train: {note}");
         }
@@ -270,7 +271,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         });
         sink
     });
-    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, &config, backend, &launch)? {
+    let policies: Vec<Box<dyn StepPolicy>> = match gpu_health(args, &config, gpu, &launch)? {
         Some(p) => vec![Box::new(p)],
         None => Vec::new(),
     };
@@ -298,6 +299,7 @@ fn fit_micro_batch(
     config: &mut LabConfig,
     gib: Option<f64>,
     backend: BackendKind,
+    gpu: &super::Gpu,
     launch: &lab_dist::Launch,
 ) -> Result<()> {
     let device_bytes = match gib {
@@ -308,7 +310,7 @@ fn fit_micro_batch(
             "--fit-micro-batch on {} ranks: give the smallest GPU's memory in GiB (--fit-micro-batch 80) so every rank splits the step alike",
             launch.world
         ),
-        None => gpu_memory_bytes(backend, launch)?,
+        None => gpu_memory_bytes(backend, gpu)?,
     };
     let (micro_batch, grad_accum) = (config.train.micro_batch, config.train.grad_accum);
     // The GPU backends run lab-kernels' flash attention; the CPU keeps the T × T scores.
@@ -333,23 +335,21 @@ fn fit_micro_batch(
 }
 
 /// This rank's GPU memory, from NVML.
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f64> {
-    match backend {
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => {
-            let probe = lab_train::backend::nvml_probe(launch).context(
-                "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80)",
-            )?;
-            let gpu = lab_health::Probe::describe(&probe);
+fn gpu_memory_bytes(backend: BackendKind, gpu: &super::Gpu) -> Result<f64> {
+    match gpu {
+        Ok(Some(probe)) => {
+            let gpu = probe.describe();
             if gpu.memory_bytes == 0 {
                 bail!("--fit-micro-batch: NVML reports no memory for GPU {}; give it in GiB (--fit-micro-batch 80)", gpu.index);
             }
             Ok(gpu.memory_bytes as f64)
         }
-        other => bail!(
+        Err(e) => bail!(
+            "--fit-micro-batch: cannot read the GPU's memory; give it in GiB (--fit-micro-batch 80): {e}"
+        ),
+        Ok(None) => bail!(
             "--fit-micro-batch needs the device's memory: on --backend {} give it in GiB (--fit-micro-batch 80)",
-            other.name()
+            backend.name()
         ),
     }
 }
@@ -357,29 +357,25 @@ fn gpu_memory_bytes(backend: BackendKind, launch: &lab_dist::Launch) -> Result<f
 /// GPU health readings and alerts: NVML on a CUDA run, a recorded file for the drill, none
 /// on the CPU. A GPU host without NVML trains on, with a warning. Rank 0's GPU only: the
 /// other ranks neither log nor alert, so their readings would be dropped.
-#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn gpu_health(
     args: &Args,
     config: &LabConfig,
-    backend: BackendKind,
+    gpu: super::Gpu,
     launch: &lab_dist::Launch,
 ) -> Result<Option<GpuHealth>> {
     if launch.rank != 0 {
         return Ok(None);
     }
-    let probe: Box<dyn lab_health::Probe> = match (&args.inject_gpu_telemetry, backend) {
+    let probe: Box<dyn lab_health::Probe> = match (&args.inject_gpu_telemetry, gpu) {
         (Some(file), _) => {
             Box::new(lab_health::replay::ReplayProbe::open(file).context("--inject-gpu-telemetry")?)
         }
-        #[cfg(feature = "cuda")]
-        (None, BackendKind::Cuda) => match lab_train::backend::nvml_probe(launch) {
-            Ok(p) => Box::new(p),
-            Err(e) => {
-                eprintln!("warning: {e:#}");
-                return Ok(None);
-            }
-        },
-        _ => return Ok(None),
+        (None, Ok(Some(probe))) => probe,
+        (None, Err(e)) => {
+            eprintln!("warning: {e}");
+            return Ok(None);
+        }
+        (None, Ok(None)) => return Ok(None),
     };
     let watch = lab_health::Watch::new(lab_health::Rules::default());
     let mfu = lab_train::device::mfu_peak(config);
