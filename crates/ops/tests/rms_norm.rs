@@ -11,7 +11,7 @@ use lab_ops::{rms_norm, FusedRmsNorm};
 use proptest::prelude::*;
 
 mod common;
-use common::{bits, floats};
+use common::{bits, block_input, floats, weight};
 
 type B = Autodiff<Flex>;
 
@@ -240,12 +240,12 @@ fn same_forward_bits_and_close_gradients_as_the_composition() {
 /// checkpointing the norm's input is itself recomputed, as the residual stream is.
 fn block<A: AutodiffBackend + FusedRmsNorm>() -> Vec<Vec<f32>> {
     let device = Default::default();
-    let param = |seed, shape: [usize; 2]| {
-        let v = floats(shape[0] * shape[1], seed, 0.5);
-        Tensor::<A, 2>::from_data(TensorData::new(v, shape), &device).require_grad()
-    };
-    let x = Tensor::<A, 2>::from_data(TensorData::new(floats(6 * 8, 1, 1.0), [6, 8]), &device);
-    let (w1, w2, w3) = (param(2, [8, 12]), param(3, [12, 8]), param(5, [8, 12]));
+    let x = block_input::<A>();
+    let (w1, w2, w3) = (
+        weight::<A>(2, [8, 12]),
+        weight(3, [12, 8]),
+        weight(5, [8, 12]),
+    );
     let gain = Tensor::<A, 1>::from_data(TensorData::new(floats(12, 4, 1.0), [12]), &device)
         .require_grad();
     let residual = x.clone().matmul(w1.clone()) + x.matmul(w3.clone());

@@ -11,7 +11,7 @@ use lab_ops::{swiglu, FusedSwiglu};
 use proptest::prelude::*;
 
 mod common;
-use common::{assert_close, bits, floats};
+use common::{assert_close, bits, block_input, floats, weight};
 
 type B = Autodiff<Flex>;
 
@@ -160,13 +160,12 @@ fn same_bits_as_the_composition() {
 /// A projection, the gating and a projection back, as the model's feed-forward runs them:
 /// `((x·W_g) ⊙' (x·W_u))·W_d` summed, and the three weights' gradients.
 fn feed_forward<A: AutodiffBackend>(gate: Gate<A>) -> Vec<Vec<f32>> {
-    let device = Default::default();
-    let weight = |seed, shape: [usize; 2]| {
-        let v = floats(shape[0] * shape[1], seed, 0.5);
-        Tensor::<A, 2>::from_data(TensorData::new(v, shape), &device).require_grad()
-    };
-    let x = Tensor::<A, 2>::from_data(TensorData::new(floats(6 * 8, 1, 1.0), [6, 8]), &device);
-    let (w_g, w_u, w_d) = (weight(2, [8, 12]), weight(3, [8, 12]), weight(4, [12, 8]));
+    let x = block_input::<A>();
+    let (w_g, w_u, w_d) = (
+        weight::<A>(2, [8, 12]),
+        weight(3, [8, 12]),
+        weight(4, [12, 8]),
+    );
     let y = gate(x.clone().matmul(w_g.clone()), x.matmul(w_u.clone())).matmul(w_d.clone());
     let grads = y.sum().backward();
     [w_g, w_u, w_d]

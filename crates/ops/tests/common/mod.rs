@@ -1,5 +1,5 @@
-//! What the elementwise-op tests (RoPE, SwiGLU) share: seeded inputs, a comparison against
-//! fp64 references, and bit patterns.
+//! What the elementwise-op tests (RoPE, SwiGLU, RMSNorm) share: seeded inputs and weights, a
+//! comparison against fp64 references, and bit patterns.
 #![allow(dead_code)] // each test file uses some of these
 
 /// xorshift64*: values in `[-scale, scale)` that do not depend on burn's global RNG.
@@ -29,4 +29,23 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
 
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A `[rows, cols]` weight of seeded values in ±0.5 that wants its gradient.
+pub fn weight<A: burn::tensor::backend::AutodiffBackend>(
+    seed: u64,
+    shape: [usize; 2],
+) -> burn::tensor::Tensor<A, 2> {
+    let v = floats(shape[0] * shape[1], seed, 0.5);
+    burn::tensor::Tensor::from_data(burn::tensor::TensorData::new(v, shape), &Default::default())
+        .require_grad()
+}
+
+/// The small block's input: `[6, 8]` seeded values in ±1, no gradient wanted.
+pub fn block_input<A: burn::tensor::backend::AutodiffBackend>() -> burn::tensor::Tensor<A, 2> {
+    let v = floats(6 * 8, 1, 1.0);
+    burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(v, [6, 8]),
+        &Default::default(),
+    )
 }
