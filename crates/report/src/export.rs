@@ -96,7 +96,8 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
         copy(&checkpoint::model_file(&ck_dir), &stage.join(FINAL_WEIGHTS))?;
         // Always: a run without a spike gets the page that says none was detected, and under
         // which thresholds.
-        postmortem::write_postmortem(&opts.run, Some(&stage.join("spike-postmortem.md")))?;
+        postmortem::Postmortem::of(files.clone())
+            .write(Some(&stage.join("spike-postmortem.md")))?;
         for name in EVIDENCE {
             let src = match *name {
                 "budget.json" => opts.budget.clone().unwrap_or(opts.run.join(name)),

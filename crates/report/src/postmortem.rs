@@ -79,9 +79,32 @@ const TIMELINE: &[&str] = &[
 
 impl Postmortem {
     pub fn read(run_dir: &Path) -> Result<Postmortem> {
-        let files = RunFiles::read(run_dir)?;
+        Ok(Self::of(RunFiles::read(run_dir)?))
+    }
+
+    /// The post-mortem of a run folder already read.
+    pub fn of(files: RunFiles) -> Postmortem {
         let spikes = spikes(&files);
-        Ok(Postmortem { files, spikes })
+        Postmortem { files, spikes }
+    }
+
+    /// Writes the markdown to `output` (default `RUN/spike-postmortem.md`) and a PNG per spike
+    /// beside it. Returns the markdown's path.
+    pub fn write(&self, output: Option<&Path>) -> Result<PathBuf> {
+        let out = output.map_or_else(
+            || self.files.dir.join("spike-postmortem.md"),
+            Path::to_path_buf,
+        );
+        let folder = out.parent().unwrap_or(Path::new(".")).to_path_buf();
+        std::fs::create_dir_all(&folder)?;
+        let mut charts = Vec::new();
+        for s in &self.spikes {
+            let name = format!("spike-step-{}.png", s.onset);
+            spike_chart(self, s, &folder.join(&name))?;
+            charts.push(name);
+        }
+        lab_fsio::write_atomic(&out, self.render(&charts).as_bytes())?;
+        Ok(out)
     }
 
     fn margin(&self) -> f64 {
@@ -190,18 +213,7 @@ fn action_of(detected: &Event, later: &[Event]) -> Action {
 /// Writes the post-mortem of `run_dir` to `output` (default `RUN/spike-postmortem.md`) and a
 /// PNG per spike beside it. Returns the markdown's path.
 pub fn write_postmortem(run_dir: &Path, output: Option<&Path>) -> Result<PathBuf> {
-    let pm = Postmortem::read(run_dir)?;
-    let out = output.map_or_else(|| run_dir.join("spike-postmortem.md"), Path::to_path_buf);
-    let folder = out.parent().unwrap_or(Path::new(".")).to_path_buf();
-    std::fs::create_dir_all(&folder)?;
-    let mut charts = Vec::new();
-    for s in &pm.spikes {
-        let name = format!("spike-step-{}.png", s.onset);
-        spike_chart(&pm, s, &folder.join(&name))?;
-        charts.push(name);
-    }
-    lab_fsio::write_atomic(&out, pm.render(&charts).as_bytes())?;
-    Ok(out)
+    Postmortem::read(run_dir)?.write(output)
 }
 
 fn spike_chart(pm: &Postmortem, s: &Spike, path: &Path) -> Result<()> {

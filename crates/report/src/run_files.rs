@@ -6,6 +6,7 @@ use anyhow::{bail, Context, Result};
 use lab_config::LabConfig;
 use lab_run::{Event, MetricsRow};
 
+#[derive(Clone)]
 pub struct RunFiles {
     pub dir: PathBuf,
     /// The effective config the run recorded (config.toml), when present.

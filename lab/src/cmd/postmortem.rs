@@ -16,8 +16,8 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let out = lab_report::write_postmortem(&args.run, args.output.as_deref())?;
     let pm = lab_report::Postmortem::read(&args.run)?;
+    let out = pm.write(args.output.as_deref())?;
     match pm.spikes.len() {
         0 => println!(
             "no loss spike in {}; report: {}",
