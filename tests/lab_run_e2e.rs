@@ -81,6 +81,18 @@ fn the_export_holds_every_artifact_and_metrics_csv_equals_metrics_jsonl() {
     }
     assert_eq!(m["seed"], 42);
     assert_eq!(m["stability"]["spikes_detected"], 1);
+    // The cluster spec: the embedded lab is a job of one process.
+    let job = &m["hardware"]["cluster"];
+    assert_eq!(
+        (
+            &job["world_size"],
+            &job["nodes"],
+            &job["engine"],
+            &job["zero"]
+        ),
+        (&1.into(), &1.into(), &"single".into(), &0.into()),
+        "{job}"
+    );
     let card = std::fs::read_to_string(export.join("MODEL_CARD.md")).unwrap();
     assert!(card.contains("not a medical device") && card.contains("tinyshakespeare"));
 

@@ -106,6 +106,22 @@ fn two_ranks_accumulating_one_equal_one_process_accumulating_two() {
         (dp[0]["world_size"].as_u64(), dp[0]["engine"].as_str()),
         (Some(2), Some("mpi"))
     );
+    // hardware.json (and so the manifest) carries the job: 2 ranks of one host.
+    let hw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(two.join("hardware.json")).unwrap()).unwrap();
+    let job = &hw["cluster"];
+    assert_eq!(
+        (
+            &job["world_size"],
+            &job["nodes"],
+            &job["launcher"],
+            &job["engine"]
+        ),
+        (&2.into(), &1.into(), &"mpirun".into(), &"mpi".into()),
+        "{job}"
+    );
+    assert_eq!(job["rank_hosts"][0], job["rank_hosts"][1]);
+    assert_eq!(job["grad_accum_per_rank"], 1);
     // The share of step time in collectives is logged, and is a share.
     let share = metric_rows(&two)[0]["comm_share"]
         .as_f64()

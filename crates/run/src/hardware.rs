@@ -1,5 +1,6 @@
-//! `hardware.json`: the machine a run trained on (CPU model, cores, memory, host, GPUs), written
-//! by the trainer when it starts so an export made elsewhere still says where the run ran.
+//! `hardware.json`: the machine a run trained on (CPU model, cores, memory, host, GPUs) and the
+//! job it was part of (world size, nodes, launcher, collectives engine), written by the trainer
+//! when it starts so an export made elsewhere still says where the run ran.
 
 use std::path::Path;
 use std::process::Command;
@@ -32,6 +33,50 @@ pub struct Hardware {
     /// run's precision (absent in runs from before they were recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mfu_peak: Option<MfuPeak>,
+    /// The job of the last launch (absent in runs from before it was recorded). The machine
+    /// fields above describe rank 0's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Cluster>,
+}
+
+/// The data-parallel job a run trained in: one process is a job of one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub world_size: usize,
+    /// Distinct hosts the ranks ran on.
+    pub nodes: usize,
+    /// Each rank's host, in rank order.
+    pub rank_hosts: Vec<String>,
+    /// `mpirun`, `torchrun`, `srun` or `a single process`.
+    pub launcher: String,
+    /// The collectives engine: `single`, `mpi` or `nccl`.
+    pub engine: String,
+    /// ZeRO stage the trainer ran (0 or 1).
+    pub zero: u8,
+    /// Micro-batches each rank computes per optimizer step.
+    pub grad_accum_per_rank: usize,
+}
+
+impl Cluster {
+    /// "2 ranks on 1 node (mpirun, mpi, ZeRO-1)".
+    pub fn summary(&self) -> String {
+        let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+        format!(
+            "{} on {} ({}, {}, ZeRO-{})",
+            plural(self.world_size, "rank"),
+            plural(self.nodes, "node"),
+            self.launcher,
+            self.engine,
+            self.zero
+        )
+    }
+}
+
+/// This machine's host name (empty when Linux does not say).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The peak a run's MFU divides by, and the table entry it comes from.
@@ -67,15 +112,14 @@ impl Hardware {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0);
         Hardware {
-            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default(),
+            hostname: hostname(),
             cpu_model,
             cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             memory_gib: (mem_kib / (1024.0 * 1024.0) * 10.0).round() / 10.0,
             gpus: nvidia_gpus(),
             backend: backend.to_string(),
             mfu_peak: None,
+            cluster: None,
         }
     }
 
@@ -97,8 +141,12 @@ impl Hardware {
             None => "no GPU".to_string(),
             Some(g) => format!("{} × {}", self.gpus.len(), g.name),
         };
+        let job = match &self.cluster {
+            Some(c) if c.world_size > 1 => format!("; {}", c.summary()),
+            _ => String::new(),
+        };
         format!(
-            "{} cores of {} ({} GiB RAM), {gpus}, backend {}",
+            "{} cores of {} ({} GiB RAM), {gpus}, backend {}{job}",
             self.cpu_cores, self.cpu_model, self.memory_gib, self.backend
         )
     }
@@ -140,5 +188,31 @@ mod tests {
         h.write(dir.path()).unwrap();
         assert_eq!(Hardware::read(dir.path()).unwrap(), h);
         assert!(h.summary().contains("backend cpu"));
+    }
+
+    #[test]
+    fn a_job_of_several_ranks_is_summarised_and_round_trips() {
+        let mut h = Hardware::detect("cuda");
+        h.cluster = Some(Cluster {
+            world_size: 16,
+            nodes: 2,
+            rank_hosts: [vec!["gpu001".to_string(); 8], vec!["gpu002".to_string(); 8]].concat(),
+            launcher: "srun".into(),
+            engine: "nccl".into(),
+            zero: 1,
+            grad_accum_per_rank: 2,
+        });
+        assert!(
+            h.summary()
+                .ends_with("; 16 ranks on 2 nodes (srun, nccl, ZeRO-1)"),
+            "{}",
+            h.summary()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        h.write(dir.path()).unwrap();
+        assert_eq!(Hardware::read(dir.path()).unwrap(), h);
+        // hardware.json from before the field still reads.
+        let old = r#"{"hostname":"h","cpu_model":"m","cpu_cores":2,"memory_gib":1.0}"#;
+        assert_eq!(serde_json::from_str::<Hardware>(old).unwrap().cluster, None);
     }
 }

@@ -10,7 +10,7 @@
 //! finite flag). With one rank every method is the identity and costs nothing.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::time::Instant;
 
@@ -23,6 +23,7 @@ use lab_data::Batch;
 use lab_dist::{Collectives, Engine, Launch, Reduce, Shards, Single, Timeout};
 use lab_model::weights::PathStack;
 use lab_model::Llama;
+use lab_run::hardware::Cluster;
 
 use crate::backend::TrainBackend;
 use crate::policy::{Decision, Stop};
@@ -43,6 +44,8 @@ pub struct DataParallel {
     shards: Option<Shards>,
     /// Seconds spent moving gradients and weights since [`DataParallel::take_comm_s`].
     comm_s: Cell<f64>,
+    /// Each rank's host, in rank order (hardware.json's cluster spec).
+    rank_hosts: Vec<String>,
 }
 
 impl DataParallel {
@@ -57,6 +60,7 @@ impl DataParallel {
             owner: BTreeMap::new(),
             shards: None,
             comm_s: Cell::new(0.0),
+            rank_hosts: vec![lab_run::hardware::hostname()],
         }
     }
 
@@ -79,7 +83,7 @@ impl DataParallel {
         let engine: Engine = p.engine.parse()?;
         let timeout = Timeout(std::time::Duration::from_secs_f64(p.timeout_s));
         let coll = lab_dist::connect(&launch, engine, timeout)?;
-        Ok(Self {
+        let mut dp = Self {
             coll,
             launch,
             local_accum,
@@ -88,7 +92,28 @@ impl DataParallel {
             owner: BTreeMap::new(),
             shards: None,
             comm_s: Cell::new(0.0),
-        })
+            rank_hosts: Vec::new(),
+        };
+        dp.rank_hosts = dp
+            .gather_bytes(lab_run::hardware::hostname().into_bytes())?
+            .into_iter()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .collect();
+        Ok(dp)
+    }
+
+    /// The job this process is part of, as hardware.json records it.
+    pub fn cluster(&self) -> Cluster {
+        let nodes: BTreeSet<&String> = self.rank_hosts.iter().collect();
+        Cluster {
+            world_size: self.world(),
+            nodes: nodes.len(),
+            rank_hosts: self.rank_hosts.clone(),
+            launcher: self.launch.launcher.name().to_string(),
+            engine: self.engine().to_string(),
+            zero: self.zero1() as u8,
+            grad_accum_per_rank: self.local_accum,
+        }
     }
 
     /// ZeRO-1: deals `model`'s parameters out to the ranks, balanced by size. The deal is a
@@ -286,16 +311,26 @@ impl DataParallel {
             return Ok(mine);
         }
         let mut all = BTreeMap::new();
-        for r in 0..self.world() {
-            let mut bytes = if r == self.rank() {
-                serde_json::to_vec(&mine)?
-            } else {
-                Vec::new()
-            };
-            self.coll.broadcast_bytes(&mut bytes, r)?;
+        for bytes in self.gather_bytes(serde_json::to_vec(&mine)?)? {
             all.extend(serde_json::from_slice::<BTreeMap<String, u64>>(&bytes)?);
         }
         Ok(all)
+    }
+
+    /// Every rank's `mine`, in rank order (one broadcast per rank: for small records).
+    fn gather_bytes(&self, mine: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+        let mut mine = Some(mine);
+        (0..self.world())
+            .map(|r| {
+                let mut bytes = if r == self.rank() {
+                    mine.take().unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                self.coll.broadcast_bytes(&mut bytes, r)?;
+                Ok(bytes)
+            })
+            .collect()
     }
 
     /// Rank 0's decision, taken by every rank; a signal any rank caught stops them all.

@@ -355,6 +355,7 @@ impl Run {
         lab_fsio::write_atomic(&dir.join(DATA), data.as_bytes())?;
         let mut hardware = lab_run::Hardware::detect(self.backend);
         hardware.mfu_peak = Some(crate::device::mfu_peak(&self.cfg));
+        hardware.cluster = Some(self.dp.cluster());
         hardware.write(dir)
     }
 
