@@ -2,6 +2,7 @@
 //! `cmd/`; the work itself lives in the `crates/` libraries.
 
 mod cmd;
+mod crash;
 
 use std::process::ExitCode;
 
@@ -74,8 +75,13 @@ enum Command {
 
 fn main() -> ExitCode {
     keep_freed_pages();
+    crash::install();
     let cli = Cli::parse(); // usage errors exit 2 (clap)
-    let result = match cli.command {
+    crash::exit_code_of(|| run(cli.command))
+}
+
+fn run(command: Command) -> ExitCode {
+    let result = match command {
         Command::Run(args) => cmd::run::run(args),
         Command::Train(args) => cmd::train::run(args),
         Command::Supervise(args) => cmd::supervise::run(args),
@@ -97,7 +103,8 @@ fn main() -> ExitCode {
         Err(err) => {
             // One line: the context chain joined by ": ", never a panic trace.
             eprintln!("error: {err:#}");
-            ExitCode::from(1)
+            let usage = err.chain().any(|e| e.is::<cmd::Usage>());
+            ExitCode::from(if usage { 2 } else { 1 })
         }
     }
 }

@@ -17,6 +17,27 @@ pub mod supervise;
 pub mod tokenizer;
 pub mod train;
 
+/// A command line that is wrong whatever the files say (a flag that needs another, a value
+/// of the wrong form) but that clap cannot judge alone: exit 2, as clap's own usage errors.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// `bail!` for a [`Usage`] error (exit 2).
+macro_rules! bail_usage {
+    ($($arg:tt)*) => {
+        return Err(anyhow::Error::new($crate::cmd::Usage(format!($($arg)*))))
+    };
+}
+pub(crate) use bail_usage;
+
 /// This rank's GPU through NVML, opened once: None off CUDA, the error's text where NVML
 /// cannot be read. Its description picks MFU's peak and `--fit-micro-batch`'s memory; its
 /// readings feed the health policy (train) or the memory gauge (bench).
