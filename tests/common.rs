@@ -76,9 +76,19 @@ pub fn events(run: &Path, kind: &str) -> Vec<serde_json::Value> {
 
 /// Runs `lab` expecting exit 1 with exactly one line on stderr containing `needle`.
 pub fn expect_one_line_error(cmd: &mut Command, needle: &str) {
+    expect_one_line_exit(cmd, 1, needle)
+}
+
+/// A command line wrong whatever the files say (a flag that needs another): exit 2, as
+/// clap's own usage errors, with the same one line.
+pub fn expect_usage_error(cmd: &mut Command, needle: &str) {
+    expect_one_line_exit(cmd, 2, needle)
+}
+
+fn expect_one_line_exit(cmd: &mut Command, code: i32, needle: &str) {
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.starts_with("error: "), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");

@@ -56,8 +56,8 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
             .args(["--step", "30", "--prompt", "To be"]),
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint step 30"));
-    // Nothing to continue from is a user mistake, not a panic.
-    expect_one_line_error(
+    // Nothing to continue from is a user mistake (a usage error), not a panic.
+    expect_usage_error(
         lab()
             .args(["generate", "--run"])
             .arg(&run)

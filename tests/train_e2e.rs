@@ -209,6 +209,12 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
     std::fs::write(&file, b"x").unwrap();
     expect_one_line_error(&mut train(&cfg, &file.join("run")), "--ckpt-dir");
 
+    // Flags that need another flag are a usage error (exit 2), as clap's own.
+    expect_usage_error(
+        train(&cfg, &run).args(["--spike-batches", "3"]),
+        "--spike-batches and --spike-kind need --inject-spike-at-step",
+    );
+
     assert!(no_checkpoint(&run), "a failed start left a checkpoint");
 
     // Restarting over an existing run without --resume-from-latest is refused, not overwritten.

@@ -709,6 +709,20 @@ fn bad_input_is_one_line_exit_1() {
         err.contains("LAMBDA_API_KEY") && err.lines().count() == 1,
         "{err}"
     );
+
+    // A provider that does not exist is a usage error: exit 2, the same one line.
+    let out = lab()
+        .args(["budget", "sidecar", "--provider", "aws", "--out"])
+        .arg(dir.path().join("b.json"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("error: --provider \"aws\" is unknown") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert!(!dir.path().join("b.json").exists());
 }
 
 /// GPU health (here from recorded readings, `--inject-gpu-telemetry`): every logged row gets

@@ -26,8 +26,17 @@ fn stdout(o: &Output) -> String {
 
 /// Exit 1 with exactly one stderr line starting `error:`, no panic.
 fn one_line_error(o: &Output) -> String {
+    one_line_exit(o, 1)
+}
+
+/// A flag's value of the wrong form: the same one line, exit 2 (a usage error).
+fn usage_error(o: &Output) -> String {
+    one_line_exit(o, 2)
+}
+
+fn one_line_exit(o: &Output, code: i32) -> String {
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
     assert!(!err.contains("panicked"), "{err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{err}");
@@ -267,7 +276,7 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
     ]));
     assert!(e.contains("bad.jsonl.zst") && e.contains("zstd"), "{e}");
 
-    let e = one_line_error(&lab(&[
+    let e = usage_error(&lab(&[
         "data",
         "prepare",
         "--input",

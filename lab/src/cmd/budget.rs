@@ -161,7 +161,9 @@ fn provider_settings(p: &ProviderArgs) -> Result<(ProviderSettings, BudgetConfig
             "meter" => BudgetProvider::Meter,
             "lambda" => BudgetProvider::Lambda,
             "runpod" => BudgetProvider::Runpod,
-            other => bail!("--provider {other:?} is unknown; use meter, lambda or runpod"),
+            other => {
+                super::bail_usage!("--provider {other:?} is unknown; use meter, lambda or runpod")
+            }
         };
     }
     if p.instance_id.is_some() {
@@ -169,7 +171,7 @@ fn provider_settings(p: &ProviderArgs) -> Result<(ProviderSettings, BudgetConfig
     }
     if let Some(u) = &p.api_base_url {
         if !(u.starts_with("https://") || u.starts_with("http://")) {
-            bail!("--api-base-url {u:?} must start with https:// or http://");
+            super::bail_usage!("--api-base-url {u:?} must start with https:// or http://");
         }
         s.base_url = Some(u.clone());
     }
@@ -248,7 +250,9 @@ fn check(a: CheckArgs) -> Result<ExitCode> {
             max_price_usd_per_hr: None,
             ..BudgetConfig::course_default()
         },
-        (None, None) => bail!("no cap: pass --budget-cap-usd or a --config with [budget] cap_usd"),
+        (None, None) => {
+            super::bail_usage!("no cap: pass --budget-cap-usd or a --config with [budget] cap_usd")
+        }
     };
     if let Some(v) = a.budget_cap_usd {
         c.cap_usd = v;
@@ -288,7 +292,7 @@ fn check(a: CheckArgs) -> Result<ExitCode> {
     match a.format.as_str() {
         "text" => print!("{}", report.render()),
         "json" => println!("{}", serde_json::to_string_pretty(&report.to_json())?),
-        other => bail!("--format {other:?} is unknown; use text or json"),
+        other => super::bail_usage!("--format {other:?} is unknown; use text or json"),
     }
     Ok(ExitCode::from(report.exit_code()))
 }
@@ -297,7 +301,7 @@ fn terminate(a: TerminateArgs) -> Result<ExitCode> {
     let action = match a.action.as_str() {
         "terminate" => EndAction::Terminate,
         "stop" => EndAction::Stop,
-        other => bail!("--action {other:?} is unknown; use terminate or stop"),
+        other => super::bail_usage!("--action {other:?} is unknown; use terminate or stop"),
     };
     let (settings, _) = provider_settings(&a.provider)?;
     let mut provider = build_provider(&settings, now_unix())?;

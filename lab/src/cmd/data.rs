@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use lab_corpus::prepare::{prepare, prepare_stage, PrepareConfig, Split, Stage};
 use lab_corpus::reader::ReadOptions;
 use lab_corpus::shards::{plan, ShardRequest};
@@ -152,12 +152,33 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
+/// `lab data prepare`'s flags parsed from a list (a lab page's `[run.prepare] args`).
+#[derive(clap::Parser)]
+#[command(name = "lab data prepare", no_binary_name = true)]
+struct PrepareLine {
+    #[command(flatten)]
+    args: PrepareArgs,
+}
+
+/// Runs `lab data prepare` with `flags` (their first clap error as one line).
+pub fn prepare_with_flags(flags: &[String]) -> Result<()> {
+    use clap::Parser;
+    let line = PrepareLine::try_parse_from(flags).map_err(|e| {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        anyhow::anyhow!("{}", first.trim_start_matches("error: "))
+    })?;
+    run_prepare(line.args).map(drop)
+}
+
 fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
     let split = match &a.split {
         None => Split::ValFraction(a.val_fraction),
         Some(s) => match s.strip_prefix("chars:").map(str::parse::<f64>) {
             Some(Ok(f)) => Split::Chars { train_fraction: f },
-            _ => bail!("--split {s}: expected chars:F with F the train fraction, e.g. chars:0.9"),
+            _ => super::bail_usage!(
+                "--split {s}: expected chars:F with F the train fraction, e.g. chars:0.9"
+            ),
         },
     };
     let anchor_date = match &a.anchor_date {
@@ -170,10 +191,10 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
     let stage = match (a.stage, a.part, a.of) {
         (None, None, None) => Stage::All,
         (None | Some(StageArg::Part), Some(part), Some(of)) => Stage::Part { part, of },
-        (Some(StageArg::Part), None, _) => bail!("--stage part needs --part I"),
+        (Some(StageArg::Part), None, _) => super::bail_usage!("--stage part needs --part I"),
         (Some(StageArg::Dedup), _, Some(of)) => Stage::Dedup { of },
         (Some(StageArg::Finalize), _, Some(of)) => Stage::Finalize { of },
-        _ => bail!("--of N needs --part I or --stage dedup|finalize"),
+        _ => super::bail_usage!("--of N needs --part I or --stage dedup|finalize"),
     };
     let workers = a
         .workers

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use lab_corpus::tokenize::Tokenizer;
 use lab_model::generate::{generate, Sampling, Stop};
 use lab_report::run_model::load_run_model;
@@ -66,13 +66,13 @@ impl Utf8Stream {
 
 fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()> {
     if !(a.temperature.is_finite() && a.temperature >= 0.0) {
-        bail!("--temperature ({}) must be >= 0", a.temperature);
+        super::bail_usage!("--temperature ({}) must be >= 0", a.temperature);
     }
     if a.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
-        bail!("--top-p must be in (0, 1]");
+        super::bail_usage!("--top-p must be in (0, 1]");
     }
     if a.prompt.is_empty() {
-        bail!("--prompt is empty: give the text to continue");
+        super::bail_usage!("--prompt is empty: give the text to continue");
     }
     let choice = match (&a.step, &a.checkpoint) {
         (Some(s), _) => CheckpointChoice::Step(*s),

@@ -126,7 +126,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let target = match (&args.check_lab, &args.config) {
         (Some(page), _) => Target::LabPage(page),
         (None, Some(config)) => Target::Config(config),
-        (None, None) => bail!("lab plan needs --config FILE or --check-lab FILE"),
+        (None, None) => super::bail_usage!("lab plan needs --config FILE or --check-lab FILE"),
     };
     let output = lab_plan::execute(target, &args.request(), args.json)?;
     print!("{}", output.text);

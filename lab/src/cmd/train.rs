@@ -155,7 +155,7 @@ impl SpikeFlags {
         }
         if self.spike_batches.is_some() || self.spike_kind.is_some() {
             let Some(spike) = config.spike.as_mut() else {
-                bail!("--spike-batches and --spike-kind need --inject-spike-at-step (or [spike] in the config)");
+                super::bail_usage!("--spike-batches and --spike-kind need --inject-spike-at-step (or [spike] in the config)");
             };
             if let Some(n) = self.spike_batches {
                 spike.batches = n;
@@ -304,7 +304,7 @@ fn fit_micro_batch(
 ) -> Result<()> {
     let device_bytes = match gib {
         Some(g) if g.is_finite() && g > 0.0 => g * lab_plan::units::GIB,
-        Some(g) => bail!("--fit-micro-batch {g}: give the device's memory in GiB, e.g. 80"),
+        Some(g) => super::bail_usage!("--fit-micro-batch {g}: give the device's memory in GiB, e.g. 80"),
         // Every rank must choose the same split: one number, not each GPU's own reading.
         None if launch.world > 1 => bail!(
             "--fit-micro-batch on {} ranks: give the smallest GPU's memory in GiB (--fit-micro-batch 80) so every rank splits the step alike",
