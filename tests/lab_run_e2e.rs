@@ -586,3 +586,56 @@ fn export_without_a_destination_is_a_usage_error() {
     );
     assert!(!stderr.contains("nonexistent"), "{stderr}");
 }
+
+/// A page whose data dir is not prepared yet names its corpus in `[run.prepare]`: `lab run`
+/// runs `lab data prepare` with those flags into `[run] data`, then the lab as usual; the
+/// next dry run finds the data prepared. Bad flags there are one line before anything runs.
+#[test]
+fn a_page_with_run_prepare_goes_from_raw_text_to_a_passing_dod() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = micro_lab(dir.path());
+    let text =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/data/corpora/tinyshakespeare.txt");
+    let micro = std::fs::read_to_string(&page).unwrap();
+    let with_prepare = |args: &str| {
+        micro.replace("data = \"tinyshakespeare\"", "data = \"data/shakespeare\"")
+            + &format!("[run.prepare]\nargs = [{args}]\n")
+    };
+    let good = format!(
+        "\"--input\", {:?}, \"--split\", \"chars:0.9\", \"--quiet\"",
+        text.display().to_string()
+    );
+
+    std::fs::write(&page, with_prepare("\"--inputt\", \"x\"")).unwrap();
+    expect_one_line_error(
+        &mut lab_run(dir.path()),
+        "[run.prepare] args: unexpected argument '--inputt'",
+    );
+    assert!(!dir.path().join("runs").exists(), "nothing trained");
+    // toml's two-line message about a page stays one line.
+    std::fs::write(&page, with_prepare("") + "[run.prepare]\nargs = []\n").unwrap();
+    expect_one_line_error(
+        &mut lab_run(dir.path()),
+        "invalid table header; duplicate key",
+    );
+
+    std::fs::write(&page, with_prepare(&good)).unwrap();
+    let dry = run_ok(lab_run(dir.path()).arg("--dry-run"));
+    assert!(
+        String::from_utf8_lossy(&dry.stdout).contains("(lab data prepare --input"),
+        "{}",
+        String::from_utf8_lossy(&dry.stdout)
+    );
+    let out = run_ok(&mut lab_run(dir.path()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("PASS: 7 of 7 checks pass"), "{stdout}");
+    // The same tokens as the bundled corpus `data = "tinyshakespeare"` prepares.
+    let prepared = dir.path().join("data/shakespeare");
+    let bundled = dir.path().join("bundled");
+    lab_data::gpt2::ensure_tinyshakespeare(&bundled).unwrap();
+    for f in ["train.bin", "val.bin"] {
+        assert_eq!(sha256(&prepared.join(f)), sha256(&bundled.join(f)), "{f}");
+    }
+    let dry = run_ok(lab_run(dir.path()).arg("--dry-run"));
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("data/shakespeare (prepared)"));
+}

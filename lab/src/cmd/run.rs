@@ -50,7 +50,8 @@ struct Page {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RunSection {
-    /// `tinyshakespeare` (the bundled corpus) or a prepared data dir, relative to the page.
+    /// `tinyshakespeare` (the bundled corpus) or a data dir, relative to the page: prepared,
+    /// or made by `[run.prepare]`.
     data: String,
     run_dir: PathBuf,
     export_dir: PathBuf,
@@ -69,6 +70,25 @@ struct RunSection {
     #[serde(default)]
     mlflow_uri: Option<String>,
     budget: Sidecar,
+    /// How to make `data` when it is not prepared yet.
+    #[serde(default)]
+    prepare: Option<Prepare>,
+}
+
+/// `[run.prepare]`: `lab data prepare`'s flags (its `--output-dir` is `[run] data`), so a
+/// page names its corpus once and `lab run` goes from raw text to the DoD verdict. Paths in
+/// them are as the shell sees them from where `lab run` starts.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Prepare {
+    args: Vec<String>,
+}
+
+impl Prepare {
+    fn flags(&self, data_dir: &Path) -> Vec<String> {
+        let out = ["--output-dir".to_string(), data_dir.display().to_string()];
+        self.args.iter().cloned().chain(out).collect()
+    }
 }
 
 fn cpu() -> String {
@@ -119,7 +139,7 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
         anyhow::anyhow!(
             "lab page {}: {} (lab run needs name, config and a [run] section with [run.budget])",
             path.display(),
-            e.message().trim()
+            one_line(e.message())
         )
     })?;
     let here = path.parent().unwrap_or(Path::new("."));
@@ -133,6 +153,16 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
         data_dir,
         page,
     })
+}
+
+/// toml's message on one line ("invalid table header; duplicate key …").
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join("; ")
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -242,7 +272,13 @@ fn dry_run(lab: &Lab) -> Result<ExitCode> {
         .map_or("the embedded configs/tiny-cpu.toml".into(), |p| {
             p.display().to_string()
         });
-    println!("  1 prepare  {} ({})", lab.data_dir.display(), r.data);
+    let source = match (&r.prepare, lab_data::Meta::load(&lab.data_dir)) {
+        _ if r.data == "tinyshakespeare" => "the bundled tinyshakespeare, GPT-2 BPE".to_string(),
+        (_, Ok(_)) => "prepared".to_string(),
+        (Some(p), Err(_)) => format!("lab data prepare {}", p.flags(&lab.data_dir).join(" ")),
+        (None, Err(_)) => "not prepared, and the page has no [run.prepare]".to_string(),
+    };
+    println!("  1 prepare  {} ({source})", lab.data_dir.display());
     println!(
         "  2 train    {config} on {} into {}{}, sidecar {} every {} s, {}",
         r.backend,
@@ -281,13 +317,23 @@ fn prepare(lab: &Lab) -> Result<()> {
         );
         return Ok(());
     }
-    let meta = lab_data::Meta::load(&lab.data_dir).with_context(|| {
-        format!(
-            "[run] data = {:?} is not a prepared data dir: prepare it first with `lab data prepare --output-dir {}`",
+    let prepared = lab_data::Meta::load(&lab.data_dir);
+    let meta = match (prepared, &lab.page.run.prepare) {
+        (Ok(meta), _) => meta,
+        (Err(_), Some(p)) => {
+            let flags = p.flags(&lab.data_dir);
+            println!("  lab data prepare {}", flags.join(" "));
+            super::data::prepare_with_flags(&flags).context("[run.prepare] args")?;
+            lab_data::Meta::load(&lab.data_dir).with_context(|| {
+                format!("[run.prepare] args did not finish {} (--part and --stage are for lab data prepare itself)", lab.data_dir.display())
+            })?
+        }
+        (Err(_), None) => bail!(
+            "[run] data = {:?} is not a prepared data dir: add [run.prepare] args = [\"--input\", …] to the page, or prepare it with `lab data prepare --output-dir {}`",
             lab.page.run.data,
             lab.data_dir.display()
-        )
-    })?;
+        ),
+    };
     for f in ["train.bin", "val.bin"] {
         lab_data::TokenFile::open(&lab.data_dir, f, &meta)?;
     }
