@@ -16,6 +16,9 @@ use serde_json::{json, Value};
 #[cfg(feature = "nvml")]
 pub mod nvml;
 pub mod replay;
+pub mod visible;
+
+pub use visible::{nvml_gpu, NvmlGpu};
 
 /// One reading of one GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, Sampling, Tem
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::{Device, Nvml};
 
-use crate::{DeviceInfo, Probe, Sample};
+use crate::{DeviceInfo, NvmlGpu, Probe, Sample};
 
 pub struct NvmlProbe {
     nvml: Nvml,
@@ -19,11 +19,15 @@ pub struct NvmlProbe {
 }
 
 impl NvmlProbe {
-    /// The GPU at `index` (NVML's numbering, as `nvidia-smi` shows it).
-    pub fn open(index: u32) -> Result<Self> {
+    /// The GPU `gpu` names (see [`crate::nvml_gpu`]).
+    pub fn open(gpu: &NvmlGpu) -> Result<Self> {
         let nvml = Nvml::init().context(
             "NVML (libnvidia-ml.so) did not load: no NVIDIA driver on this machine, so no GPU health readings",
         )?;
+        let index = match gpu {
+            NvmlGpu::Index(i) => *i,
+            NvmlGpu::Uuid(prefix) => index_of_uuid(&nvml, prefix)?,
+        };
         let device = nvml
             .device_by_index(index)
             .with_context(|| format!("NVML has no GPU {index}"))?;
@@ -41,6 +45,22 @@ impl NvmlProbe {
             started: Instant::now(),
             last_seen_us: None,
         })
+    }
+}
+
+/// NVML's index of the one GPU whose UUID starts with `prefix` (CUDA accepts unique
+/// prefixes; a MIG slice's UUID names no whole GPU and is refused).
+fn index_of_uuid(nvml: &Nvml, prefix: &str) -> Result<u32> {
+    let mut found = Vec::new();
+    for i in 0..nvml.device_count()? {
+        if nvml.device_by_index(i)?.uuid()?.starts_with(prefix) {
+            found.push(i);
+        }
+    }
+    match found[..] {
+        [i] => Ok(i),
+        [] => anyhow::bail!("CUDA_VISIBLE_DEVICES names {prefix}, which is not a whole GPU NVML lists (nvidia-smi -L shows their UUIDs)"),
+        _ => anyhow::bail!("CUDA_VISIBLE_DEVICES names {prefix}, a prefix of several GPUs' UUIDs"),
     }
 }
 

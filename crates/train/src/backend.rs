@@ -137,11 +137,14 @@ fn cuda_device() -> Result<burn::backend::cuda::CudaDevice> {
     })
 }
 
-/// NVML's reader of this rank's GPU. NVML numbers GPUs by PCI bus and is asked with CUDA's
-/// number: the same order unless CUDA_VISIBLE_DEVICES or CUDA_DEVICE_ORDER reorder the GPUs.
+/// NVML's reader of this rank's GPU: the GPU `CUDA_VISIBLE_DEVICES` puts behind the CUDA
+/// device this rank computes on (NVML numbers every GPU of the node by PCI bus; CUDA only the
+/// visible ones, in the same order on a node of one GPU model).
 #[cfg(feature = "cuda")]
 pub fn nvml_probe(launch: &lab_dist::Launch) -> Result<lab_health::nvml::NvmlProbe> {
-    lab_health::nvml::NvmlProbe::open(lab_dist::gpu_index(launch)? as u32)
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let gpu = lab_health::nvml_gpu(visible.as_deref(), lab_dist::gpu_index(launch)?)?;
+    lab_health::nvml::NvmlProbe::open(&gpu)
 }
 
 /// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic
