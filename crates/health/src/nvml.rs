@@ -49,14 +49,13 @@ impl NvmlProbe {
 }
 
 /// NVML's index of the one GPU whose UUID starts with `prefix` (CUDA accepts unique
-/// prefixes; a MIG slice's UUID names no whole GPU and is refused).
+/// prefixes; a MIG slice's UUID names no whole GPU and is refused). GPUs NVML cannot open
+/// (a cgroup hides them) are passed over.
 fn index_of_uuid(nvml: &Nvml, prefix: &str) -> Result<u32> {
-    let mut found = Vec::new();
-    for i in 0..nvml.device_count()? {
-        if nvml.device_by_index(i)?.uuid()?.starts_with(prefix) {
-            found.push(i);
-        }
-    }
+    let uuid = |i| nvml.device_by_index(i).and_then(|d| d.uuid());
+    let found: Vec<u32> = (0..nvml.device_count()?)
+        .filter(|&i| uuid(i).is_ok_and(|u| u.starts_with(prefix)))
+        .collect();
     match found[..] {
         [i] => Ok(i),
         [] => anyhow::bail!("CUDA_VISIBLE_DEVICES names {prefix}, which is not a whole GPU NVML lists (nvidia-smi -L shows their UUIDs)"),

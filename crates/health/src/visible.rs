@@ -29,7 +29,10 @@ pub fn nvml_gpu(visible: Option<&str>, cuda_ordinal: usize) -> Result<NvmlGpu> {
     if let Ok(index) = entry.parse::<i64>() {
         return match u32::try_from(index) {
             Ok(index) => Ok(NvmlGpu::Index(index)),
-            Err(_) => bail!("CUDA_VISIBLE_DEVICES={visible:?} hides every GPU ({entry})"),
+            // CUDA stops reading the list at a negative entry.
+            Err(_) => bail!(
+                "CUDA_VISIBLE_DEVICES={visible:?} hides CUDA device {cuda_ordinal} and any after it ({entry})"
+            ),
         };
     }
     if entry.starts_with("GPU-") || entry.starts_with("MIG-") {
@@ -55,6 +58,11 @@ mod tests {
             nvml_gpu(Some("GPU-8f2a61c4,GPU-1b"), 0).unwrap(),
             NvmlGpu::Uuid("GPU-8f2a61c4".into())
         );
+        // A MIG slice is looked up by its UUID (and found in no whole GPU's: no health readings).
+        assert_eq!(
+            nvml_gpu(Some("MIG-4f1e"), 0).unwrap(),
+            NvmlGpu::Uuid("MIG-4f1e".into())
+        );
     }
 
     #[test]
@@ -62,10 +70,15 @@ mod tests {
         for (visible, needle) in [
             ("", "lists no GPU for CUDA device 0"),
             ("4", "lists no GPU for CUDA device 1"),
-            ("-1", "hides every GPU"),
+            ("-1", "hides CUDA device 0 and any after it"),
+            ("0,,1", "lists no GPU for CUDA device 1"),
             ("NoDevFiles", "neither a GPU index nor a GPU UUID"),
         ] {
-            let ordinal = if visible == "4" { 1 } else { 0 };
+            let ordinal = if visible == "4" || visible == "0,,1" {
+                1
+            } else {
+                0
+            };
             let e = nvml_gpu(Some(visible), ordinal).unwrap_err().to_string();
             assert!(e.contains(needle) && !e.contains('\n'), "{visible:?}: {e}");
         }
