@@ -612,6 +612,26 @@ fn a_page_with_run_prepare_goes_from_raw_text_to_a_passing_dod() {
         "[run.prepare] args: unexpected argument '--inputt'",
     );
     assert!(!dir.path().join("runs").exists(), "nothing trained");
+    for (args, needle) in [
+        (
+            "",
+            "[run.prepare] args: the following required arguments were not provided: --input",
+        ),
+        (
+            "\"-o\", \"elsewhere\"",
+            "[run.prepare] args: -o has no place here",
+        ),
+    ] {
+        std::fs::write(&page, with_prepare(args)).unwrap();
+        expect_one_line_error(&mut lab_run(dir.path()), needle);
+    }
+    // A flag's value of the wrong form is the page's error (exit 1), not a usage error.
+    std::fs::write(
+        &page,
+        with_prepare("\"--input\", \"x\", \"--split\", \"half\""),
+    )
+    .unwrap();
+    expect_one_line_error(&mut lab_run(dir.path()), "[run.prepare] args: --split half");
     // toml's two-line message about a page stays one line.
     std::fs::write(&page, with_prepare("") + "[run.prepare]\nargs = []\n").unwrap();
     expect_one_line_error(
@@ -638,4 +658,16 @@ fn a_page_with_run_prepare_goes_from_raw_text_to_a_passing_dod() {
     }
     let dry = run_ok(lab_run(dir.path()).arg("--dry-run"));
     assert!(String::from_utf8_lossy(&dry.stdout).contains("data/shakespeare (prepared)"));
+    // A data dir whose meta.json does not load is reported, never prepared over.
+    let train_bin = std::fs::metadata(prepared.join("train.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    std::fs::write(prepared.join("meta.json"), "{").unwrap();
+    expect_one_line_error(&mut lab_run(dir.path()), "meta.json");
+    let after = std::fs::metadata(prepared.join("train.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(train_bin, after);
 }

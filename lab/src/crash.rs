@@ -1,18 +1,21 @@
 //! A panic is a bug in lab or in a library beneath it, never the user's mistake, yet it ends
-//! the way every error does (DESIGN: exit 1, one clear line, no trace): the hook prints one
-//! line saying where it happened, and `main` turns the unwinding into exit code 1. Files are
-//! never half-written either way: every writer goes through a temporary name and a rename.
+//! the way every error does (the README's exit codes: 1, one clear line, no trace): the hook
+//! prints one line saying where it happened, and `main` turns the unwinding into exit code 1.
+//! What a run publishes (checkpoints, exports, data) appears by rename, so a panic leaves no
+//! half-written output. A panic caught on purpose (the billing sidecar's response parsers)
+//! prints its line too, and the work goes on.
 
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe, Location};
 use std::process::ExitCode;
 
-/// Replaces Rust's panic report with one line (the full report when `RUST_BACKTRACE` is set:
-/// whoever asked for the trace gets it).
+/// Replaces Rust's panic report with one line (the full report when `RUST_BACKTRACE` asks
+/// for a trace).
 pub fn install() {
     let report = panic::take_hook();
     panic::set_hook(Box::new(move |info| {
-        if std::env::var_os("RUST_BACKTRACE").is_some() {
+        let trace = std::env::var("RUST_BACKTRACE").is_ok_and(|v| !v.is_empty() && v != "0");
+        if trace {
             report(info);
         } else {
             eprintln!("{}", one_line(info.payload(), info.location()));
@@ -32,15 +35,10 @@ fn one_line(payload: &dyn Any, at: Option<&Location>) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(no message)".to_string());
-    let message: Vec<&str> = message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
     let at = at.map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
     format!(
         "error: internal error{at}: {} (a bug in lab or a library it uses, not in your input; please report it with the command line, and RUST_BACKTRACE=1 for the trace)",
-        message.join("; ")
+        crate::cmd::one_line(&message)
     )
 }
 

@@ -288,6 +288,22 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
     ]));
     assert!(e.contains("--split half"), "{e}");
 
+    let e = usage_error(&lab(&[
+        "data",
+        "prepare",
+        "--input",
+        bad.to_str().unwrap(),
+        "--output-dir",
+        out,
+        "--redact",
+        "--anchor-date",
+        "March 2020",
+    ]));
+    assert!(
+        e.contains("--anchor-date March 2020: expected YYYY-MM-DD"),
+        "{e}"
+    );
+
     let o = lab(&["data", "prepare", "--output-dir", out]);
     assert_eq!(o.status.code(), Some(2), "usage error");
 

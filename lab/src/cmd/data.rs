@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lab_corpus::prepare::{prepare, prepare_stage, PrepareConfig, Split, Stage};
 use lab_corpus::reader::ReadOptions;
 use lab_corpus::shards::{plan, ShardRequest};
@@ -160,13 +160,32 @@ struct PrepareLine {
     args: PrepareArgs,
 }
 
-/// Runs `lab data prepare` with `flags` (their first clap error as one line).
+/// Runs `lab data prepare` with `flags`, the last of them `--output-dir DIR` (a lab page's:
+/// one prepare into one data dir, never a stage of a spread-out prepare).
 pub fn prepare_with_flags(flags: &[String]) -> Result<()> {
     use clap::Parser;
+    let given = &flags[..flags.len().saturating_sub(2)];
+    if let Some(f) = given.iter().find(|f| {
+        [
+            "--output-dir",
+            "-o",
+            "--part",
+            "--stage",
+            "--of",
+            "--help",
+            "-h",
+        ]
+        .iter()
+        .any(|flag| f == flag || f.starts_with(&format!("{flag}=")))
+    }) {
+        anyhow::bail!("{f} has no place here: the output is [run] data, and a page prepares in one process (spread prepare over machines with lab data prepare itself)");
+    }
     let line = PrepareLine::try_parse_from(flags).map_err(|e| {
+        // clap's message up to its usage paragraph, on one line.
         let text = e.to_string();
-        let first = text.lines().next().unwrap_or_default();
-        anyhow::anyhow!("{}", first.trim_start_matches("error: "))
+        let message = text.split("\n\n").next().unwrap_or_default();
+        let message = super::one_line(message.trim_start_matches("error: "));
+        anyhow::anyhow!("{}", message.replace(":; ", ": "))
     })?;
     run_prepare(line.args).map(drop)
 }
@@ -183,10 +202,10 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
     };
     let anchor_date = match &a.anchor_date {
         None => None,
-        Some(s) => Some(
-            lab_corpus::redact::parse_anchor(s)
-                .with_context(|| format!("--anchor-date {s}: expected YYYY-MM-DD"))?,
-        ),
+        Some(s) => match lab_corpus::redact::parse_anchor(s) {
+            Some(date) => Some(date),
+            None => super::bail_usage!("--anchor-date {s}: expected YYYY-MM-DD"),
+        },
     };
     let stage = match (a.stage, a.part, a.of) {
         (None, None, None) => Stage::All,

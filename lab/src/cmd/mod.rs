@@ -17,8 +17,9 @@ pub mod supervise;
 pub mod tokenizer;
 pub mod train;
 
-/// A command line that is wrong whatever the files say (a flag that needs another, a value
-/// of the wrong form) but that clap cannot judge alone: exit 2, as clap's own usage errors.
+/// A command line that is wrong as given (a flag that needs another flag or a config
+/// section, a value of the wrong form) where clap cannot judge it alone: exit 2, as clap's
+/// own usage errors.
 #[derive(Debug)]
 pub struct Usage(pub String);
 
@@ -29,6 +30,16 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// A message's non-blank lines, trimmed and joined by "; " (errors are one line).
+pub fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join("; ")
+}
 
 /// `bail!` for a [`Usage`] error (exit 2).
 macro_rules! bail_usage {

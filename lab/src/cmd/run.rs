@@ -89,6 +89,26 @@ impl Prepare {
         let out = ["--output-dir".to_string(), data_dir.display().to_string()];
         self.args.iter().cloned().chain(out).collect()
     }
+
+    /// The flags as a shell would take them (quoted where they hold spaces or quotes).
+    fn command_line(&self, data_dir: &Path) -> String {
+        let quote = |a: &String| {
+            if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$".contains(c)) {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            } else {
+                a.clone()
+            }
+        };
+        let flags: Vec<String> = self.flags(data_dir).iter().map(quote).collect();
+        flags.join(" ")
+    }
+}
+
+/// The page's `[run.prepare]` when its data dir has no meta.json yet. A data dir with one is
+/// never prepared over: a meta.json that does not load is reported, not silently redone.
+fn to_prepare(lab: &Lab) -> Option<&Prepare> {
+    let prepare = lab.page.run.prepare.as_ref()?;
+    (!lab.data_dir.join("meta.json").exists()).then_some(prepare)
 }
 
 fn cpu() -> String {
@@ -139,7 +159,7 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
         anyhow::anyhow!(
             "lab page {}: {} (lab run needs name, config and a [run] section with [run.budget])",
             path.display(),
-            one_line(e.message())
+            super::one_line(e.message())
         )
     })?;
     let here = path.parent().unwrap_or(Path::new("."));
@@ -155,17 +175,13 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
     })
 }
 
-/// toml's message on one line ("invalid table header; duplicate key …").
-fn one_line(message: &str) -> String {
-    let lines: Vec<&str> = message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    lines.join("; ")
+pub fn run(args: Args) -> Result<ExitCode> {
+    // What goes wrong comes from the page (its spike keys, its [run.prepare] flags), not from
+    // the command line: an error, never a usage error (exit 1, not 2).
+    run_page(args).map_err(|e| anyhow::anyhow!("{e:#}"))
 }
 
-pub fn run(args: Args) -> Result<ExitCode> {
+fn run_page(args: Args) -> Result<ExitCode> {
     let lab = load(args.spec.as_deref())?;
     let r = &lab.page.run;
     println!(
@@ -272,11 +288,14 @@ fn dry_run(lab: &Lab) -> Result<ExitCode> {
         .map_or("the embedded configs/tiny-cpu.toml".into(), |p| {
             p.display().to_string()
         });
-    let source = match (&r.prepare, lab_data::Meta::load(&lab.data_dir)) {
-        _ if r.data == "tinyshakespeare" => "the bundled tinyshakespeare, GPT-2 BPE".to_string(),
-        (_, Ok(_)) => "prepared".to_string(),
-        (Some(p), Err(_)) => format!("lab data prepare {}", p.flags(&lab.data_dir).join(" ")),
-        (None, Err(_)) => "not prepared, and the page has no [run.prepare]".to_string(),
+    let source = if r.data == "tinyshakespeare" {
+        "the bundled tinyshakespeare, GPT-2 BPE".to_string()
+    } else {
+        match (to_prepare(lab), lab_data::Meta::load(&lab.data_dir)) {
+            (Some(p), _) => format!("lab data prepare {}", p.command_line(&lab.data_dir)),
+            (None, Ok(_)) => "prepared".to_string(),
+            (None, Err(e)) => format!("{e:#}"),
+        }
     };
     println!("  1 prepare  {} ({source})", lab.data_dir.display());
     println!(
@@ -317,23 +336,17 @@ fn prepare(lab: &Lab) -> Result<()> {
         );
         return Ok(());
     }
-    let prepared = lab_data::Meta::load(&lab.data_dir);
-    let meta = match (prepared, &lab.page.run.prepare) {
-        (Ok(meta), _) => meta,
-        (Err(_), Some(p)) => {
-            let flags = p.flags(&lab.data_dir);
-            println!("  lab data prepare {}", flags.join(" "));
-            super::data::prepare_with_flags(&flags).context("[run.prepare] args")?;
-            lab_data::Meta::load(&lab.data_dir).with_context(|| {
-                format!("[run.prepare] args did not finish {} (--part and --stage are for lab data prepare itself)", lab.data_dir.display())
-            })?
-        }
-        (Err(_), None) => bail!(
-            "[run] data = {:?} is not a prepared data dir: add [run.prepare] args = [\"--input\", …] to the page, or prepare it with `lab data prepare --output-dir {}`",
+    if let Some(p) = to_prepare(lab) {
+        println!("  lab data prepare {}", p.command_line(&lab.data_dir));
+        super::data::prepare_with_flags(&p.flags(&lab.data_dir)).context("[run.prepare] args")?;
+    }
+    let meta = lab_data::Meta::load(&lab.data_dir).with_context(|| {
+        format!(
+            "[run] data = {:?}: add [run.prepare] args = [\"--input\", …] to the page, or prepare it with `lab data prepare --output-dir {}`",
             lab.page.run.data,
             lab.data_dir.display()
-        ),
-    };
+        )
+    })?;
     for f in ["train.bin", "val.bin"] {
         lab_data::TokenFile::open(&lab.data_dir, f, &meta)?;
     }
