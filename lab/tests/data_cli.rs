@@ -265,40 +265,17 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
     zst.truncate(zst.len() / 3);
     let bad = dir.path().join("bad.jsonl.zst");
     std::fs::write(&bad, zst).unwrap();
-    let e = one_line_error(&lab(&[
-        "data",
-        "prepare",
-        "--input",
-        bad.to_str().unwrap(),
-        "--output-dir",
-        out,
-        "--quiet",
-    ]));
+    let prepare_bad = |extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--input", bad.to_str().unwrap()];
+        args.extend(["--output-dir", out]);
+        args.extend(extra);
+        lab(&args)
+    };
+    let e = one_line_error(&prepare_bad(&["--quiet"]));
     assert!(e.contains("bad.jsonl.zst") && e.contains("zstd"), "{e}");
-
-    let e = usage_error(&lab(&[
-        "data",
-        "prepare",
-        "--input",
-        bad.to_str().unwrap(),
-        "--output-dir",
-        out,
-        "--split",
-        "half",
-    ]));
+    let e = usage_error(&prepare_bad(&["--split", "half"]));
     assert!(e.contains("--split half"), "{e}");
-
-    let e = usage_error(&lab(&[
-        "data",
-        "prepare",
-        "--input",
-        bad.to_str().unwrap(),
-        "--output-dir",
-        out,
-        "--redact",
-        "--anchor-date",
-        "March 2020",
-    ]));
+    let e = usage_error(&prepare_bad(&["--redact", "--anchor-date", "March 2020"]));
     assert!(
         e.contains("--anchor-date March 2020: expected YYYY-MM-DD"),
         "{e}"
