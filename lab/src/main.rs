@@ -101,8 +101,9 @@ fn run(command: Command) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            // One line: the context chain joined by ": ", never a panic trace.
-            eprintln!("error: {err:#}");
+            // One line: the context chain joined by ": " (a parser's multi-line message
+            // joined by "; "), never a panic trace.
+            eprintln!("error: {}", cmd::one_line(&format!("{err:#}")));
             let usage = err.chain().any(|e| e.is::<cmd::Usage>());
             ExitCode::from(if usage { 2 } else { 1 })
         }

@@ -690,7 +690,10 @@ impl Run {
             ),
         };
         fields["checkpoint"] = json!(checkpoint.map(|_| checkpoint::step_dir_name(step)));
-        if let Stop::Interrupted { signal: 15 } = stop {
+        if let Stop::Interrupted {
+            signal: signal_hook::consts::SIGTERM,
+        } = stop
+        {
             // SIGTERM is how a spot instance's notice and Slurm's preemption reach a job (a time
             // limit or a plain `kill` look the same; the event says so).
             let preempted = json!({

@@ -159,7 +159,7 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
         anyhow::anyhow!(
             "lab page {}: {} (lab run needs name, config and a [run] section with [run.budget])",
             path.display(),
-            super::one_line(e.message())
+            e.message().trim()
         )
     })?;
     let here = path.parent().unwrap_or(Path::new("."));
