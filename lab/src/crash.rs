@@ -18,7 +18,7 @@ pub fn install() {
         if trace {
             report(info);
         } else {
-            eprintln!("{}", one_line(info.payload(), info.location()));
+            eprintln!("{}", panic_line(info.payload(), info.location()));
         }
     }));
 }
@@ -29,7 +29,7 @@ pub fn exit_code_of(command: impl FnOnce() -> ExitCode) -> ExitCode {
 }
 
 /// `error: internal error at FILE:LINE: MESSAGE (…)`, the message's lines joined by "; ".
-fn one_line(payload: &dyn Any, at: Option<&Location>) -> String {
+fn panic_line(payload: &dyn Any, at: Option<&Location>) -> String {
     let message = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -49,19 +49,19 @@ mod tests {
     #[test]
     fn a_panic_message_becomes_one_line_naming_where() {
         let at = Location::caller();
-        let line = one_line(&"index out of bounds", Some(at));
+        let line = panic_line(&"index out of bounds", Some(at));
         assert!(line.starts_with(&format!(
             "error: internal error at {}:{}: index out of bounds (",
             at.file(),
             at.line()
         )));
         let multi = String::from("kernel failed\n  shape [2, 3]\n\n  dtype bf16\n");
-        let line = one_line(&multi, None);
+        let line = panic_line(&multi, None);
         assert_eq!(line.lines().count(), 1, "{line}");
         assert!(
             line.starts_with("error: internal error: kernel failed; shape [2, 3]; dtype bf16 (")
         );
-        assert!(one_line(&42u8, None).contains("(no message)"));
+        assert!(panic_line(&42u8, None).contains("(no message)"));
     }
 
     #[test]

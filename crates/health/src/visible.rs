@@ -67,18 +67,13 @@ mod tests {
 
     #[test]
     fn a_list_without_this_device_is_a_one_line_error() {
-        for (visible, needle) in [
-            ("", "lists no GPU for CUDA device 0"),
-            ("4", "lists no GPU for CUDA device 1"),
-            ("-1", "hides CUDA device 0 and any after it"),
-            ("0,,1", "lists no GPU for CUDA device 1"),
-            ("NoDevFiles", "neither a GPU index nor a GPU UUID"),
+        for (visible, ordinal, needle) in [
+            ("", 0, "lists no GPU for CUDA device 0"),
+            ("4", 1, "lists no GPU for CUDA device 1"),
+            ("-1", 0, "hides CUDA device 0 and any after it"),
+            ("0,,1", 1, "lists no GPU for CUDA device 1"),
+            ("NoDevFiles", 0, "neither a GPU index nor a GPU UUID"),
         ] {
-            let ordinal = if visible == "4" || visible == "0,,1" {
-                1
-            } else {
-                0
-            };
             let e = nvml_gpu(Some(visible), ordinal).unwrap_err().to_string();
             assert!(e.contains(needle) && !e.contains('\n'), "{visible:?}: {e}");
         }

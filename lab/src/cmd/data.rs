@@ -1,7 +1,7 @@
 //! `lab data prepare` (corpus → train.bin / val.bin / meta.json) and `lab data shards`
 //! (shard plan for N nodes × G GPUs). The work is in lab-corpus.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -160,27 +160,29 @@ struct PrepareLine {
     args: PrepareArgs,
 }
 
-/// Runs `lab data prepare` with `flags`, the last of them `--output-dir DIR` (a lab page's:
-/// one prepare into one data dir, never a stage of a spread-out prepare).
-pub fn prepare_with_flags(flags: &[String]) -> Result<()> {
+/// Runs `lab data prepare` with a lab page's `flags` into `output_dir` (`[run] data`): one
+/// prepare into one data dir, never a stage of a spread-out prepare.
+pub fn prepare_into(flags: &[String], output_dir: &Path) -> Result<()> {
     use clap::Parser;
-    let given = &flags[..flags.len().saturating_sub(2)];
-    if let Some(f) = given.iter().find(|f| {
-        [
-            "--output-dir",
-            "-o",
-            "--part",
-            "--stage",
-            "--of",
-            "--help",
-            "-h",
-        ]
-        .iter()
-        .any(|flag| f == flag || f.starts_with(&format!("{flag}=")))
-    }) {
+    const NOT_HERE: [&str; 7] = [
+        "--output-dir",
+        "-o",
+        "--part",
+        "--stage",
+        "--of",
+        "--help",
+        "-h",
+    ];
+    let refused = |f: &String| {
+        NOT_HERE
+            .iter()
+            .any(|flag| f == flag || f.starts_with(&format!("{flag}=")))
+    };
+    if let Some(f) = flags.iter().find(|f| refused(f)) {
         anyhow::bail!("{f} has no place here: the output is [run] data, and a page prepares in one process (spread prepare over machines with lab data prepare itself)");
     }
-    let line = PrepareLine::try_parse_from(flags).map_err(|e| {
+    let out = ["--output-dir".to_string(), output_dir.display().to_string()];
+    let line = PrepareLine::try_parse_from(flags.iter().cloned().chain(out)).map_err(|e| {
         // clap's message up to its usage paragraph, on one line.
         let text = e.to_string();
         let message = text.split("\n\n").next().unwrap_or_default();

@@ -85,12 +85,8 @@ struct Prepare {
 }
 
 impl Prepare {
-    fn flags(&self, data_dir: &Path) -> Vec<String> {
-        let out = ["--output-dir".to_string(), data_dir.display().to_string()];
-        self.args.iter().cloned().chain(out).collect()
-    }
-
-    /// The flags as a shell would take them (quoted where they hold spaces or quotes).
+    /// `lab data prepare`'s flags as a shell would take them (quoted where they hold spaces
+    /// or quotes), `--output-dir` last.
     fn command_line(&self, data_dir: &Path) -> String {
         let quote = |a: &String| {
             if a.is_empty() || a.contains(|c: char| c.is_whitespace() || "'\"\\$".contains(c)) {
@@ -99,7 +95,8 @@ impl Prepare {
                 a.clone()
             }
         };
-        let flags: Vec<String> = self.flags(data_dir).iter().map(quote).collect();
+        let out = ["--output-dir".to_string(), data_dir.display().to_string()];
+        let flags: Vec<String> = self.args.iter().chain(&out).map(quote).collect();
         flags.join(" ")
     }
 }
@@ -338,7 +335,7 @@ fn prepare(lab: &Lab) -> Result<()> {
     }
     if let Some(p) = to_prepare(lab) {
         println!("  lab data prepare {}", p.command_line(&lab.data_dir));
-        super::data::prepare_with_flags(&p.flags(&lab.data_dir)).context("[run.prepare] args")?;
+        super::data::prepare_into(&p.args, &lab.data_dir).context("[run.prepare] args")?;
     }
     let meta = lab_data::Meta::load(&lab.data_dir).with_context(|| {
         format!(
