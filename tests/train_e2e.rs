@@ -502,6 +502,14 @@ fn bench_reports_peak_memory_and_on_request_every_op_class_with_its_runs_per_ste
     assert!(plain["split"].is_null(), "no split unless asked: {plain}");
     assert_eq!(plain["memory_gauge"], "process peak RSS");
     assert!(plain["peak_memory_bytes"].as_u64().unwrap() > 0);
+    // The peak MFU divides by is reported (bench.sh puts PyTorch's rows over it too).
+    let fpt = lab_config::LabConfig::load(&cfg)
+        .unwrap()
+        .model
+        .train_flops_per_token();
+    let (mfu, peak, tps) = (&plain["mfu"], &plain["peak_flops"], &plain["tokens_per_s"]);
+    let implied = mfu.as_f64().unwrap() * peak.as_f64().unwrap() / tps.as_f64().unwrap();
+    assert!((implied / fpt - 1.0).abs() < 1e-9, "{plain}");
 
     let r = bench(&["--split"]);
     let classes = r["split"]["classes"].as_array().unwrap();

@@ -114,6 +114,9 @@ pub struct BenchReport {
     pub backward_ms: f64,
     pub optimizer_ms: f64,
     pub mfu: f64,
+    /// The FLOP/s MFU divides by (the detected device's peak at the run's precision, or
+    /// `hardware.peak_flops`): bench.sh puts every row of its table over this same peak.
+    pub peak_flops: f64,
     /// The peak memory the gauge saw over the timed steps, and which gauge it was.
     pub peak_memory_bytes: u64,
     pub memory_gauge: String,
@@ -238,6 +241,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         backward_ms: phases.backward_s / n * 1e3,
         optimizer_ms: opt_s / n * 1e3,
         mfu: mfu(cfg, tokens_per_s),
+        peak_flops: cfg.hardware.peak_flops(cfg.train.precision),
         peak_memory_bytes,
         memory_gauge: memory.gauge.describe().into(),
         split,
