@@ -160,6 +160,83 @@ fn zero_1_halves_the_optimizer_state_per_rank_and_matches_plain_data_parallelism
     assert!(!step.join("optimizer.safetensors").exists());
 }
 
+/// ZeRO-1 in bf16 keeps fp32 masters only of the parameters a rank updates and holds the
+/// other ranks' linear weights as the bf16 copies the forward reads. Every number equals plain
+/// data parallelism's, bit for bit: the losses, the fp32 masters in the checkpoints, and a
+/// resume from one. Clipping is off: it scales by `clip / norm`, and ZeRO-1 adds the norm's
+/// squares in another order, a last-bit difference that bf16 rounding can then amplify.
+#[test]
+fn zero_1_in_bf16_shards_the_fp32_masters_and_equals_plain_data_parallelism_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let no_clip = |parallel: &str| {
+        let cfg = config(dir.path(), 30, parallel);
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        // Two micro-batches per rank: the copies' bf16 gradients are accumulated in fp32.
+        let text = text
+            .replace("grad_accum = 2", "grad_accum = 4")
+            .replace("[train]\n", "[train]\ngrad_clip = 0.0\n");
+        std::fs::write(&cfg, text).unwrap();
+        cfg
+    };
+    let (plain, zero) = (no_clip(""), no_clip("[parallel]\nzero = 1\n"));
+    let (a, b) = (dir.path().join("plain"), dir.path().join("zero"));
+    let bf16 = |mut c: Command| {
+        c.args(["--precision", "bf16"]);
+        c
+    };
+    run_ok(&mut bf16(train_with(mpirun(2), &plain, &a)));
+    run_ok(&mut bf16(train_with(mpirun(2), &zero, &b)));
+    let losses = |run: &Path| rows(run).iter().map(|r| r.1).collect::<Vec<_>>();
+    assert_eq!(losses(&a), losses(&b));
+    let masters = |run: &Path| load_safetensors(&final_weights(run, 30)).unwrap().0;
+    assert_eq!(masters(&a), masters(&b), "the checkpoints' fp32 masters");
+
+    // Each rank holds 2 bytes less per linear weight another rank updates: 2·L·(W-1) in all.
+    let linear: usize = masters(&a)
+        .iter()
+        .filter(|(name, t)| t.shape.len() == 2 && *name != "embed")
+        .map(|(_, t)| t.data.len())
+        .sum();
+    let bytes = |run: &Path| -> Vec<u64> {
+        let e = &events(run, "data_parallel")[0]["weight_bytes_per_rank"];
+        serde_json::from_value(e.clone()).unwrap()
+    };
+    let (full, sharded) = (bytes(&a), bytes(&b));
+    let whole: usize = masters(&a).values().map(|t| t.data.len() * 4).sum();
+    assert_eq!(full, vec![whole as u64; 2]);
+    assert!(sharded.iter().all(|&s| s < whole as u64), "{sharded:?}");
+    let saved: u64 = sharded.iter().map(|s| whole as u64 - s).sum();
+    assert_eq!(saved, 2 * linear as u64);
+
+    // A resume from step 20 reads the masters back and deals the copies out again.
+    let resumed = dir.path().join("resumed");
+    fork_at(&b, &resumed, 20);
+    run_ok(bf16(train_with(mpirun(2), &zero, &resumed)).arg("--resume-from-latest"));
+    assert_eq!(
+        sha256(&final_weights(&resumed, 30)),
+        sha256(&final_weights(&b, 30))
+    );
+}
+
+/// A rank that fails alone (rank 0 refuses a run folder that already holds checkpoints while
+/// rank 1 waits for it) leaves without finalizing MPI, so mpirun ends the job at once instead
+/// of rank 1 waiting out `parallel.timeout_s` (and rank 0 waiting in `MPI_Finalize` for it).
+#[test]
+fn a_rank_that_fails_alone_ends_the_job_without_waiting_out_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "[parallel]\ntimeout_s = 120\n");
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("step-00000010")).unwrap();
+    let out = train_with(mpirun(2), &cfg, &run).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("already holds checkpoints"), "{stderr}");
+    assert!(
+        !stderr.contains("for its peers"),
+        "a rank waited out its timeout: {stderr}"
+    );
+}
+
 /// `lab supervise FLAGS -- JOB --resume-from-latest`, its output captured.
 fn supervised(job: &Command, flags: &[&str]) -> Command {
     let mut sup = lab();

@@ -100,6 +100,10 @@ pub trait Collectives {
     /// Every rank's `bytes` become `root`'s (the length travels first).
     fn broadcast_bytes(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()>;
     fn barrier(&self) -> Result<()>;
+    /// This rank is leaving the job on an error only it may have met: it will not wait for
+    /// the others on its way out, so the launcher ends them at once instead of letting them
+    /// wait out their timeout.
+    fn abandon(&self) {}
 }
 
 /// Which engine to connect with.

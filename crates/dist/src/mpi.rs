@@ -2,7 +2,9 @@
 //! against a deadline, so a dead or stuck peer ends this process with one line instead of a
 //! hang (a blocking MPI call cannot be given up on).
 
+use std::cell::Cell;
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -15,8 +17,11 @@ use crate::{check_counts, Collectives, Launch, Reduce, Timeout};
 const SPIN: Duration = Duration::from_millis(200);
 
 pub struct Mpi {
-    // Dropped last: finalizes MPI.
-    _universe: mpi::environment::Universe,
+    /// Dropping it finalizes MPI, which waits for every rank: only a rank that leaves the job
+    /// in step with the others drops it (see the `Drop` impl).
+    universe: ManuallyDrop<mpi::environment::Universe>,
+    /// This rank leaves on an error or a panic of its own (see [`Collectives::abandon`]).
+    abandoned: Cell<bool>,
     rank: usize,
     world: usize,
     timeout: Timeout,
@@ -39,7 +44,8 @@ impl Mpi {
             launch.world
         );
         Ok(Mpi {
-            _universe: universe,
+            universe: ManuallyDrop::new(universe),
+            abandoned: Cell::new(false),
             rank,
             world,
             timeout,
@@ -243,10 +249,27 @@ impl Collectives for Mpi {
         self.wait(req, "broadcast")
     }
 
+    fn abandon(&self) {
+        self.abandoned.set(true);
+    }
+
     fn barrier(&self) -> Result<()> {
         let mut req = unsafe { ffi::RSMPI_REQUEST_NULL };
         // SAFETY: a barrier holds no buffers.
         unsafe { ffi::MPI_Ibarrier(ffi::RSMPI_COMM_WORLD, &mut req) };
         self.wait(req, "barrier")
+    }
+}
+
+/// A rank that leaves the job alone (an error or a panic only it met) must not finalize:
+/// `MPI_Finalize` would wait for peers that are themselves waiting in a collective for it,
+/// until their timeout. Exiting without it makes the launcher (mpirun, or srun with
+/// `--kill-on-bad-exit`) end the whole job at once.
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        if !self.abandoned.get() && !std::thread::panicking() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.universe) };
+        }
     }
 }

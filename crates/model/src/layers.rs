@@ -36,6 +36,20 @@ impl<B: Backend> Linear<B> {
     }
 }
 
+/// Whether the parameter at `path` (as [`crate::weights`] names it) is a [`Linear`]'s weight.
+/// Under mixed precision each is read once per forward, through one cast to bf16, so a bf16
+/// copy of it computes the same forward and receives the same gradient as its fp32 master:
+/// ZeRO-1 keeps fp32 masters only of the weights a rank updates. The embedding (a gather, and
+/// the tied head) and the RMSNorm gains are not linear weights.
+pub fn is_linear_weight(path: &str) -> bool {
+    const LINEARS: [&str; 7] = ["wq", "wk", "wv", "wo", "gate", "up", "down"];
+    let Some(module) = path.strip_suffix(".weight") else {
+        return false;
+    };
+    let name = module.rsplit('.').next().unwrap_or(module);
+    module == "lm_head" || (module.starts_with("blocks.") && LINEARS.contains(&name))
+}
+
 /// Root-mean-square normalization with a learned gain (no mean subtraction, no bias).
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
@@ -111,5 +125,41 @@ impl<B: FusedRope> Rope<B> {
         let cos = self.cos.clone().narrow(0, offset, t);
         let sin = self.sin.clone().narrow(0, offset, t);
         lab_ops::rope(x, cos, sin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The linear weights are exactly the 2-D parameters other than the embedding, in a model
+    /// with an untied head (so every kind of Linear is there), and nothing else.
+    #[test]
+    fn linear_weights_are_the_matrices_besides_the_embedding() {
+        type B = burn::backend::Flex;
+        let cfg = lab_config::ModelConfig {
+            vocab_size: 11,
+            n_layer: 2,
+            d_model: 4,
+            n_head: 2,
+            n_kv_head: 1,
+            d_ff: 8,
+            seq_len: 4,
+            rope_base: 10_000.0,
+            norm_eps: 1e-5,
+            init_std: 0.02,
+            head_dim: None,
+            tie_embeddings: false,
+            init_depth_scaled: false,
+        };
+        let model = crate::Llama::<B>::new(&cfg, 1, &Default::default());
+        let tensors = crate::weights::tensor_map(&model);
+        assert!(tensors.contains_key("lm_head.weight"));
+        for (path, t) in &tensors {
+            let want = t.shape.len() == 2 && path != "embed";
+            assert_eq!(is_linear_weight(path), want, "{path} {:?}", t.shape);
+        }
+        assert!(!is_linear_weight("blocks.0.attn.wq"));
+        assert!(!is_linear_weight("lm_head.weight.extra"));
     }
 }

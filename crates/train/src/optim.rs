@@ -198,7 +198,11 @@ impl<B: Backend> ModuleVisitor<B> for SumSquares<'_, B> {
             // Flex sums a tensor of 4M+ elements (an embedding's gradient is 50257 × d) in
             // parallel chunks combined in the order threads finish; a row and a column of
             // row sums are each summed by one thread.
-            let sq = x.square().sum_dim(D - 1).sum();
+            // In fp32: ZeRO-1 in bf16 holds other ranks' linear weights as bf16 copies.
+            let sq = lab_ops::cast_to(x, burn::tensor::FloatDType::F32)
+                .square()
+                .sum_dim(D - 1)
+                .sum();
             self.total = Some(match self.total.take() {
                 Some(t) => t + sq,
                 None => sq,
@@ -225,6 +229,8 @@ pub fn grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
 }
 
 /// Global L2 norm of the weights (logged to watch weight growth). Pass the inner model.
+/// Under ZeRO-1 in bf16, rank 0 reads its bf16 copies of the linear weights other ranks
+/// update (a relative difference of at most 2⁻⁹ per element, far less in the norm).
 pub fn param_norm<B: Backend, M: Module<B>>(model: &M) -> f64 {
     l2_norm::<B, _>(model, Squares::Weights)
 }

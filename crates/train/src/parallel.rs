@@ -8,6 +8,12 @@
 //! gradient norm and every stop decision are the same on every rank: rank 0 decides, the
 //! others follow, and a signal on any rank stops them all (as torchtitan all-reduces its
 //! finite flag). With one rank every method is the identity and costs nothing.
+//!
+//! ZeRO-1 in bf16 shards the fp32 master weights too: a rank keeps fp32 masters only of the
+//! parameters it updates; the linear weights another rank updates it holds as bf16 copies,
+//! which is all the forward reads of them (see [`lab_model::layers::is_linear_weight`]).
+//! Their gradients come back bf16 and are widened to fp32 before they are accumulated
+//! ([`crate::step`]), so every number equals plain data parallelism's.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,8 +23,8 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{backend::Backend, Tensor, TensorData};
-use lab_config::LabConfig;
+use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
+use lab_config::{LabConfig, Precision};
 use lab_data::Batch;
 use lab_dist::{Collectives, Engine, Launch, Reduce, Shards, Single, Timeout};
 use lab_model::weights::PathStack;
@@ -35,6 +41,8 @@ pub struct DataParallel {
     local_accum: usize,
     /// ZeRO-1: each rank keeps the optimizer state of its share of the parameters.
     zero1: bool,
+    /// ZeRO-1 in bf16: the other ranks' linear weights are held as bf16 copies.
+    bf16_copies: bool,
     /// All-reduce bucket size, elements.
     bucket: usize,
     /// ZeRO-1: the rank that keeps each parameter's optimizer state, by path (see
@@ -42,6 +50,9 @@ pub struct DataParallel {
     owner: BTreeMap<String, usize>,
     /// ZeRO-1: where each parameter sits in the flat buffers (see [`DataParallel::learn_layout`]).
     shards: Option<Shards>,
+    /// ZeRO-1 in bf16: which parameters (visit order) are linear weights, held as bf16 copies
+    /// by every rank but their owner.
+    linear: Vec<bool>,
     /// Seconds spent moving gradients and weights since [`DataParallel::take_comm_s`].
     comm_s: Cell<f64>,
     /// Each rank's host, in rank order (hardware.json's cluster spec).
@@ -56,9 +67,11 @@ impl DataParallel {
             launch: Launch::alone(),
             local_accum: cfg.global_micro_batches(),
             zero1: false,
+            bf16_copies: false,
             bucket: usize::MAX,
             owner: BTreeMap::new(),
             shards: None,
+            linear: Vec::new(),
             comm_s: Cell::new(0.0),
             rank_hosts: vec![lab_run::hardware::hostname()],
         }
@@ -88,9 +101,11 @@ impl DataParallel {
             launch,
             local_accum,
             zero1: p.zero == 1,
+            bf16_copies: p.zero == 1 && cfg.train.precision == Precision::Bf16,
             bucket: (p.bucket_mb * 1024.0 * 1024.0 / 4.0) as usize,
             owner: BTreeMap::new(),
             shards: None,
+            linear: Vec::new(),
             comm_s: Cell::new(0.0),
             rank_hosts: Vec::new(),
         };
@@ -136,6 +151,64 @@ impl DataParallel {
         let sizes: Vec<usize> = slots.iter().map(Slot::numel).collect();
         let owner = slots.iter().map(|s| self.owner[&s.path]).collect();
         self.shards = Some(Shards::from_owner(&sizes, owner, self.world()));
+        self.linear = slots
+            .iter()
+            .map(|s| self.bf16_copies && lab_model::layers::is_linear_weight(&s.path))
+            .collect();
+    }
+
+    /// Whether `rank` holds parameter `i` (visit order) as a bf16 copy, not an fp32 master.
+    fn bf16_copy(&self, i: usize, rank: usize) -> bool {
+        self.zero1() && self.linear.get(i) == Some(&true) && self.shards().owner[i] != rank
+    }
+
+    /// ZeRO-1 in bf16, once the model is built or loaded: the linear weights other ranks
+    /// update become bf16 copies; this rank keeps fp32 masters of its own share only.
+    pub fn keep_own_masters<B: TrainBackend>(&self, model: Llama<B>) -> Llama<B> {
+        if !self.zero1() || !self.bf16_copies {
+            return model;
+        }
+        let me = self.rank();
+        model.map(&mut ToBf16 {
+            pick: |i| self.bf16_copy(i, me),
+            at: 0,
+        })
+    }
+
+    /// Each rank's bytes of model weights, in rank order (the `data_parallel` event: ZeRO-1
+    /// in bf16 holds fewer).
+    pub fn weight_bytes<B: Backend, M: Module<B>>(&self, model: &M) -> Result<Vec<u64>> {
+        struct V(u64);
+        impl<B: Backend> ModuleVisitor<B> for V {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                let t = p.val();
+                self.0 += (t.shape().num_elements() * t.dtype().size()) as u64;
+            }
+        }
+        let mut v = V(0);
+        model.visit(&mut v);
+        Ok(self
+            .gather_f64(v.0 as f64)?
+            .into_iter()
+            .map(|b| b as u64)
+            .collect())
+    }
+
+    /// ZeRO-1 in bf16, writing a checkpoint: rank 0's model with every fp32 master in it,
+    /// sent one parameter at a time by the rank that keeps it (`None` on the other ranks,
+    /// which take part). Rank 0 holds the whole fp32 model only while it writes, when no
+    /// activations or gradients are alive.
+    pub fn masters_on_leader<B: Backend>(&self, model: Llama<B>) -> Result<Option<Llama<B>>> {
+        let mut from = FromOwners {
+            dp: self,
+            at: 0,
+            error: None,
+        };
+        let model = model.map(&mut from);
+        if let Some(e) = from.error {
+            return Err(e.context("gathering the fp32 master weights for a checkpoint"));
+        }
+        Ok(self.is_leader().then_some(model))
     }
 
     /// Whether this rank keeps the optimizer tensor `name` (`m.<path>` or `v.<path>`).
@@ -284,6 +357,7 @@ impl DataParallel {
             flat: &all,
             spans: &shards.span,
             keep: |i| shards.owner[i] != me,
+            bf16: |i| self.bf16_copy(i, me),
             at: 0,
         };
         let model = model.map(&mut mapper);
@@ -363,6 +437,11 @@ impl DataParallel {
 
     pub fn barrier(&self) -> Result<()> {
         self.coll.barrier()
+    }
+
+    /// This rank is leaving on an error of its own: the launcher ends the others at once.
+    pub fn abandon(&self) {
+        self.coll.abandon()
     }
 
     /// Every rank's `x`, exactly (the bits travel; the sum is taken on the host in rank
@@ -511,16 +590,21 @@ fn param_values<B: Backend, M: Module<B>>(
     v.1
 }
 
-/// Replaces the parameters `keep` selects with their values in `flat`.
-struct SetParams<'a, K> {
+/// Replaces the parameters `keep` selects with their values in `flat`, as bf16 copies where
+/// `bf16` says so (rounded as the forward's cast rounds).
+struct SetParams<'a, K, L> {
     flat: &'a [f32],
     spans: &'a [Range<usize>],
     keep: K,
+    bf16: L,
     at: usize,
 }
 
-impl<AB: burn::tensor::backend::AutodiffBackend, K: Fn(usize) -> bool> ModuleMapper<AB>
-    for SetParams<'_, K>
+impl<AB, K, L> ModuleMapper<AB> for SetParams<'_, K, L>
+where
+    AB: burn::tensor::backend::AutodiffBackend,
+    K: Fn(usize) -> bool,
+    L: Fn(usize) -> bool,
 {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
         let i = self.at;
@@ -530,7 +614,65 @@ impl<AB: burn::tensor::backend::AutodiffBackend, K: Fn(usize) -> bool> ModuleMap
         }
         let (id, tensor, mapper): (ParamId, _, _) = param.consume();
         let data = TensorData::new(self.flat[self.spans[i].clone()].to_vec(), tensor.dims());
-        let t = Tensor::<AB, D>::from_data(data, &tensor.device()).require_grad();
+        let mut t = Tensor::<AB::InnerBackend, D>::from_data(data, &tensor.device());
+        if (self.bf16)(i) {
+            t = t.cast(FloatDType::BF16);
+        }
+        Param::from_mapped_value(id, Tensor::from_inner(t).require_grad(), mapper)
+    }
+}
+
+/// Turns the parameters `pick` selects into bf16 leaves (their fp32 values rounded).
+struct ToBf16<P> {
+    pick: P,
+    at: usize,
+}
+
+impl<AB: burn::tensor::backend::AutodiffBackend, P: Fn(usize) -> bool> ModuleMapper<AB>
+    for ToBf16<P>
+{
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let i = self.at;
+        self.at += 1;
+        if !(self.pick)(i) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let t = Tensor::from_inner(tensor.inner().cast(FloatDType::BF16)).require_grad();
         Param::from_mapped_value(id, t, mapper)
+    }
+}
+
+/// Puts the fp32 master of every parameter rank 0 holds as a bf16 copy into rank 0's model,
+/// one broadcast from its owner each (see [`DataParallel::masters_on_leader`]).
+struct FromOwners<'a> {
+    dp: &'a DataParallel,
+    at: usize,
+    /// The first failure; the parameters after it are left as they are.
+    error: Option<anyhow::Error>,
+}
+
+impl<B: Backend> ModuleMapper<B> for FromOwners<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let i = self.at;
+        self.at += 1;
+        if self.error.is_some() || !self.dp.bf16_copy(i, 0) {
+            return param;
+        }
+        let (owner, me) = (self.dp.shards().owner[i], self.dp.rank());
+        let (id, tensor, mapper) = param.consume();
+        let mut values = match me == owner {
+            true => host(tensor.clone().into_data()),
+            false => vec![0.0; tensor.shape().num_elements()],
+        };
+        if let Err(e) = self.dp.coll.broadcast(&mut values, owner) {
+            self.error = Some(e);
+            return Param::from_mapped_value(id, tensor, mapper);
+        }
+        let tensor = match me {
+            0 => Tensor::from_data(TensorData::new(values, tensor.dims()), &tensor.device()),
+            _ => tensor,
+        };
+        Param::from_mapped_value(id, tensor, mapper)
     }
 }

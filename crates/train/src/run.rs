@@ -168,6 +168,7 @@ impl Run {
         init: Option<HfInit<B>>,
     ) -> Result<TrainingState<B>> {
         let mut state = self.restore(policies, device, init)?;
+        state.model = self.dp.keep_own_masters(state.model);
         if let Some(to) = self.extend_to_steps {
             if self.extend(&mut state, to)? {
                 // Durable at once: a kill before the next checkpoint must not lose it.
@@ -583,6 +584,7 @@ impl Run {
                 TrainingState::fresh(&self.cfg, device)
             }
         };
+        state.model = self.dp.keep_own_masters(state.model);
         state.cursor.skip(&plan.skip, from + 1, &plan.reason);
         state.rollbacks = rollbacks;
         // An extension is a decision about the run, not part of the step it was taken at.
@@ -728,7 +730,8 @@ impl Run {
     }
 
     /// Writes `state` as a checkpoint: whole by the leader, or (ZeRO-1) each rank its
-    /// optimizer shard. Every rank returns once the folder is in place.
+    /// optimizer shard and the leader the model, with the fp32 masters the other ranks keep.
+    /// Every rank returns once the folder is in place.
     fn save<B: TrainBackend>(&self, state: &TrainingState<B>, meta: TrainState) -> Result<PathBuf> {
         let dp = &self.dp;
         if !dp.zero1() {
@@ -746,11 +749,10 @@ impl Run {
             world: dp.world(),
             barrier: &barrier,
         };
-        let model = if self.leader() {
-            lab_model::weights::pending_tensors(&state.model.valid())
-        } else {
-            Vec::new()
-        };
+        let model = dp
+            .masters_on_leader(state.model.valid())?
+            .map(|m| lab_model::weights::pending_tensors(&m))
+            .unwrap_or_default();
         let moments = state.optim.pending_state();
         checkpoint::save_sharded(&self.dir, meta, &model, &moments, &part)
     }

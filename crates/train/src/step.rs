@@ -3,8 +3,10 @@
 
 use std::time::Instant;
 
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{DType, ElementConversion, FloatDType, Int, Tensor, TensorData};
 use lab_config::LabConfig;
 use lab_data::Batch;
 use lab_model::Llama;
@@ -44,7 +46,8 @@ pub fn forward_backward<B: TrainBackend>(
             None => value,
         });
         let grads = (loss / n).backward();
-        accum.accumulate(model, GradientsParams::from_grads(grads, model));
+        let grads = widened(model, GradientsParams::from_grads(grads, model));
+        accum.accumulate(model, grads);
         if let Some(t) = times.as_deref_mut() {
             B::sync(device).ok();
             t.forward_s += (t1 - t0).as_secs_f64();
@@ -56,6 +59,25 @@ pub fn forward_backward<B: TrainBackend>(
         .into_scalar()
         .elem();
     (accum.grads(), loss / n)
+}
+
+/// The gradients of bf16 parameters (ZeRO-1's copies of the weights other ranks update)
+/// widened to fp32, as the cast in front of an fp32 master widens them, so the micro-batches
+/// add up in fp32 either way. Other gradients are left alone.
+fn widened<B: TrainBackend>(model: &Llama<B>, mut grads: GradientsParams) -> GradientsParams {
+    struct V<'a>(&'a mut GradientsParams);
+    impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
+        fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+            if p.val().dtype() == DType::F32 {
+                return;
+            }
+            if let Some(g) = self.0.remove::<B::InnerBackend, D>(p.id) {
+                self.0.register(p.id, g.cast(FloatDType::F32));
+            }
+        }
+    }
+    model.visit(&mut V(&mut grads));
+    grads
 }
 
 /// Token ids as `[rows, seq_len]` int tensors.

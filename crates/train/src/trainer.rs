@@ -13,10 +13,11 @@ use lab_config::LabConfig;
 use serde_json::json;
 
 use crate::backend::{OnBackend, TrainBackend};
+use crate::freeze;
+use crate::hf_init::{self, HfInit};
 use crate::parallel::DataParallel;
 use crate::policy::{Decision, Journal, Policies, StepPolicy, StepView, Stop};
 use crate::run::Run;
-use crate::{freeze, hf_init};
 
 use crate::signals::StopSignal;
 use crate::stability::{NonFinite, Signals, SpikeResponse};
@@ -110,7 +111,7 @@ fn report_mixture(run: &mut Run, step: u64, mix: crate::stream::MixtureReport) {
 }
 
 /// Trains on backend `B` until `total_steps`, or until a policy stops the run.
-pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Result<Outcome> {
+pub fn train<B: TrainBackend>(opts: TrainOptions, device: B::Device) -> Result<Outcome> {
     let cfg = opts.config.clone();
     // One process per node reads the files whole: a shared file system once per node, and a
     // copy local to each node checked where it lies.
@@ -128,10 +129,27 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         None => None,
     };
     let dp = Rc::new(join_job::<B>(&cfg, &opts, &device)?);
-    let mut run = Run::open(&mut opts, &data, dp.clone())?;
+    let outcome = train_in_job::<B>(opts, &data, init, dp.clone(), &device);
+    if outcome.is_err() {
+        // An error this rank may have met alone: leave without waiting for the others.
+        dp.abandon();
+    }
+    outcome
+}
+
+/// This rank's part of the job `dp`: the run folder, the policies and the loop.
+fn train_in_job<B: TrainBackend>(
+    mut opts: TrainOptions,
+    data: &TrainData,
+    init: Option<HfInit<B>>,
+    dp: Rc<DataParallel>,
+    device: &B::Device,
+) -> Result<Outcome> {
+    let cfg = opts.config.clone();
+    let mut run = Run::open(&mut opts, data, dp.clone())?;
     let mut policies = standard_policies(&cfg, std::mem::take(&mut opts.policies))?;
-    let mut state = run.start::<B>(&mut policies, &device, init)?;
-    record_job(&mut run, &dp, state.step);
+    let mut state = run.start::<B>(&mut policies, device, init)?;
+    record_job(&mut run, &dp, &state)?;
     let total = state.schedule.total_steps();
     if let Some(mix) = data.mixture_report(&cfg, total) {
         report_mixture(&mut run, state.step, mix);
@@ -149,7 +167,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         let lr = state.schedule.lr(state.step);
         let mut cursor = state.cursor.clone();
         let batch = data.next_step(state.step, &mut cursor)?;
-        let (grads, loss) = forward_backward(&state.model, dp.local(&batch.micro), &device, None);
+        let (grads, loss) = forward_backward(&state.model, dp.local(&batch.micro), device, None);
         let (grads, loss) = dp.reduce(&state.model, grads, loss)?;
         let grads = fire_drill(&opts, &state, grads);
         let grads = freeze::trainable_grads(&cfg, state.step, &state.model, grads);
@@ -171,7 +189,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
             }
             Decision::Rollback(plan) => {
                 let stop_after = plan.then_stop.then(|| plan.reason.clone());
-                state = run.rollback(state, plan, &mut policies, &device)?;
+                state = run.rollback(state, plan, &mut policies, device)?;
                 let stop = stop_after.map(|reason| Stop::Unstable { reason });
                 match stop.or_else(|| too_many_rollbacks(&cfg, &state)) {
                     Some(stop) => return run.stop(stop, &state, &policies),
@@ -183,7 +201,7 @@ pub fn train<B: TrainBackend>(mut opts: TrainOptions, device: B::Device) -> Resu
         state.step += 1;
         state.cursor = cursor;
         let secs = started.elapsed().as_secs_f64();
-        view.val_loss = run.record_step(&state, &view, &data, secs, update_skipped)?;
+        view.val_loss = run.record_step(&state, &view, data, secs, update_skipped)?;
         if let Decision::Stop(stop) = dp.agree(policies.after_update(&view, &mut run))? {
             return run.stop(stop, &state, &policies);
         }
@@ -213,16 +231,23 @@ fn join_job<B: TrainBackend>(
 }
 
 /// Events of a data-parallel job's start: its layout and, after a relaunch, the restart.
-fn record_job(run: &mut Run, dp: &DataParallel, step: u64) {
-    let launch = dp.launch();
+/// Every rank calls it (the ranks' weight bytes are gathered).
+fn record_job<B: TrainBackend>(
+    run: &mut Run,
+    dp: &DataParallel,
+    state: &TrainingState<B>,
+) -> Result<()> {
+    let (launch, step) = (dp.launch(), state.step);
     if dp.world() > 1 {
-        let fields = json!({ "world_size": dp.world(), "engine": dp.engine(), "launcher": launch.launcher.name(), "zero": if dp.zero1() { 1 } else { 0 } });
+        let weight_bytes = dp.weight_bytes(&state.model)?;
+        let fields = json!({ "world_size": dp.world(), "engine": dp.engine(), "launcher": launch.launcher.name(), "zero": if dp.zero1() { 1 } else { 0 }, "weight_bytes_per_rank": weight_bytes });
         run.event(step, "data_parallel", fields);
     }
     if launch.restarts > 0 {
         let fields = json!({ "restarts": launch.restarts, "resumed_at_step": step, "world_size": dp.world() });
         run.event(step, "restarted", fields);
     }
+    Ok(())
 }
 
 /// What the policies see of the step being taken.
