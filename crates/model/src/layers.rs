@@ -37,8 +37,9 @@ impl<B: Backend> Linear<B> {
 }
 
 /// Whether the parameter at `path` (as [`crate::weights`] names it) is a [`Linear`]'s weight.
-/// Under mixed precision each is read once per forward, through one cast to bf16, so a bf16
-/// copy of it computes the same forward and receives the same gradient as its fp32 master:
+/// Training's forward reads each once, through one cast to the compute dtype, so under mixed
+/// precision a bf16 copy of it computes the same forward and receives the same gradient as
+/// its fp32 master (evaluation casts the head to the hidden states' dtype):
 /// ZeRO-1 keeps fp32 masters only of the weights a rank updates. The embedding (a gather, and
 /// the tied head) and the RMSNorm gains are not linear weights.
 pub fn is_linear_weight(path: &str) -> bool {

@@ -187,6 +187,13 @@ impl<B: Backend> Llama<B> {
         x.reshape([batch * t, d])
     }
 
+    /// Logits of final hidden states `[N, d_model]`, in their dtype (a head held as a bf16
+    /// copy, under ZeRO-1 in bf16, is widened to them).
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        let dtype = hidden.dtype().into();
+        hidden.matmul(cast_to(self.head_weight(), dtype))
+    }
+
     /// The LM head as a `[d_model, vocab]` matrix (the transposed embedding when tied).
     pub fn head_weight(&self) -> Tensor<B, 2> {
         match &self.lm_head {
@@ -266,7 +273,7 @@ impl<B: FusedLayers> Llama<B> {
         for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(x, batch, &cache.rope, &future, layer);
         }
-        let logits = self.norm.forward(x).matmul(self.head_weight());
+        let logits = self.head(self.norm.forward(x));
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
     }
@@ -274,7 +281,7 @@ impl<B: FusedLayers> Llama<B> {
     /// Next-token logits, `[B, T, vocab]`.
     pub fn logits(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         let [batch, t] = tokens.dims();
-        let logits = self.hidden(tokens).matmul(self.head_weight());
+        let logits = self.head(self.hidden(tokens));
         let v = logits.dims()[1];
         logits.reshape([batch, t, v])
     }
@@ -314,12 +321,10 @@ impl<B: FusedLayers> Llama<B> {
         targets: Tensor<B, 2, Int>,
     ) -> Tensor<B, 2> {
         let [batch, t] = targets.dims();
-        lab_ops::lm_head_token_losses(
-            self.hidden(tokens),
-            self.head_weight(),
-            targets.reshape([batch * t]),
-        )
-        .reshape([batch, t])
+        let hidden = self.hidden(tokens);
+        let head = cast_to(self.head_weight(), hidden.dtype().into());
+        lab_ops::lm_head_token_losses(hidden, head, targets.reshape([batch * t]))
+            .reshape([batch, t])
     }
 }
 

@@ -139,3 +139,34 @@ fn depth_scaled_init_shrinks_only_the_residual_output_projections() {
             .contains("init_depth_scaled")
     );
 }
+
+/// ZeRO-1 in bf16 holds an untied LM head as a bf16 copy on the ranks that do not update it.
+/// Evaluation's logits, per-token losses and cached decoding widen it to the fp32 hidden
+/// states: the same numbers as an fp32 head holding the bf16-rounded values.
+#[test]
+fn a_bf16_head_reads_as_its_values_in_fp32() {
+    use burn::module::Param;
+    use burn::tensor::FloatDType;
+    let model = Llama::<B>::new(&cfg(), 42, &Default::default());
+    let set_head = |m: &Llama<B>, w: Tensor<B, 2>| {
+        let mut m = m.clone();
+        m.lm_head.as_mut().unwrap().weight = Param::from_tensor(w);
+        m
+    };
+    let head = model.lm_head.as_ref().unwrap().weight.val();
+    let copy = set_head(&model, head.clone().cast(FloatDType::BF16));
+    let rounded = set_head(&model, head.cast(FloatDType::BF16).cast(FloatDType::F32));
+    let x = tokens(&[vec![3, 1, 4, 1, 5, 9], vec![2, 6, 5, 3, 5, 8]]);
+    let y = tokens(&[vec![1, 4, 1, 5, 9, 2], vec![6, 5, 3, 5, 8, 9]]);
+    let same = |a: Tensor<B, 3>, b: Tensor<B, 3>| assert_eq!(a.into_data(), b.into_data());
+    same(copy.logits(x.clone()), rounded.logits(x.clone()));
+    same(
+        copy.token_losses(x.clone(), y.clone()).unsqueeze(),
+        rounded.token_losses(x.clone(), y).unsqueeze(),
+    );
+    let (mut c1, mut c2) = (copy.new_cache(), rounded.new_cache());
+    same(
+        copy.forward_cached(x.clone(), &mut c1),
+        rounded.forward_cached(x, &mut c2),
+    );
+}
