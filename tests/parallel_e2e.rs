@@ -207,6 +207,17 @@ fn zero_1_in_bf16_shards_the_fp32_masters_and_equals_plain_data_parallelism_bit_
     assert!(sharded.iter().all(|&s| s < whole as u64), "{sharded:?}");
     let saved: u64 = sharded.iter().map(|s| whole as u64 - s).sum();
     assert_eq!(saved, 2 * linear as u64);
+    // The updated weights travel as what the ranks hold: the linear ones as bf16.
+    let gathered: usize = masters(&a)
+        .iter()
+        .map(|(name, t)| match t.shape.len() == 2 && name != "embed" {
+            true => 4 * t.data.len().div_ceil(2),
+            false => 4 * t.data.len(),
+        })
+        .sum();
+    let event = |run: &Path| events(run, "data_parallel")[0]["all_gather_bytes"].clone();
+    assert_eq!(event(&b), gathered as u64);
+    assert_eq!(event(&a), serde_json::Value::Null);
 
     // A resume from step 20 reads the masters back and deals the copies out again.
     let resumed = dir.path().join("resumed");

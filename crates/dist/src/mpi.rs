@@ -36,13 +36,16 @@ impl Mpi {
             .ok_or_else(|| anyhow::anyhow!("MPI was already initialized in this process"))?;
         let comm = universe.world();
         let (rank, world) = (comm.rank() as usize, comm.size() as usize);
-        anyhow::ensure!(
-            (rank, world) == (launch.rank, launch.world),
-            "MPI says rank {rank} of {world} but {} set rank {} of {}; launch with one launcher (under Slurm: srun --mpi=pmix)",
-            launch.launcher.name(),
-            launch.rank,
-            launch.world
-        );
+        if (rank, world) != (launch.rank, launch.world) {
+            // Not finalized: a rank that leaves alone must not wait for the others.
+            std::mem::forget(universe);
+            anyhow::bail!(
+                "MPI says rank {rank} of {world} but {} set rank {} of {}; launch with one launcher (under Slurm: srun --mpi=pmix)",
+                launch.launcher.name(),
+                launch.rank,
+                launch.world
+            );
+        }
         Ok(Mpi {
             universe: ManuallyDrop::new(universe),
             abandoned: Cell::new(false),

@@ -230,7 +230,7 @@ pub fn grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
 
 /// Global L2 norm of the weights (logged to watch weight growth). Pass the inner model.
 /// Under ZeRO-1 in bf16, rank 0 reads its bf16 copies of the linear weights other ranks
-/// update (a relative difference of at most 2⁻⁹ per element, far less in the norm).
+/// update (a relative difference of at most 2⁻⁸ per element, far less in the norm).
 pub fn param_norm<B: Backend, M: Module<B>>(model: &M) -> f64 {
     l2_norm::<B, _>(model, Squares::Weights)
 }

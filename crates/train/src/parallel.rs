@@ -13,7 +13,9 @@
 //! parameters it updates; the linear weights another rank updates it holds as bf16 copies,
 //! which is all the forward reads of them (see [`lab_model::layers::is_linear_weight`]).
 //! Their gradients come back bf16 and are widened to fp32 before they are accumulated
-//! ([`crate::step`]), so every number equals plain data parallelism's.
+//! ([`crate::step`]), so the losses, gradients and weights equal plain data parallelism's (rank
+//! 0's weight norm and evaluations read its copies). The owners all-gather their updated
+//! linear weights as bf16, the form the others hold them in.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +25,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
+use burn::tensor::{backend::Backend, DType, FloatDType, Tensor, TensorData};
 use lab_config::{LabConfig, Precision};
 use lab_data::Batch;
 use lab_dist::{Collectives, Engine, Launch, Reduce, Shards, Single, Timeout};
@@ -53,6 +55,9 @@ pub struct DataParallel {
     /// ZeRO-1 in bf16: which parameters (visit order) are linear weights, held as bf16 copies
     /// by every rank but their owner.
     linear: Vec<bool>,
+    /// ZeRO-1: where each parameter sits in the all-gather of updated weights, in f32 words
+    /// (a linear weight's bf16 copy packs two values to a word under ZeRO-1 in bf16).
+    gathered: Option<Shards>,
     /// Seconds spent moving gradients and weights since [`DataParallel::take_comm_s`].
     comm_s: Cell<f64>,
     /// Each rank's host, in rank order (hardware.json's cluster spec).
@@ -72,6 +77,7 @@ impl DataParallel {
             owner: BTreeMap::new(),
             shards: None,
             linear: Vec::new(),
+            gathered: None,
             comm_s: Cell::new(0.0),
             rank_hosts: vec![lab_run::hardware::hostname()],
         }
@@ -106,11 +112,13 @@ impl DataParallel {
             owner: BTreeMap::new(),
             shards: None,
             linear: Vec::new(),
+            gathered: None,
             comm_s: Cell::new(0.0),
             rank_hosts: Vec::new(),
         };
-        dp.rank_hosts = dp
-            .gather_bytes(lab_run::hardware::hostname().into_bytes())?
+        let hosts = dp.gather_bytes(lab_run::hardware::hostname().into_bytes());
+        let hosts = hosts.inspect_err(|_| dp.abandon())?;
+        dp.rank_hosts = hosts
             .into_iter()
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .collect();
@@ -155,6 +163,11 @@ impl DataParallel {
             .iter()
             .map(|s| self.bf16_copies && lab_model::layers::is_linear_weight(&s.path))
             .collect();
+        let words: Vec<usize> = (sizes.iter().zip(&self.linear))
+            .map(|(&n, &bf16)| if bf16 { n.div_ceil(2) } else { n })
+            .collect();
+        let owner = self.shards().owner.clone();
+        self.gathered = Some(Shards::from_owner(&words, owner, self.world()));
     }
 
     /// Whether `rank` holds parameter `i` (visit order) as a bf16 copy, not an fp32 master.
@@ -194,10 +207,18 @@ impl DataParallel {
             .collect())
     }
 
+    /// ZeRO-1: the bytes each step's all-gather of updated weights moves into every rank.
+    pub fn gathered_bytes(&self) -> Option<u64> {
+        let g = self.gathered.as_ref().filter(|_| self.zero1())?;
+        Some(4 * g.counts.iter().sum::<usize>() as u64)
+    }
+
     /// ZeRO-1 in bf16, writing a checkpoint: rank 0's model with every fp32 master in it,
     /// sent one parameter at a time by the rank that keeps it (`None` on the other ranks,
-    /// which take part). Rank 0 holds the whole fp32 model only while it writes, when no
-    /// activations or gradients are alive.
+    /// which take part). While it writes, rank 0 holds every fp32 master beside its bf16
+    /// copies (about 1.5× its training weights; no gradients or activations are alive then).
+    /// The seam has no point-to-point send, so each master is broadcast and the other ranks
+    /// drop it.
     pub fn masters_on_leader<B: Backend>(&self, model: Llama<B>) -> Result<Option<Llama<B>>> {
         let mut from = FromOwners {
             dp: self,
@@ -347,16 +368,22 @@ impl DataParallel {
             return Ok(model);
         }
         let started = Instant::now();
-        let shards = self.shards();
+        let gathered = self.gathered.as_ref().expect("learn_layout runs first");
         let me = self.rank();
-        // This rank's parameters, in visit order, which is their order in its block.
-        let mine = param_values(&model.valid(), |i| shards.owner[i] == me).concat();
-        let mut all = vec![0.0f32; shards.counts.iter().sum()];
-        self.coll.all_gather(&mine, &shards.counts, &mut all)?;
+        // This rank's parameters, in visit order, which is their order in its block; the
+        // linear weights as the bf16 copies the other ranks hold.
+        let mine = param_values(
+            &model.valid(),
+            |i| gathered.owner[i] == me,
+            |i| self.linear[i],
+        )
+        .concat();
+        let mut all = vec![0.0f32; gathered.counts.iter().sum()];
+        self.coll.all_gather(&mine, &gathered.counts, &mut all)?;
         let mut mapper = SetParams {
             flat: &all,
-            spans: &shards.span,
-            keep: |i| shards.owner[i] != me,
+            spans: &gathered.span,
+            keep: |i| gathered.owner[i] != me,
             bf16: |i| self.bf16_copy(i, me),
             at: 0,
         };
@@ -568,30 +595,58 @@ fn put_grads<B: Backend, M: Module<B>>(
     v.out
 }
 
-/// The values of the parameters `keep` selects, in visit order (empty for the others).
+/// The values of the parameters `keep` selects, in visit order (empty for the others); those
+/// `packed` selects rounded to bf16 on the device and packed two to an f32 word.
 fn param_values<B: Backend, M: Module<B>>(
     model: &M,
     keep: impl Fn(usize) -> bool,
+    packed: impl Fn(usize) -> bool,
 ) -> Vec<Vec<f32>> {
-    struct V<K>(K, Vec<Vec<f32>>);
-    impl<B: Backend, K: Fn(usize) -> bool> ModuleVisitor<B> for V<K> {
+    struct V<K, P>(K, P, Vec<Vec<f32>>);
+    impl<B: Backend, K: Fn(usize) -> bool, P: Fn(usize) -> bool> ModuleVisitor<B> for V<K, P> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            let i = self.1.len();
-            let values = if (self.0)(i) {
-                host(p.val().into_data())
-            } else {
-                Vec::new()
+            let i = self.2.len();
+            let values = match ((self.0)(i), (self.1)(i)) {
+                (false, _) => Vec::new(),
+                (true, false) => host(p.val().into_data()),
+                (true, true) => pack_bf16(p.val().cast(FloatDType::BF16).into_data()),
             };
-            self.1.push(values);
+            self.2.push(values);
         }
     }
-    let mut v = V(keep, Vec::new());
+    let mut v = V(keep, packed, Vec::new());
     model.visit(&mut v);
-    v.1
+    v.2
+}
+
+/// bf16 values two to an f32 word (the first in the low half), padded with a zero: the
+/// collectives move f32 words bit for bit, as [`DataParallel::gather_f64`]'s words.
+fn pack_bf16(data: TensorData) -> Vec<f32> {
+    assert_eq!(data.dtype, burn::tensor::DType::BF16);
+    // Little-endian bf16 pairs are the words' bytes.
+    data.as_bytes()
+        .chunks(4)
+        .map(|c| {
+            let mut word = [0u8; 4];
+            word[..c.len()].copy_from_slice(c);
+            f32::from_bits(u32::from_le_bytes(word))
+        })
+        .collect()
+}
+
+/// The `n` bf16 values of [`pack_bf16`]'s words.
+fn unpack_bf16(words: &[f32], n: usize) -> Vec<burn::tensor::bf16> {
+    let half = |w: &f32, hi: bool| (w.to_bits() >> if hi { 16 } else { 0 }) as u16;
+    words
+        .iter()
+        .flat_map(|w| [half(w, false), half(w, true)])
+        .take(n)
+        .map(burn::tensor::bf16::from_bits)
+        .collect()
 }
 
 /// Replaces the parameters `keep` selects with their values in `flat`, as bf16 copies where
-/// `bf16` says so (rounded as the forward's cast rounds).
+/// `bf16` says so (packed bf16 in `flat`, see [`pack_bf16`]).
 struct SetParams<'a, K, L> {
     flat: &'a [f32],
     spans: &'a [Range<usize>],
@@ -613,12 +668,19 @@ where
             return param;
         }
         let (id, tensor, mapper): (ParamId, _, _) = param.consume();
-        let data = TensorData::new(self.flat[self.spans[i].clone()].to_vec(), tensor.dims());
-        let mut t = Tensor::<AB::InnerBackend, D>::from_data(data, &tensor.device());
-        if (self.bf16)(i) {
-            t = t.cast(FloatDType::BF16);
-        }
-        Param::from_mapped_value(id, Tensor::from_inner(t).require_grad(), mapper)
+        let (words, dims, device) = (
+            &self.flat[self.spans[i].clone()],
+            tensor.dims(),
+            tensor.device(),
+        );
+        let t = match (self.bf16)(i) {
+            true => {
+                let values = unpack_bf16(words, tensor.shape().num_elements());
+                Tensor::<AB, D>::from_data(TensorData::new(values, dims), (&device, DType::BF16))
+            }
+            false => Tensor::from_data(TensorData::new(words.to_vec(), dims), &device),
+        };
+        Param::from_mapped_value(id, t.require_grad(), mapper)
     }
 }
 
@@ -674,5 +736,26 @@ impl<B: Backend> ModuleMapper<B> for FromOwners<'_> {
             _ => tensor,
         };
         Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::bf16;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Packed bf16 words unpack to the same bf16 bits, in order, for odd lengths too (the
+        /// last word padded), whatever the bits (NaNs and infinities included).
+        #[test]
+        fn bf16_values_survive_packing_bit_for_bit(bits in proptest::collection::vec(any::<u16>(), 0..40)) {
+            let values: Vec<bf16> = bits.iter().map(|&b| bf16::from_bits(b)).collect();
+            let n = values.len();
+            let words = pack_bf16(TensorData::new(values, [n]));
+            prop_assert_eq!(words.len(), n.div_ceil(2));
+            let back: Vec<u16> = unpack_bf16(&words, n).iter().map(|x| x.to_bits()).collect();
+            prop_assert_eq!(back, bits);
+        }
     }
 }

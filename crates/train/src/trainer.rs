@@ -240,7 +240,7 @@ fn record_job<B: TrainBackend>(
     let (launch, step) = (dp.launch(), state.step);
     if dp.world() > 1 {
         let weight_bytes = dp.weight_bytes(&state.model)?;
-        let fields = json!({ "world_size": dp.world(), "engine": dp.engine(), "launcher": launch.launcher.name(), "zero": if dp.zero1() { 1 } else { 0 }, "weight_bytes_per_rank": weight_bytes });
+        let fields = json!({ "world_size": dp.world(), "engine": dp.engine(), "launcher": launch.launcher.name(), "zero": if dp.zero1() { 1 } else { 0 }, "weight_bytes_per_rank": weight_bytes, "all_gather_bytes": dp.gathered_bytes() });
         run.event(step, "data_parallel", fields);
     }
     if launch.restarts > 0 {
