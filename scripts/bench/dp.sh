@@ -5,6 +5,7 @@
 #
 #   cargo build --release -p lab@0.1.0 --features mpi && cargo build --release -p lab-dist --features mpi --bins
 #   scripts/bench/dp.sh [ROUNDS]
+#   PRECISION=bf16 scripts/bench/dp.sh [ROUNDS]    # ZeRO-1 then shards the fp32 masters too
 #
 # Same global batch in every variant: tiny-cpu with grad_accum 2 (2 × 8 × 128 = 2,048 tokens
 # per step); the single process uses both cores (RAYON_NUM_THREADS=2), each rank one.
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}
 LAB=${LAB:-./target/release/lab}
+PRECISION=${PRECISION:-fp32}
 CHECK=${CHECK:-./target/release/lab-dist-check}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 WORK=$(mktemp -d)
@@ -36,12 +38,13 @@ PY
 for round in $(seq 1 "$ROUNDS"); do
   echo "== round $round"
   rm -rf "$WORK"/r-*
-  RAYON_NUM_THREADS=2 "$LAB" train --config "$WORK/plain.toml" --ckpt-dir "$WORK/r-one" --log-every 5 >/dev/null
+  RAYON_NUM_THREADS=2 "$LAB" train --config "$WORK/plain.toml" --ckpt-dir "$WORK/r-one" --log-every 5 --precision "$PRECISION" >/dev/null
   printf '  1 process, 2 threads   '; summary "$WORK/r-one"
-  RAYON_NUM_THREADS=1 mpirun -np 2 "$LAB" train --config "$WORK/plain.toml" --ckpt-dir "$WORK/r-dp" --log-every 5 >/dev/null
+  RAYON_NUM_THREADS=1 mpirun -np 2 "$LAB" train --config "$WORK/plain.toml" --ckpt-dir "$WORK/r-dp" --log-every 5 --precision "$PRECISION" >/dev/null
   printf '  2 ranks × 1 thread     '; summary "$WORK/r-dp"
-  RAYON_NUM_THREADS=1 mpirun -np 2 "$LAB" train --config "$WORK/zero.toml" --ckpt-dir "$WORK/r-z1" --log-every 5 >/dev/null
+  RAYON_NUM_THREADS=1 mpirun -np 2 "$LAB" train --config "$WORK/zero.toml" --ckpt-dir "$WORK/r-z1" --log-every 5 --precision "$PRECISION" >/dev/null
   printf '  2 ranks, ZeRO-1        '; summary "$WORK/r-z1"
+  grep -ho '"all_gather_bytes":[0-9]*\|"weight_bytes_per_rank":\[[0-9,]*\]' "$WORK/r-z1/events.jsonl" | sed 's/^/    /' 
   for mb in 4 52; do
     mpirun -np 2 "$CHECK" bench "$mb" | sed 's/^/  /'
   done
