@@ -138,21 +138,7 @@ mod tests {
     #[test]
     fn linear_weights_are_the_matrices_besides_the_embedding() {
         type B = burn::backend::Flex;
-        let cfg = lab_config::ModelConfig {
-            vocab_size: 11,
-            n_layer: 2,
-            d_model: 4,
-            n_head: 2,
-            n_kv_head: 1,
-            d_ff: 8,
-            seq_len: 4,
-            rope_base: 10_000.0,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            tie_embeddings: false,
-            init_depth_scaled: false,
-        };
+        let cfg = crate::tiny_test_config();
         let model = crate::Llama::<B>::new(&cfg, 1, &Default::default());
         let tensors = crate::weights::tensor_map(&model);
         assert!(tensors.contains_key("lm_head.weight"));

@@ -284,21 +284,7 @@ mod tests {
     #[test]
     fn fresh_rows_are_the_models_own_initial_rows() {
         type B = burn::backend::Flex;
-        let cfg = ModelConfig {
-            vocab_size: 11,
-            n_layer: 1,
-            d_model: 4,
-            n_head: 2,
-            n_kv_head: 1,
-            d_ff: 8,
-            seq_len: 4,
-            rope_base: 10_000.0,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            tie_embeddings: false,
-            init_depth_scaled: false,
-        };
+        let cfg = crate::tiny_test_config();
         let model = crate::Llama::<B>::new(&cfg, 7, &Default::default());
         let lab = crate::weights::tensor_map(&model);
         let hf = crate::hf::to_hf(&lab).unwrap();
