@@ -207,7 +207,8 @@ impl DataParallel {
             .collect())
     }
 
-    /// ZeRO-1: the bytes each step's all-gather of updated weights moves into every rank.
+    /// ZeRO-1: the payload of each step's all-gather of updated weights, in bytes (every
+    /// rank's block, its own included; NCCL pads each block to the largest).
     pub fn gathered_bytes(&self) -> Option<u64> {
         let g = self.gathered.as_ref().filter(|_| self.zero1())?;
         Some(4 * g.counts.iter().sum::<usize>() as u64)
@@ -622,14 +623,12 @@ fn param_values<B: Backend, M: Module<B>>(
 /// bf16 values two to an f32 word (the first in the low half), padded with a zero: the
 /// collectives move f32 words bit for bit, as [`DataParallel::gather_f64`]'s words.
 fn pack_bf16(data: TensorData) -> Vec<f32> {
-    assert_eq!(data.dtype, burn::tensor::DType::BF16);
-    // Little-endian bf16 pairs are the words' bytes.
-    data.as_bytes()
-        .chunks(4)
-        .map(|c| {
-            let mut word = [0u8; 4];
-            word[..c.len()].copy_from_slice(c);
-            f32::from_bits(u32::from_le_bytes(word))
+    let values = data.as_slice::<burn::tensor::bf16>().expect("bf16 data");
+    values
+        .chunks(2)
+        .map(|p| {
+            let hi = p.get(1).map_or(0, |x| x.to_bits());
+            f32::from_bits(p[0].to_bits() as u32 | (hi as u32) << 16)
         })
         .collect()
 }
