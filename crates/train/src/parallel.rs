@@ -43,8 +43,6 @@ pub struct DataParallel {
     local_accum: usize,
     /// ZeRO-1: each rank keeps the optimizer state of its share of the parameters.
     zero1: bool,
-    /// ZeRO-1 in bf16: the other ranks' linear weights are held as bf16 copies.
-    bf16_copies: bool,
     /// All-reduce bucket size, elements.
     bucket: usize,
     /// ZeRO-1: the rank that keeps each parameter's optimizer state, by path (see
@@ -72,7 +70,6 @@ impl DataParallel {
             launch: Launch::alone(),
             local_accum: cfg.global_micro_batches(),
             zero1: false,
-            bf16_copies: false,
             bucket: usize::MAX,
             owner: BTreeMap::new(),
             shards: None,
@@ -107,7 +104,6 @@ impl DataParallel {
             launch,
             local_accum,
             zero1: p.zero == 1,
-            bf16_copies: p.zero == 1 && cfg.train.precision == Precision::Bf16,
             bucket: (p.bucket_mb * 1024.0 * 1024.0 / 4.0) as usize,
             owner: BTreeMap::new(),
             shards: None,
@@ -141,8 +137,8 @@ impl DataParallel {
 
     /// ZeRO-1: deals `model`'s parameters out to the ranks, balanced by size. The deal is a
     /// function of the parameters' paths and sizes only, so a checkpoint's shards can be
-    /// re-dealt to any world size.
-    pub fn learn_layout<B: Backend, M: Module<B>>(&mut self, model: &M) {
+    /// re-dealt to any world size. In bf16 the other ranks' linear weights are bf16 copies.
+    pub fn learn_layout<B: Backend, M: Module<B>>(&mut self, model: &M, precision: Precision) {
         if !self.zero1() {
             return;
         }
@@ -161,7 +157,7 @@ impl DataParallel {
         self.shards = Some(Shards::from_owner(&sizes, owner, self.world()));
         self.linear = slots
             .iter()
-            .map(|s| self.bf16_copies && lab_model::layers::is_linear_weight(&s.path))
+            .map(|s| precision == Precision::Bf16 && lab_model::layers::is_linear_weight(&s.path))
             .collect();
         let words: Vec<usize> = (sizes.iter().zip(&self.linear))
             .map(|(&n, &bf16)| if bf16 { n.div_ceil(2) } else { n })
@@ -178,14 +174,12 @@ impl DataParallel {
     /// ZeRO-1 in bf16, once the model is built or loaded: the linear weights other ranks
     /// update become bf16 copies; this rank keeps fp32 masters of its own share only.
     pub fn keep_own_masters<B: TrainBackend>(&self, model: Llama<B>) -> Llama<B> {
-        if !self.zero1() || !self.bf16_copies {
+        if !self.linear.contains(&true) {
             return model;
         }
         let me = self.rank();
-        model.map(&mut ToBf16 {
-            pick: |i| self.bf16_copy(i, me),
-            at: 0,
-        })
+        let to_bf16 = |_, master: Tensor<B, 1>| Ok(master.cast(FloatDType::BF16));
+        replace_params(model, |i| self.bf16_copy(i, me), to_bf16).expect("a cast cannot fail")
     }
 
     /// Each rank's bytes of model weights, in rank order (the `data_parallel` event: ZeRO-1
@@ -221,15 +215,20 @@ impl DataParallel {
     /// The seam has no point-to-point send, so each master is broadcast and the other ranks
     /// drop it.
     pub fn masters_on_leader<B: Backend>(&self, model: Llama<B>) -> Result<Option<Llama<B>>> {
-        let mut from = FromOwners {
-            dp: self,
-            at: 0,
-            error: None,
+        let (owner, me) = (&self.shards().owner, self.rank());
+        let from_owner = |i: usize, held: Tensor<B, 1>| {
+            let mut values = match me == owner[i] {
+                true => host(held.clone().into_data()),
+                false => vec![0.0; held.dims()[0]],
+            };
+            self.coll.broadcast(&mut values, owner[i])?;
+            Ok(match me {
+                0 => Tensor::from_data(TensorData::new(values, held.dims()), &held.device()),
+                _ => held,
+            })
         };
-        let model = model.map(&mut from);
-        if let Some(e) = from.error {
-            return Err(e.context("gathering the fp32 master weights for a checkpoint"));
-        }
+        let model = replace_params(model, |i| self.bf16_copy(i, 0), from_owner)
+            .context("gathering the fp32 master weights for a checkpoint")?;
         Ok(self.is_leader().then_some(model))
     }
 
@@ -381,14 +380,22 @@ impl DataParallel {
         .concat();
         let mut all = vec![0.0f32; gathered.counts.iter().sum()];
         self.coll.all_gather(&mine, &gathered.counts, &mut all)?;
-        let mut mapper = SetParams {
-            flat: &all,
-            spans: &gathered.span,
-            keep: |i| gathered.owner[i] != me,
-            bf16: |i| self.bf16_copy(i, me),
-            at: 0,
+        // The others' parameters, as they sent them.
+        let theirs = |i: usize, held: Tensor<B, 1>| {
+            let (words, n, device) = (
+                &all[gathered.span[i].clone()],
+                held.dims()[0],
+                held.device(),
+            );
+            Ok(match self.linear[i] {
+                true => Tensor::from_data(
+                    TensorData::new(unpack_bf16(words, n), [n]),
+                    (&device, DType::BF16),
+                ),
+                false => Tensor::from_data(TensorData::new(words.to_vec(), [n]), &device),
+            })
         };
-        let model = model.map(&mut mapper);
+        let model = replace_params(model, |i| gathered.owner[i] != me, theirs)?;
         self.comm_s
             .set(self.comm_s.get() + started.elapsed().as_secs_f64());
         Ok(model)
@@ -644,95 +651,53 @@ fn unpack_bf16(words: &[f32], n: usize) -> Vec<burn::tensor::bf16> {
         .collect()
 }
 
-/// Replaces the parameters `keep` selects with their values in `flat`, as bf16 copies where
-/// `bf16` says so (packed bf16 in `flat`, see [`pack_bf16`]).
-struct SetParams<'a, K, L> {
-    flat: &'a [f32],
-    spans: &'a [Range<usize>],
-    keep: K,
-    bf16: L,
-    at: usize,
+/// `model` with the parameters `pick` selects (by visit index) replaced by what `with` makes
+/// of their values, flattened; each keeps its shape, id, and whether it wants a gradient. The
+/// first error stops the replacing and is returned.
+fn replace_params<B: Backend, M: Module<B>>(
+    model: M,
+    pick: impl Fn(usize) -> bool,
+    with: impl FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
+) -> Result<M> {
+    let mut mapper = ReplaceParams {
+        pick,
+        with,
+        at: 0,
+        error: None,
+    };
+    let model = model.map(&mut mapper);
+    mapper.error.map_or(Ok(model), Err)
 }
 
-impl<AB, K, L> ModuleMapper<AB> for SetParams<'_, K, L>
-where
-    AB: burn::tensor::backend::AutodiffBackend,
-    K: Fn(usize) -> bool,
-    L: Fn(usize) -> bool,
-{
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        let i = self.at;
-        self.at += 1;
-        if !(self.keep)(i) {
-            return param;
-        }
-        let (id, tensor, mapper): (ParamId, _, _) = param.consume();
-        let (words, dims, device) = (
-            &self.flat[self.spans[i].clone()],
-            tensor.dims(),
-            tensor.device(),
-        );
-        let t = match (self.bf16)(i) {
-            true => {
-                let values = unpack_bf16(words, tensor.shape().num_elements());
-                Tensor::<AB, D>::from_data(TensorData::new(values, dims), (&device, DType::BF16))
-            }
-            false => Tensor::from_data(TensorData::new(words.to_vec(), dims), &device),
-        };
-        Param::from_mapped_value(id, t.require_grad(), mapper)
-    }
-}
-
-/// Turns the parameters `pick` selects into bf16 leaves (their fp32 values rounded).
-struct ToBf16<P> {
+struct ReplaceParams<P, W> {
     pick: P,
+    with: W,
     at: usize,
-}
-
-impl<AB: burn::tensor::backend::AutodiffBackend, P: Fn(usize) -> bool> ModuleMapper<AB>
-    for ToBf16<P>
-{
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
-        let i = self.at;
-        self.at += 1;
-        if !(self.pick)(i) {
-            return param;
-        }
-        let (id, tensor, mapper) = param.consume();
-        let t = Tensor::from_inner(tensor.inner().cast(FloatDType::BF16)).require_grad();
-        Param::from_mapped_value(id, t, mapper)
-    }
-}
-
-/// Puts the fp32 master of every parameter rank 0 holds as a bf16 copy into rank 0's model,
-/// one broadcast from its owner each (see [`DataParallel::masters_on_leader`]).
-struct FromOwners<'a> {
-    dp: &'a DataParallel,
-    at: usize,
-    /// The first failure; the parameters after it are left as they are.
     error: Option<anyhow::Error>,
 }
 
-impl<B: Backend> ModuleMapper<B> for FromOwners<'_> {
+impl<B, P, W> ModuleMapper<B> for ReplaceParams<P, W>
+where
+    B: Backend,
+    P: Fn(usize) -> bool,
+    W: FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
+{
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let i = self.at;
         self.at += 1;
-        if self.error.is_some() || !self.dp.bf16_copy(i, 0) {
+        if self.error.is_some() || !(self.pick)(i) {
             return param;
         }
-        let (owner, me) = (self.dp.shards().owner[i], self.dp.rank());
-        let (id, tensor, mapper) = param.consume();
-        let mut values = match me == owner {
-            true => host(tensor.clone().into_data()),
-            false => vec![0.0; tensor.shape().num_elements()],
-        };
-        if let Err(e) = self.dp.coll.broadcast(&mut values, owner) {
-            self.error = Some(e);
-            return Param::from_mapped_value(id, tensor, mapper);
-        }
-        let tensor = match me {
-            0 => Tensor::from_data(TensorData::new(values, tensor.dims()), &tensor.device()),
-            _ => tensor,
+        let (id, tensor, mapper): (ParamId, _, _) = param.consume();
+        let (dims, wants_grad) = (tensor.dims(), tensor.is_require_grad());
+        // Untracked: the replacement is a new leaf, not a step in the autodiff graph.
+        let held = tensor.clone().set_require_grad(false).reshape([-1]);
+        let tensor = match (self.with)(i, held) {
+            Ok(new) => new.reshape(dims).set_require_grad(wants_grad),
+            Err(e) => {
+                self.error = Some(e);
+                tensor
+            }
         };
         Param::from_mapped_value(id, tensor, mapper)
     }

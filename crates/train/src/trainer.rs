@@ -221,11 +221,8 @@ fn join_job<B: TrainBackend>(
 ) -> Result<DataParallel> {
     let mut dp = DataParallel::connect(cfg, opts.launch.clone())?;
     if dp.zero1() {
-        dp.learn_layout(&lab_model::Llama::<B>::new(
-            &cfg.model,
-            cfg.train.seed,
-            device,
-        ));
+        let model = lab_model::Llama::<B>::new(&cfg.model, cfg.train.seed, device);
+        dp.learn_layout(&model, cfg.train.precision);
     }
     Ok(dp)
 }
