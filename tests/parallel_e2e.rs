@@ -25,6 +25,13 @@ fn config(dir: &Path, steps: u64, parallel: &str) -> PathBuf {
     path
 }
 
+/// Rewrites `from` to `to` in the config at `cfg` (which must contain it).
+fn edit(cfg: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(cfg).unwrap();
+    assert!(text.contains(from), "{} has no {from:?}", cfg.display());
+    std::fs::write(cfg, text.replace(from, to)).unwrap();
+}
+
 fn mpirun(np: usize) -> Command {
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "-np", &np.to_string()])
@@ -170,12 +177,9 @@ fn zero_1_in_bf16_shards_the_fp32_masters_and_equals_plain_data_parallelism_bit_
     let dir = tempfile::tempdir().unwrap();
     let no_clip = |parallel: &str| {
         let cfg = config(dir.path(), 30, parallel);
-        let text = std::fs::read_to_string(&cfg).unwrap();
         // Two micro-batches per rank: the copies' bf16 gradients are accumulated in fp32.
-        let text = text
-            .replace("grad_accum = 2", "grad_accum = 4")
-            .replace("[train]\n", "[train]\ngrad_clip = 0.0\n");
-        std::fs::write(&cfg, text).unwrap();
+        edit(&cfg, "grad_accum = 2", "grad_accum = 4");
+        edit(&cfg, "[train]\n", "[train]\ngrad_clip = 0.0\n");
         cfg
     };
     let (plain, zero) = (no_clip(""), no_clip("[parallel]\nzero = 1\n"));
@@ -452,9 +456,11 @@ fn ranks_that_cannot_share_the_global_batch_are_refused_in_one_line() {
 fn a_zero_1_resume_restores_every_ranks_update_counts() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), 30, "[parallel]\nzero = 1\n");
-    let text = std::fs::read_to_string(&cfg).unwrap();
-    let frozen = text.replace("[train]\n", "[train]\nfreeze_non_embedding_steps = 5\n");
-    std::fs::write(&cfg, frozen).unwrap();
+    edit(
+        &cfg,
+        "[train]\n",
+        "[train]\nfreeze_non_embedding_steps = 5\n",
+    );
     let (clean, resumed) = (dir.path().join("clean"), dir.path().join("resumed"));
     run_ok(&mut train_with(mpirun(2), &cfg, &clean));
     fork_at(&clean, &resumed, 20);

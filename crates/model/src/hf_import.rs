@@ -188,18 +188,10 @@ mod tests {
     fn cfg() -> ModelConfig {
         ModelConfig {
             vocab_size: 16,
-            n_layer: 1,
             d_model: 8,
-            n_head: 2,
-            n_kv_head: 1,
             d_ff: 12,
             seq_len: 8,
-            rope_base: 10_000.0,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            tie_embeddings: false,
-            init_depth_scaled: false,
+            ..crate::tiny_test_config()
         }
     }
 
