@@ -13,7 +13,9 @@
 //!   reference sees them, so only the output's own rounding (2^-11 ≈ 4.9e-4 relative) and
 //!   f32 arithmetic remain; 4e-3 leaves room for gradients of magnitude up to ~8 at f16's
 //!   absolute spacing there.
-#![cfg(feature = "wgpu")]
+//! - bf16 storage (CUDA builds only; lavapipe has no bf16): 3e-2, the f16 margin scaled by
+//!   bf16's coarser rounding (2^-8 ≈ 3.9e-3 relative instead of 2^-11).
+#![cfg(feature = "cube")]
 
 use burn::backend::Autodiff;
 use burn::tensor::{activation::softmax, backend::Backend, DType, Distribution, Tensor};
@@ -107,7 +109,11 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> Referen
 }
 
 fn check(c: Case, dtype: DType, seed: u64) {
-    let tol = if dtype == DType::F32 { 2e-5 } else { 4e-3 };
+    let tol = match dtype {
+        DType::F32 => 2e-5,
+        DType::BF16 => 3e-2,
+        _ => 4e-3,
+    };
     let nq: usize = c.q_shape().iter().product();
     let nkv: usize = c.kv_shape().iter().product();
     let (q, k, v) = (
@@ -198,6 +204,15 @@ fn f16_matches_the_fp64_reference() {
     );
     for (n, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * n as u64 + 5);
+    }
+}
+
+/// The training precision on a GPU; only a CUDA build (a GPU host) can run it.
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn bf16_matches_the_fp64_reference() {
+    for (n, c) in CASES.into_iter().enumerate() {
+        check(c, DType::BF16, 10 * n as u64 + 7);
     }
 }
 

@@ -15,7 +15,8 @@
 //! - f16 storage (f32 arithmetic inside): that plus the output's own rounding, 2^-11 of |y|
 //!   (2^-24 at least, f16's subnormal spacing). Inputs are rounded to f16 before the reference
 //!   sees them.
-#![cfg(feature = "wgpu")]
+//! - bf16 storage (CUDA builds only): the same with bf16's rounding, 2^-8 of |y|.
+#![cfg(feature = "cube")]
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use lab_kernels::rope;
@@ -79,6 +80,7 @@ fn bound(dtype: DType, y: f64, terms: f64) -> f64 {
     let arithmetic = terms / (1u64 << 22) as f64;
     match dtype {
         DType::F32 => arithmetic,
+        DType::BF16 => arithmetic + (y.abs() / 256.0).max(f32::MIN_POSITIVE as f64),
         _ => arithmetic + (y.abs() / 2048.0).max(1.0 / (1u64 << 24) as f64),
     }
 }
@@ -184,6 +186,14 @@ fn f16_matches_the_fp64_reference() {
     );
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * k as u64 + 5);
+    }
+}
+
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn bf16_matches_the_fp64_reference() {
+    for (k, c) in CASES.into_iter().enumerate() {
+        check(c, DType::BF16, 10 * k as u64 + 7);
     }
 }
 

@@ -1,9 +1,10 @@
-//! The model on a GPU backend (wgpu; lavapipe in CI) trains through the fused attention
-//! kernel (lab-kernels, wired by lab-ops as an autodiff node and a Fusion custom op), and
-//! gives the loss and gradients of the tensor-op attention it replaces.
-#![cfg(feature = "wgpu")]
+//! The model on a GPU backend (wgpu, lavapipe in CI; CUDA when built with only `--features
+//! cuda`, on a GPU host) trains through the fused attention kernel (lab-kernels, wired by
+//! lab-ops as an autodiff node and a Fusion custom op), and gives the loss and gradients of
+//! the tensor-op attention it replaces.
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::backend::{Autodiff, Wgpu};
+use burn::backend::Autodiff;
 use burn::module::Param;
 use burn::tensor::{backend::Backend, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig};
@@ -12,7 +13,10 @@ use lab_model::Llama;
 mod common;
 use common::small_config;
 
-type B = Autodiff<Wgpu>;
+#[cfg(feature = "wgpu")]
+type B = Autodiff<burn::backend::Wgpu>;
+#[cfg(not(feature = "wgpu"))]
+type B = Autodiff<burn::backend::Cuda>;
 
 fn cfg() -> ModelConfig {
     // Longer than the kernels' row block (32 rows at head width 8): several blocks.
@@ -47,7 +51,7 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
 fn training_loss_and_gradients_equal_the_tensor_op_attention() {
     assert!(
         lab_ops::fused_attention_fn::<B>().is_some(),
-        "Autodiff<Wgpu> must have the fused attention"
+        "the GPU backend must have the fused attention"
     );
     let device = Default::default();
     let model = Llama::<B>::new(&cfg(), 3, &device);

@@ -1,4 +1,5 @@
-//! The fused LM-head loss on a GPU backend (wgpu; lavapipe in CI): burn's matmul per chunk
+//! The fused LM-head loss on a GPU backend (wgpu, lavapipe in CI; CUDA when built with only
+//! `--features cuda`, on a GPU host): burn's matmul per chunk
 //! plus lab-kernels' row kernels, wired as an autodiff node over a Fusion custom op, against
 //! an fp64 host reference of the loss and both gradients.
 //!
@@ -10,13 +11,16 @@
 //!   gradients. Logits (|x| up to ~3, so ~1.5e-3 absolute) and the logits' gradient are
 //!   rounded to f16 before the matmuls that follow, and those matmuls' sums are stored in f16
 //!   again: a few 2^-11 ≈ 4.9e-4 roundings of values near the peak.
-#![cfg(feature = "wgpu")]
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::backend::{Autodiff, Flex, Wgpu};
+use burn::backend::{Autodiff, Flex};
 use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData, TensorPrimitive};
 use lab_ops::{lm_head_loss_chunked, FusedLoss};
 
-type Gpu = Wgpu;
+#[cfg(feature = "wgpu")]
+type Gpu = burn::backend::Wgpu;
+#[cfg(not(feature = "wgpu"))]
+type Gpu = burn::backend::Cuda;
 type Ad = Autodiff<Gpu>;
 
 struct Case {

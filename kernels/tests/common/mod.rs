@@ -1,15 +1,22 @@
-//! What the kernel tests share: seeded host values, upload and download on the wgpu device
-//! (lavapipe in CI), NaN-poisoned outputs, and a comparison against fp64 references.
+//! What the kernel tests share: seeded host values, upload and download on the GPU device
+//! (wgpu, lavapipe in CI; CUDA when built with only `--features cuda`, on a GPU host),
+//! NaN-poisoned outputs, and a comparison against fp64 references.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use burn::backend::wgpu::{CubeBackend, CubeTensor, WgpuDevice, WgpuRuntime};
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::{tensor::CubeTensor, CubeBackend};
 
-pub type B = CubeBackend<WgpuRuntime, f32, i32, u32>;
-pub type Prim = CubeTensor<WgpuRuntime>;
+// The same `#[cube]` source runs on both; wgpu wins when both are built, as in CI.
+#[cfg(feature = "wgpu")]
+pub use burn::backend::wgpu::{WgpuDevice as Device, WgpuRuntime as Runtime};
+#[cfg(not(feature = "wgpu"))]
+pub use {burn::backend::cuda::CudaDevice as Device, cubecl::cuda::CudaRuntime as Runtime};
 
-pub fn device() -> WgpuDevice {
-    WgpuDevice::default()
+pub type B = CubeBackend<Runtime, f32, i32, u32>;
+pub type Prim = CubeTensor<Runtime>;
+
+pub fn device() -> Device {
+    Device::default()
 }
 
 /// Seeded host values, N(0, 1), rounded to `dtype` so the reference sees what the
@@ -35,6 +42,7 @@ pub fn values(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
 pub fn rounded(x: f32, dtype: DType) -> f32 {
     match dtype {
         DType::F16 => burn::tensor::f16::from_f32(x).to_f32(),
+        DType::BF16 => burn::tensor::bf16::from_f32(x).to_f32(),
         _ => x,
     }
 }
