@@ -128,9 +128,11 @@ impl BackendKind {
     }
 }
 
-/// The GPU of this rank: its local rank among the GPUs it sees (device 0 alone).
+/// The GPU of this rank: its local rank among the GPUs it sees (device 0 alone). Its kernels
+/// are kept on disk between runs (`kernel_cache`).
 #[cfg(feature = "cuda")]
 fn cuda_device() -> Result<burn::backend::cuda::CudaDevice> {
+    crate::kernel_cache::use_kernel_cache();
     let launch = lab_dist::Launch::from_env()?;
     Ok(burn::backend::cuda::CudaDevice {
         index: lab_dist::gpu_index(&launch)?,

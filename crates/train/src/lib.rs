@@ -14,6 +14,7 @@ pub mod health;
 pub mod hf_init;
 pub mod inject;
 pub mod judge;
+pub mod kernel_cache;
 pub mod op_split;
 pub mod optim;
 pub mod parallel;
