@@ -7,6 +7,11 @@
 #   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-dist --features cuda --test nccl --no-run
 #   mkdir -p .bin && strip -o .bin/lab target/release/lab
 #   cp "$(ls -t target/release/deps/nccl-* | grep -v '\.d$' | head -1)" .bin/nccl-test
+#   xz -T2 .bin/lab      # 59 MB stripped, 11 MB as .bin/lab.xz: a device call carries 64 MiB
+#
+# The first run on a fresh host compiles every kernel with NVRTC, about a second each: x1-50m's
+# first steps wait ~100 s, its first evaluation ~60 s more. They are kept in LAB_KERNEL_CACHE
+# (default ~/.cache/lab/kernels), so the same host compiles them once.
 #
 # then, on the GPU host (the device call's `carry`: [".bin"]), one stage per call:
 #
@@ -64,7 +69,18 @@ esac
 case "$device" in cuda|cpu) ;; *)
   echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
 esac
+# A compressed binary (see above) is unpacked next to itself.
+if [ ! -x "$lab" ] && [ -f "$lab.xz" ]; then
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+    "$lab.xz" "$lab" && chmod +x "$lab"
+fi
 [ -x "$lab" ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
+# NCCL (and NVRTC) from PyTorch's pip wheels when the system has no libnccl: cudarc loads them
+# by name at run time.
+if ! ldconfig -p | grep -q 'libnccl\.so'; then
+  wheels="$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))))' 2>/dev/null || true)"
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 logs="$work/logs-$stage"
 mkdir -p "$out" "$logs"
 summary="$out/summary-$stage.txt"
