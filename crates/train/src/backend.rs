@@ -132,11 +132,10 @@ impl BackendKind {
 /// are kept on disk between runs (`kernel_cache`).
 #[cfg(feature = "cuda")]
 fn cuda_device() -> Result<burn::backend::cuda::CudaDevice> {
-    crate::kernel_cache::use_kernel_cache();
     let launch = lab_dist::Launch::from_env()?;
-    Ok(burn::backend::cuda::CudaDevice {
-        index: lab_dist::gpu_index(&launch)?,
-    })
+    let index = lab_dist::gpu_index(&launch)?;
+    crate::kernel_cache::use_kernel_cache(index);
+    Ok(burn::backend::cuda::CudaDevice { index })
 }
 
 /// NVML's reader of this rank's GPU: the GPU `CUDA_VISIBLE_DEVICES` puts behind the CUDA
