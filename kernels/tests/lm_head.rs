@@ -1,5 +1,5 @@
-//! The LM-head loss's row kernels against an fp64 host reference on the wgpu device
-//! (lavapipe in CI).
+//! The LM-head loss's row kernels against an fp64 host reference on the GPU device (wgpu,
+//! lavapipe in CI; CUDA in a build with only `--features cuda`).
 //!
 //! Each chunk's kernels write rows `offset .. offset + c` of `[N]` outputs poisoned with NaN:
 //! the rows inside must match the reference and the rows outside must stay NaN. Vocabularies
@@ -16,7 +16,7 @@
 //!   largest magnitude (no floor). The f16 gradient is stored in f16, which rounds every entry
 //!   by up to 2^-11 ≈ 4.9e-4 of itself; 8e-3 in bf16 (CUDA builds only), whose rounding is
 //!   up to 2^-8 ≈ 3.9e-3.
-#![cfg(feature = "cube")]
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 use lab_kernels::lm_head;

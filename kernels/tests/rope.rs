@@ -1,4 +1,5 @@
-//! The RoPE kernel against an fp64 host reference on the wgpu device (lavapipe in CI).
+//! The RoPE kernel against an fp64 host reference on the GPU device (wgpu, lavapipe in CI; CUDA
+//! in a build with only `--features cuda`).
 //!
 //! Outputs are poisoned with NaN before each launch, so an element the kernel forgot to
 //! write fails the comparison. Inputs come in the layouts the model passes: contiguous,
@@ -15,8 +16,9 @@
 //! - f16 storage (f32 arithmetic inside): that plus the output's own rounding, 2^-11 of |y|
 //!   (2^-24 at least, f16's subnormal spacing). Inputs are rounded to f16 before the reference
 //!   sees them.
-//! - bf16 storage (CUDA builds only): the same with bf16's rounding, 2^-8 of |y|.
-#![cfg(feature = "cube")]
+//! - bf16 storage (CUDA builds only): the same with bf16's rounding, 2^-8 of |y| (f32's
+//!   smallest normal at least, looser than bf16's subnormal spacing).
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use lab_kernels::rope;
