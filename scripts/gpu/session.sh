@@ -77,7 +77,8 @@ fi
 [ -x "$lab" ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
 # NCCL (and NVRTC) from PyTorch's pip wheels when the system has no libnccl: cudarc loads them
 # by name at run time.
-if ! ldconfig -p | grep -q 'libnccl\.so'; then
+# (grep without -q: under pipefail, -q's early exit can fail ldconfig with a broken pipe.)
+if ! ldconfig -p | grep 'libnccl\.so' >/dev/null; then
   wheels="$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))))' 2>/dev/null || true)"
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
