@@ -3,18 +3,18 @@
 //!
 //! cubecl compiles every kernel at run time (NVRTC on CUDA), about a second each. On an H100
 //! the tiny config's first step and its checkpoint took 286 s, 293 kernels; x1-50m's first
-//! five steps took 103 s with part of its kernels already compiled. A restart after a preemption would pay that
-//! again. cubecl can keep compiled PTX and autotune results on disk, but its compilation cache
-//! is off unless a `cubecl.toml` turns it on, and its autotune cache sits in a `target/`
-//! folder next to the nearest `Cargo.toml`.
+//! five steps took 103 s with part of its kernels already compiled. A restart after a
+//! preemption would pay that again. cubecl can keep compiled PTX and autotune results on disk,
+//! but its compilation cache is off unless a `cubecl.toml` turns it on, and its autotune cache
+//! sits in a `target/` folder next to the nearest `Cargo.toml`.
 //!
 //! lab turns both on, in one folder: `LAB_KERNEL_CACHE`, else `$XDG_CACHE_HOME/lab/kernels`,
 //! else `~/.cache/lab/kernels`, in a subfolder per build of lab and GPU architecture. cubecl
 //! finds a compiled kernel by its Rust type, launch settings and cubecl's version: a kernel
 //! edited since, or compiled for another GPU on a shared home folder, would otherwise be served
-//! from the cache. A `cubecl.toml` (or a `burn.toml`, which may hold a `[cubecl]`
-//! section) in the working folder or above it wins: whoever wrote one chose their own
-//! settings. cubecl's variables (`CUBECL_AUTOTUNE_LEVEL`, `CUBECL_DEBUG_LOG`, …) apply either way.
+//! from the cache. A `cubecl.toml` (or a `burn.toml`, which may hold a `[cubecl]` section) in
+//! the working folder or above it wins: whoever wrote one chose their own settings. cubecl's
+//! variables (`CUBECL_AUTOTUNE_LEVEL`, `CUBECL_DEBUG_LOG`, …) apply either way.
 
 use std::path::{Path, PathBuf};
 
@@ -69,6 +69,11 @@ pub fn build_id() -> String {
 pub fn use_kernel_cache(gpu: usize) {
     use burn::cubecl::config::{cache::CacheConfig, CubeClRuntimeConfig, RuntimeConfig};
 
+    // A later dispatch in the same process (lab run: train, then evaluate) finds the settings
+    // in place and skips the file lookups and the CUDA context below.
+    if CubeClRuntimeConfig::storage().lock().is_some() {
+        return;
+    }
     let cwd = std::env::current_dir().unwrap_or_default();
     if cubecl_toml(&cwd, &|p| p.exists()).is_some() {
         return;
@@ -85,8 +90,7 @@ pub fn use_kernel_cache(gpu: usize) {
     config.autotune.cache = CacheConfig::File(dir);
     // What cubecl itself does after reading its file: the environment has the last word.
     let config = config.override_from_env();
-    // `RuntimeConfig::set` panics once the settings were read; setting the slot only while it
-    // is empty keeps a second backend dispatch in the same process (lab run) harmless.
+    // `RuntimeConfig::set` panics once the settings were read; fill the slot only if still empty.
     let mut slot = CubeClRuntimeConfig::storage().lock();
     if slot.is_none() {
         *slot = Some(std::sync::Arc::new(config));
