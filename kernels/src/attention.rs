@@ -19,6 +19,10 @@
 //!   of every head of its group tiled through shared memory. Each unit owns its key row for
 //!   the whole group, so no atomics are needed and the sums have a fixed order.
 //!
+//! On CUDA, loops over the head width are unrolled: the head width is a compile-time
+//! constant, so each unit's rows (`q_i`, its accumulators) have constant indices and can stay
+//! in registers, where a run-time index puts them in local memory. See [`unrolls`].
+//!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
 //! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
 //!
@@ -50,6 +54,7 @@ fn forward_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
@@ -61,8 +66,8 @@ fn forward_kernel<F: Float, A: Float>(
     let row = (b * heads + h) * seq + i;
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
 
-    let qi = row_of::<F, A>(q, row, live, A::cast_from(scale), head_dim);
-    let mut acc = zeros::<A>(head_dim);
+    let qi = row_of::<F, A>(q, row, live, A::cast_from(scale), head_dim, unroll);
+    let mut acc = zeros::<A>(head_dim, unroll);
     let mut k_tile = SharedMemory::<A>::new(block * head_dim);
     let mut v_tile = SharedMemory::<A>::new(block * head_dim);
     let mut m = A::min_value();
@@ -75,13 +80,14 @@ fn forward_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim);
-        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim);
+        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim, block, unroll);
         sync_cube();
         if live {
             for jj in 0..block {
                 if start + jj <= i {
                     let mut s = A::new(0.0);
+                    #[unroll(unroll)]
                     for d in 0..head_dim {
                         s += qi[d] * k_tile[jj * head_dim + d];
                     }
@@ -92,6 +98,7 @@ fn forward_kernel<F: Float, A: Float>(
                     let rescale = (m - m_new).exp();
                     let p = (s - m_new).exp();
                     l = l * rescale + p;
+                    #[unroll(unroll)]
                     for d in 0..head_dim {
                         acc[d] = acc[d] * rescale + p * v_tile[jj * head_dim + d];
                     }
@@ -103,6 +110,7 @@ fn forward_kernel<F: Float, A: Float>(
         start += block;
     }
     if live {
+        #[unroll(unroll)]
         for d in 0..head_dim {
             out[row * head_dim + d] = F::cast_from(acc[d] / l);
         }
@@ -110,8 +118,9 @@ fn forward_kernel<F: Float, A: Float>(
     }
 }
 
-/// Unit `u` of the cube copies row `start + u` (zeros past the end) of the head at `base`
-/// into row `u` of `tile`, widened to `A`.
+/// The cube copies rows `start .. start + block` (zeros past the end) of the head at `base`
+/// into `tile`, widened to `A`. The cube has `block` units; consecutive units read
+/// consecutive elements, so each load is one contiguous stretch of memory.
 #[cube]
 fn load_rows<F: Float, A: Float>(
     src: &Tensor<F>,
@@ -120,15 +129,18 @@ fn load_rows<F: Float, A: Float>(
     start: usize,
     seq: usize,
     #[comptime] head_dim: usize,
+    #[comptime] block: usize,
+    #[comptime] unroll: bool,
 ) {
-    let u = UNIT_POS_X as usize;
-    let r = start + u;
-    for d in 0..head_dim {
+    let first = base + start * head_dim;
+    #[unroll(unroll)]
+    for step in 0..head_dim {
+        let e = step * block + UNIT_POS_X as usize;
         let mut x = A::new(0.0);
-        if r < seq {
-            x = A::cast_from(src[base + r * head_dim + d]);
+        if start + e / head_dim < seq {
+            x = A::cast_from(src[first + e]);
         }
-        tile[u * head_dim + d] = x;
+        tile[e] = x;
     }
 }
 
@@ -141,9 +153,11 @@ fn row_of<F: Float, A: Float>(
     live: bool,
     scale: A,
     #[comptime] head_dim: usize,
+    #[comptime] unroll: bool,
 ) -> Array<A> {
-    let mut x = zeros::<A>(head_dim);
+    let mut x = zeros::<A>(head_dim, unroll);
     if live {
+        #[unroll(unroll)]
         for d in 0..head_dim {
             x[d] = A::cast_from(src[row * head_dim + d]) * scale;
         }
@@ -152,8 +166,9 @@ fn row_of<F: Float, A: Float>(
 }
 
 #[cube]
-fn zeros<A: Float>(#[comptime] head_dim: usize) -> Array<A> {
+fn zeros<A: Float>(#[comptime] head_dim: usize, #[comptime] unroll: bool) -> Array<A> {
     let mut x = Array::<A>::new(head_dim);
+    #[unroll(unroll)]
     for d in 0..head_dim {
         x[d] = A::new(0.0);
     }
@@ -167,6 +182,7 @@ fn delta_kernel<F: Float, A: Float>(
     d_out: &Tensor<F>,
     delta: &mut Tensor<A>,
     #[comptime] head_dim: usize,
+    #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads) = (delta.shape(2), delta.shape(1));
@@ -174,6 +190,7 @@ fn delta_kernel<F: Float, A: Float>(
     let row = (CUBE_POS_Z as usize * heads + CUBE_POS_Y as usize) * seq + i;
     if i < seq {
         let mut s = A::new(0.0);
+        #[unroll(unroll)]
         for d in 0..head_dim {
             s += A::cast_from(d_out[row * head_dim + d]) * A::cast_from(out[row * head_dim + d]);
         }
@@ -193,6 +210,7 @@ fn grad_q_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
@@ -204,9 +222,9 @@ fn grad_q_kernel<F: Float, A: Float>(
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
     let scale = A::cast_from(scale);
 
-    let qi = row_of::<F, A>(q, row, live, scale, head_dim);
-    let doi = row_of::<F, A>(d_out, row, live, A::new(1.0), head_dim);
-    let mut dq = zeros::<A>(head_dim);
+    let qi = row_of::<F, A>(q, row, live, scale, head_dim, unroll);
+    let doi = row_of::<F, A>(d_out, row, live, A::new(1.0), head_dim, unroll);
+    let mut dq = zeros::<A>(head_dim, unroll);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
     if live {
@@ -222,19 +240,21 @@ fn grad_q_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim);
-        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim);
+        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim, block, unroll);
         sync_cube();
         if live {
             for jj in 0..block {
                 if start + jj <= i {
                     let mut s = A::new(0.0);
                     let mut dp = A::new(0.0);
+                    #[unroll(unroll)]
                     for d in 0..head_dim {
                         s += qi[d] * k_tile[jj * head_dim + d];
                         dp += doi[d] * v_tile[jj * head_dim + d];
                     }
                     let ds = (s - lse_i).exp() * (dp - delta_i);
+                    #[unroll(unroll)]
                     for d in 0..head_dim {
                         dq[d] += ds * k_tile[jj * head_dim + d];
                     }
@@ -245,6 +265,7 @@ fn grad_q_kernel<F: Float, A: Float>(
         start += block;
     }
     if live {
+        #[unroll(unroll)]
         for d in 0..head_dim {
             d_q[row * head_dim + d] = F::cast_from(dq[d] * scale);
         }
@@ -264,6 +285,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
@@ -276,10 +298,10 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let kv_row = (b * kv_heads + kvh) * seq + j;
     let scale = A::cast_from(scale);
 
-    let kj = row_of::<F, A>(k, kv_row, live, scale, head_dim);
-    let vj = row_of::<F, A>(v, kv_row, live, A::new(1.0), head_dim);
-    let mut dk = zeros::<A>(head_dim);
-    let mut dv = zeros::<A>(head_dim);
+    let kj = row_of::<F, A>(k, kv_row, live, scale, head_dim, unroll);
+    let vj = row_of::<F, A>(v, kv_row, live, A::new(1.0), head_dim, unroll);
+    let mut dk = zeros::<A>(head_dim, unroll);
+    let mut dv = zeros::<A>(head_dim, unroll);
     let mut q_tile = SharedMemory::<A>::new(block * head_dim);
     let mut do_tile = SharedMemory::<A>::new(block * head_dim);
     let mut lse_tile = SharedMemory::<A>::new(block);
@@ -290,7 +312,16 @@ fn grad_kv_kernel<F: Float, A: Float>(
         // Queries from the block's first key row to the end.
         let mut start = row0;
         while start < seq {
-            load_rows::<F, A>(q, &mut q_tile, head_rows * head_dim, start, seq, head_dim);
+            load_rows::<F, A>(
+                q,
+                &mut q_tile,
+                head_rows * head_dim,
+                start,
+                seq,
+                head_dim,
+                block,
+                unroll,
+            );
             load_rows::<F, A>(
                 d_out,
                 &mut do_tile,
@@ -298,6 +329,8 @@ fn grad_kv_kernel<F: Float, A: Float>(
                 start,
                 seq,
                 head_dim,
+                block,
+                unroll,
             );
             let r = start + u;
             let mut lse_r = A::new(0.0);
@@ -315,12 +348,14 @@ fn grad_kv_kernel<F: Float, A: Float>(
                     if i < seq && i >= j {
                         let mut s = A::new(0.0);
                         let mut dp = A::new(0.0);
+                        #[unroll(unroll)]
                         for d in 0..head_dim {
                             s += q_tile[ii * head_dim + d] * kj[d];
                             dp += do_tile[ii * head_dim + d] * vj[d];
                         }
                         let p = (s - lse_tile[ii]).exp();
                         let ds = p * (dp - delta_tile[ii]);
+                        #[unroll(unroll)]
                         for d in 0..head_dim {
                             dv[d] += p * do_tile[ii * head_dim + d];
                             dk[d] += ds * q_tile[ii * head_dim + d];
@@ -333,6 +368,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
         }
     }
     if live {
+        #[unroll(unroll)]
         for d in 0..head_dim {
             d_k[kv_row * head_dim + d] = F::cast_from(dk[d] * scale);
             d_v[kv_row * head_dim + d] = F::cast_from(dv[d]);
@@ -417,17 +453,32 @@ pub fn forward<R: CubeRuntime>(
     let d = Dims::of(&q, &k, &v);
     let out = empty(&q, vec![d.batch, d.heads, d.seq, d.head_dim], q.dtype);
     let lse = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
-    forward_into(q, k, v, Forward { out, lse }, scale)
+    let unroll = unrolls(&q);
+    forward_into(q, k, v, Forward { out, lse }, scale, unroll)
+}
+
+/// Whether the kernels unroll their loops on `t`'s runtime: on CUDA, where it keeps each
+/// unit's rows in registers; not on wgpu, where lavapipe (the CI's device) compiles the
+/// unrolled kernels for minutes and runs them slower (`benches/attention.rs`).
+/// `LAB_ATTENTION_UNROLL=0` or `=1` overrides the choice, to compare both on one device.
+pub fn unrolls<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    match std::env::var("LAB_ATTENTION_UNROLL").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => R::name(&t.client) == "cuda",
+    }
 }
 
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
-/// elements). They must be contiguous and shaped as [`forward`]'s.
+/// elements). They must be contiguous and shaped as [`forward`]'s. `unroll`: see
+/// [`unrolls`]; the results are the same either way.
 pub fn forward_into<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
     outputs: Forward<R>,
     scale: f32,
+    unroll: bool,
 ) -> Forward<R> {
     let d = Dims::of(&q, &k, &v);
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
@@ -446,6 +497,7 @@ pub fn forward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
+        unroll,
         [dtype.into(), DType::F32.into()],
     );
     outputs
@@ -468,7 +520,8 @@ pub fn backward<R: CubeRuntime>(
         k: empty(&k, k.meta.shape().to_vec(), k.dtype),
         v: empty(&v, v.meta.shape().to_vec(), v.dtype),
     };
-    backward_into(q, k, v, out, lse, d_out, grads, scale)
+    let unroll = unrolls(&q);
+    backward_into(q, k, v, out, lse, d_out, grads, scale, unroll)
 }
 
 /// [`backward`] into gradients the caller allocated (contiguous, shaped as `q`, `k`, `v`).
@@ -482,6 +535,7 @@ pub fn backward_into<R: CubeRuntime>(
     d_out: CubeTensor<R>,
     grads: Grads<R>,
     scale: f32,
+    unroll: bool,
 ) -> Grads<R> {
     let d = Dims::of(&q, &k, &v);
     let [q, k, v, out, lse, d_out] = [q, k, v, out, lse, d_out].map(into_contiguous);
@@ -499,6 +553,7 @@ pub fn backward_into<R: CubeRuntime>(
         d_out.clone().into_tensor_arg(),
         delta.clone().into_tensor_arg(),
         d.head_dim,
+        unroll,
         types,
     );
     grad_q_kernel::launch::<R>(
@@ -515,6 +570,7 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
+        unroll,
         types,
     );
     grad_kv_kernel::launch::<R>(
@@ -536,6 +592,7 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
+        unroll,
         types,
     );
     grads
