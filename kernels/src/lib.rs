@@ -6,8 +6,11 @@
 //! by `wgpu` or `cuda`): the default CPU build compiles none of it.
 //!
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
-//! halves of the fused LM-head cross-entropy ([`lm_head`]), and RoPE in one pass ([`rope`]).
+//! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]), and
+//! one AdamW update of a parameter in one pass ([`adamw`]).
 
+#[cfg(feature = "cube")]
+pub mod adamw;
 #[cfg(feature = "cube")]
 pub mod attention;
 #[cfg(feature = "cube")]

@@ -6,7 +6,9 @@
 //! parameters: ~60 ms of a ~540 ms step at 2 threads), so [`FusedAdamW`] lets a backend do
 //! the whole update in one pass. The default is the tensor-op form (any backend gets it by an
 //! empty `impl`); `Flex` overrides it with one loop over the four buffers (`adamw_flex.rs`)
-//! that rounds every intermediate exactly as the tensor ops do, so results stay bit-identical.
+//! that rounds every intermediate exactly as the tensor ops do, so results stay bit-identical;
+//! the GPU backends run lab-kernels' one-pass kernel (`cube/adamw.rs`), which may round
+//! differently (the GPU compilers contract `a·b + c` into fused multiply-adds).
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};
 
@@ -79,9 +81,3 @@ pub fn tensor_ops_update<B: Backend>(
     let unwrap = |t: Tensor<B, 1>| t.into_primitive().tensor();
     (unwrap(p), unwrap(m), unwrap(v))
 }
-
-#[cfg(feature = "cuda")]
-impl FusedAdamW for burn::backend::Cuda {}
-
-#[cfg(feature = "wgpu")]
-impl FusedAdamW for burn::backend::Wgpu {}

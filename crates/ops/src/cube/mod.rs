@@ -9,6 +9,7 @@ use burn_fusion::{
 };
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
+mod adamw;
 mod attention;
 mod loss;
 mod rope;

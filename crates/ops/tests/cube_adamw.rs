@@ -1,0 +1,91 @@
+//! AdamW on a GPU backend through Fusion, as the trainer calls it (wgpu, lavapipe in CI;
+//! CUDA when built with only `--features cuda`), against the CPU's update (Flex's one-pass
+//! loop, bit-identical to burn's tensor ops there) over three consecutive updates: the first
+//! from zero moments, the next two from the moments the GPU returned.
+//!
+//! Tolerances, as a fraction of the largest magnitude of what is compared: 1e-5 for the
+//! moments (a few f32 roundings an update, which the GPU may contract into fused
+//! multiply-adds); 1e-4 for the parameter's change from its starting value, which is what
+//! the update computes (comparing the parameter itself would hide an update that is wrong
+//! but small next to the weight). lr is 1e-2 so the change is large enough to see.
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use burn::backend::Flex;
+use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorData, TensorPrimitive};
+use lab_ops::{AdamWStep, FusedAdamW};
+
+#[cfg(feature = "wgpu")]
+type Gpu = burn::backend::Wgpu;
+#[cfg(not(feature = "wgpu"))]
+type Gpu = burn::backend::Cuda;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn put<B: Backend>(x: &[f32]) -> FloatTensor<B> {
+    let data = TensorData::new(x.to_vec(), [x.len()]);
+    Tensor::<B, 1>::from_data(data, &Default::default())
+        .into_primitive()
+        .tensor()
+}
+
+fn get<B: Backend>(x: FloatTensor<B>) -> Vec<f32> {
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x))
+        .into_data()
+        .to_vec()
+        .unwrap()
+}
+
+/// Three updates of a parameter of `n` elements on backend `B`: `(p, m, v)` after each.
+fn three_updates<B: FusedAdamW>(n: usize) -> Vec<[Vec<f32>; 3]> {
+    let mut p = put::<B>(&values(n, 1));
+    let mut moments = None;
+    let mut after = vec![];
+    for t in 1..=3u64 {
+        let step = AdamWStep {
+            clip_scale: 0.5,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            lr: 1e-2,
+            weight_decay: 0.1,
+            t,
+        };
+        let g = put::<B>(&values(n, 10 + t));
+        let (np, m, v) = B::adamw_update(p, g, moments, &step);
+        after.push([get::<B>(np.clone()), get::<B>(m.clone()), get::<B>(v.clone())]);
+        (p, moments) = (np, Some((m, v)));
+    }
+    after
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
+    let scale = want.iter().fold(0f64, |a, &x| a.max(x.abs() as f64));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - *w as f64).abs();
+        assert!(err <= tol * scale, "{what}[{i}]: {g} vs {w} (scale {scale})");
+    }
+}
+
+#[test]
+fn three_updates_through_fusion_match_the_cpu() {
+    let n = 1000;
+    let start = values(n, 1);
+    let change = |p: &[f32]| -> Vec<f32> { p.iter().zip(&start).map(|(a, b)| a - b).collect() };
+    let (gpu, cpu) = (three_updates::<Gpu>(n), three_updates::<Flex>(n));
+    for (t, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+        let ctx = |x: &str| format!("update {}: {x}", t + 1);
+        assert_close(&ctx("p − p0"), &change(&g[0]), &change(&c[0]), 1e-4);
+        assert_close(&ctx("m"), &g[1], &c[1], 1e-5);
+        assert_close(&ctx("v"), &g[2], &c[2], 1e-5);
+    }
+}
