@@ -24,7 +24,8 @@
 # step for x1-50m): the figures are tokens/s, MFU, memory and loss curves, and 16 would make
 # each step 8× longer without changing them much (the optimizer's share grows a little).
 #
-# smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class;
+# smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
+#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0);
 #          the plan; cubecl's matmul on the model's shapes; NCCL at world size 1 (issue 13's
 #          must-show 4).
 # curves:  tinyshakespeare prepared on the host; --steps (200) in bf16, then in fp32; both
@@ -131,6 +132,11 @@ smoke() {
     --steps 10 --warmup 3 --json
   step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
+  if [ "$device" = cuda ]; then
+    # The attention kernels with their loops rolled, as before they were unrolled on CUDA.
+    step split-rolled env LAB_ATTENTION_UNROLL=0 "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+  fi
   step plan "$lab" plan --config "$config"
   step matmul "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --matmul --steps 20
