@@ -62,7 +62,11 @@ fn three_updates<B: FusedAdamW>(n: usize) -> Vec<[Vec<f32>; 3]> {
         };
         let g = put::<B>(&values(n, 10 + t));
         let (np, m, v) = B::adamw_update(p, g, moments, &step);
-        after.push([get::<B>(np.clone()), get::<B>(m.clone()), get::<B>(v.clone())]);
+        after.push([
+            get::<B>(np.clone()),
+            get::<B>(m.clone()),
+            get::<B>(v.clone()),
+        ]);
         (p, moments) = (np, Some((m, v)));
     }
     after
@@ -72,7 +76,10 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f64) {
     let scale = want.iter().fold(0f64, |a, &x| a.max(x.abs() as f64));
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (*g as f64 - *w as f64).abs();
-        assert!(err <= tol * scale, "{what}[{i}]: {g} vs {w} (scale {scale})");
+        assert!(
+            err <= tol * scale,
+            "{what}[{i}]: {g} vs {w} (scale {scale})"
+        );
     }
 }
 
