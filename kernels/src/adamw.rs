@@ -74,12 +74,13 @@ fn adamw_kernel<F: Float>(
     let i = ABSOLUTE_POS;
     if i < param.len() {
         let g = f32::cast_from(grad[i]) * c.clip_scale;
-        // The tensor-op form's order: `β·m + (1−β)·g`, `(1−β)·g²` with `g²` first.
+        // The tensor-op form's terms: `β·m + (1−β)·g`, and `(1−β)·g²` with `g²` first (a
+        // sum of two terms rounds the same in either order).
         let mut m = g * c.one_minus_beta1;
         let mut v = g * g * c.one_minus_beta2;
         if !first {
-            m = f32::cast_from(m_in[i]) * c.beta1 + m;
-            v = f32::cast_from(v_in[i]) * c.beta2 + v;
+            m += f32::cast_from(m_in[i]) * c.beta1;
+            v += f32::cast_from(v_in[i]) * c.beta2;
         }
         let update = (m / c.bias1) / ((v / c.bias2).sqrt() + c.eps);
         param_out[i] = F::cast_from(f32::cast_from(param[i]) * c.decay - update * c.lr);
