@@ -6,7 +6,9 @@
 //! Default shape: x1-50m's attention for one sequence (1 × 12 heads, 4 key/value heads,
 //! T = 1024, hd = 64) in f32. Prints the mean time of each direction over REPS launches
 //! after one warm-up (which compiles the kernels), and GFLOP/s counting the causal half of
-//! the score and value products: 2 products forward, 5 backward (with the recomputed scores).
+//! the products by FlashAttention-2's convention: 2 forward, 5 backward. The backward runs 7
+//! (`dQ` and `dK/dV` each recompute the scores and `dO·vᵀ`), so its figure understates the
+//! work done. `LAB_ATTENTION_UNROLL=0|1` picks the loop variant.
 //! lavapipe runs kernels on the CPU, so its figures only compare kernel versions with
 //! each other on the same machine.
 

@@ -42,6 +42,34 @@ pub struct Constants {
     pub decay: f32,
 }
 
+impl Constants {
+    /// The constants of update `t` (from 1), computed in f64 and each rounded to f32 once,
+    /// as burn's scalar ops round the tensor-op form's.
+    pub fn new(
+        clip_scale: f64,
+        [beta1, beta2]: [f64; 2],
+        eps: f64,
+        lr: f64,
+        wd: f64,
+        t: u64,
+    ) -> Self {
+        let f = |x: f64| x as f32;
+        let t = t as i32;
+        Self {
+            clip_scale: f(clip_scale),
+            beta1: f(beta1),
+            one_minus_beta1: f(1.0 - beta1),
+            beta2: f(beta2),
+            one_minus_beta2: f(1.0 - beta2),
+            bias1: f(1.0 - beta1.powi(t)),
+            bias2: f(1.0 - beta2.powi(t)),
+            eps: f(eps),
+            lr: f(lr),
+            decay: f(1.0 - lr * wd),
+        }
+    }
+}
+
 /// [`Constants`] as the kernel reads them.
 #[derive(CubeLaunch, CubeType)]
 struct Scalars {
@@ -134,6 +162,7 @@ pub fn update_into<R: CubeRuntime>(
     assert_eq!(grad.dtype, param.dtype, "adamw: gradient dtype");
     for (name, t) in [("param", &out.param), ("m", &out.m), ("v", &out.v)] {
         assert_eq!(t.meta.shape(), &shape, "adamw: output {name} shape");
+        assert_eq!(t.dtype, param.dtype, "adamw: output {name} dtype");
         assert!(t.is_contiguous(), "adamw: output {name} is contiguous");
     }
     let n = shape.num_elements();

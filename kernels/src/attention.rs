@@ -4,7 +4,7 @@
 //! reads key/value head `h / group` in place (no repeated K/V). Scores are `scale · q·k`,
 //! causal (key `j` is visible to query `i` when `j ≤ i`).
 //!
-//! Forward (FlashAttention-2's order): a cube owns `block` consecutive query rows of one
+//! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive query rows of one
 //! head, one unit per row. Key/value rows come through shared memory `block` at a time; each
 //! unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
 //! the max grows (online softmax). It writes the output and `lse = m + ln l` per row: the one
@@ -19,9 +19,10 @@
 //!   of every head of its group tiled through shared memory. Each unit owns its key row for
 //!   the whole group, so no atomics are needed and the sums have a fixed order.
 //!
-//! On CUDA, loops over the head width are unrolled: the head width is a compile-time
-//! constant, so each unit's rows (`q_i`, its accumulators) have constant indices and can stay
-//! in registers, where a run-time index puts them in local memory. See [`unrolls`].
+//! On CUDA, loops over the head width are unrolled where a kernel's per-unit rows fit the
+//! register budget: the head width is a compile-time constant, so each unit's rows (`q_i`,
+//! its accumulators) get constant indices and can stay in registers, where a run-time index
+//! puts them in local memory. See [`unrolls`] and [`unrolled_rows`].
 //!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
 //! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
@@ -457,16 +458,28 @@ pub fn forward<R: CubeRuntime>(
     forward_into(q, k, v, Forward { out, lse }, scale, unroll)
 }
 
-/// Whether the kernels unroll their loops on `t`'s runtime: on CUDA, where it keeps each
-/// unit's rows in registers; not on wgpu, where lavapipe (the CI's device) compiles the
-/// unrolled kernels for minutes and runs them slower (`benches/attention.rs`).
-/// `LAB_ATTENTION_UNROLL=0` or `=1` overrides the choice, to compare both on one device.
+/// Whether the kernels unroll their loops over the head width on `t`'s runtime: on CUDA,
+/// where constant indices let each unit's rows stay in registers instead of local memory
+/// (not yet measured on a GPU); not on wgpu, where lavapipe (the CI's device) compiles
+/// unrolled kernels slowly. `LAB_ATTENTION_UNROLL=0` or `=1` overrides the choice, to compare
+/// both on one device. Each kernel still unrolls only rows that fit [`unrolled_rows`].
 pub fn unrolls<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     match std::env::var("LAB_ATTENTION_UNROLL").as_deref() {
         Ok("0") => false,
         Ok("1") => true,
         _ => R::name(&t.client) == "cuda",
     }
+}
+
+/// Floats of per-unit rows a kernel unrolls at most: CUDA has 255 registers a thread, and
+/// the kernels need some for indices and sums.
+const REGISTER_ROWS: usize = 192;
+
+/// Whether a kernel holding `rows` head-width rows per unit unrolls: the forward holds 2
+/// (`q_i`, its output), `dQ` 3, `dK/dV` 4; at hd = 64 the first two fit, the last would spill.
+/// (`D = dO·O` holds none and unrolls whenever `unroll` is set.)
+pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize) -> bool {
+    unroll && rows * head_dim <= REGISTER_ROWS
 }
 
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
@@ -497,7 +510,7 @@ pub fn forward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unroll,
+        unrolled_rows(unroll, 2, d.head_dim),
         [dtype.into(), DType::F32.into()],
     );
     outputs
@@ -570,7 +583,7 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unroll,
+        unrolled_rows(unroll, 3, d.head_dim),
         types,
     );
     grad_kv_kernel::launch::<R>(
@@ -592,7 +605,7 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unroll,
+        unrolled_rows(unroll, 4, d.head_dim),
         types,
     );
     grads

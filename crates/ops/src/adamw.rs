@@ -57,8 +57,9 @@ pub trait FusedAdamW: Backend {
     }
 }
 
-/// The update as burn tensor ops, one op per line of the formula: the reference that
-/// every fused form must equal bit for bit on the same backend.
+/// The update as burn tensor ops, one op per line of the formula: the reference that the
+/// CPU's fused form equals bit for bit (the GPU kernel follows its order of operations, but
+/// the GPU compilers may contract `a·b + c` into one rounding).
 pub fn tensor_ops_update<B: Backend>(
     param: FloatTensor<B>,
     grad: FloatTensor<B>,

@@ -6,8 +6,8 @@
 //!    [`AdamW::clip_scale`]: `scale = min(1, clip / norm)`;
 //! 2. [`AdamW::apply`], per parameter: `g ← scale·g`, `m ← β1·m + (1-β1)·g`, `v ← β2·v + (1-β2)·g²`,
 //!    `p ← p·(1 - lr·wd) - lr · (m / (1-β1ᵗ)) / (sqrt(v / (1-β2ᵗ)) + ε)` (decoupled decay,
-//!    as PyTorch's AdamW), done by the backend's [`FusedAdamW`] (one pass over memory on the
-//!    CPU, the same bits as the tensor ops).
+//!    as PyTorch's AdamW), done by the backend's [`FusedAdamW`] (one pass over memory: on the
+//!    CPU with the same bits as the tensor ops, on the GPUs one kernel launch a parameter).
 //!
 //! Weight decay applies to matrices only (projections, embedding, LM head); the 1-D RMSNorm
 //! gains are not decayed (nanoGPT's rule: decay every parameter of rank ≥ 2).

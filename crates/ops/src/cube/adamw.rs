@@ -9,20 +9,8 @@ use crate::adamw::{AdamWStep, FusedAdamW, MomentPair};
 
 /// The step's scalars rounded to f32, as burn's scalar ops round them in the tensor-op form.
 fn constants(s: &AdamWStep) -> Constants {
-    let (bias1, bias2) = s.bias_corrections();
-    let f = |x: f64| x as f32;
-    Constants {
-        clip_scale: f(s.clip_scale),
-        beta1: f(s.beta1),
-        one_minus_beta1: f(1.0 - s.beta1),
-        beta2: f(s.beta2),
-        one_minus_beta2: f(1.0 - s.beta2),
-        bias1: f(bias1),
-        bias2: f(bias2),
-        eps: f(s.eps),
-        lr: f(s.lr),
-        decay: f(1.0 - s.lr * s.weight_decay),
-    }
+    let betas = [s.beta1, s.beta2];
+    Constants::new(s.clip_scale, betas, s.eps, s.lr, s.weight_decay, s.t)
 }
 
 impl<R, F, I, BT> FusedAdamW for CubeBackend<R, F, I, BT>
