@@ -40,6 +40,9 @@ impl AdamWStep {
 /// The moments `(m, v)` of one parameter, flat.
 pub type MomentPair<B> = (FloatTensor<B>, FloatTensor<B>);
 
+/// One update's results: the new `(param, m, v)`.
+pub type AdamWUpdated<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
 /// A backend that can apply one AdamW update to a flat parameter.
 pub trait FusedAdamW: Backend {
     /// `g ← s·g; m ← β1·m + (1-β1)·g; v ← β2·v + (1-β2)·g²;
@@ -52,7 +55,7 @@ pub trait FusedAdamW: Backend {
         grad: FloatTensor<Self>,
         moments: Option<MomentPair<Self>>,
         step: &AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+    ) -> AdamWUpdated<Self> {
         tensor_ops_update::<Self>(param, grad, moments, step)
     }
 }
@@ -65,7 +68,7 @@ pub fn tensor_ops_update<B: Backend>(
     grad: FloatTensor<B>,
     moments: Option<MomentPair<B>>,
     s: &AdamWStep,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+) -> AdamWUpdated<B> {
     let wrap = |x| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x));
     let g = wrap(grad) * s.clip_scale;
     let (m, v) = match moments {

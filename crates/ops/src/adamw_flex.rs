@@ -16,7 +16,7 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
-use crate::adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
+use crate::adamw::{tensor_ops_update, AdamWStep, AdamWUpdated, FusedAdamW, MomentPair};
 use crate::flex_tensor::contiguous;
 
 /// Elements per task: large enough that scheduling is noise, small enough to spread 1-D
@@ -29,7 +29,7 @@ impl FusedAdamW for Flex {
         grad: FlexTensor,
         moments: Option<MomentPair<Flex>>,
         step: &AdamWStep,
-    ) -> (FlexTensor, FlexTensor, FlexTensor) {
+    ) -> AdamWUpdated<Flex> {
         let mut inputs = vec![&param, &grad];
         if let Some((m, v)) = &moments {
             inputs.extend([m, v]);

@@ -40,7 +40,7 @@ mod rms_norm;
 mod rope;
 mod swiglu;
 
-pub use adamw::{tensor_ops_update, AdamWStep, FusedAdamW, MomentPair};
+pub use adamw::{tensor_ops_update, AdamWStep, AdamWUpdated, FusedAdamW, MomentPair};
 pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,

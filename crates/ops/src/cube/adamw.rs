@@ -5,7 +5,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::adamw::{self, Constants};
 
 use super::{custom_op, like};
-use crate::adamw::{AdamWStep, FusedAdamW, MomentPair};
+use crate::adamw::{AdamWStep, AdamWUpdated, FusedAdamW, MomentPair};
 
 /// The step's scalars rounded to f32, as burn's scalar ops round them in the tensor-op form.
 fn constants(s: &AdamWStep) -> Constants {
@@ -25,11 +25,7 @@ where
         grad: Self::FloatTensorPrimitive,
         moments: Option<MomentPair<Self>>,
         step: &AdamWStep,
-    ) -> (
-        Self::FloatTensorPrimitive,
-        Self::FloatTensorPrimitive,
-        Self::FloatTensorPrimitive,
-    ) {
+    ) -> AdamWUpdated<Self> {
         let u = adamw::update(param, grad, moments, &constants(step));
         (u.param, u.m, u.v)
     }
@@ -41,11 +37,7 @@ impl<B: FusionBackend + FusedAdamW> FusedAdamW for Fusion<B> {
         grad: Self::FloatTensorPrimitive,
         moments: Option<MomentPair<Self>>,
         step: &AdamWStep,
-    ) -> (
-        Self::FloatTensorPrimitive,
-        Self::FloatTensorPrimitive,
-        Self::FloatTensorPrimitive,
-    ) {
+    ) -> AdamWUpdated<Self> {
         let shaped = like(&param);
         let outputs = [shaped.clone(), shaped.clone(), shaped];
         let mut inputs = vec![param, grad];
