@@ -23,8 +23,8 @@ use cubecl::prelude::*;
 /// Units per cube.
 const UNITS: u32 = 256;
 
-/// The update's scalars, rounded once to f32 on the host.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The update's scalars, rounded once to f32 on the host; the kernel reads them as they are.
+#[derive(CubeLaunch, CubeType, Clone, Copy, Debug, PartialEq)]
 pub struct Constants {
     /// Global-norm clipping factor of the gradient.
     pub clip_scale: f32,
@@ -70,21 +70,6 @@ impl Constants {
     }
 }
 
-/// [`Constants`] as the kernel reads them.
-#[derive(CubeLaunch, CubeType)]
-struct Scalars {
-    clip_scale: f32,
-    beta1: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    bias1: f32,
-    bias2: f32,
-    eps: f32,
-    lr: f32,
-    decay: f32,
-}
-
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 fn adamw_kernel<F: Float>(
@@ -95,7 +80,7 @@ fn adamw_kernel<F: Float>(
     param_out: &mut Tensor<F>,
     m_out: &mut Tensor<F>,
     v_out: &mut Tensor<F>,
-    c: Scalars,
+    c: Constants,
     #[comptime] first: bool,
     #[define(F)] _dtype: StorageType,
 ) {
@@ -191,7 +176,7 @@ pub fn update_into<R: CubeRuntime>(
         out.param.clone().into_tensor_arg(),
         out.m.clone().into_tensor_arg(),
         out.v.clone().into_tensor_arg(),
-        ScalarsLaunch::new(
+        ConstantsLaunch::new(
             c.clip_scale,
             c.beta1,
             c.one_minus_beta1,
