@@ -463,12 +463,16 @@ pub fn forward<R: CubeRuntime>(
 /// (not yet measured on a GPU); not on wgpu, where lavapipe (the CI's device) compiles
 /// unrolled kernels slowly. `LAB_ATTENTION_UNROLL=0` or `=1` overrides the choice, to compare
 /// both on one device. Each kernel still unrolls only rows that fit [`unrolled_rows`].
+/// Other values of the variable are ignored.
 pub fn unrolls<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
-    match std::env::var("LAB_ATTENTION_UNROLL").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => R::name(&t.client) == "cuda",
-    }
+    // Read once: this runs at every attention call of every step.
+    static CHOSEN: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let chosen = CHOSEN.get_or_init(|| match std::env::var("LAB_ATTENTION_UNROLL").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    });
+    chosen.unwrap_or_else(|| R::name(&t.client) == "cuda")
 }
 
 /// Floats of per-unit rows a kernel unrolls at most: CUDA has 255 registers a thread, and
