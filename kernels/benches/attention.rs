@@ -14,29 +14,28 @@
 
 #![cfg_attr(not(any(feature = "wgpu", feature = "cuda")), allow(unused))]
 
+// The kernel tests' device, backend and seeded uploads.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod bench {
     use std::time::Instant;
 
-    use burn::tensor::{backend::Backend, DType, Distribution, Tensor};
-    use burn_cubecl::{tensor::CubeTensor, CubeBackend};
+    use burn::tensor::{backend::Backend, DType};
     use lab_kernels::attention;
 
-    #[cfg(feature = "wgpu")]
-    use burn::backend::wgpu::{WgpuDevice as Device, WgpuRuntime as Runtime};
-    #[cfg(not(feature = "wgpu"))]
-    use {burn::backend::cuda::CudaDevice as Device, cubecl::cuda::CudaRuntime as Runtime};
+    use super::common::{device, upload, values, Prim, B};
 
-    type B = CubeBackend<Runtime, f32, i32, u32>;
+    /// A bad argument: one line and exit 2, no panic trace.
+    fn fail(msg: &str) -> ! {
+        eprintln!("attention bench: {msg} (arguments: B H KV T HD [DTYPE [REPS]])");
+        std::process::exit(2)
+    }
 
-    fn random(shape: [usize; 4], dtype: DType, device: &Device) -> CubeTensor<Runtime> {
-        let t = Tensor::<B, 4>::random(shape, Distribution::Normal(0.0, 1.0), device);
-        let t = if dtype == DType::F32 {
-            t
-        } else {
-            t.cast(dtype)
-        };
-        t.into_primitive().tensor()
+    fn random(shape: [usize; 4], dtype: DType, seed: u64) -> Prim {
+        upload(&values(shape.iter().product(), seed, dtype), &shape, dtype)
     }
 
     pub fn main() {
@@ -44,20 +43,25 @@ mod bench {
             .skip(1)
             .filter(|a| a != "--bench")
             .collect();
-        let num = |i: usize, default: usize| args.get(i).map_or(default, |a| a.parse().expect(a));
+        let num = |i: usize, default: usize| {
+            args.get(i).map_or(default, |a| {
+                a.parse()
+                    .unwrap_or_else(|_| fail(&format!("argument {} is {a:?}, not a count", i + 1)))
+            })
+        };
         let [b, h, kv, t, hd] = [num(0, 1), num(1, 12), num(2, 4), num(3, 1024), num(4, 64)];
         let dtype = match args.get(5).map(String::as_str) {
             None | Some("f32") => DType::F32,
             Some("f16") => DType::F16,
             Some("bf16") => DType::BF16,
-            Some(other) => panic!("dtype {other}: f32, f16 or bf16"),
+            Some(other) => fail(&format!("dtype {other:?}: use f32, f16 or bf16")),
         };
         let reps = num(6, 5);
-        let device = Device::default();
-        let q = random([b, h, t, hd], dtype, &device);
-        let k = random([b, kv, t, hd], dtype, &device);
-        let v = random([b, kv, t, hd], dtype, &device);
-        let d_out = random([b, h, t, hd], dtype, &device);
+        let device = device();
+        let q = random([b, h, t, hd], dtype, 1);
+        let k = random([b, kv, t, hd], dtype, 2);
+        let v = random([b, kv, t, hd], dtype, 3);
+        let d_out = random([b, h, t, hd], dtype, 4);
         let scale = 1.0 / (hd as f32).sqrt();
 
         let time = |f: &dyn Fn()| {
