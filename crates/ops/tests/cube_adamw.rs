@@ -15,12 +15,7 @@ use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorData, Tenso
 use lab_ops::{AdamWStep, FusedAdamW};
 
 mod common;
-use common::floats;
-
-#[cfg(feature = "wgpu")]
-type Gpu = burn::backend::Wgpu;
-#[cfg(not(feature = "wgpu"))]
-type Gpu = burn::backend::Cuda;
+use common::{floats, Gpu};
 
 fn put<B: Backend>(x: &[f32]) -> FloatTensor<B> {
     let data = TensorData::new(x.to_vec(), [x.len()]);

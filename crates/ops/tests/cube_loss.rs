@@ -17,10 +17,9 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData, TensorPrimitive};
 use lab_ops::{lm_head_loss_chunked, FusedLoss};
 
-#[cfg(feature = "wgpu")]
-type Gpu = burn::backend::Wgpu;
-#[cfg(not(feature = "wgpu"))]
-type Gpu = burn::backend::Cuda;
+mod common;
+use common::Gpu;
+
 type Ad = Autodiff<Gpu>;
 
 struct Case {

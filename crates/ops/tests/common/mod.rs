@@ -1,6 +1,12 @@
 //! What the elementwise-op tests (RoPE, SwiGLU, RMSNorm) share: seeded inputs and weights, a
-//! comparison against fp64 references, and bit patterns.
+//! comparison against fp64 references, and bit patterns; and the GPU tests' backend.
 #![allow(dead_code)] // each test file uses some of these
+
+/// The GPU backend of the GPU tests: wgpu (lavapipe in CI) when built, else CUDA.
+#[cfg(feature = "wgpu")]
+pub type Gpu = burn::backend::Wgpu;
+#[cfg(all(feature = "cuda", not(feature = "wgpu")))]
+pub type Gpu = burn::backend::Cuda;
 
 /// xorshift64*: values in `[-scale, scale)` that do not depend on burn's global RNG.
 pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
