@@ -27,6 +27,10 @@
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
 //! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
 //!
+//! On CUDA at f16/bf16, forward and backward can run on tensor cores instead
+//! ([`tensor_cores`], opt-in with `LAB_ATTENTION_MMA=1` until measured on a GPU): the same
+//! algorithm with 64-row tiles, its products as cooperative 16×16×16 matrix operations.
+//!
 //! Masked scores never enter a sum (a branch on `j ≤ i`), so no −∞ is needed (WGSL rejects
 //! it); the running max starts at the type's lowest finite value, and the first visible key
 //! (`j = 0`, always visible) replaces it.
@@ -37,6 +41,8 @@ use burn_cubecl::{
     CubeRuntime,
 };
 use cubecl::prelude::*;
+
+pub mod tensor_cores;
 
 /// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles take
 /// at most 16 KiB of shared memory (plus two `[block]` rows in the dK/dV kernel; lavapipe has
@@ -454,8 +460,40 @@ pub fn forward<R: CubeRuntime>(
     let d = Dims::of(&q, &k, &v);
     let out = empty(&q, vec![d.batch, d.heads, d.seq, d.head_dim], q.dtype);
     let lse = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
-    let unroll = unrolls(&q);
-    forward_into(q, k, v, Forward { out, lse }, scale, unroll)
+    let variant = Variant::of(&q);
+    forward_into(q, k, v, Forward { out, lse }, scale, variant)
+}
+
+/// Which kernels an attention call runs. Every variant computes the same results, to its
+/// precision's tolerance; tests run each, benches time each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    /// Unroll the loops over the head width ([`unrolls`]).
+    pub unroll: bool,
+    /// Run on tensor cores where the call fits them ([`tensor_cores`]); the caller checks
+    /// [`tensor_cores::available`].
+    pub tensor_cores: bool,
+}
+
+impl Variant {
+    /// What `t`'s device runs by default.
+    pub fn of<R: CubeRuntime>(t: &CubeTensor<R>) -> Self {
+        Self {
+            unroll: unrolls(t),
+            tensor_cores: tensor_cores_by_default(t),
+        }
+    }
+}
+
+/// Whether calls on `t`'s device run on tensor cores by default: where
+/// [`tensor_cores::available`] and `LAB_ATTENTION_MMA=1`. Opt-in for now: the tensor-core
+/// kernels have not yet run on a GPU (lavapipe has none), so their CUDA tests and
+/// `scripts/gpu/session.sh` must pass and time them before they become the default.
+/// `LAB_ATTENTION_MMA` is read once per process; other values leave them off.
+pub fn tensor_cores_by_default<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("LAB_ATTENTION_MMA").as_deref() == Ok("1"))
+        && tensor_cores::available(t)
 }
 
 /// Whether the kernels unroll their loops over the head width on `t`'s runtime: on CUDA,
@@ -487,21 +525,24 @@ pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize) -> bool {
 }
 
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
-/// elements). They must be contiguous and shaped as [`forward`]'s. `unroll`: see
-/// [`unrolls`]; the results are the same either way.
+/// elements). They must be contiguous and shaped as [`forward`]'s.
 pub fn forward_into<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
     outputs: Forward<R>,
     scale: f32,
-    unroll: bool,
+    variant: Variant,
 ) -> Forward<R> {
     let d = Dims::of(&q, &k, &v);
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
-    let block = block_rows(d.head_dim);
     let client = q.client.clone();
     let dtype = q.dtype;
+    if variant.tensor_cores && tensor_cores::fits(d.head_dim) {
+        tensor_cores::launch_forward([q, k, v], &outputs, scale, &d);
+        return outputs;
+    }
+    let block = block_rows(d.head_dim);
     forward_kernel::launch::<R>(
         &client,
         CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
@@ -514,7 +555,7 @@ pub fn forward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unrolled_rows(unroll, 2, d.head_dim),
+        unrolled_rows(variant.unroll, 2, d.head_dim),
         [dtype.into(), DType::F32.into()],
     );
     outputs
@@ -537,8 +578,8 @@ pub fn backward<R: CubeRuntime>(
         k: empty(&k, k.meta.shape().to_vec(), k.dtype),
         v: empty(&v, v.meta.shape().to_vec(), v.dtype),
     };
-    let unroll = unrolls(&q);
-    backward_into(q, k, v, out, lse, d_out, grads, scale, unroll)
+    let variant = Variant::of(&q);
+    backward_into(q, k, v, out, lse, d_out, grads, scale, variant)
 }
 
 /// [`backward`] into gradients the caller allocated (contiguous, shaped as `q`, `k`, `v`).
@@ -552,8 +593,9 @@ pub fn backward_into<R: CubeRuntime>(
     d_out: CubeTensor<R>,
     grads: Grads<R>,
     scale: f32,
-    unroll: bool,
+    variant: Variant,
 ) -> Grads<R> {
+    let unroll = variant.unroll;
     let d = Dims::of(&q, &k, &v);
     let [q, k, v, out, lse, d_out] = [q, k, v, out, lse, d_out].map(into_contiguous);
     let block = block_rows(d.head_dim);
@@ -573,6 +615,10 @@ pub fn backward_into<R: CubeRuntime>(
         unroll,
         types,
     );
+    if variant.tensor_cores && tensor_cores::fits(d.head_dim) {
+        tensor_cores::launch_backward([q, k, v, d_out, lse, delta], &grads, scale, &d);
+        return grads;
+    }
     grad_q_kernel::launch::<R>(
         &client,
         CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),

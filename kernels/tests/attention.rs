@@ -16,11 +16,15 @@
 //!   absolute spacing there.
 //! - bf16 storage (CUDA builds only; lavapipe has no bf16): 3e-2, about the f16 margin scaled
 //!   by bf16's coarser rounding (2^-8 ≈ 3.9e-3 relative instead of 2^-11, 8×).
+//!
+//! The tensor-core kernels (CUDA builds only) also round the probabilities and `dS` to the
+//! storage type before their second product, as FlashAttention-2 does: one more rounding of
+//! a factor in [0, 1] (or of `dS`) per term, inside the same tolerances.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::backend::Autodiff;
 use burn::tensor::{activation::softmax, backend::Backend, DType, Distribution, Tensor};
-use lab_kernels::attention::{self, Forward, Grads};
+use lab_kernels::attention::{self, Forward, Grads, Variant};
 use proptest::prelude::*;
 
 mod common;
@@ -109,13 +113,17 @@ fn reference(c: &Case, q: &[f32], k: &[f32], v: &[f32], dout: &[f32]) -> Referen
     r
 }
 
-/// Checks the kernels with the loops as the device runs them ([`attention::unrolls`]).
-fn check(c: Case, dtype: DType, seed: u64) {
-    let unroll = attention::unrolls(&upload(&[0.0], &[1], DType::F32));
-    check_loops(c, dtype, seed, unroll);
+/// The variant the device runs by default for `dtype`.
+fn default_variant(dtype: DType) -> Variant {
+    Variant::of(&upload(&[0.0], &[1], dtype))
 }
 
-fn check_loops(c: Case, dtype: DType, seed: u64, unroll: bool) {
+/// Checks the kernels as the device runs them by default.
+fn check(c: Case, dtype: DType, seed: u64) {
+    check_variant(c, dtype, seed, default_variant(dtype));
+}
+
+fn check_variant(c: Case, dtype: DType, seed: u64, variant: Variant) {
     let tol = match dtype {
         DType::F32 => 2e-5,
         DType::BF16 => 3e-2,
@@ -141,7 +149,7 @@ fn check_loops(c: Case, dtype: DType, seed: u64, unroll: bool) {
             lse: poisoned(&[c.batch, c.heads, c.seq], DType::F32),
         },
         c.scale(),
-        unroll,
+        variant,
     );
     let out = download(fwd.out.clone());
     assert_close("out", &out, &want.out, tol);
@@ -160,7 +168,7 @@ fn check_loops(c: Case, dtype: DType, seed: u64, unroll: bool) {
             v: poisoned(&c.kv_shape(), dtype),
         },
         c.scale(),
-        unroll,
+        variant,
     );
     assert_close("dq", &download(grads.q), &want.dq, tol);
     assert_close("dk", &download(grads.k), &want.dk, tol);
@@ -229,9 +237,13 @@ fn f16_matches_the_fp64_reference() {
 /// slowly.
 #[test]
 fn the_other_loop_variant_matches_the_fp64_reference() {
-    let unroll = !attention::unrolls(&upload(&[0.0], &[1], DType::F32));
+    let default = default_variant(DType::F32);
+    let other = Variant {
+        unroll: !default.unroll,
+        ..default
+    };
     for (n, c) in CASES[..2].iter().enumerate() {
-        check_loops(*c, DType::F32, 10 * n as u64 + 3, unroll);
+        check_variant(*c, DType::F32, 10 * n as u64 + 3, other);
     }
 }
 
@@ -241,6 +253,54 @@ fn the_other_loop_variant_matches_the_fp64_reference() {
 fn bf16_matches_the_fp64_reference() {
     for (n, c) in CASES.into_iter().enumerate() {
         check(c, DType::BF16, 10 * n as u64 + 7);
+    }
+}
+
+/// Cases for the tensor-core kernels: their 64-row tiles several times over (one tile, a
+/// partial last tile, four tiles), head widths 16, 48 and 64, GQA groups of 1 to 3.
+#[cfg(not(feature = "wgpu"))]
+const TILED_CASES: [Case; 3] = [
+    Case {
+        batch: 1,
+        heads: 2,
+        kv_heads: 2,
+        seq: 64,
+        head_dim: 16,
+    },
+    Case {
+        batch: 2,
+        heads: 4,
+        kv_heads: 2,
+        seq: 130,
+        head_dim: 48,
+    },
+    Case {
+        batch: 1,
+        heads: 6,
+        kv_heads: 2,
+        seq: 200,
+        head_dim: 64,
+    },
+];
+
+/// The tensor-core forward and backward at f16 and bf16, whatever the default (CUDA builds
+/// only: lavapipe has no tensor cores). Calls that do not fit them (hd 8 and 96 in `CASES`)
+/// take the f32 kernels.
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn tensor_core_kernels_match_the_fp64_reference() {
+    for (n, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+        assert!(
+            attention::tensor_cores::available(&upload(&[0.0], &[1], dtype)),
+            "this CUDA device has no {dtype:?} 16x16x16 products for the tensor-core kernels"
+        );
+        let on = Variant {
+            tensor_cores: true,
+            ..default_variant(dtype)
+        };
+        for (m, c) in CASES.into_iter().chain(TILED_CASES).enumerate() {
+            check_variant(c, dtype, 10 * m as u64 + n as u64 + 8, on);
+        }
     }
 }
 

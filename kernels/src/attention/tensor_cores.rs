@@ -1,0 +1,742 @@
+//! Causal GQA flash attention on tensor cores (`cmma`), forward and backward, for CUDA at
+//! f16/bf16.
+//!
+//! Same contract as the f32 kernels in [`super`]: outputs in the inputs' dtype, `lse` f32, f32
+//! accumulation. What differs is who multiplies: a plane (warp) owns 16 rows (query rows in
+//! the forward and `dQ`, key rows in `dK/dV`) and computes every product of them with a tile of
+//! 64 rows of another tensor as 16×16×16 cooperative matrix products with f32 accumulators.
+//!
+//! Cooperative matrices are opaque: no unit knows which elements it holds. The row-wise work
+//! (the online softmax, rebuilding `p = exp(s − lse)`, `ds = p (dp − D)`) therefore goes
+//! through shared memory ("bounce"): the plane stores a product as f32 rows, two lanes per
+//! row do the row's arithmetic (half its columns each), and write the result, rounded to the
+//! storage type as FlashAttention-2 feeds it to the next product, where the plane loads it as
+//! an operand. The forward rescales its output the same way: store, scale each row, load.
+//!
+//! A cube of [`PLANES`] planes owns 64 rows and walks the other side 64 rows at a time:
+//! - forward and `dQ`: query rows `[r0, r0 + 64)`, keys `0 .. r0 + 64`, so the last tile is
+//!   the diagonal one and every query row sees at least one key in every tile (the running max
+//!   is finite from the first tile on);
+//! - `dK/dV`: key rows `[r0, r0 + 64)` of a key/value head, the queries `r0 ..` of every head
+//!   of its group. Each plane owns its key rows for the whole group, so there are no atomics
+//!   and the sums have a fixed order.
+//!
+//! Rows past the sequence compute on zeros and are not written.
+
+use burn::tensor::DType;
+use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
+use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
+use cubecl::ir::features::MmaConfig;
+use cubecl::prelude::*;
+
+use super::{Dims, Forward, Grads};
+
+/// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows.
+pub const PLANES: usize = 4;
+
+/// Largest head width the kernels take. Shared memory holds two `[64, hd]` tiles plus each
+/// plane's bounce rows: 40 KiB at hd = 64, under CUDA's default 48 KiB.
+pub const MAX_HEAD_DIM: usize = 64;
+
+/// Whether `t`'s device runs these kernels at `t`'s dtype: a CUDA device with 16×16×16
+/// products of f16 or bf16 into f32. (Other runtimes keep the f32 kernels: lavapipe has no
+/// tensor cores, and only CUDA is measured.)
+pub fn available<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    if R::name(&t.client) != "cuda" || !matches!(t.dtype, DType::F16 | DType::BF16) {
+        return false;
+    }
+    let product = MmaConfig {
+        a_type: t.dtype.into(),
+        b_type: t.dtype.into(),
+        cd_type: DType::F32.into(),
+        m: 16,
+        n: 16,
+        k: 16,
+    };
+    t.client
+        .properties()
+        .features
+        .matmul
+        .cmma
+        .contains(&product)
+}
+
+/// Whether a call of head width `head_dim` fits these kernels.
+pub fn fits(head_dim: usize) -> bool {
+    head_dim.is_multiple_of(16) && head_dim <= MAX_HEAD_DIM
+}
+
+/// One cube per 64 rows of each of `heads` heads of each sequence.
+fn grid(d: &Dims, heads: usize) -> CubeCount {
+    let rows = 16 * PLANES;
+    CubeCount::Static(d.seq.div_ceil(rows) as u32, heads as u32, d.batch as u32)
+}
+
+/// [`PLANES`] planes of 32 units.
+fn cube_dim() -> CubeDim {
+    CubeDim::new_2d(32, PLANES as u32)
+}
+
+/// Launches the forward into `outputs` (contiguous inputs, a head width that [`fits`]).
+pub(super) fn launch_forward<R: CubeRuntime>(
+    [q, k, v]: [CubeTensor<R>; 3],
+    outputs: &Forward<R>,
+    scale: f32,
+    d: &Dims,
+) {
+    let types = [q.dtype.into(), DType::F32.into()];
+    forward_kernel::launch::<R>(
+        &q.client.clone(),
+        grid(d, d.heads),
+        cube_dim(),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        outputs.out.clone().into_tensor_arg(),
+        outputs.lse.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        PLANES,
+        types,
+    );
+}
+
+/// Launches `dQ` and `dK/dV` into `grads` from contiguous `q, k, v, dO`, the forward's
+/// `lse` and the rows' `D = dO·O`.
+pub(super) fn launch_backward<R: CubeRuntime>(
+    [q, k, v, d_out, lse, delta]: [CubeTensor<R>; 6],
+    grads: &Grads<R>,
+    scale: f32,
+    d: &Dims,
+) {
+    let client = q.client.clone();
+    let types = [q.dtype.into(), DType::F32.into()];
+    grad_q_kernel::launch::<R>(
+        &client,
+        grid(d, d.heads),
+        cube_dim(),
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        delta.clone().into_tensor_arg(),
+        grads.q.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        PLANES,
+        types,
+    );
+    grad_kv_kernel::launch::<R>(
+        &client,
+        grid(d, d.kv_heads),
+        cube_dim(),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        lse.into_tensor_arg(),
+        delta.into_tensor_arg(),
+        grads.k.clone().into_tensor_arg(),
+        grads.v.clone().into_tensor_arg(),
+        scale,
+        d.head_dim,
+        PLANES,
+        types,
+    );
+}
+
+#[cube(launch)]
+pub(super) fn forward_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<A>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let q_base = (b * heads + h) * seq * head_dim;
+    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let mut k_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut v_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut bounce = Bounce::<F, A>::new(head_dim, planes);
+    let lanes = Lanes::new(row0);
+
+    let q_frags = plane_rows::<F>(q, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let o_frags = accumulators::<A>(head_dim);
+    let mut m = A::min_value();
+    let mut l = A::new(0.0);
+    let end = first_past(row0 + rows, seq);
+    let mut start = 0;
+    while start < end {
+        load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
+        load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
+        sync_cube();
+        bounce.product(&q_frags, &k_tile, head_dim, planes);
+
+        // Online softmax of the plane's rows: new max, rescale, probabilities, row sum.
+        let cols = comptime!(rows / 2);
+        let at = bounce.row_at(&lanes, rows);
+        let first = start + lanes.half * cols;
+        let mut m_new = m;
+        for c in 0..cols {
+            let s = bounce.rows[at + c] * A::cast_from(scale);
+            if first + c <= lanes.i && s > m_new {
+                m_new = s;
+            }
+        }
+        let other = plane_shuffle_xor(m_new, 1);
+        if other > m_new {
+            m_new = other;
+        }
+        let alpha = (m - m_new).exp();
+        let mut sum = A::new(0.0);
+        for c in 0..cols {
+            let mut p = A::new(0.0);
+            if first + c <= lanes.i {
+                p = (bounce.rows[at + c] * A::cast_from(scale) - m_new).exp();
+            }
+            sum += p;
+            bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(p);
+        }
+        l = l * alpha + plane_shuffle_xor(sum, 1) + sum;
+        m = m_new;
+        sync_plane();
+
+        // O ← α O + P V.
+        bounce.scale_rows(&o_frags, &lanes, alpha, head_dim, planes);
+        bounce.accumulate(&o_frags, &v_tile, head_dim, planes);
+        // Every plane is done with this tile's keys and values before the next load.
+        sync_cube();
+        start += rows;
+    }
+
+    let one_over_l = A::new(1.0) / l;
+    bounce.write_rows(
+        &o_frags, out, q_base, &lanes, seq, one_over_l, head_dim, planes,
+    );
+    if lanes.i < seq && lanes.half == 0 {
+        lse[(b * heads + h) * seq + lanes.i] = m + l.ln();
+    }
+}
+
+#[cube(launch)]
+pub(super) fn grad_q_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_q: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let cols = comptime!(rows / 2);
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let q_base = (b * heads + h) * seq * head_dim;
+    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let mut k_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut v_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut bounce = Bounce::<F, A>::new(head_dim, planes);
+    let lanes = Lanes::new(row0);
+    let scale = A::cast_from(scale);
+
+    let q_frags = plane_rows::<F>(q, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let do_frags = plane_rows::<F>(d_out, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let dq_frags = accumulators::<A>(head_dim);
+    let mut lse_i = A::new(0.0);
+    let mut delta_i = A::new(0.0);
+    if lanes.i < seq {
+        lse_i = lse[(b * heads + h) * seq + lanes.i];
+        delta_i = delta[(b * heads + h) * seq + lanes.i];
+    }
+
+    let end = first_past(row0 + rows, seq);
+    let mut start = 0;
+    while start < end {
+        load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
+        load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
+        sync_cube();
+        let first = start + lanes.half * cols;
+        let at = bounce.row_at(&lanes, rows);
+
+        // p = exp(scale · q·k − lse), kept in registers while dP takes the bounce rows.
+        bounce.product(&q_frags, &k_tile, head_dim, planes);
+        let mut p = Array::<A>::new(cols);
+        #[unroll]
+        for c in 0..cols {
+            p[c] = A::new(0.0);
+            if first + c <= lanes.i {
+                p[c] = (bounce.rows[at + c] * scale - lse_i).exp();
+            }
+        }
+        sync_plane();
+        bounce.product(&do_frags, &v_tile, head_dim, planes);
+        #[unroll]
+        for c in 0..cols {
+            let ds = p[c] * (bounce.rows[at + c] - delta_i);
+            bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(ds);
+        }
+        sync_plane();
+
+        // dQ += dS K.
+        bounce.accumulate(&dq_frags, &k_tile, head_dim, planes);
+        sync_cube();
+        start += rows;
+    }
+    bounce.write_rows(&dq_frags, d_q, q_base, &lanes, seq, scale, head_dim, planes);
+}
+
+#[cube(launch)]
+pub(super) fn grad_kv_kernel<F: Float, A: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_k: &mut Tensor<F>,
+    d_v: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let cols = comptime!(rows / 2);
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let group = heads / kv_heads;
+    let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let kv_base = (b * kv_heads + kvh) * seq * head_dim;
+    let mut q_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut do_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut lse_tile = SharedMemory::<A>::new(rows);
+    let mut delta_tile = SharedMemory::<A>::new(rows);
+    let mut bounce = Bounce::<F, A>::new(head_dim, planes);
+    // Here a lane pair's row is a key row `j`; its columns are query rows.
+    let lanes = Lanes::new(row0);
+    let scale = A::cast_from(scale);
+
+    let k_frags = plane_rows::<F>(k, &mut q_tile, kv_base, row0, seq, head_dim, planes);
+    let v_frags = plane_rows::<F>(v, &mut q_tile, kv_base, row0, seq, head_dim, planes);
+    let dk_frags = accumulators::<A>(head_dim);
+    let dv_frags = accumulators::<A>(head_dim);
+
+    for g in 0..group {
+        let head_rows = (b * heads + kvh * group + g) * seq;
+        let mut start = row0;
+        while start < seq {
+            load_tile::<F>(
+                q,
+                &mut q_tile,
+                head_rows * head_dim,
+                start,
+                seq,
+                head_dim,
+                planes,
+            );
+            load_tile::<F>(
+                d_out,
+                &mut do_tile,
+                head_rows * head_dim,
+                start,
+                seq,
+                head_dim,
+                planes,
+            );
+            if UNIT_POS < rows as u32 {
+                let i = start + UNIT_POS as usize;
+                let mut lse_i = A::new(0.0);
+                let mut delta_i = A::new(0.0);
+                if i < seq {
+                    lse_i = lse[head_rows + i];
+                    delta_i = delta[head_rows + i];
+                }
+                lse_tile[UNIT_POS as usize] = lse_i;
+                delta_tile[UNIT_POS as usize] = delta_i;
+            }
+            sync_cube();
+            let first = lanes.half * cols;
+            let at = bounce.row_at(&lanes, rows);
+            let operand_at = bounce.operand_at(&lanes, rows);
+
+            // pᵀ = exp(scale · k·q − lse_i) for queries i ≥ j inside the sequence.
+            bounce.product(&k_frags, &q_tile, head_dim, planes);
+            let mut p = Array::<A>::new(cols);
+            #[unroll]
+            for c in 0..cols {
+                let i = start + first + c;
+                p[c] = A::new(0.0);
+                if i >= lanes.i && i < seq {
+                    p[c] = (bounce.rows[at + c] * scale - lse_tile[first + c]).exp();
+                }
+                bounce.operand[operand_at + c] = F::cast_from(p[c]);
+            }
+            sync_plane();
+            // dV += Pᵀ dO.
+            bounce.accumulate(&dv_frags, &do_tile, head_dim, planes);
+            bounce.product(&v_frags, &do_tile, head_dim, planes);
+            #[unroll]
+            for c in 0..cols {
+                let ds = p[c] * (bounce.rows[at + c] - delta_tile[first + c]);
+                bounce.operand[operand_at + c] = F::cast_from(ds);
+            }
+            sync_plane();
+            // dK += dSᵀ Q.
+            bounce.accumulate(&dk_frags, &q_tile, head_dim, planes);
+            sync_cube();
+            start += rows;
+        }
+    }
+    bounce.write_rows(
+        &dk_frags, d_k, kv_base, &lanes, seq, scale, head_dim, planes,
+    );
+    bounce.write_rows(
+        &dv_frags,
+        d_v,
+        kv_base,
+        &lanes,
+        seq,
+        A::new(1.0),
+        head_dim,
+        planes,
+    );
+}
+
+/// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, each with
+/// half the columns.
+#[derive(CubeType)]
+struct Lanes {
+    /// The lane's row within its plane's 16.
+    r: usize,
+    /// Which half of the row's columns: 0 or 1.
+    half: usize,
+    /// The row's index in the sequence.
+    i: usize,
+}
+
+#[cube]
+impl Lanes {
+    fn new(row0: usize) -> Lanes {
+        let r = UNIT_POS_X as usize / 2;
+        Lanes {
+            r,
+            half: UNIT_POS_X as usize % 2,
+            i: row0 + UNIT_POS_Y as usize * 16 + r,
+        }
+    }
+}
+
+/// Each plane's shared rows: `rows`, `[16, max(64, hd)]` f32, for products and outputs;
+/// `operand`, `[16, 64]` in the storage type, for the left operand of the next product.
+#[derive(CubeType)]
+struct Bounce<F: Float, A: Float> {
+    rows: SharedMemory<A>,
+    operand: SharedMemory<F>,
+    rows0: usize,
+    operand0: usize,
+}
+
+#[cube]
+impl<F: Float, A: Float> Bounce<F, A> {
+    fn new(#[comptime] head_dim: usize, #[comptime] planes: usize) -> Bounce<F, A> {
+        let rows = comptime!(16 * planes);
+        let width = comptime!(if head_dim > rows { head_dim } else { rows });
+        let plane = UNIT_POS_Y as usize;
+        Bounce::<F, A> {
+            rows: SharedMemory::<A>::new(planes * 16 * width),
+            operand: SharedMemory::<F>::new(planes * 16 * rows),
+            rows0: plane * 16 * width,
+            operand0: plane * 16 * rows,
+        }
+    }
+
+    /// Where the lane's half row starts in `rows`, for a product `width` columns wide.
+    fn row_at(&self, lanes: &Lanes, #[comptime] width: usize) -> usize {
+        let half_width = comptime!(width / 2);
+        self.rows0 + lanes.r * width + lanes.half * half_width
+    }
+
+    /// Where the lane's half row starts in `operand`.
+    fn operand_at(&self, lanes: &Lanes, #[comptime] rows: usize) -> usize {
+        let half = comptime!(rows / 2);
+        self.operand0 + lanes.r * rows + lanes.half * half
+    }
+
+    /// `rows ← X Tᵀ` for the plane's 16 rows `X` (as `A` operands, one per 16 columns of the
+    /// head) and the 64 rows of `tile`: a `[16, 64]` f32 product. Ends with a plane barrier.
+    fn product(
+        &mut self,
+        x_frags: &Sequence<Matrix<F>>,
+        tile: &SharedMemory<F>,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) {
+        let rows = comptime!(16 * planes);
+        let chunks = comptime!(head_dim / 16);
+        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        let acc = Matrix::<A>::from_value(
+            MatrixIdent::Accumulator,
+            16usize,
+            16usize,
+            16usize,
+            MatrixLayout::Undefined,
+            A::new(0.0),
+        );
+        #[unroll]
+        for n in 0..planes {
+            cmma::fill::<A>(&acc, A::new(0.0));
+            #[unroll]
+            for c in 0..chunks {
+                // Rows n·16.. of the tile, transposed: column-major with the tile's row stride.
+                let t = Matrix::<F>::from_slice(
+                    MatrixIdent::B,
+                    16usize,
+                    16usize,
+                    16usize,
+                    MatrixLayout::ColMajor,
+                    &tile.slice(n * 16 * head_dim + c * 16, rows * head_dim),
+                    head_dim as u32,
+                );
+                cmma::execute::<F, F, A, A>(x_frags.index(c), &t, &acc, &acc);
+            }
+            cmma::store(
+                &mut self.rows.slice_mut(self.rows0 + n * 16, len),
+                &acc,
+                rows as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+        sync_plane();
+    }
+
+    /// `acc += operand · tile`: the plane's `[16, 64]` operand rows times the tile's
+    /// `[64, hd]`. The operand must be written and a plane barrier passed.
+    fn accumulate(
+        &self,
+        acc: &Sequence<Matrix<A>>,
+        tile: &SharedMemory<F>,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) {
+        let rows = comptime!(16 * planes);
+        let chunks = comptime!(head_dim / 16);
+        let mut lhs = Sequence::<Matrix<F>>::new();
+        #[unroll]
+        for n in 0..planes {
+            lhs.push(Matrix::<F>::from_slice(
+                MatrixIdent::A,
+                16usize,
+                16usize,
+                16usize,
+                MatrixLayout::RowMajor,
+                &self
+                    .operand
+                    .slice(self.operand0 + n * 16, planes * 16 * rows),
+                rows as u32,
+            ));
+        }
+        #[unroll]
+        for c in 0..chunks {
+            #[unroll]
+            for n in 0..planes {
+                let t = Matrix::<F>::from_slice(
+                    MatrixIdent::B,
+                    16usize,
+                    16usize,
+                    16usize,
+                    MatrixLayout::RowMajor,
+                    &tile.slice(n * 16 * head_dim + c * 16, rows * head_dim),
+                    head_dim as u32,
+                );
+                cmma::execute::<F, F, A, A>(lhs.index(n), &t, acc.index(c), acc.index(c));
+            }
+        }
+        // The operand rows are read before anyone writes them again.
+        sync_plane();
+    }
+
+    /// Stores the accumulators as `[16, hd]` f32 rows.
+    fn store(
+        &mut self,
+        acc: &Sequence<Matrix<A>>,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) {
+        let rows = comptime!(16 * planes);
+        let chunks = comptime!(head_dim / 16);
+        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        #[unroll]
+        for c in 0..chunks {
+            cmma::store(
+                &mut self.rows.slice_mut(self.rows0 + c * 16, len),
+                acc.index(c),
+                head_dim as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+        sync_plane();
+    }
+
+    /// Multiplies each accumulator row by its lane pair's `alpha`, through the bounce rows.
+    fn scale_rows(
+        &mut self,
+        acc: &Sequence<Matrix<A>>,
+        lanes: &Lanes,
+        alpha: A,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) {
+        let rows = comptime!(16 * planes);
+        let chunks = comptime!(head_dim / 16);
+        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        let half_width = comptime!(head_dim / 2);
+        self.store(acc, head_dim, planes);
+        let at = self.row_at(lanes, head_dim);
+        for c in 0..half_width {
+            self.rows[at + c] = self.rows[at + c] * alpha;
+        }
+        sync_plane();
+        #[unroll]
+        for c in 0..chunks {
+            cmma::load_with_layout(
+                acc.index(c),
+                &self.rows.slice(self.rows0 + c * 16, len),
+                head_dim as u32,
+                MatrixLayout::RowMajor,
+            );
+        }
+    }
+
+    /// Writes the accumulators' rows inside the sequence, times `factor`, to the `[rows, hd]`
+    /// tensor rows at `base`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_rows(
+        &mut self,
+        acc: &Sequence<Matrix<A>>,
+        dst: &mut Tensor<F>,
+        base: usize,
+        lanes: &Lanes,
+        seq: usize,
+        factor: A,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) {
+        let half_width = comptime!(head_dim / 2);
+        self.store(acc, head_dim, planes);
+        if lanes.i < seq {
+            let at = self.row_at(lanes, head_dim);
+            let to = base + lanes.i * head_dim + lanes.half * half_width;
+            for c in 0..half_width {
+                dst[to + c] = F::cast_from(self.rows[at + c] * factor);
+            }
+        }
+        sync_plane();
+    }
+}
+
+/// The plane's 16 rows of the `[64, hd]` block at `row0` of the head at `base`, as `A`
+/// operands (one per 16 columns), staged through `tile`.
+#[cube]
+fn plane_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<F>,
+    base: usize,
+    row0: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) -> Sequence<Matrix<F>> {
+    let rows = comptime!(16 * planes);
+    let chunks = comptime!(head_dim / 16);
+    load_tile::<F>(src, tile, base, row0, seq, head_dim, planes);
+    sync_cube();
+    let mut frags = Sequence::<Matrix<F>>::new();
+    #[unroll]
+    for c in 0..chunks {
+        frags.push(Matrix::<F>::from_slice(
+            MatrixIdent::A,
+            16usize,
+            16usize,
+            16usize,
+            MatrixLayout::RowMajor,
+            &tile.slice(
+                UNIT_POS_Y as usize * 16 * head_dim + c * 16,
+                rows * head_dim,
+            ),
+            head_dim as u32,
+        ));
+    }
+    sync_cube();
+    frags
+}
+
+/// `a` or `seq`, whichever is smaller: where a cube's walk over the keys ends.
+#[cube]
+fn first_past(a: usize, seq: usize) -> usize {
+    let mut end = a;
+    if end > seq {
+        end = seq;
+    }
+    end
+}
+
+/// One zeroed 16×16 f32 accumulator per 16 columns of the head.
+#[cube]
+fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Sequence<Matrix<A>> {
+    let chunks = comptime!(head_dim / 16);
+    let mut acc = Sequence::<Matrix<A>>::new();
+    #[unroll]
+    for _ in 0..chunks {
+        acc.push(Matrix::<A>::from_value(
+            MatrixIdent::Accumulator,
+            16usize,
+            16usize,
+            16usize,
+            MatrixLayout::Undefined,
+            A::new(0.0),
+        ));
+    }
+    acc
+}
+
+/// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head at `base` into
+/// `tile`; consecutive units copy consecutive elements.
+#[cube]
+fn load_tile<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut SharedMemory<F>,
+    base: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) {
+    let units = comptime!(32 * planes);
+    let steps = comptime!(head_dim / 2);
+    let first = base + start * head_dim;
+    let unit = UNIT_POS as usize;
+    #[unroll]
+    for step in 0..steps {
+        let e = step * units + unit;
+        let mut x = F::new(0.0);
+        if start + e / head_dim < seq {
+            x = src[first + e];
+        }
+        tile[e] = x;
+    }
+}
