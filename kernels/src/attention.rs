@@ -42,6 +42,8 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
+#[cfg(all(test, feature = "cuda-source"))]
+mod cuda_source;
 pub mod tensor_cores;
 
 /// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles take

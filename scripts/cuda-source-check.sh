@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Compiles the attention kernels' CUDA C++ with NVRTC and prints ptxas's registers, spills
+# and shared memory for each, on a machine with no GPU and no CUDA toolkit: the check a
+# kernel change can have before a GPU host runs it (a kernel that does not compile there
+# costs a device call). Speed and results still need the GPU.
+#
+#   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...]
+#
+# NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (CUDA 12.9; ~150 MB,
+# downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels). The sources come
+# from lab-kernels' `writes_the_cuda_sources` (kernels/src/attention/cuda_source.rs), which
+# needs the wgpu stack (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1).
+# Default architectures: sm_80 (A100, the course's GPU) and sm_90a (H100/H200, as cubecl
+# compiles for them).
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+out=/tmp/lab-cuda-source
+archs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --arch) archs+=("$2"); shift 2 ;;
+    *) echo "cuda-source-check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+[ ${#archs[@]} -gt 0 ] || archs=(sm_80 sm_90a)
+wheels="${LAB_CUDA_WHEELS:-$HOME/.cache/lab/cuda-wheels}"
+cuda="$wheels/nvidia"
+
+if [ ! -x "$cuda/cuda_nvcc/bin/ptxas" ]; then
+  echo "== NVRTC, headers and ptxas from pip into $wheels"
+  mkdir -p "$wheels/download"
+  python3 -m pip download --quiet --no-deps -d "$wheels/download" \
+    nvidia-cuda-nvrtc-cu12==12.9.86 nvidia-cuda-runtime-cu12==12.9.79 \
+    nvidia-cuda-nvcc-cu12==12.9.86
+  for w in "$wheels"/download/*.whl; do python3 -m zipfile -e "$w" "$wheels"; done
+  chmod +x "$cuda/cuda_nvcc/bin/ptxas"
+fi
+
+echo "== CUDA C++ of the attention kernels into $out"
+rm -rf "$out" && mkdir -p "$out"
+(cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
+  cargo test --release -p lab-kernels --features cuda-source --lib --quiet -- \
+  --ignored --exact attention::cuda_source::writes_the_cuda_sources >/dev/null)
+
+echo "== NVRTC and ptxas (${archs[*]})"
+LD_LIBRARY_PATH="$cuda/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  python3 - "$cuda" "$out" "${archs[@]}" <<'EOF'
+import ctypes, glob, os, re, subprocess, sys
+
+cuda, out, archs = sys.argv[1], sys.argv[2], sys.argv[3:]
+nvrtc = ctypes.CDLL(os.path.join(cuda, "cuda_nvrtc/lib/libnvrtc.so.12"))
+includes = [os.path.join(cuda, d, "include") for d in ("cuda_runtime", "cuda_nvcc")]
+ptxas = os.path.join(cuda, "cuda_nvcc/bin/ptxas")
+
+
+def ptx(source, arch):
+    """NVRTC's PTX for `source`, with cubecl-cuda's options; raises with the log on error."""
+    prog = ctypes.c_void_p()
+    text = open(source, "rb").read()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), text, source.encode(), 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-lineinfo"]
+    opts += [f"--include-path={p}".encode() for p in includes]
+    failed = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    if failed:
+        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(log.value.decode())
+    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetPTX(prog, buf)
+    return buf.value
+
+
+def usage(ptx_file, arch):
+    """(registers, spill bytes, shared bytes) that ptxas reports."""
+    info = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.devnull, ptx_file],
+                          capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
+    smem = re.search(r"(\d+) bytes smem", info)
+    return (int(regs.group(1)) if regs else 0, sum(spills), int(smem.group(1)) if smem else 0)
+
+
+failed = 0
+print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'static smem B':>14}")
+for source in sorted(glob.glob(os.path.join(out, "*.cu"))):
+    name = os.path.basename(source)[:-3]
+    for arch in archs:
+        try:
+            ptx_file = os.path.join(out, f"{name}.{arch}.ptx")
+            open(ptx_file, "wb").write(ptx(source, arch))
+            regs, spill, smem = usage(ptx_file, arch)
+            print(f"{name:38} {arch:7} {regs:5} {spill:8} {smem:14}")
+        except (RuntimeError, subprocess.CalledProcessError) as err:
+            failed += 1
+            detail = getattr(err, "stderr", None) or str(err)
+            print(f"{name:38} {arch:7} FAILED\n{detail[:4000]}")
+print(f"{failed} failed" if failed else "all compiled")
+sys.exit(1 if failed else 0)
+EOF
