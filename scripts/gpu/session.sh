@@ -9,6 +9,12 @@
 #   cp "$(ls -t target/release/deps/nccl-* | grep -v '\.d$' | head -1)" .bin/nccl-test
 #   xz -T2 .bin/lab      # 59 MB stripped, 11 MB as .bin/lab.xz: a device call carries 64 MiB
 #
+# and, for the `kernels` stage, the GPU kernel tests (each binary stripped into .bin/tests/,
+# named after its test file, e.g. .bin/tests/attention; about 3 MB each as .xz):
+#
+#   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-kernels -p lab-ops \
+#     --features lab-kernels/cuda,lab-ops/cuda --no-run
+#
 # The first run on a fresh host compiles every kernel with NVRTC, about a second each: x1-50m's
 # first steps wait ~100 s, its first evaluation ~60 s more. They are kept in LAB_KERNEL_CACHE
 # (default ~/.cache/lab/kernels), so the same host compiles them once.
@@ -19,13 +25,15 @@
 #   scripts/gpu/session.sh curves  [...]
 #   scripts/gpu/session.sh memory  [...]
 #   scripts/gpu/session.sh compare [...]
+#   scripts/gpu/session.sh kernels [...]
 #
 # Every stage runs the config at 2 micro-batches a step, not the recipe's 16 (64K tokens a
 # step for x1-50m): the figures are tokens/s, MFU, memory and loss curves, and 16 would make
 # each step 8× longer without changing them much (the optimizer's share grows a little).
 #
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
-#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0);
+#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
+#          with the tensor-core attention: LAB_ATTENTION_MMA=1);
 #          the plan; cubecl's matmul on the model's shapes; NCCL at world size 1 (issue 13's
 #          must-show 4).
 # curves:  tinyshakespeare prepared on the host; --steps (200) in bf16, then in fp32; both
@@ -33,6 +41,11 @@
 # memory:  20 steps with selective checkpointing; 10 with the micro-batch --fit-micro-batch
 #          picks.
 # compare: scripts/gpu/bench.sh: lab against PyTorch eager and torch.compile, one table.
+# kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), 120 s each: the kernels'
+#          fp64-reference tests on CUDA, bf16 and the tensor-core attention included.
+#
+# Environment passes through: `LAB_ATTENTION_MMA=1 session.sh curves` trains both curves
+# with the tensor-core attention.
 #
 # The work (data, run folders, logs) goes to $WORK (default /tmp/lab-session). What comes
 # back goes to --out (default $OUT, where a device call returns at most 8 files): the
@@ -63,8 +76,8 @@ while [ $# -gt 0 ]; do
     *) echo "session.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$stage" in smoke|curves|memory|compare) ;; *)
-  echo "session.sh: the first argument is the stage: smoke, curves, memory or compare (see the header of $0)" >&2
+case "$stage" in smoke|curves|memory|compare|kernels) ;; *)
+  echo "session.sh: the first argument is the stage: smoke, curves, memory, compare or kernels (see the header of $0)" >&2
   exit 2 ;;
 esac
 case "$device" in cuda|cpu) ;; *)
@@ -136,6 +149,9 @@ smoke() {
     # The attention kernels with their loops rolled, as before they were unrolled on CUDA.
     step split-rolled env LAB_ATTENTION_UNROLL=0 "$lab" bench --backend "$backend" \
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The attention on tensor cores (opt-in until this and the kernel tests pass).
+    step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
   fi
   step plan "$lab" plan --config "$config"
   step matmul "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
@@ -163,6 +179,21 @@ memory() {
 
 compare() {
   step bench-sh "$here/bench.sh" --lab "$lab" --config "$(short_config)" --device "$device"
+}
+
+kernels() {
+  local tests="$repo/.bin/tests" found=0
+  for packed in "$tests"/*.xz; do
+    [ -f "$packed" ] || continue
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$packed" "${packed%.xz}" && chmod +x "${packed%.xz}"
+  done
+  for t in "$tests"/*; do
+    [ -x "$t" ] && [ "${t%.xz}" = "$t" ] || continue
+    found=1
+    step "test-$(basename "$t")" timeout 120 "$t" --test-threads 1
+  done
+  [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
 
 # The stage's logs, and each run folder's record without its checkpoints, in one archive.
