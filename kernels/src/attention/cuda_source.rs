@@ -1,6 +1,9 @@
-//! The attention kernels as CUDA C++, written on a machine without a GPU, so that NVRTC can
-//! compile them and `ptxas -v` report their registers and spills before a GPU host runs
-//! them. `scripts/cuda-source-check.sh` runs this and compiles what it writes.
+//! The attention kernels as CUDA C++, written on a machine without a GPU:
+//! - run on a CPU emulation of the CUDA they use (`kernels/cuda-emu`: threads, barriers, warp
+//!   shuffles, wmma tiles) against an fp64 reference, with the host's C++ compiler (`$CXX`,
+//!   default `c++`), here in the tests: the tensor-core kernels' only check without a GPU;
+//! - compiled by NVRTC, with `ptxas -v`'s registers and spills, by
+//!   `scripts/cuda-source-check.sh` through [`writes_the_cuda_sources`].
 //!
 //! Each kernel is defined as a launch would define it, through a wgpu client (lavapipe), and
 //! compiled by cubecl's CUDA C++ compiler, as `cubecl-cuda` does before it calls NVRTC. The
@@ -15,6 +18,8 @@ use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler};
 
 use super::{block_rows, tensor_cores, unrolled_rows};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 type Client = ComputeClient<WgpuRuntime>;
 
@@ -202,4 +207,80 @@ fn writes_the_cuda_sources() {
         );
         std::fs::write(format!("{dir}/{name}.cu"), cpp).expect("LAB_CUDA_SOURCE_DIR: writable");
     }
+}
+
+/// The emulation's sources: `include/emu.h` (CUDA on threads) and the attention driver.
+fn emulation_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda-emu")
+}
+
+/// `cpp` as the driver includes it: its `info_st` named after `kernel` (three kernels share
+/// one translation unit) and its dynamic shared memory taken from the emulated block.
+fn for_emulation(cpp: &str, kernel: &str) -> String {
+    let shared = "uint8* dynamic_shared_mem = emu::shared;";
+    cpp.lines()
+        .map(|line| match line.starts_with("extern __shared__") {
+            true if line.contains("dynamic_shared_mem[]") => shared.to_string(),
+            _ => line.replace("info_st", &format!("info_{kernel}")),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Builds and runs the driver for one storage type and head width in `dir`; its output.
+fn emulate(dir: &Path, storage: &str, suffix: &str, hd: usize) -> String {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let emu = emulation_dir();
+    let binary = dir.join("attention");
+    let built = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-w", "-pthread"])
+        .arg(format!("-I{}", emu.join("include").display()))
+        .arg(format!("-I{}", dir.display()))
+        .args([format!("-DSTORAGE={storage}"), format!("-DSUFFIX={suffix}")])
+        .arg(format!("-DHEAD_DIM={hd}"))
+        .arg(emu.join("attention.cpp"))
+        .arg("-o")
+        .arg(&binary)
+        .output()
+        .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
+    assert!(
+        built.status.success(),
+        "{cxx} failed on the {suffix} hd {hd} emulation:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&binary).output().expect("the emulation runs");
+    let report = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{suffix} hd {hd} off the fp64 reference:\n{report}"
+    );
+    report
+}
+
+/// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
+/// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, on one
+/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, within the kernel
+/// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
+#[test]
+fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let root = std::env::temp_dir().join(format!("lab-cuda-emu-{}", std::process::id()));
+    for (suffix, storage, dtype) in [
+        ("f16", "__half", DType::F16),
+        ("bf16", "__nv_bfloat16", DType::BF16),
+    ] {
+        for hd in [16, 48, 64] {
+            let dir = root.join(format!("{suffix}-hd{hd}"));
+            std::fs::create_dir_all(&dir).expect("a temporary folder");
+            for (kernel, cpp) in tensor_core_kernels(&client, dtype, hd) {
+                std::fs::write(
+                    dir.join(format!("{kernel}.cu")),
+                    for_emulation(&cpp, kernel),
+                )
+                .expect("a temporary file");
+            }
+            print!("{}", emulate(&dir, storage, suffix, hd));
+        }
+    }
+    std::fs::remove_dir_all(&root).ok();
 }

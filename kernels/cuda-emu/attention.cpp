@@ -1,0 +1,202 @@
+// Runs cubecl's CUDA C++ of the tensor-core attention (forward, dQ, dK/dV: the .cu files
+// that kernels/src/attention/cuda_source.rs writes) on the CPU emulation in include/emu.h,
+// against an fp64 reference, as kernels/tests/attention.rs checks the kernels on a GPU.
+// Built and run by scripts/cuda-source-check.sh, once per storage type and head width:
+//   -DSTORAGE=__half -DSUFFIX=f16 -DHEAD_DIM=64, with forward.cu, grad_q.cu, grad_kv.cu on
+//   the include path (each `info_st` renamed after its kernel).
+#include "emu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+
+#include "forward.cu"
+#include "grad_kv.cu"
+#include "grad_q.cu"
+
+// The kernels' names: forward_kernel_f_f16_a_f32 for storage f16 and f32 arithmetic.
+#define JOIN3(a, b, c) a##b##c
+#define NAME(a, b, c) JOIN3(a, b, c)
+#define FORWARD NAME(forward_kernel_f_, SUFFIX, _a_f32)
+#define GRAD_Q NAME(grad_q_kernel_f_, SUFFIX, _a_f32)
+#define GRAD_KV NAME(grad_kv_kernel_f_, SUFFIX, _a_f32)
+#define QUOTE2(x) #x
+#define QUOTE(x) QUOTE2(x)
+
+using T = STORAGE;
+constexpr unsigned hd = HEAD_DIM;
+constexpr unsigned rows = 64;  // 16 rows per warp, 4 warps a block (tensor_cores::PLANES)
+
+struct Case {
+    unsigned batch, heads, kv_heads, seq;
+};
+
+// A tensor argument: a contiguous buffer and its shape, as cubecl's metadata describes it.
+struct Arg {
+    std::vector<unsigned> shape;
+};
+
+// cubecl's kernel info: the scale, then per buffer its length, logical length, rank, shape
+// offset and stride offset; shapes and strides follow the struct (codegen/metadata.rs).
+template <class Info>
+std::vector<uint64_t> info_of(float scale, const std::vector<Arg>& args) {
+    size_t n = args.size();
+    static_assert(sizeof(Info::static_meta) % 4 == 0);
+    if (sizeof(Info::static_meta) / 4 < 5 * n) {
+        std::fprintf(stderr, "info: %zu tensors do not fit static_meta\n", n);
+        std::exit(2);
+    }
+    std::vector<uint32_t> shapes, strides, offsets;
+    for (const Arg& a : args) {
+        offsets.push_back(uint32_t(shapes.size()));
+        shapes.insert(shapes.end(), a.shape.begin(), a.shape.end());
+        std::vector<uint32_t> s(a.shape.size(), 1);
+        for (size_t d = a.shape.size() - 1; d > 0; --d) s[d - 1] = s[d] * a.shape[d];
+        strides.insert(strides.end(), s.begin(), s.end());
+    }
+    std::vector<uint64_t> words((sizeof(Info) + 4 * (shapes.size() + strides.size()) + 7) / 8);
+    auto* info = reinterpret_cast<Info*>(words.data());
+    info->scalars_float[0] = scale;
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t len = std::accumulate(args[i].shape.begin(), args[i].shape.end(), 1u,
+                                       [](uint32_t a, uint32_t b) { return a * b; });
+        info->static_meta[i] = len;
+        info->static_meta[n + i] = len;
+        info->static_meta[2 * n + i] = uint32_t(args[i].shape.size());
+        info->static_meta[3 * n + i] = offsets[i];
+        info->static_meta[4 * n + i] = uint32_t(shapes.size()) + offsets[i];
+    }
+    auto* dynamic = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(words.data()) + sizeof(Info));
+    std::copy(shapes.begin(), shapes.end(), dynamic);
+    std::copy(strides.begin(), strides.end(), dynamic + shapes.size());
+    return words;
+}
+
+// Seeded N(0, 1) values rounded to the storage type.
+std::vector<T> values(size_t n, uint64_t seed) {
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull | 1;
+    auto uniform = [&] {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return (double(state >> 11) + 0.5) / double(1ull << 53);
+    };
+    std::vector<T> out(n);
+    for (T& x : out) x = T(float(sqrt(-2 * log(uniform())) * cos(6.283185307179586 * uniform())));
+    return out;
+}
+
+struct Reference {
+    std::vector<double> out, lse, dq, dk, dv;
+};
+
+Reference reference(const Case& c, const std::vector<T>& q, const std::vector<T>& k,
+                    const std::vector<T>& v, const std::vector<T>& d_out, double scale) {
+    unsigned t = c.seq, group = c.heads / c.kv_heads;
+    Reference r;
+    r.out.assign(q.size(), 0);
+    r.dq.assign(q.size(), 0);
+    r.lse.assign(size_t(c.batch) * c.heads * t, 0);
+    r.dk.assign(k.size(), 0);
+    r.dv.assign(k.size(), 0);
+    std::vector<double> p(t);
+    for (unsigned b = 0; b < c.batch; ++b)
+        for (unsigned h = 0; h < c.heads; ++h) {
+            size_t qb = (size_t(b) * c.heads + h) * t * hd;
+            size_t kb = (size_t(b) * c.kv_heads + h / group) * t * hd;
+            for (unsigned i = 0; i < t; ++i) {
+                double m = -1e300, l = 0;
+                for (unsigned j = 0; j <= i; ++j) {
+                    double s = 0;
+                    for (unsigned d = 0; d < hd; ++d) s += double(q[qb + i * hd + d]) * double(k[kb + j * hd + d]);
+                    p[j] = s * scale;
+                    m = std::max(m, p[j]);
+                }
+                for (unsigned j = 0; j <= i; ++j) l += (p[j] = exp(p[j] - m));
+                r.lse[(size_t(b) * c.heads + h) * t + i] = m + log(l);
+                double delta = 0;
+                for (unsigned d = 0; d < hd; ++d) {
+                    double o = 0;
+                    for (unsigned j = 0; j <= i; ++j) o += p[j] / l * double(v[kb + j * hd + d]);
+                    r.out[qb + i * hd + d] = o;
+                    delta += o * double(d_out[qb + i * hd + d]);
+                }
+                for (unsigned j = 0; j <= i; ++j) {
+                    double pj = p[j] / l, dp = 0;
+                    for (unsigned d = 0; d < hd; ++d) dp += double(d_out[qb + i * hd + d]) * double(v[kb + j * hd + d]);
+                    double ds = pj * (dp - delta);
+                    for (unsigned d = 0; d < hd; ++d) {
+                        r.dq[qb + i * hd + d] += scale * ds * double(k[kb + j * hd + d]);
+                        r.dk[kb + j * hd + d] += scale * ds * double(q[qb + i * hd + d]);
+                        r.dv[kb + j * hd + d] += pj * double(d_out[qb + i * hd + d]);
+                    }
+                }
+            }
+        }
+    return r;
+}
+
+// The largest |got - want| over max(1, max |want|); NaN (an unwritten element) is infinite.
+template <class G>
+double error(const std::vector<G>& got, const std::vector<double>& want) {
+    double peak = 1, worst = 0;
+    for (double w : want) peak = std::max(peak, fabs(w));
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = fabs(double(float(got[i])) - want[i]);
+        worst = e == e ? std::max(worst, e) : INFINITY;
+    }
+    return worst / peak;
+}
+
+bool check(const Case& c, uint64_t seed, double tolerance) {
+    size_t nq = size_t(c.batch) * c.heads * c.seq * hd, nk = size_t(c.batch) * c.kv_heads * c.seq * hd;
+    size_t nrow = size_t(c.batch) * c.heads * c.seq;
+    auto q = values(nq, seed), k = values(nk, seed + 1), v = values(nk, seed + 2), d_out = values(nq, seed + 3);
+    float scale = 1.0f / sqrtf(float(hd));
+    std::vector<T> out(nq, T(NAN)), dq(nq, T(NAN)), dk(nk, T(NAN)), dv(nk, T(NAN));
+    std::vector<float> lse(nrow, NAN), delta(nrow);
+    Arg aq{{c.batch, c.heads, c.seq, hd}}, akv{{c.batch, c.kv_heads, c.seq, hd}}, arow{{c.batch, c.heads, c.seq}};
+    emu::dim3 block{32, 4, 1};
+    emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
+
+    auto fwd = info_of<info_forward>(scale, {aq, akv, akv, aq, arow});
+    emu::launch(FORWARD, grid, block, q.data(), k.data(), v.data(), out.data(), lse.data(),
+                reinterpret_cast<const info_forward*>(fwd.data()));
+    for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
+        float s = 0;
+        for (unsigned d = 0; d < hd; ++d) s += float(d_out[r * hd + d]) * float(out[r * hd + d]);
+        delta[r] = s;
+    }
+    auto gq = info_of<info_grad_q>(scale, {aq, akv, akv, aq, arow, arow, aq});
+    emu::launch(GRAD_Q, grid, block, q.data(), k.data(), v.data(), d_out.data(), lse.data(),
+                delta.data(), dq.data(), reinterpret_cast<const info_grad_q*>(gq.data()));
+    auto gkv = info_of<info_grad_kv>(scale, {aq, akv, akv, aq, arow, arow, akv, akv});
+    emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
+    emu::launch(GRAD_KV, kv_grid, block, q.data(), k.data(), v.data(), d_out.data(), lse.data(),
+                delta.data(), dk.data(), dv.data(), reinterpret_cast<const info_grad_kv*>(gkv.data()));
+
+    Reference want = reference(c, q, k, v, d_out, scale);
+    double errors[] = {error(out, want.out), error(lse, want.lse), error(dq, want.dq),
+                       error(dk, want.dk), error(dv, want.dv)};
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    bool ok = true;
+    std::printf("%-5s hd %2u  B %u H %u KV %u T %3u:", QUOTE(SUFFIX), hd, c.batch, c.heads, c.kv_heads, c.seq);
+    for (int i = 0; i < 5; ++i) {
+        bool pass = errors[i] <= tolerance;
+        ok &= pass;
+        std::printf("  %s %.1e%s", names[i], errors[i], pass ? "" : " FAIL");
+    }
+    std::printf("  (tolerance %.0e)\n", tolerance);
+    return ok;
+}
+
+int main() {
+    // The kernel tests' tolerances (kernels/tests/attention.rs): f16 4e-3, bf16 3e-2.
+    double tolerance = sizeof(T) == 2 && std::is_same_v<T, __half> ? 4e-3 : 3e-2;
+    // One tile, a partial last tile, several tiles; GQA groups of 1 to 3; a single row.
+    Case cases[] = {{1, 2, 1, 1}, {1, 2, 2, 64}, {2, 4, 2, 37}, {2, 4, 2, 130}, {1, 6, 2, 200}};
+    bool ok = true;
+    uint64_t seed = 11;
+    for (const Case& c : cases) ok &= check(c, seed += 10, tolerance);
+    return ok ? 0 : 1;
+}

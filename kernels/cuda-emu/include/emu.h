@@ -1,0 +1,215 @@
+// A CPU emulation of the CUDA surface that cubecl's generated attention kernels use, so that
+// their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
+// - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
+//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp;
+// - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
+//   whole tile when the lane runs it; a store is written by lane 0 only, so a reader that
+//   skips the barrier after a store can see stale values, as on a GPU;
+// - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.
+// It checks what the kernels compute and where they synchronise, not how fast they are.
+#pragma once
+
+#include <barrier>
+#include <cstdint>
+#include <cstring>
+#include <math.h>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace emu {
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+}  // namespace emu
+
+inline thread_local emu::dim3 threadIdx, blockIdx;
+inline emu::dim3 blockDim, gridDim;
+constexpr unsigned warpSize = 32;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __restrict__ __restrict
+
+template <class T>
+inline T min(T a, T b) { return b < a ? b : a; }
+template <class T>
+inline T max(T a, T b) { return a < b ? b : a; }
+
+namespace emu {
+// One block at a time: its shared memory, its barriers, each thread's warp and lane.
+alignas(256) inline uint8_t shared[1 << 17];
+inline std::barrier<>* block_barrier;
+inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+inline thread_local unsigned warp, lane;
+inline uint64_t shuffle_slots[32][32];
+
+inline float half_to_float(uint16_t h) {
+    uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        float f = ldexpf(float(man), -24);
+        return sign ? -f : f;
+    } else {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+inline uint16_t float_to_half(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    uint16_t sign = (u >> 16) & 0x8000;
+    float a = fabsf(f);
+    if (a != a) return sign | 0x7e00;
+    if (a >= 65520.0f) return sign | 0x7c00;
+    if (a < ldexpf(1.0f, -14)) {  // subnormal: a multiple of 2^-24, rounded to even
+        return sign | uint16_t(nearbyintf(a * ldexpf(1.0f, 24)));
+    }
+    uint32_t bits;
+    std::memcpy(&bits, &a, 4);
+    uint32_t rounded = bits + 0xfff + ((bits >> 13) & 1);
+    return sign | uint16_t(((rounded >> 13) - (112 << 10)) & 0x7fff);
+}
+}  // namespace emu
+
+struct __half {
+    uint16_t bits;
+    __half() = default;
+    __half(float f) : bits(emu::float_to_half(f)) {}
+    __half(double d) : __half(float(d)) {}
+    __half(int i) : __half(float(i)) {}
+    __half(unsigned i) : __half(float(i)) {}
+    operator float() const { return emu::half_to_float(bits); }
+};
+
+struct __nv_bfloat16 {
+    uint16_t bits;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        bits = f != f ? 0x7fc0 : uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    __nv_bfloat16(double d) : __nv_bfloat16(float(d)) {}
+    __nv_bfloat16(int i) : __nv_bfloat16(float(i)) {}
+    __nv_bfloat16(unsigned i) : __nv_bfloat16(float(i)) {}
+    operator float() const {
+        uint32_t u = uint32_t(bits) << 16;
+        float f;
+        std::memcpy(&f, &u, 4);
+        return f;
+    }
+};
+
+inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[emu::warp]->arrive_and_wait(); }
+
+template <class T>
+inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
+    static_assert(sizeof(T) <= 8);
+    std::memcpy(&emu::shuffle_slots[emu::warp][emu::lane], &value, sizeof(T));
+    __syncwarp();
+    T other;
+    std::memcpy(&other, &emu::shuffle_slots[emu::warp][emu::lane ^ lane_mask], sizeof(T));
+    __syncwarp();
+    return other;
+}
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+// Every lane holds the whole 16x16 tile, widened to float (f16/bf16 values are exact there).
+template <class Use, int M, int N, int K, class T, class Layout = void>
+struct fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "the emulation has 16x16x16 tiles only");
+    float x[256];
+};
+
+template <class Use, class T, class L>
+inline void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, float value) {
+    for (float& e : f.x) e = value;
+}
+
+// Element (r, c) of a row-major tile is p[r * ldm + c]; of a column-major one p[c * ldm + r].
+template <class Use, class T, class L, class P>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const P* p, unsigned ldm) {
+    constexpr bool cols = std::is_same_v<L, col_major>;
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = float(cols ? p[c * ldm + r] : p[r * ldm + c]);
+}
+
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+                             unsigned ldm, layout_t layout) {
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c)
+            f.x[r * 16 + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
+}
+
+inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+                              unsigned ldm, layout_t layout) {
+    if (emu::lane != 0) return;
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c)
+            (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * 16 + c];
+}
+
+template <class TA, class LA, class TB, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
+                     const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, TB, LB>& b,
+                     const fragment<accumulator, 16, 16, 16, float>& c) {
+    float out[256];
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+            float s = c.x[i * 16 + j];
+            for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
+            out[i * 16 + j] = s;
+        }
+    std::memcpy(d.x, out, sizeof out);
+}
+}  // namespace nvcuda::wmma
+
+namespace emu {
+// Runs `kernel(args...)` over `grid`, one block after another, each block's threads at once.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
+    blockDim = block;
+    gridDim = grid;
+    unsigned threads = block.x * block.y * block.z, warps = (threads + 31) / 32;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::memset(shared, 0xff, sizeof shared);  // NaN-ish garbage, as a GPU's
+                std::barrier<> barrier(threads);
+                block_barrier = &barrier;
+                warp_barriers.clear();
+                for (unsigned w = 0; w < warps; ++w)
+                    warp_barriers.push_back(std::make_unique<std::barrier<>>(
+                        std::min(32u, threads - 32 * w)));
+                std::vector<std::thread> team;
+                for (unsigned t = 0; t < threads; ++t)
+                    team.emplace_back([=] {
+                        blockIdx = {x, y, z};
+                        threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                        warp = t / 32;
+                        lane = t % 32;
+                        kernel(args...);
+                        block_barrier->arrive_and_drop();
+                        warp_barriers[warp]->arrive_and_drop();
+                    });
+                for (auto& th : team) th.join();
+            }
+}
+}  // namespace emu
