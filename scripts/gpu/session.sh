@@ -41,11 +41,12 @@
 # memory:  20 steps with selective checkpointing; 10 with the micro-batch --fit-micro-batch
 #          picks.
 # compare: scripts/gpu/bench.sh: lab against PyTorch eager and torch.compile, one table.
-# kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), 120 s each: the kernels'
-#          fp64-reference tests on CUDA, bf16 and the tensor-core attention included.
+# kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), 400 s each (a fresh host
+#          compiles each kernel with NVRTC first, ~1 s each): the kernels' fp64-reference
+#          tests on CUDA, bf16 and the tensor-core attention included. Needs no lab binary.
 #
-# Environment passes through: `LAB_ATTENTION_MMA=1 session.sh curves` trains both curves
-# with the tensor-core attention.
+# Environment passes through: `LAB_ATTENTION_MMA=1 session.sh curves` trains the bf16 curve
+# with the tensor-core attention (the fp32 one keeps the CUDA-core kernels).
 #
 # The work (data, run folders, logs) goes to $WORK (default /tmp/lab-session). What comes
 # back goes to --out (default $OUT, where a device call returns at most 8 files): the
@@ -88,7 +89,7 @@ if [ ! -x "$lab" ] && [ -f "$lab.xz" ]; then
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
     "$lab.xz" "$lab" && chmod +x "$lab"
 fi
-[ -x "$lab" ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
+[ -x "$lab" ] || [ "$stage" = kernels ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
 # NCCL (and NVRTC) from PyTorch's pip wheels when the system has no libnccl: cudarc loads them
 # by name at run time.
 # (grep without -q: under pipefail, -q's early exit can fail ldconfig with a broken pipe.)
@@ -189,9 +190,9 @@ kernels() {
       "$packed" "${packed%.xz}" && chmod +x "${packed%.xz}"
   done
   for t in "$tests"/*; do
-    [ -x "$t" ] && [ "${t%.xz}" = "$t" ] || continue
+    [ -f "$t" ] && [ -x "$t" ] && [ "${t%.xz}" = "$t" ] || continue
     found=1
-    step "test-$(basename "$t")" timeout 120 "$t" --test-threads 1
+    step "test-$(basename "$t")" timeout 400 "$t" --test-threads 1
   done
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
