@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the attention kernels' CUDA C++ with NVRTC and prints ptxas's registers, spills
-# and shared memory for each, on a machine with no GPU and no CUDA toolkit: the check a
+# Compiles the attention kernels' CUDA C++ with NVRTC and prints ptxas's registers and
+# spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no CUDA
+# toolkit: the check a
 # kernel change can have before a GPU host runs it (a kernel that does not compile there
 # costs a device call). Speed and results still need the GPU.
 #
@@ -28,7 +29,8 @@ done
 wheels="${LAB_CUDA_WHEELS:-$HOME/.cache/lab/cuda-wheels}"
 cuda="$wheels/nvidia"
 
-if [ ! -x "$cuda/cuda_nvcc/bin/ptxas" ]; then
+# Extracted once; the marker is written last, so an interrupted extraction is redone.
+if [ ! -f "$wheels/extracted" ]; then
   echo "== NVRTC, headers and ptxas from pip into $wheels"
   mkdir -p "$wheels/download"
   python3 -m pip download --quiet --no-deps -d "$wheels/download" \
@@ -36,13 +38,19 @@ if [ ! -x "$cuda/cuda_nvcc/bin/ptxas" ]; then
     nvidia-cuda-nvcc-cu12==12.9.86
   for w in "$wheels"/download/*.whl; do python3 -m zipfile -e "$w" "$wheels"; done
   chmod +x "$cuda/cuda_nvcc/bin/ptxas"
+  touch "$wheels/extracted"
 fi
 
 echo "== CUDA C++ of the attention kernels into $out"
-rm -rf "$out" && mkdir -p "$out"
-(cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
-  cargo test --release -p lab-kernels --features cuda-source --lib --quiet -- \
-  --ignored --exact attention::cuda_source::writes_the_cuda_sources >/dev/null)
+mkdir -p "$out" && rm -f "$out"/*.cu "$out"/*.ptx
+log="$out/writes_the_cuda_sources.log"
+if ! (cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
+  cargo test --release -p lab-kernels --features cuda-source --lib -- \
+  --ignored --exact attention::cuda_source::writes_the_cuda_sources) >"$log" 2>&1; then
+  tail -40 "$log" >&2
+  echo "cuda-source-check.sh: writing the sources failed (whole log: $log)" >&2
+  exit 1
+fi
 
 echo "== NVRTC and ptxas (${archs[*]})"
 LD_LIBRARY_PATH="$cuda/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
@@ -63,39 +71,46 @@ def ptx(source, arch):
         raise RuntimeError("nvrtcCreateProgram failed")
     opts = [f"--gpu-architecture={arch}".encode(), b"-lineinfo"]
     opts += [f"--include-path={p}".encode() for p in includes]
-    failed = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-    size = ctypes.c_size_t()
-    if failed:
-        nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(log.value.decode())
-    nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    buf = ctypes.create_string_buffer(size.value)
-    nvrtc.nvrtcGetPTX(prog, buf)
-    return buf.value
+    try:
+        failed = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        size = ctypes.c_size_t()
+        if failed:
+            nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(log.value.decode())
+        nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetPTX(prog, buf)
+        return buf.value
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
 def usage(ptx_file, arch):
-    """(registers, spill bytes, shared bytes) that ptxas reports."""
+    """(registers, spill bytes: stores plus loads) that ptxas reports."""
     info = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.devnull, ptx_file],
                           capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-    smem = re.search(r"(\d+) bytes smem", info)
-    return (int(regs.group(1)) if regs else 0, sum(spills), int(smem.group(1)) if smem else 0)
+    return (int(regs.group(1)) if regs else 0, sum(spills))
+
+
+def shared_bytes(source):
+    """The dynamic shared memory cubecl allots (ptxas cannot see it): its arrays' sizes."""
+    return sum(int(n) for n in re.findall(r"// Shared array size: \d+, (\d+) bytes", open(source).read()))
 
 
 failed = 0
-print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'static smem B':>14}")
+print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9}")
 for source in sorted(glob.glob(os.path.join(out, "*.cu"))):
     name = os.path.basename(source)[:-3]
     for arch in archs:
         try:
             ptx_file = os.path.join(out, f"{name}.{arch}.ptx")
             open(ptx_file, "wb").write(ptx(source, arch))
-            regs, spill, smem = usage(ptx_file, arch)
-            print(f"{name:38} {arch:7} {regs:5} {spill:8} {smem:14}")
+            regs, spill = usage(ptx_file, arch)
+            print(f"{name:38} {arch:7} {regs:5} {spill:8} {shared_bytes(source):9}")
         except (RuntimeError, subprocess.CalledProcessError) as err:
             failed += 1
             detail = getattr(err, "stderr", None) or str(err)
