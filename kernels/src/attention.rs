@@ -472,8 +472,8 @@ pub fn forward<R: CubeRuntime>(
 pub struct Variant {
     /// Unroll the loops over the head width ([`unrolls`]).
     pub unroll: bool,
-    /// Run on tensor cores where the call fits them ([`tensor_cores`]); the caller checks
-    /// [`tensor_cores::available`].
+    /// Run on tensor cores where the call can ([`tensor_cores::runs`]); other calls take the
+    /// f32 kernels.
     pub tensor_cores: bool,
 }
 
@@ -540,7 +540,7 @@ pub fn forward_into<R: CubeRuntime>(
     let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
     let client = q.client.clone();
     let dtype = q.dtype;
-    if variant.tensor_cores && tensor_cores::fits(d.head_dim) {
+    if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
         tensor_cores::launch_forward([q, k, v], &outputs, scale, &d);
         return outputs;
     }
@@ -617,7 +617,7 @@ pub fn backward_into<R: CubeRuntime>(
         unroll,
         types,
     );
-    if variant.tensor_cores && tensor_cores::fits(d.head_dim) {
+    if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
         tensor_cores::launch_backward([q, k, v, d_out, lse, delta], &grads, scale, &d);
         return grads;
     }

@@ -35,14 +35,39 @@ use super::{Dims, Forward, Grads};
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take. Shared memory holds two `[64, hd]` tiles plus each
-/// plane's bounce rows: 40 KiB at hd = 64, under CUDA's default 48 KiB.
+/// plane's bounce rows: 40 KiB at hd = 64 (40.5 KiB in `dK/dV`, with its `lse` and `D` rows),
+/// under CUDA's default 48 KiB.
 pub const MAX_HEAD_DIM: usize = 64;
 
+/// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
+/// 256-bit pointers, and cubecl aligns a plain shared array to its element only.
+const TILE_ALIGN: usize = 128;
+
+/// Columns of a plane's f32 bounce rows: a product with a 64-row tile, or the head's width.
+const fn bounce_width(head_dim: usize, planes: usize) -> usize {
+    if head_dim > 16 * planes {
+        head_dim
+    } else {
+        16 * planes
+    }
+}
+
+/// Elements of every plane's f32 bounce rows together.
+const fn bounce_len(head_dim: usize, planes: usize) -> usize {
+    planes * 16 * bounce_width(head_dim, planes)
+}
+
 /// Whether `t`'s device runs these kernels at `t`'s dtype: a CUDA device with 16×16×16
-/// products of f16 or bf16 into f32. (Other runtimes keep the f32 kernels: lavapipe has no
-/// tensor cores, and only CUDA is measured.)
+/// products of f16 or bf16 into f32; bf16 only from Ampere (sm_80) on, which cubecl's
+/// properties mark with `copy_async` (it lists bf16 products for older GPUs too, where NVRTC
+/// rejects them). Other runtimes keep the f32 kernels: lavapipe has no tensor cores, and only
+/// CUDA is measured.
 pub fn available<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     if R::name(&t.client) != "cuda" || !matches!(t.dtype, DType::F16 | DType::BF16) {
+        return false;
+    }
+    let features = &t.client.properties().features;
+    if t.dtype == DType::BF16 && !features.copy_async {
         return false;
     }
     let product = MmaConfig {
@@ -53,17 +78,17 @@ pub fn available<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
         n: 16,
         k: 16,
     };
-    t.client
-        .properties()
-        .features
-        .matmul
-        .cmma
-        .contains(&product)
+    features.matmul.cmma.contains(&product)
 }
 
 /// Whether a call of head width `head_dim` fits these kernels.
 pub fn fits(head_dim: usize) -> bool {
     head_dim.is_multiple_of(16) && head_dim <= MAX_HEAD_DIM
+}
+
+/// Whether a call on `t` of head width `head_dim` can run here: [`fits`] and [`available`].
+pub fn runs<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> bool {
+    fits(head_dim) && available(t)
 }
 
 /// One cube per 64 rows of each of `heads` heads of each sequence.
@@ -164,8 +189,8 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     let row0 = CUBE_POS_X as usize * rows;
     let q_base = (b * heads + h) * seq * head_dim;
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
-    let mut k_tile = SharedMemory::<F>::new(rows * head_dim);
-    let mut v_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut k_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
+    let mut v_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
 
@@ -173,7 +198,7 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     let o_frags = accumulators::<A>(head_dim);
     let mut m = A::min_value();
     let mut l = A::new(0.0);
-    let end = first_past(row0 + rows, seq);
+    let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
         load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
@@ -182,12 +207,12 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
         bounce.product(&q_frags, &k_tile, head_dim, planes);
 
         // Online softmax of the plane's rows: new max, rescale, probabilities, row sum.
-        let cols = comptime!(rows / 2);
+        let lane_cols = comptime!(rows / 2);
         let at = bounce.row_at(&lanes, rows);
-        let first = start + lanes.half * cols;
+        let first = start + lanes.half * lane_cols;
         let mut m_new = m;
-        for c in 0..cols {
-            let s = bounce.rows[at + c] * A::cast_from(scale);
+        for c in 0..lane_cols {
+            let s = bounce.values[at + c] * A::cast_from(scale);
             if first + c <= lanes.i && s > m_new {
                 m_new = s;
             }
@@ -198,10 +223,10 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
         }
         let alpha = (m - m_new).exp();
         let mut sum = A::new(0.0);
-        for c in 0..cols {
+        for c in 0..lane_cols {
             let mut p = A::new(0.0);
             if first + c <= lanes.i {
-                p = (bounce.rows[at + c] * A::cast_from(scale) - m_new).exp();
+                p = (bounce.values[at + c] * A::cast_from(scale) - m_new).exp();
             }
             sum += p;
             bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(p);
@@ -242,14 +267,14 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let cols = comptime!(rows / 2);
+    let lane_cols = comptime!(rows / 2);
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let q_base = (b * heads + h) * seq * head_dim;
     let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
-    let mut k_tile = SharedMemory::<F>::new(rows * head_dim);
-    let mut v_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut k_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
+    let mut v_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
@@ -264,30 +289,30 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         delta_i = delta[(b * heads + h) * seq + lanes.i];
     }
 
-    let end = first_past(row0 + rows, seq);
+    let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
         load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
         load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
         sync_cube();
-        let first = start + lanes.half * cols;
+        let first = start + lanes.half * lane_cols;
         let at = bounce.row_at(&lanes, rows);
 
         // p = exp(scale · q·k − lse), kept in registers while dP takes the bounce rows.
         bounce.product(&q_frags, &k_tile, head_dim, planes);
-        let mut p = Array::<A>::new(cols);
+        let mut p = Array::<A>::new(lane_cols);
         #[unroll]
-        for c in 0..cols {
+        for c in 0..lane_cols {
             p[c] = A::new(0.0);
             if first + c <= lanes.i {
-                p[c] = (bounce.rows[at + c] * scale - lse_i).exp();
+                p[c] = (bounce.values[at + c] * scale - lse_i).exp();
             }
         }
         sync_plane();
         bounce.product(&do_frags, &v_tile, head_dim, planes);
         #[unroll]
-        for c in 0..cols {
-            let ds = p[c] * (bounce.rows[at + c] - delta_i);
+        for c in 0..lane_cols {
+            let ds = p[c] * (bounce.values[at + c] - delta_i);
             bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(ds);
         }
         sync_plane();
@@ -316,14 +341,14 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let cols = comptime!(rows / 2);
+    let lane_cols = comptime!(rows / 2);
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let group = heads / kv_heads;
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let kv_base = (b * kv_heads + kvh) * seq * head_dim;
-    let mut q_tile = SharedMemory::<F>::new(rows * head_dim);
-    let mut do_tile = SharedMemory::<F>::new(rows * head_dim);
+    let mut q_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
+    let mut do_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut lse_tile = SharedMemory::<A>::new(rows);
     let mut delta_tile = SharedMemory::<A>::new(rows);
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
@@ -370,19 +395,19 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 delta_tile[UNIT_POS as usize] = delta_i;
             }
             sync_cube();
-            let first = lanes.half * cols;
+            let offset = lanes.half * lane_cols;
             let at = bounce.row_at(&lanes, rows);
             let operand_at = bounce.operand_at(&lanes, rows);
 
             // pᵀ = exp(scale · k·q − lse_i) for queries i ≥ j inside the sequence.
             bounce.product(&k_frags, &q_tile, head_dim, planes);
-            let mut p = Array::<A>::new(cols);
+            let mut p = Array::<A>::new(lane_cols);
             #[unroll]
-            for c in 0..cols {
-                let i = start + first + c;
+            for c in 0..lane_cols {
+                let i = start + offset + c;
                 p[c] = A::new(0.0);
                 if i >= lanes.i && i < seq {
-                    p[c] = (bounce.rows[at + c] * scale - lse_tile[first + c]).exp();
+                    p[c] = (bounce.values[at + c] * scale - lse_tile[offset + c]).exp();
                 }
                 bounce.operand[operand_at + c] = F::cast_from(p[c]);
             }
@@ -391,8 +416,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             bounce.accumulate(&dv_frags, &do_tile, head_dim, planes);
             bounce.product(&v_frags, &do_tile, head_dim, planes);
             #[unroll]
-            for c in 0..cols {
-                let ds = p[c] * (bounce.rows[at + c] - delta_tile[first + c]);
+            for c in 0..lane_cols {
+                let ds = p[c] * (bounce.values[at + c] - delta_tile[offset + c]);
                 bounce.operand[operand_at + c] = F::cast_from(ds);
             }
             sync_plane();
@@ -441,13 +466,15 @@ impl Lanes {
     }
 }
 
-/// Each plane's shared rows: `rows`, `[16, max(64, hd)]` f32, for products and outputs;
+/// Each plane's shared rows: `values`, `[16, max(64, hd)]` f32, for products and outputs;
 /// `operand`, `[16, 64]` in the storage type, for the left operand of the next product.
 #[derive(CubeType)]
 struct Bounce<F: Float, A: Float> {
-    rows: SharedMemory<A>,
+    /// Every plane's f32 rows; the plane's own start at `values0`.
+    values: SharedMemory<A>,
+    /// Every plane's operand rows; the plane's own start at `operand0`.
     operand: SharedMemory<F>,
-    rows0: usize,
+    values0: usize,
     operand0: usize,
 }
 
@@ -455,20 +482,21 @@ struct Bounce<F: Float, A: Float> {
 impl<F: Float, A: Float> Bounce<F, A> {
     fn new(#[comptime] head_dim: usize, #[comptime] planes: usize) -> Bounce<F, A> {
         let rows = comptime!(16 * planes);
-        let width = comptime!(if head_dim > rows { head_dim } else { rows });
+        let width = comptime!(bounce_width(head_dim, planes));
+        let len = comptime!(bounce_len(head_dim, planes));
         let plane = UNIT_POS_Y as usize;
         Bounce::<F, A> {
-            rows: SharedMemory::<A>::new(planes * 16 * width),
-            operand: SharedMemory::<F>::new(planes * 16 * rows),
-            rows0: plane * 16 * width,
+            values: SharedMemory::<A>::new_aligned(len, TILE_ALIGN),
+            operand: SharedMemory::<F>::new_aligned(planes * 16 * rows, TILE_ALIGN),
+            values0: plane * 16 * width,
             operand0: plane * 16 * rows,
         }
     }
 
-    /// Where the lane's half row starts in `rows`, for a product `width` columns wide.
+    /// Where the lane's half row starts in `values`, for a product `width` columns wide.
     fn row_at(&self, lanes: &Lanes, #[comptime] width: usize) -> usize {
         let half_width = comptime!(width / 2);
-        self.rows0 + lanes.r * width + lanes.half * half_width
+        self.values0 + lanes.r * width + lanes.half * half_width
     }
 
     /// Where the lane's half row starts in `operand`.
@@ -488,7 +516,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
     ) {
         let rows = comptime!(16 * planes);
         let chunks = comptime!(head_dim / 16);
-        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        let len = comptime!(bounce_len(head_dim, planes));
         let acc = Matrix::<A>::from_value(
             MatrixIdent::Accumulator,
             16usize,
@@ -515,7 +543,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
                 cmma::execute::<F, F, A, A>(x_frags.index(c), &t, &acc, &acc);
             }
             cmma::store(
-                &mut self.rows.slice_mut(self.rows0 + n * 16, len),
+                &mut self.values.slice_mut(self.values0 + n * 16, len),
                 &acc,
                 rows as u32,
                 MatrixLayout::RowMajor,
@@ -577,13 +605,12 @@ impl<F: Float, A: Float> Bounce<F, A> {
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let rows = comptime!(16 * planes);
         let chunks = comptime!(head_dim / 16);
-        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        let len = comptime!(bounce_len(head_dim, planes));
         #[unroll]
         for c in 0..chunks {
             cmma::store(
-                &mut self.rows.slice_mut(self.rows0 + c * 16, len),
+                &mut self.values.slice_mut(self.values0 + c * 16, len),
                 acc.index(c),
                 head_dim as u32,
                 MatrixLayout::RowMajor,
@@ -601,21 +628,20 @@ impl<F: Float, A: Float> Bounce<F, A> {
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let rows = comptime!(16 * planes);
         let chunks = comptime!(head_dim / 16);
-        let len = comptime!(planes * 16 * if head_dim > rows { head_dim } else { rows });
+        let len = comptime!(bounce_len(head_dim, planes));
         let half_width = comptime!(head_dim / 2);
         self.store(acc, head_dim, planes);
         let at = self.row_at(lanes, head_dim);
         for c in 0..half_width {
-            self.rows[at + c] = self.rows[at + c] * alpha;
+            self.values[at + c] = self.values[at + c] * alpha;
         }
         sync_plane();
         #[unroll]
         for c in 0..chunks {
             cmma::load_with_layout(
                 acc.index(c),
-                &self.rows.slice(self.rows0 + c * 16, len),
+                &self.values.slice(self.values0 + c * 16, len),
                 head_dim as u32,
                 MatrixLayout::RowMajor,
             );
@@ -642,7 +668,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
             let at = self.row_at(lanes, head_dim);
             let to = base + lanes.i * head_dim + lanes.half * half_width;
             for c in 0..half_width {
-                dst[to + c] = F::cast_from(self.rows[at + c] * factor);
+                dst[to + c] = F::cast_from(self.values[at + c] * factor);
             }
         }
         sync_plane();
@@ -685,14 +711,14 @@ fn plane_rows<F: Float>(
     frags
 }
 
-/// `a` or `seq`, whichever is smaller: where a cube's walk over the keys ends.
+/// The smaller of `a` and `b` (where a cube's walk over the keys ends).
 #[cube]
-fn first_past(a: usize, seq: usize) -> usize {
-    let mut end = a;
-    if end > seq {
-        end = seq;
+fn smaller(a: usize, b: usize) -> usize {
+    let mut min = a;
+    if b < min {
+        min = b;
     }
-    end
+    min
 }
 
 /// One zeroed 16×16 f32 accumulator per 16 columns of the head.
