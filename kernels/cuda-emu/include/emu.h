@@ -2,15 +2,20 @@
 // their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
 // - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
 //   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp;
+// - shared memory is strict about barriers: a thread's writes go to its own copy and reach
+//   the block's memory only when the thread arrives at a barrier (__syncwarp or
+//   __syncthreads; not a shuffle), so a read that lacks its barrier sees the old value;
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
-//   whole tile when the lane runs it; a store is written by lane 0 only, so a reader that
-//   skips the barrier after a store can see stale values, as on a GPU;
+//   whole tile when the lane runs it; a store is written by lane 0 only. Loads and stores
+//   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
 // - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.
 // It checks what the kernels compute and where they synchronise, not how fast they are.
 #pragma once
 
 #include <barrier>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <math.h>
 #include <memory>
@@ -29,6 +34,7 @@ inline emu::dim3 blockDim, gridDim;
 constexpr unsigned warpSize = 32;
 
 #define __global__
+#define __grid_constant__
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(n)
@@ -41,7 +47,8 @@ inline T max(T a, T b) { return a < b ? b : a; }
 
 namespace emu {
 // One block at a time: its shared memory, its barriers, each thread's warp and lane.
-alignas(256) inline uint8_t shared[1 << 17];
+constexpr size_t shared_size = 1 << 16;
+alignas(256) inline uint8_t shared[shared_size];
 inline std::barrier<>* block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline thread_local unsigned warp, lane;
@@ -108,17 +115,83 @@ struct __nv_bfloat16 {
     }
 };
 
-inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barriers[emu::warp]->arrive_and_wait(); }
+namespace emu {
+// Each thread's writes to shared memory not yet published: its copy, which bytes it wrote.
+struct Pending {
+    std::vector<uint8_t> bytes = std::vector<uint8_t>(shared_size);
+    std::vector<uint8_t> written = std::vector<uint8_t>(shared_size);
+    std::vector<uint32_t> offsets;
+};
+inline thread_local Pending* pending;
+
+template <class T>
+T read(size_t at) {
+    if (at + sizeof(T) > shared_size) std::abort();
+    uint8_t raw[sizeof(T)];
+    for (size_t b = 0; b < sizeof(T); ++b)
+        raw[b] = pending->written[at + b] ? pending->bytes[at + b] : shared[at + b];
+    T value;
+    std::memcpy(&value, raw, sizeof(T));
+    return value;
+}
+
+template <class T>
+void write(size_t at, T value) {
+    if (at + sizeof(T) > shared_size) std::abort();
+    std::memcpy(&pending->bytes[at], &value, sizeof(T));
+    for (size_t b = 0; b < sizeof(T); ++b) {
+        if (!pending->written[at + b]) pending->offsets.push_back(uint32_t(at + b));
+        pending->written[at + b] = 1;
+    }
+}
+
+// Makes the thread's writes visible to the block (before it arrives at a barrier).
+inline void publish() {
+    for (uint32_t at : pending->offsets) {
+        shared[at] = pending->bytes[at];
+        pending->written[at] = 0;
+    }
+    pending->offsets.clear();
+}
+
+template <class T>
+struct Ref {
+    size_t at;
+    operator T() const { return read<T>(at); }
+    Ref& operator=(T value) {
+        write<T>(at, value);
+        return *this;
+    }
+    Ref& operator=(const Ref& other) { return *this = T(other); }
+};
+
+// A shared array of the kernel (`T* shared_memory_N`), `offset` bytes into the block's.
+template <class T>
+struct Shared {
+    size_t offset;
+    Ref<T> operator[](size_t i) const { return Ref<T>{offset + i * sizeof(T)}; }
+    Shared operator+(size_t i) const { return Shared{offset + i * sizeof(T)}; }
+};
+}  // namespace emu
+
+inline void __syncthreads() {
+    emu::publish();
+    emu::block_barrier->arrive_and_wait();
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    emu::publish();
+    emu::warp_barriers[emu::warp]->arrive_and_wait();
+}
 
 template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     static_assert(sizeof(T) <= 8);
+    // Lanes meet here, but shared-memory writes stay unpublished, as a shuffle orders none.
     std::memcpy(&emu::shuffle_slots[emu::warp][emu::lane], &value, sizeof(T));
-    __syncwarp();
+    emu::warp_barriers[emu::warp]->arrive_and_wait();
     T other;
     std::memcpy(&other, &emu::shuffle_slots[emu::warp][emu::lane ^ lane_mask], sizeof(T));
-    __syncwarp();
+    emu::warp_barriers[emu::warp]->arrive_and_wait();
     return other;
 }
 
@@ -142,26 +215,40 @@ inline void fill_fragment(fragment<Use, 16, 16, 16, T, L>& f, float value) {
     for (float& e : f.x) e = value;
 }
 
-// Element (r, c) of a row-major tile is p[r * ldm + c]; of a column-major one p[c * ldm + r].
-template <class Use, class T, class L, class P>
-inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, const P* p, unsigned ldm) {
-    constexpr bool cols = std::is_same_v<L, col_major>;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = float(cols ? p[c * ldm + r] : p[r * ldm + c]);
+// wmma's requirements: a 256-bit aligned pointer, a leading dimension of whole 16 bytes.
+template <class P>
+inline void check_operand(emu::Shared<P> p, unsigned ldm) {
+    if (p.offset % 32 != 0 || (ldm * sizeof(P)) % 16 != 0) {
+        std::fprintf(stderr, "wmma: shared offset %zu (needs 32-byte alignment), ldm %u\n",
+                     p.offset, ldm);
+        std::abort();
+    }
 }
 
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
+// Element (r, c) of a row-major tile is p[r * ldm + c]; of a column-major one p[c * ldm + r].
+template <class Use, class T, class L, class P>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L>& f, emu::Shared<P> p, unsigned ldm) {
+    check_operand(p, ldm);
+    constexpr bool cols = std::is_same_v<L, col_major>;
+    for (unsigned r = 0; r < 16; ++r)
+        for (unsigned c = 0; c < 16; ++c)
+            f.x[r * 16 + c] = float(P(cols ? p[c * ldm + r] : p[r * ldm + c]));
+}
+
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, emu::Shared<float> p,
                              unsigned ldm, layout_t layout) {
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c)
+    check_operand(p, ldm);
+    for (unsigned r = 0; r < 16; ++r)
+        for (unsigned c = 0; c < 16; ++c)
             f.x[r * 16 + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
 }
 
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
+inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t layout) {
+    check_operand(p, ldm);
     if (emu::lane != 0) return;
-    for (int r = 0; r < 16; ++r)
-        for (int c = 0; c < 16; ++c)
+    for (unsigned r = 0; r < 16; ++r)
+        for (unsigned c = 0; c < 16; ++c)
             (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * 16 + c];
 }
 
@@ -201,11 +288,14 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
                 std::vector<std::thread> team;
                 for (unsigned t = 0; t < threads; ++t)
                     team.emplace_back([=] {
+                        Pending own;
+                        pending = &own;
                         blockIdx = {x, y, z};
                         threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         warp = t / 32;
                         lane = t % 32;
                         kernel(args...);
+                        publish();
                         block_barrier->arrive_and_drop();
                         warp_barriers[warp]->arrive_and_drop();
                     });

@@ -15,7 +15,7 @@ use burn::tensor::DType;
 use cubecl::prelude::*;
 use cubecl::Compiler as _;
 use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
-use cubecl_cpp::shared::{CompilationOptions, CppCompiler};
+use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 use super::{block_rows, tensor_cores, unrolled_rows};
 use std::path::{Path, PathBuf};
@@ -23,19 +23,35 @@ use std::process::Command;
 
 type Client = ComputeClient<WgpuRuntime>;
 
-/// A kernel's CUDA C++, as `cubecl-cuda` hands it to NVRTC (32-bit indices, checked mode).
+/// A kernel's CUDA C++, as `cubecl-cuda` hands it to NVRTC on an A100 or H100 with CUDA 13
+/// (32-bit indices, checked mode, the options below).
 fn cuda_cpp(kernel: &impl CubeKernel) -> String {
     let address =
         cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::UInt(cubecl::ir::UIntKind::U32));
     CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default()
         .compile(
             kernel.define(),
-            &CompilationOptions::default(),
+            &compilation_options(),
             ExecutionMode::Checked,
             address,
         )
         .expect("cubecl's CUDA compiler rejected an attention kernel")
         .to_string()
+}
+
+/// What `cubecl-cuda` (runtime.rs) sets for sm_80 and newer with CUDA ≥ 12.8: the kernel's
+/// info as a `__grid_constant__` argument, fast math. (sm_90 adds clusters and `elect_sync`,
+/// which these kernels do not use.)
+fn compilation_options() -> CompilationOptions {
+    CompilationOptions {
+        warp_size: 32,
+        supports_features: CppSupportedFeatures {
+            grid_constants: true,
+            fast_math: true,
+            fast_tanh: true,
+            ..Default::default()
+        },
+    }
 }
 
 /// A tensor argument, as a launch registers one that is not written in place.
@@ -215,16 +231,30 @@ fn emulation_dir() -> PathBuf {
 }
 
 /// `cpp` as the driver includes it: its `info_st` named after `kernel` (three kernels share
-/// one translation unit) and its dynamic shared memory taken from the emulated block.
+/// one translation unit), and its shared arrays as the emulation's (`emu::Shared`, whose
+/// writes other threads see only after a barrier) at the same offsets.
 fn for_emulation(cpp: &str, kernel: &str) -> String {
-    let shared = "uint8* dynamic_shared_mem = emu::shared;";
+    let info = format!("info_{kernel}");
     cpp.lines()
-        .map(|line| match line.starts_with("extern __shared__") {
-            true if line.contains("dynamic_shared_mem[]") => shared.to_string(),
-            _ => line.replace("info_st", &format!("info_{kernel}")),
-        })
+        .filter(|line| !line.starts_with("extern __shared__"))
+        .map(|line| shared_array(line).unwrap_or_else(|| line.replace("info_st", &info)))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `T *shared_memory_N = reinterpret_cast<T*>(&dynamic_shared_mem[OFFSET]);` as
+/// `emu::Shared<T> shared_memory_N{OFFSET};`; `None` for any other line.
+fn shared_array(line: &str) -> Option<String> {
+    let (ty, rest) = line.split_once(" *shared_memory_")?;
+    let (number, rest) = rest.split_once(" = reinterpret_cast<")?;
+    let offset = rest
+        .split_once("&dynamic_shared_mem[")?
+        .1
+        .split_once(']')?
+        .0;
+    Some(format!(
+        "emu::Shared<{ty}> shared_memory_{number}{{{offset}}};"
+    ))
 }
 
 /// Builds and runs the driver for one storage type and head width in `dir`; its output.
