@@ -63,135 +63,39 @@ fn settings(cube_dim: CubeDim) -> KernelSettings {
     KernelSettings::default().cube_dim(cube_dim)
 }
 
-/// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`.
+/// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`. Each kernel is
+/// built as its launch builds it: settings, client, one argument per tensor, `()` for the
+/// scale, then the comptime arguments.
+#[rustfmt::skip]
 fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> [(&'static str, String); 3] {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, PLANES};
-    let (c, s, t) = (
-        client.clone(),
-        settings(CubeDim::new_2d(32, PLANES as u32)),
-        tensor,
-    );
+    let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
     let forward = forward_kernel::ForwardKernel::new(
-        s.clone(),
-        c.clone(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        PLANES,
-        types,
-    );
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_q = grad_q_kernel::GradQKernel::new(
-        s.clone(),
-        c.clone(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        PLANES,
-        types,
-    );
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
-        s,
-        c,
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        PLANES,
-        types,
-    );
-    [
-        ("forward", cuda_cpp(&forward)),
-        ("grad_q", cuda_cpp(&grad_q)),
-        ("grad_kv", cuda_cpp(&grad_kv)),
-    ]
+        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
 }
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, with the
 /// loops `unroll`ed as a launch would ([`unrolled_rows`]).
-fn unit_kernels(
-    client: &Client,
-    dtype: DType,
-    hd: usize,
-    unroll: bool,
-) -> [(&'static str, String); 3] {
+#[rustfmt::skip]
+fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: bool) -> [(&'static str, String); 3] {
     use super::{forward_kernel, grad_kv_kernel, grad_q_kernel};
     let block = block_rows(hd);
-    let (c, s, t) = (
-        client.clone(),
-        settings(CubeDim::new_1d(block as u32)),
-        tensor,
-    );
+    let (s, c, t) = (settings(CubeDim::new_1d(block as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
     let unrolled = |rows| unrolled_rows(unroll, rows, hd);
     let forward = forward_kernel::ForwardKernel::new(
-        s.clone(),
-        c.clone(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        block,
-        unrolled(2),
-        types,
-    );
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, block, unrolled(2), types);
     let grad_q = grad_q_kernel::GradQKernel::new(
-        s.clone(),
-        c.clone(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        block,
-        unrolled(3),
-        types,
-    );
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(3), types);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
-        s,
-        c,
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        t(),
-        (),
-        hd,
-        block,
-        unrolled(4),
-        types,
-    );
-    [
-        ("forward", cuda_cpp(&forward)),
-        ("grad_q", cuda_cpp(&grad_q)),
-        ("grad_kv", cuda_cpp(&grad_kv)),
-    ]
+        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(4), types);
+    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
 }
 
 /// Writes `NAME.cu` files into `LAB_CUDA_SOURCE_DIR`: the tensor-core kernels at f16 and

@@ -531,11 +531,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
             #[unroll]
             for c in 0..chunks {
                 // Rows n·16.. of the tile, transposed: column-major with the tile's row stride.
-                let t = Matrix::<F>::from_slice(
+                let t = operand::<F>(
                     MatrixIdent::B,
-                    16usize,
-                    16usize,
-                    16usize,
                     MatrixLayout::ColMajor,
                     &tile.slice(n * 16 * head_dim + c * 16, rows * head_dim),
                     head_dim as u32,
@@ -566,11 +563,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
         let mut lhs = Sequence::<Matrix<F>>::new();
         #[unroll]
         for n in 0..planes {
-            lhs.push(Matrix::<F>::from_slice(
+            lhs.push(operand::<F>(
                 MatrixIdent::A,
-                16usize,
-                16usize,
-                16usize,
                 MatrixLayout::RowMajor,
                 &self
                     .operand
@@ -582,11 +576,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
         for c in 0..chunks {
             #[unroll]
             for n in 0..planes {
-                let t = Matrix::<F>::from_slice(
+                let t = operand::<F>(
                     MatrixIdent::B,
-                    16usize,
-                    16usize,
-                    16usize,
                     MatrixLayout::RowMajor,
                     &tile.slice(n * 16 * head_dim + c * 16, rows * head_dim),
                     head_dim as u32,
@@ -694,11 +685,8 @@ fn plane_rows<F: Float>(
     let mut frags = Sequence::<Matrix<F>>::new();
     #[unroll]
     for c in 0..chunks {
-        frags.push(Matrix::<F>::from_slice(
+        frags.push(operand::<F>(
             MatrixIdent::A,
-            16usize,
-            16usize,
-            16usize,
             MatrixLayout::RowMajor,
             &tile.slice(
                 UNIT_POS_Y as usize * 16 * head_dim + c * 16,
@@ -719,6 +707,18 @@ fn smaller(a: usize, b: usize) -> usize {
         min = b;
     }
     min
+}
+
+/// A 16×16 operand of a product (`A` on the left, `B` on the right) read from `src`, whose
+/// rows are `stride` elements apart (`ColMajor`: read transposed).
+#[cube]
+fn operand<F: Float>(
+    #[comptime] ident: MatrixIdent,
+    #[comptime] layout: MatrixLayout,
+    src: &Slice<F>,
+    stride: u32,
+) -> Matrix<F> {
+    Matrix::<F>::from_slice(ident, 16usize, 16usize, 16usize, layout, src, stride)
 }
 
 /// One zeroed 16×16 f32 accumulator per 16 columns of the head.
