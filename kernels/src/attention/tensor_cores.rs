@@ -9,7 +9,7 @@
 //! Cooperative matrices are opaque: no unit knows which elements it holds. The row-wise work
 //! (the online softmax, rebuilding `p = exp(s − lse)`, `ds = p (dp − D)`) therefore goes
 //! through shared memory ("bounce"): the plane stores a product as f32 rows, two lanes per
-//! row do the row's arithmetic (half its columns each), and write the result, rounded to the
+//! row do the row's arithmetic (alternate columns each), and write the result, rounded to the
 //! storage type as FlashAttention-2 feeds it to the next product, where the plane loads it as
 //! an operand. The forward rescales its output the same way: store, scale each row, load.
 //!
@@ -35,7 +35,7 @@ use super::{Dims, Forward, Grads};
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take. Shared memory holds two `[64, hd]` tiles plus each
-/// plane's bounce rows: 40 KiB at hd = 64 (40.5 KiB in `dK/dV`, with its `lse` and `D` rows),
+/// plane's bounce rows: 42 KiB at hd = 64 (42.5 KiB in `dK/dV`, with its `lse` and `D` rows),
 /// under CUDA's default 48 KiB.
 pub const MAX_HEAD_DIM: usize = 64;
 
@@ -52,9 +52,22 @@ const fn bounce_width(head_dim: usize, planes: usize) -> usize {
     }
 }
 
+/// Elements from one f32 bounce row to the next: 4 past the width. Lane `(r, parity)` reads
+/// column `2c + parity` of row `r`; at a stride of 64 all 32 lanes would hit one shared-memory
+/// bank (a 32-way conflict), at 68 at most two share one. wmma wants rows of whole 16 bytes.
+const fn values_stride(head_dim: usize, planes: usize) -> usize {
+    bounce_width(head_dim, planes) + 4
+}
+
 /// Elements of every plane's f32 bounce rows together.
 const fn bounce_len(head_dim: usize, planes: usize) -> usize {
-    planes * 16 * bounce_width(head_dim, planes)
+    planes * 16 * values_stride(head_dim, planes)
+}
+
+/// Elements from one operand row (storage type, 64 columns) to the next: 8 past 64, for the
+/// banks as [`values_stride`], in whole 16 bytes.
+const fn operand_stride(planes: usize) -> usize {
+    16 * planes + 8
 }
 
 /// Whether `t`'s device runs these kernels at `t`'s dtype: a CUDA device with 16×16×16
@@ -208,12 +221,12 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
 
         // Online softmax of the plane's rows: new max, rescale, probabilities, row sum.
         let lane_cols = comptime!(rows / 2);
-        let at = bounce.row_at(&lanes, rows);
-        let first = start + lanes.half * lane_cols;
+        let at = bounce.value_at(&lanes, head_dim, planes);
+        let first = start + lanes.parity;
         let mut m_new = m;
         for c in 0..lane_cols {
-            let s = bounce.values[at + c] * A::cast_from(scale);
-            if first + c <= lanes.i && s > m_new {
+            let s = bounce.values[at + 2 * c] * A::cast_from(scale);
+            if first + 2 * c <= lanes.i && s > m_new {
                 m_new = s;
             }
         }
@@ -223,13 +236,14 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
         }
         let alpha = (m - m_new).exp();
         let mut sum = A::new(0.0);
+        let op = bounce.operand_at(&lanes, planes);
         for c in 0..lane_cols {
             let mut p = A::new(0.0);
-            if first + c <= lanes.i {
-                p = (bounce.values[at + c] * A::cast_from(scale) - m_new).exp();
+            if first + 2 * c <= lanes.i {
+                p = (bounce.values[at + 2 * c] * A::cast_from(scale) - m_new).exp();
             }
             sum += p;
-            bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(p);
+            bounce.operand[op + 2 * c] = F::cast_from(p);
         }
         l = l * alpha + plane_shuffle_xor(sum, 1) + sum;
         m = m_new;
@@ -247,7 +261,7 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     bounce.write_rows(
         &o_frags, out, q_base, &lanes, seq, one_over_l, head_dim, planes,
     );
-    if lanes.i < seq && lanes.half == 0 {
+    if lanes.i < seq && lanes.parity == 0 {
         lse[(b * heads + h) * seq + lanes.i] = m + l.ln();
     }
 }
@@ -295,8 +309,9 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
         load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
         sync_cube();
-        let first = start + lanes.half * lane_cols;
-        let at = bounce.row_at(&lanes, rows);
+        let first = start + lanes.parity;
+        let at = bounce.value_at(&lanes, head_dim, planes);
+        let op = bounce.operand_at(&lanes, planes);
 
         // p = exp(scale · q·k − lse), kept in registers while dP takes the bounce rows.
         bounce.product(&q_frags, &k_tile, head_dim, planes);
@@ -304,16 +319,16 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         #[unroll]
         for c in 0..lane_cols {
             p[c] = A::new(0.0);
-            if first + c <= lanes.i {
-                p[c] = (bounce.values[at + c] * scale - lse_i).exp();
+            if first + 2 * c <= lanes.i {
+                p[c] = (bounce.values[at + 2 * c] * scale - lse_i).exp();
             }
         }
         sync_plane();
         bounce.product(&do_frags, &v_tile, head_dim, planes);
         #[unroll]
         for c in 0..lane_cols {
-            let ds = p[c] * (bounce.values[at + c] - delta_i);
-            bounce.operand[bounce.operand_at(&lanes, rows) + c] = F::cast_from(ds);
+            let ds = p[c] * (bounce.values[at + 2 * c] - delta_i);
+            bounce.operand[op + 2 * c] = F::cast_from(ds);
         }
         sync_plane();
 
@@ -395,21 +410,21 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 delta_tile[UNIT_POS as usize] = delta_i;
             }
             sync_cube();
-            let offset = lanes.half * lane_cols;
-            let at = bounce.row_at(&lanes, rows);
-            let operand_at = bounce.operand_at(&lanes, rows);
+            let offset = lanes.parity;
+            let at = bounce.value_at(&lanes, head_dim, planes);
+            let op = bounce.operand_at(&lanes, planes);
 
             // pᵀ = exp(scale · k·q − lse_i) for queries i ≥ j inside the sequence.
             bounce.product(&k_frags, &q_tile, head_dim, planes);
             let mut p = Array::<A>::new(lane_cols);
             #[unroll]
             for c in 0..lane_cols {
-                let i = start + offset + c;
+                let i = start + offset + 2 * c;
                 p[c] = A::new(0.0);
                 if i >= lanes.i && i < seq {
-                    p[c] = (bounce.values[at + c] * scale - lse_tile[offset + c]).exp();
+                    p[c] = (bounce.values[at + 2 * c] * scale - lse_tile[offset + 2 * c]).exp();
                 }
-                bounce.operand[operand_at + c] = F::cast_from(p[c]);
+                bounce.operand[op + 2 * c] = F::cast_from(p[c]);
             }
             sync_plane();
             // dV += Pᵀ dO.
@@ -417,8 +432,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             bounce.product(&v_frags, &do_tile, head_dim, planes);
             #[unroll]
             for c in 0..lane_cols {
-                let ds = p[c] * (bounce.values[at + c] - delta_tile[offset + c]);
-                bounce.operand[operand_at + c] = F::cast_from(ds);
+                let ds = p[c] * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
+                bounce.operand[op + 2 * c] = F::cast_from(ds);
             }
             sync_plane();
             // dK += dSᵀ Q.
@@ -442,14 +457,14 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     );
 }
 
-/// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, each with
-/// half the columns.
+/// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, one with
+/// the even columns, one with the odd.
 #[derive(CubeType)]
 struct Lanes {
     /// The lane's row within its plane's 16.
     r: usize,
-    /// Which half of the row's columns: 0 or 1.
-    half: usize,
+    /// Which of the row's columns: the even (0) or the odd (1).
+    parity: usize,
     /// The row's index in the sequence.
     i: usize,
 }
@@ -460,7 +475,7 @@ impl Lanes {
         let r = UNIT_POS_X as usize / 2;
         Lanes {
             r,
-            half: UNIT_POS_X as usize % 2,
+            parity: UNIT_POS_X as usize % 2,
             i: row0 + UNIT_POS_Y as usize * 16 + r,
         }
     }
@@ -481,28 +496,33 @@ struct Bounce<F: Float, A: Float> {
 #[cube]
 impl<F: Float, A: Float> Bounce<F, A> {
     fn new(#[comptime] head_dim: usize, #[comptime] planes: usize) -> Bounce<F, A> {
-        let rows = comptime!(16 * planes);
-        let width = comptime!(bounce_width(head_dim, planes));
+        let stride = comptime!(values_stride(head_dim, planes));
         let len = comptime!(bounce_len(head_dim, planes));
+        let operand_stride = comptime!(operand_stride(planes));
         let plane = UNIT_POS_Y as usize;
         Bounce::<F, A> {
             values: SharedMemory::<A>::new_aligned(len, TILE_ALIGN),
-            operand: SharedMemory::<F>::new_aligned(planes * 16 * rows, TILE_ALIGN),
-            values0: plane * 16 * width,
-            operand0: plane * 16 * rows,
+            operand: SharedMemory::<F>::new_aligned(planes * 16 * operand_stride, TILE_ALIGN),
+            values0: plane * 16 * stride,
+            operand0: plane * 16 * operand_stride,
         }
     }
 
-    /// Where the lane's half row starts in `values`, for a product `width` columns wide.
-    fn row_at(&self, lanes: &Lanes, #[comptime] width: usize) -> usize {
-        let half_width = comptime!(width / 2);
-        self.values0 + lanes.r * width + lanes.half * half_width
+    /// Where the lane's first column is in `values`; its others follow every second element.
+    fn value_at(
+        &self,
+        lanes: &Lanes,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+    ) -> usize {
+        let stride = comptime!(values_stride(head_dim, planes));
+        self.values0 + lanes.r * stride + lanes.parity
     }
 
-    /// Where the lane's half row starts in `operand`.
-    fn operand_at(&self, lanes: &Lanes, #[comptime] rows: usize) -> usize {
-        let half = comptime!(rows / 2);
-        self.operand0 + lanes.r * rows + lanes.half * half
+    /// Where the lane's first column is in `operand`; its others follow every second element.
+    fn operand_at(&self, lanes: &Lanes, #[comptime] planes: usize) -> usize {
+        let stride = comptime!(operand_stride(planes));
+        self.operand0 + lanes.r * stride + lanes.parity
     }
 
     /// `rows ← X Tᵀ` for the plane's 16 rows `X` (as `A` operands, one per 16 columns of the
@@ -517,6 +537,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
         let rows = comptime!(16 * planes);
         let chunks = comptime!(head_dim / 16);
         let len = comptime!(bounce_len(head_dim, planes));
+        let stride = comptime!(values_stride(head_dim, planes));
         let acc = Matrix::<A>::from_value(
             MatrixIdent::Accumulator,
             16usize,
@@ -542,7 +563,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
             cmma::store(
                 &mut self.values.slice_mut(self.values0 + n * 16, len),
                 &acc,
-                rows as u32,
+                stride as u32,
                 MatrixLayout::RowMajor,
             );
         }
@@ -560,6 +581,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
     ) {
         let rows = comptime!(16 * planes);
         let chunks = comptime!(head_dim / 16);
+        let operand_stride = comptime!(operand_stride(planes));
         let mut lhs = Sequence::<Matrix<F>>::new();
         #[unroll]
         for n in 0..planes {
@@ -568,8 +590,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
                 MatrixLayout::RowMajor,
                 &self
                     .operand
-                    .slice(self.operand0 + n * 16, planes * 16 * rows),
-                rows as u32,
+                    .slice(self.operand0 + n * 16, planes * 16 * operand_stride),
+                operand_stride as u32,
             ));
         }
         #[unroll]
@@ -598,12 +620,13 @@ impl<F: Float, A: Float> Bounce<F, A> {
     ) {
         let chunks = comptime!(head_dim / 16);
         let len = comptime!(bounce_len(head_dim, planes));
+        let stride = comptime!(values_stride(head_dim, planes));
         #[unroll]
         for c in 0..chunks {
             cmma::store(
                 &mut self.values.slice_mut(self.values0 + c * 16, len),
                 acc.index(c),
-                head_dim as u32,
+                stride as u32,
                 MatrixLayout::RowMajor,
             );
         }
@@ -621,11 +644,12 @@ impl<F: Float, A: Float> Bounce<F, A> {
     ) {
         let chunks = comptime!(head_dim / 16);
         let len = comptime!(bounce_len(head_dim, planes));
-        let half_width = comptime!(head_dim / 2);
+        let stride = comptime!(values_stride(head_dim, planes));
+        let lane_cols = comptime!(head_dim / 2);
         self.store(acc, head_dim, planes);
-        let at = self.row_at(lanes, head_dim);
-        for c in 0..half_width {
-            self.values[at + c] = self.values[at + c] * alpha;
+        let at = self.value_at(lanes, head_dim, planes);
+        for c in 0..lane_cols {
+            self.values[at + 2 * c] = self.values[at + 2 * c] * alpha;
         }
         sync_plane();
         #[unroll]
@@ -633,7 +657,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
             cmma::load_with_layout(
                 acc.index(c),
                 &self.values.slice(self.values0 + c * 16, len),
-                head_dim as u32,
+                stride as u32,
                 MatrixLayout::RowMajor,
             );
         }
@@ -653,13 +677,13 @@ impl<F: Float, A: Float> Bounce<F, A> {
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let half_width = comptime!(head_dim / 2);
+        let lane_cols = comptime!(head_dim / 2);
         self.store(acc, head_dim, planes);
         if lanes.i < seq {
-            let at = self.row_at(lanes, head_dim);
-            let to = base + lanes.i * head_dim + lanes.half * half_width;
-            for c in 0..half_width {
-                dst[to + c] = F::cast_from(self.values[at + c] * factor);
+            let at = self.value_at(lanes, head_dim, planes);
+            let to = base + lanes.i * head_dim + lanes.parity;
+            for c in 0..lane_cols {
+                dst[to + 2 * c] = F::cast_from(self.values[at + 2 * c] * factor);
             }
         }
         sync_plane();
