@@ -53,8 +53,9 @@ const fn bounce_width(head_dim: usize, planes: usize) -> usize {
 }
 
 /// Elements from one f32 bounce row to the next: 4 past the width. Lane `(r, parity)` reads
-/// column `2c + parity` of row `r`; at a stride of 64 all 32 lanes would hit one shared-memory
-/// bank (a 32-way conflict), at 68 at most two share one. wmma wants rows of whole 16 bytes.
+/// column `2c + parity` of row `r`, in bank `(stride·r + 2c + parity) mod 32`: at a stride of
+/// 64 the 16 rows would share two banks (16-way conflicts), at 68 rows `r` and `r + 8` share
+/// one (2-way). wmma wants rows of whole 16 bytes.
 const fn values_stride(head_dim: usize, planes: usize) -> usize {
     bounce_width(head_dim, planes) + 4
 }
@@ -481,8 +482,9 @@ impl Lanes {
     }
 }
 
-/// Each plane's shared rows: `values`, `[16, max(64, hd)]` f32, for products and outputs;
-/// `operand`, `[16, 64]` in the storage type, for the left operand of the next product.
+/// Each plane's shared rows: `values`, 16 rows of `max(64, hd)` f32 (padded to
+/// [`values_stride`]), for products and outputs; `operand`, 16 rows of 64 in the storage type
+/// (padded to [`operand_stride`]), for the left operand of the next product.
 #[derive(CubeType)]
 struct Bounce<F: Float, A: Float> {
     /// Every plane's f32 rows; the plane's own start at `values0`.
