@@ -2,9 +2,12 @@
 // their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
 // - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
 //   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp;
-// - shared memory is strict about barriers: a thread's writes go to its own copy and reach
-//   the block's memory only when the thread arrives at a barrier (__syncwarp or
-//   __syncthreads; not a shuffle), so a read that lacks its barrier sees the old value;
+// - shared memory has a race detector: two accesses to the same bytes by different threads, at
+//   least one a write, abort the run unless a barrier (__syncwarp for the warp, __syncthreads
+//   for the block; not a shuffle) orders them: read after write, write after read, write
+//   after write, whatever the threads' timing. (Its bookkeeping is not itself synchronised:
+//   exact for race-free kernels; a race is caught whichever access runs first, though two
+//   racing threads touching the bookkeeping at the same instant could, rarely, hide it);
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
 //   whole tile when the lane runs it; a store is written by lane 0 only. Loads and stores
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
@@ -12,6 +15,7 @@
 // It checks what the kernels compute and where they synchronise, not how fast they are.
 #pragma once
 
+#include <algorithm>
 #include <barrier>
 #include <cstdint>
 #include <cstdio>
@@ -116,42 +120,82 @@ struct __nv_bfloat16 {
 };
 
 namespace emu {
-// Each thread's writes to shared memory not yet published: its copy, which bytes it wrote.
-struct Pending {
-    std::vector<uint8_t> bytes = std::vector<uint8_t>(shared_size);
-    std::vector<uint8_t> written = std::vector<uint8_t>(shared_size);
-    std::vector<uint32_t> offsets;
-};
-inline thread_local Pending* pending;
+// A race detector on shared memory (happens-before with vector clocks, as ThreadSanitizer
+// and compute-sanitizer's racecheck): two accesses to the same 2 bytes by different threads,
+// at least one a write, with no barrier between them, abort the run. Only __syncwarp and
+// __syncthreads order threads; a warp shuffle does not.
+constexpr unsigned max_threads = 128;
+constexpr size_t granules = shared_size / 2;
+inline uint32_t clocks[max_threads][max_threads];    // row t: what thread t has seen
+inline uint32_t exchanged[max_threads][max_threads]; // rows copied at a barrier
+inline int16_t writer[granules];                     // last writer of a granule, -1 none
+inline uint32_t written_at[granules];                // its clock then
+inline uint32_t read_at[granules][max_threads];      // each thread's clock at its last read
+inline thread_local unsigned tid;
+
+inline void reset_races(unsigned threads) {
+    if (threads > max_threads) std::abort();
+    std::memset(clocks, 0, sizeof clocks);
+    for (unsigned t = 0; t < threads; ++t) clocks[t][t] = 1;
+    std::memset(writer, 0xff, sizeof writer);
+    std::memset(read_at, 0, sizeof read_at);
+}
+
+[[noreturn]] inline void race(const char* kind, size_t at, unsigned other) {
+    std::fprintf(stderr, "shared-memory race (%s) at byte %zu: thread %u against %u, block %u,%u,%u\n",
+                 kind, at, tid, other, blockIdx.x, blockIdx.y, blockIdx.z);
+    std::abort();
+}
+
+// Whether thread `other`'s access at its clock `time` happens before what `tid` does now.
+inline bool seen(unsigned other, uint32_t time) { return time <= clocks[tid][other]; }
+
+inline void on_read(size_t at, size_t size) {
+    if (at + size > shared_size) std::abort();
+    for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
+        int w = writer[g];
+        if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("read after write", at, w);
+        read_at[g][tid] = clocks[tid][tid];
+    }
+}
+
+inline void on_write(size_t at, size_t size) {
+    if (at + size > shared_size) std::abort();
+    for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
+        int w = writer[g];
+        if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("write after write", at, w);
+        for (unsigned u = 0; u < max_threads; ++u)
+            if (u != tid && read_at[g][u] && !seen(u, read_at[g][u])) race("write after read", at, u);
+        std::memset(read_at[g], 0, sizeof read_at[g]);
+        writer[g] = int16_t(tid);
+        written_at[g] = clocks[tid][tid];
+    }
+}
 
 template <class T>
 T read(size_t at) {
-    if (at + sizeof(T) > shared_size) std::abort();
-    uint8_t raw[sizeof(T)];
-    for (size_t b = 0; b < sizeof(T); ++b)
-        raw[b] = pending->written[at + b] ? pending->bytes[at + b] : shared[at + b];
+    on_read(at, sizeof(T));
     T value;
-    std::memcpy(&value, raw, sizeof(T));
+    std::memcpy(&value, &shared[at], sizeof(T));
     return value;
 }
 
 template <class T>
 void write(size_t at, T value) {
-    if (at + sizeof(T) > shared_size) std::abort();
-    std::memcpy(&pending->bytes[at], &value, sizeof(T));
-    for (size_t b = 0; b < sizeof(T); ++b) {
-        if (!pending->written[at + b]) pending->offsets.push_back(uint32_t(at + b));
-        pending->written[at + b] = 1;
-    }
+    on_write(at, sizeof(T));
+    std::memcpy(&shared[at], &value, sizeof(T));
 }
 
-// Makes the thread's writes visible to the block (before it arrives at a barrier).
-inline void publish() {
-    for (uint32_t at : pending->offsets) {
-        shared[at] = pending->bytes[at];
-        pending->written[at] = 0;
-    }
-    pending->offsets.clear();
+// A barrier of the threads [first, first + count): each leaves having seen all they had seen.
+inline void join(std::barrier<>& barrier, unsigned first, unsigned count) {
+    std::memcpy(exchanged[tid], clocks[tid], sizeof clocks[tid]);
+    barrier.arrive_and_wait();
+    uint32_t joined[max_threads] = {};
+    for (unsigned t = first; t < first + count; ++t)
+        for (unsigned u = 0; u < max_threads; ++u) joined[u] = std::max(joined[u], exchanged[t][u]);
+    barrier.arrive_and_wait();
+    std::memcpy(clocks[tid], joined, sizeof joined);
+    clocks[tid][tid] += 1;
 }
 
 template <class T>
@@ -175,18 +219,17 @@ struct Shared {
 }  // namespace emu
 
 inline void __syncthreads() {
-    emu::publish();
-    emu::block_barrier->arrive_and_wait();
+    emu::join(*emu::block_barrier, 0, blockDim.x * blockDim.y * blockDim.z);
 }
 inline void __syncwarp(unsigned = 0xffffffffu) {
-    emu::publish();
-    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
+    emu::join(*emu::warp_barriers[emu::warp], first, std::min(32u, threads - first));
 }
 
 template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     static_assert(sizeof(T) <= 8);
-    // Lanes meet here, but shared-memory writes stay unpublished, as a shuffle orders none.
+    // Lanes meet here, but their clocks do not join: a shuffle orders no memory.
     std::memcpy(&emu::shuffle_slots[emu::warp][emu::lane], &value, sizeof(T));
     emu::warp_barriers[emu::warp]->arrive_and_wait();
     T other;
@@ -279,6 +322,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 std::memset(shared, 0xff, sizeof shared);  // NaN-ish garbage, as a GPU's
+                reset_races(threads);
                 std::barrier<> barrier(threads);
                 block_barrier = &barrier;
                 warp_barriers.clear();
@@ -288,14 +332,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
                 std::vector<std::thread> team;
                 for (unsigned t = 0; t < threads; ++t)
                     team.emplace_back([=] {
-                        Pending own;
-                        pending = &own;
+                        tid = t;
                         blockIdx = {x, y, z};
                         threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         warp = t / 32;
                         lane = t % 32;
                         kernel(args...);
-                        publish();
                         block_barrier->arrive_and_drop();
                         warp_barriers[warp]->arrive_and_drop();
                     });

@@ -1,7 +1,8 @@
 //! The attention kernels as CUDA C++, written on a machine without a GPU:
 //! - run on a CPU emulation of the CUDA they use (`kernels/cuda-emu`: threads, barriers, warp
-//!   shuffles, wmma tiles) against an fp64 reference, with the host's C++ compiler (`$CXX`,
-//!   default `c++`), here in the tests: the tensor-core kernels' only check without a GPU;
+//!   shuffles, wmma tiles, a shared-memory race detector) against an fp64 reference, built
+//!   with the host's C++ compiler (`$CXX`, default `c++`), here in the tests: the tensor-core
+//!   kernels' only check without a GPU;
 //! - compiled by NVRTC, with `ptxas -v`'s registers and spills, by
 //!   `scripts/cuda-source-check.sh` through [`writes_the_cuda_sources`].
 //!
@@ -186,7 +187,8 @@ fn emulate(dir: &Path, storage: &str, suffix: &str, hd: usize) -> String {
     let report = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(
         run.status.success(),
-        "{suffix} hd {hd} off the fp64 reference:\n{report}"
+        "{suffix} hd {hd}: off the fp64 reference or a shared-memory race:\n{report}{}",
+        String::from_utf8_lossy(&run.stderr)
     );
     report
 }
