@@ -7,12 +7,15 @@
 //!
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
 //! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]), and
-//! one AdamW update of a parameter in one pass ([`adamw`]).
+//! one AdamW update of a parameter in one pass ([`adamw`]); and matrix products on the vendor's
+//! BLAS where the runtime has one (cuBLASLt on CUDA, [`gemm`]).
 
 #[cfg(feature = "cube")]
 pub mod adamw;
 #[cfg(feature = "cube")]
 pub mod attention;
+// The BLAS call's plan is host arithmetic, built and tested without a GPU runtime.
+pub mod gemm;
 #[cfg(feature = "cube")]
 pub mod lm_head;
 #[cfg(feature = "cube")]

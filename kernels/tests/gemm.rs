@@ -1,0 +1,81 @@
+//! The vendor BLAS's products on cubecl's tensors against fp64: cuBLASLt on CUDA at f16 and
+//! bf16, operands contiguous or transposed views (as the projection's backward passes them),
+//! shapes that are not multiples of a tile. A runtime without a vendor BLAS (wgpu, lavapipe
+//! in CI) must decline every product, and CUDA must decline f32 (cuBLASLt would run it as
+//! TF32).
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use burn::tensor::{ops::FloatTensorOps, DType};
+use lab_kernels::gemm::VendorMatmul;
+
+mod common;
+use common::{assert_close, download, upload, values, Prim, Runtime, B};
+
+/// `rows × cols` values in `dtype`, uploaded as a `[rows, cols]` tensor or as the transposed
+/// view of a `[cols, rows]` one; the host copy row-major.
+fn operand(rows: usize, cols: usize, seed: u64, dtype: DType, view: bool) -> (Vec<f32>, Prim) {
+    let v = values(rows * cols, seed, dtype);
+    if !view {
+        return (v.clone(), upload(&v, &[rows, cols], dtype));
+    }
+    let t: Vec<f32> = (0..rows * cols)
+        .map(|o| v[o % rows * cols + o / rows])
+        .collect();
+    (v, B::float_transpose(upload(&t, &[cols, rows], dtype)))
+}
+
+fn product(a: &[f32], b: &[f32], [m, k, n]: [usize; 3]) -> Vec<f64> {
+    (0..m * n)
+        .map(|o| {
+            (0..k)
+                .map(|l| a[o / n * k + l] as f64 * b[l * n + o % n] as f64)
+                .sum()
+        })
+        .collect()
+}
+
+#[test]
+fn vendor_products_match_fp64_or_are_declined() {
+    let dtypes: &[(DType, f64)] = if Runtime::HAS_VENDOR_BLAS {
+        // Inputs are exact in their dtype; the error is the f32 sum's and one rounding of C.
+        &[(DType::F16, 2e-3), (DType::BF16, 1e-2)]
+    } else {
+        &[(DType::F16, 0.0)]
+    };
+    let shapes = [
+        [1, 1, 1],
+        [5, 7, 3],
+        [33, 96, 17],
+        [130, 768, 256],
+        [64, 256, 768],
+    ];
+    for &(dtype, tol) in dtypes {
+        for (s, dims @ [m, k, n]) in shapes.into_iter().enumerate() {
+            for (a_view, b_view) in [(false, false), (false, true), (true, false), (true, true)] {
+                let (a, a_dev) = operand(m, k, 10 * s as u64, dtype, a_view);
+                let (b, b_dev) = operand(k, n, 10 * s as u64 + 1, dtype, b_view);
+                let what = format!("{dtype:?} {dims:?} views {a_view} {b_view}");
+                match (
+                    Runtime::vendor_matmul(&a_dev, &b_dev),
+                    Runtime::HAS_VENDOR_BLAS,
+                ) {
+                    (Some(c), true) => {
+                        assert_eq!(c.dtype, dtype, "{what}");
+                        assert_eq!(c.meta.shape().to_vec(), vec![m, n], "{what}");
+                        assert_close(&what, &download(c), &product(&a, &b, dims), tol);
+                    }
+                    (None, false) => {}
+                    (Some(_), false) => panic!("{what}: a product without a vendor BLAS"),
+                    (None, true) => panic!("{what}: declined by the vendor BLAS"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_products_stay_with_cubecl() {
+    let (_, a) = operand(4, 8, 1, DType::F32, false);
+    let (_, b) = operand(8, 3, 2, DType::F32, false);
+    assert!(Runtime::vendor_matmul(&a, &b).is_none());
+}
