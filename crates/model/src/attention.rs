@@ -6,7 +6,7 @@
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Bool, FloatDType, Tensor};
-use lab_ops::{AttentionFn, FusedRope};
+use lab_ops::{AttentionFn, FusedProjection, FusedRope};
 
 use crate::layers::{Linear, Rope};
 
@@ -50,7 +50,7 @@ impl<B: Backend> Attention<B> {
     }
 }
 
-impl<B: FusedRope> Attention<B> {
+impl<B: FusedRope + FusedProjection> Attention<B> {
     /// `x: [B·T, d]` → `[B·T, d]`, causal.
     pub fn forward(
         &self,

@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
-use lab_ops::{FusedRmsNorm, FusedRope};
+use lab_ops::{FusedProjection, FusedRmsNorm, FusedRope};
 
 use crate::init;
 
@@ -26,13 +26,16 @@ impl<B: Backend> Linear<B> {
             weight: init::normal(seed, &format!("{path}.weight"), [d_in, d_out], std, device),
         }
     }
+}
 
+impl<B: FusedProjection> Linear<B> {
     /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype: under mixed precision the
     /// fp32 master weight is cast to bf16 here, and its gradient comes back fp32 through the
-    /// cast.
+    /// cast. The product is lab-ops' projection op: burn's matmul unless `LAB_MATMUL` sends
+    /// it to a GPU's vendor BLAS.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let dtype = x.dtype().into();
-        x.matmul(lab_ops::cast_to(self.weight.val(), dtype))
+        lab_ops::project(x, lab_ops::cast_to(self.weight.val(), dtype))
     }
 }
 

@@ -4,7 +4,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Bool, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
-use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedSwiglu};
+use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedProjection, FusedSwiglu};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
@@ -37,7 +37,7 @@ impl<B: Backend> FeedForward<B> {
     }
 }
 
-impl<B: FusedSwiglu> FeedForward<B> {
+impl<B: FusedSwiglu + FusedProjection> FeedForward<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         self.down
             .forward(swiglu(self.gate.forward(x.clone()), self.up.forward(x)))

@@ -4,7 +4,8 @@
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
 //! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating as one op
 //! that keeps two tensors instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
-//! only ([`rms_norm`]), and one AdamW update of one parameter in one pass ([`FusedAdamW`]).
+//! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), and the
+//! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -36,6 +37,7 @@ mod cube;
 mod flex;
 mod flex_tensor;
 mod generic;
+mod projection;
 mod rms_norm;
 mod rope;
 mod swiglu;
@@ -45,6 +47,10 @@ pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,
 };
+/// What the GPU backends' projections run on (`LAB_MATMUL`).
+#[cfg(feature = "cube")]
+pub use lab_kernels::gemm::Choice as MatmulChoice;
+pub use projection::{project, projection_node, FusedProjection};
 pub use rms_norm::{rms_norm, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
 pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};
@@ -60,8 +66,8 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
 }
 
 /// The fused ops inside the model's blocks: what a backend must provide to run the forward.
-pub trait FusedLayers: FusedRmsNorm + FusedRope + FusedSwiglu {}
-impl<B: FusedRmsNorm + FusedRope + FusedSwiglu> FusedLayers for B {}
+pub trait FusedLayers: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection {}
+impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection> FusedLayers for B {}
 
 /// Every fused op the model calls: what a backend must provide to train.
 pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers {}

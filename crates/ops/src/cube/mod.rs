@@ -12,6 +12,7 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 mod adamw;
 mod attention;
 mod loss;
+mod projection;
 mod rope;
 
 /// The tensors a Fusion custom operation reads and registers, by id.

@@ -1,0 +1,239 @@
+//! The projection op `x · w`: its autodiff node against burn's matmul node (bit for bit on
+//! the CPU, where both run Flex's matmul) and against fp64 host math, with inputs that want
+//! gradients or not and inputs that are transposed views (as the backward passes them). With
+//! `wgpu`, the op as the GPU backends run it (its node, its Fusion custom op, cubecl's matmul)
+//! under `LAB_MATMUL=op`'s choice, on lavapipe in CI; built with `cuda` alone, on a GPU host,
+//! the same on cuBLASLt (`LAB_MATMUL=cublaslt`'s choice), bf16 included.
+
+use burn::backend::{autodiff::checkpoint::strategy::NoCheckpointing, Autodiff, Flex};
+use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
+use lab_ops::{projection_node, FusedProjection};
+use proptest::prelude::*;
+
+mod common;
+use common::{assert_close, bits, floats};
+
+type B = Autodiff<Flex>;
+
+/// `x · w` through lab's node, whatever the backend would choose.
+fn node(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
+    let y = projection_node::<Flex, NoCheckpointing>(
+        x.into_primitive().tensor(),
+        w.into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+fn tensor<Be: Backend>(values: &[f32], shape: [usize; 2], device: &Be::Device) -> Tensor<Be, 2> {
+    Tensor::from_data(TensorData::new(values.to_vec(), shape), device)
+}
+
+fn values<Be: Backend>(t: Tensor<Be, 2>) -> Vec<f32> {
+    t.into_data().convert::<f32>().to_vec().unwrap()
+}
+
+/// Products of `[n, k] · [k, m]` row-major matrices in fp64: `x·w`, `g·wᵀ`, `xᵀ·g`.
+struct Reference {
+    y: Vec<f64>,
+    dx: Vec<f64>,
+    dw: Vec<f64>,
+}
+
+fn reference(x: &[f32], w: &[f32], g: &[f32], [n, k, m]: [usize; 3]) -> Reference {
+    let at = |v: &[f32], i: usize| v[i] as f64;
+    let sum = |len: usize, f: &dyn Fn(usize) -> f64| (0..len).map(f).sum::<f64>();
+    Reference {
+        y: (0..n * m)
+            .map(|o| sum(k, &|l| at(x, o / m * k + l) * at(w, l * m + o % m)))
+            .collect(),
+        dx: (0..n * k)
+            .map(|o| sum(m, &|j| at(g, o / k * m + j) * at(w, o % k * m + j)))
+            .collect(),
+        dw: (0..k * m)
+            .map(|o| sum(n, &|i| at(x, i * k + o / m) * at(g, i * m + o % m)))
+            .collect(),
+    }
+}
+
+/// Seeded `x [n, k]`, `w [k, m]` and an upstream gradient `g [n, m]`.
+fn inputs([n, k, m]: [usize; 3], seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (
+        floats(n * k, seed, 1.0),
+        floats(k * m, seed + 1, 0.5),
+        floats(n * m, seed + 2, 1.0),
+    )
+}
+
+/// `y`, `dx` and `dw` of `product(x, w)` for the upstream gradient `g`, with `x` given as
+/// the transposed view of its transpose when `x_as_view`.
+fn run(
+    product: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+    (x, w, g): (&[f32], &[f32], &[f32]),
+    [n, k, m]: [usize; 3],
+    x_as_view: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let device = Default::default();
+    let x = if x_as_view {
+        let xt: Vec<f32> = (0..k * n).map(|o| x[o % n * k + o / n]).collect();
+        tensor::<B>(&xt, [k, n], &device).require_grad()
+    } else {
+        tensor::<B>(x, [n, k], &device).require_grad()
+    };
+    let w = tensor::<B>(w, [k, m], &device).require_grad();
+    let x_used = if x_as_view {
+        x.clone().transpose()
+    } else {
+        x.clone()
+    };
+    let y = product(x_used, w.clone());
+    let grads = (y.clone() * tensor::<B>(g, [n, m], &device))
+        .sum()
+        .backward();
+    let dx = x.grad(&grads).expect("x's gradient");
+    let dx = if x_as_view { dx.transpose() } else { dx };
+    (
+        values(y),
+        values(dx),
+        values(w.grad(&grads).expect("w's gradient")),
+    )
+}
+
+#[test]
+fn the_node_matches_burns_matmul_bit_for_bit_and_fp64() {
+    for (dims, seed) in [
+        ([1, 1, 1], 1),
+        ([5, 7, 3], 2),
+        ([33, 64, 17], 3),
+        ([8, 96, 130], 4),
+    ] {
+        for x_as_view in [false, true] {
+            let (x, w, g) = inputs(dims, seed);
+            let ours = run(node, (&x, &w, &g), dims, x_as_view);
+            let burns = run(|x, w| x.matmul(w), (&x, &w, &g), dims, x_as_view);
+            assert_eq!(bits(&ours.0), bits(&burns.0), "y of {dims:?}");
+            assert_eq!(bits(&ours.1), bits(&burns.1), "dx of {dims:?}");
+            assert_eq!(bits(&ours.2), bits(&burns.2), "dw of {dims:?}");
+            let want = reference(&x, &w, &g, dims);
+            assert_close("y", &ours.0, &want.y, 1e-5);
+            assert_close("dx", &ours.1, &want.dx, 1e-5);
+            assert_close("dw", &ours.2, &want.dw, 1e-5);
+        }
+    }
+}
+
+#[test]
+fn only_tracked_inputs_get_gradients() {
+    let dims @ [n, k, m] = [4, 6, 5];
+    let (x, w, g) = inputs(dims, 9);
+    let want = reference(&x, &w, &g, dims);
+    let device = Default::default();
+    // A frozen weight: x's gradient only.
+    let xt = tensor::<B>(&x, [n, k], &device).require_grad();
+    let y = node(xt.clone(), tensor::<B>(&w, [k, m], &device));
+    let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
+    assert_close("dx", &values(xt.grad(&grads).unwrap()), &want.dx, 1e-5);
+    // A constant input (the first layer's tokens, say): w's gradient only.
+    let wt = tensor::<B>(&w, [k, m], &device).require_grad();
+    let y = node(tensor::<B>(&x, [n, k], &device), wt.clone());
+    let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
+    assert_close("dw", &values(wt.grad(&grads).unwrap()), &want.dw, 1e-5);
+}
+
+#[test]
+fn the_cpu_keeps_burns_own_matmul_node() {
+    // Flex has no vendor BLAS: its projections stay burn's matmul whatever LAB_MATMUL says.
+    assert!(!<Flex as FusedProjection>::projects_on_op());
+    assert!(!<B as FusedProjection>::projects_on_op());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn the_node_matches_fp64_on_any_shape(
+        n in 1usize..12, k in 1usize..12, m in 1usize..12, seed in 0u64..1000, view: bool,
+    ) {
+        let (x, w, g) = inputs([n, k, m], seed);
+        let (y, dx, dw) = run(node, (&x, &w, &g), [n, k, m], view);
+        let want = reference(&x, &w, &g, [n, k, m]);
+        assert_close("y", &y, &want.y, 1e-5);
+        assert_close("dx", &dx, &want.dx, 1e-5);
+        assert_close("dw", &dw, &want.dw, 1e-5);
+    }
+}
+
+/// The op on the GPU backend: `Autodiff<Fusion<CubeBackend>>`, as the trainer runs it.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu {
+    use super::*;
+    use burn::tensor::{DType, FloatDType};
+    use lab_kernels::gemm::Choice;
+
+    type G = Autodiff<common::Gpu>;
+
+    /// `y`, `dx`, `dw` of `lab_ops::project` on the GPU in `dtype`, `x` as a view or not.
+    fn on_gpu(
+        (x, w, g): (&[f32], &[f32], &[f32]),
+        [n, k, m]: [usize; 3],
+        dtype: FloatDType,
+        x_as_view: bool,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let device = Default::default();
+        let leaf = |v: &[f32], shape| tensor::<G>(v, shape, &device).cast(dtype).require_grad();
+        let x = if x_as_view {
+            let xt: Vec<f32> = (0..k * n).map(|o| x[o % n * k + o / n]).collect();
+            leaf(&xt, [k, n])
+        } else {
+            leaf(x, [n, k])
+        };
+        let w = leaf(w, [k, m]);
+        let x_used = if x_as_view {
+            x.clone().transpose()
+        } else {
+            x.clone()
+        };
+        let y = lab_ops::project(x_used, w.clone());
+        assert_eq!(y.dtype(), DType::from(dtype));
+        let g = tensor::<G>(g, [n, m], &device).cast(dtype);
+        let grads = (y.clone() * g).sum().backward();
+        let dx = x.grad(&grads).expect("x's gradient");
+        let dx = if x_as_view { dx.transpose() } else { dx };
+        (
+            values(y),
+            values(dx),
+            values(w.grad(&grads).expect("w's gradient")),
+        )
+    }
+
+    #[test]
+    fn the_op_through_fusion_matches_fp64() {
+        // On wgpu the op around cubecl's matmul; built for CUDA alone (a GPU host), cuBLASLt.
+        let want = if cfg!(feature = "wgpu") {
+            Choice::Op
+        } else {
+            Choice::Vendor
+        };
+        let chosen = want.set().map_or_else(|c| c, |()| want);
+        assert_eq!(chosen, want, "this binary's products run through the op");
+        assert!(<G as FusedProjection>::projects_on_op(), "the op is taken");
+        // f16 keeps ~11 bits, bf16 ~8; sums of up to 64 terms below 1 in f32 accumulators.
+        // Few cases: each new shape and layout compiles kernels, slowly on lavapipe.
+        let mut cases = vec![
+            (FloatDType::F32, 1e-4, [5, 7, 3], false),
+            (FloatDType::F32, 1e-4, [5, 7, 3], true),
+            (FloatDType::F32, 1e-4, [33, 64, 17], false),
+            (FloatDType::F16, 2e-2, [33, 64, 17], true),
+        ];
+        if cfg!(not(feature = "wgpu")) {
+            cases.push((FloatDType::BF16, 6e-2, [33, 64, 17], true));
+        }
+        for (seed, (dtype, tol, dims, x_as_view)) in cases.into_iter().enumerate() {
+            let (x, w, g) = inputs(dims, seed as u64);
+            let (y, dx, dw) = on_gpu((&x, &w, &g), dims, dtype, x_as_view);
+            let want = reference(&x, &w, &g, dims);
+            let what = format!("{dtype:?} {dims:?} view {x_as_view}");
+            assert_close(&format!("y {what}"), &y, &want.y, tol);
+            assert_close(&format!("dx {what}"), &dx, &want.dx, tol);
+            assert_close(&format!("dw {what}"), &dw, &want.dw, tol);
+        }
+    }
+}
