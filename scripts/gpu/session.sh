@@ -33,8 +33,10 @@
 #
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
 #          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
-#          with the tensor-core attention: LAB_ATTENTION_MMA=1);
-#          the plan; cubecl's matmul on the model's shapes; NCCL at world size 1 (issue 13's
+#          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on
+#          cuBLASLt: LAB_MATMUL=cublaslt);
+#          the plan; cubecl's matmul on the model's shapes, and on CUDA cuBLASLt's through
+#          lab's projection op (LAB_MATMUL=cublaslt); NCCL at world size 1 (issue 13's
 #          must-show 4).
 # curves:  tinyshakespeare prepared on the host; --steps (200) in bf16, then in fp32; both
 #          curves on one chart and as CSV.
@@ -153,10 +155,17 @@ smoke() {
     # The attention on tensor cores (opt-in until this and the kernel tests pass).
     step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The projections on cuBLASLt (opt-in until this and the gemm tests pass).
+    step split-cublaslt env LAB_MATMUL=cublaslt "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
   fi
   step plan "$lab" plan --config "$config"
   step matmul "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --matmul --steps 20
+  if [ "$device" = cuda ]; then
+    step matmul-cublaslt env LAB_MATMUL=cublaslt "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --matmul --steps 20
+  fi
   if [ "$device" = cuda ]; then
     if [ -x "$nccl_test" ]; then
       step nccl "$nccl_test" --ignored --nocapture

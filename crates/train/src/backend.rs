@@ -65,9 +65,9 @@ impl BackendKind {
         match self {
             Self::Cpu => Ok(()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => cuda_available(),
+            Self::Cuda => cuda_available().and_then(|()| matmul_choice_valid()),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => Ok(()),
+            Self::Wgpu => matmul_choice_valid(),
             #[allow(unreachable_patterns)]
             other => bail!(
                 "--backend {} needs a lab built with `--features {}`",
@@ -146,6 +146,14 @@ pub fn nvml_probe(launch: &lab_dist::Launch) -> Result<lab_health::nvml::NvmlPro
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let gpu = lab_health::nvml_gpu(visible.as_deref(), lab_dist::gpu_index(launch)?)?;
     lab_health::nvml::NvmlProbe::open(&gpu)
+}
+
+/// `LAB_MATMUL` (what the GPU backends' projections run on) is one of its values: an unknown
+/// one stops the run with one line instead of falling back silently.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn matmul_choice_valid() -> Result<()> {
+    lab_ops::MatmulChoice::from_env().map_err(anyhow::Error::msg)?;
+    Ok(())
 }
 
 /// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic

@@ -445,9 +445,10 @@ mod memory {
     }
 }
 
-/// `lab bench --matmul`: the backend's matmul on the model's projection shapes, in the run's
-/// precision (`rows = micro_batch × seq_len` tokens times each weight), against which
-/// scripts/gpu/bench.sh sets cuBLAS (through PyTorch) on the same shapes.
+/// `lab bench --matmul`: the projections' product on the model's projection shapes, in the
+/// run's precision (`rows = micro_batch × seq_len` tokens times each weight), against which
+/// scripts/gpu/bench.sh sets cuBLAS (through PyTorch) on the same shapes. It runs what the
+/// model's projections run: the backend's matmul, or cuBLASLt with `LAB_MATMUL=cublaslt`.
 pub struct MatmulBench {
     pub config: LabConfig,
     pub iters: usize,
@@ -503,7 +504,7 @@ impl OnBackend for MatmulBench {
             // drop work whose result nobody holds. The first, untimed, selects the kernel
             // (cubecl autotunes here) and warms caches.
             let product = || {
-                let c = a.clone().matmul(b.clone());
+                let c = lab_ops::project(a.clone(), b.clone());
                 Inner::<B>::sync(&device).ok();
                 drop(c);
             };
