@@ -153,8 +153,24 @@ mod tests {
         }
     }
 
-    /// `D` of the call, column-major with leading dimension `m`, by a BLAS's rules.
+    /// `D` of the call, column-major with leading dimension `m`, by a BLAS's rules, which
+    /// also refuse a leading dimension below the stored matrix's rows.
     fn blas(p: &Plan, x: &[f64], y: &[f64]) -> Vec<f64> {
+        let stored_rows = |op: Operand, (rows, cols): (usize, usize)| {
+            if op.transpose {
+                cols
+            } else {
+                rows
+            }
+        };
+        assert!(
+            p.x.ld >= stored_rows(p.x, (p.m, p.k)).max(1),
+            "X's ld: {p:?}"
+        );
+        assert!(
+            p.y.ld >= stored_rows(p.y, (p.k, p.n)).max(1),
+            "Y's ld: {p:?}"
+        );
         let mut d = vec![f64::NAN; p.m * p.n];
         for j in 0..p.n {
             for i in 0..p.m {

@@ -6,14 +6,18 @@
 //! the same on cuBLASLt (`LAB_MATMUL=cublaslt`'s choice), bf16 included.
 
 use burn::backend::{autodiff::checkpoint::strategy::NoCheckpointing, Autodiff, Flex};
-use burn::tensor::{backend::Backend, Tensor, TensorData, TensorPrimitive};
-use lab_ops::{projection_node, FusedProjection};
+use burn::tensor::{
+    backend::{AutodiffBackend, Backend},
+    DType, FloatDType, Tensor, TensorData, TensorPrimitive,
+};
+use lab_ops::{cast_to, projection_node, FusedProjection};
 use proptest::prelude::*;
 
 mod common;
 use common::{assert_close, bits, floats};
 
 type B = Autodiff<Flex>;
+const F32: FloatDType = FloatDType::F32;
 
 /// `x · w` through lab's node, whatever the backend would choose.
 fn node(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -64,31 +68,32 @@ fn inputs([n, k, m]: [usize; 3], seed: u64) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     )
 }
 
-/// `y`, `dx` and `dw` of `product(x, w)` for the upstream gradient `g`, with `x` given as
-/// the transposed view of its transpose when `x_as_view`.
-fn run(
-    product: fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+/// `y`, `dx` and `dw` of `product(x, w)` for the upstream gradient `g`, every tensor in
+/// `dtype`, with `x` given as the transposed view of its transpose when `x_as_view`.
+fn run<Be: AutodiffBackend>(
+    product: impl Fn(Tensor<Be, 2>, Tensor<Be, 2>) -> Tensor<Be, 2>,
     (x, w, g): (&[f32], &[f32], &[f32]),
     [n, k, m]: [usize; 3],
+    dtype: FloatDType,
     x_as_view: bool,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let device = Default::default();
+    let stored = |v: &[f32], shape| cast_to(tensor::<Be>(v, shape, &device), dtype);
     let x = if x_as_view {
         let xt: Vec<f32> = (0..k * n).map(|o| x[o % n * k + o / n]).collect();
-        tensor::<B>(&xt, [k, n], &device).require_grad()
+        stored(&xt, [k, n]).require_grad()
     } else {
-        tensor::<B>(x, [n, k], &device).require_grad()
+        stored(x, [n, k]).require_grad()
     };
-    let w = tensor::<B>(w, [k, m], &device).require_grad();
+    let w = stored(w, [k, m]).require_grad();
     let x_used = if x_as_view {
         x.clone().transpose()
     } else {
         x.clone()
     };
     let y = product(x_used, w.clone());
-    let grads = (y.clone() * tensor::<B>(g, [n, m], &device))
-        .sum()
-        .backward();
+    assert_eq!(y.dtype(), DType::from(dtype));
+    let grads = (y.clone() * stored(g, [n, m])).sum().backward();
     let dx = x.grad(&grads).expect("x's gradient");
     let dx = if x_as_view { dx.transpose() } else { dx };
     (
@@ -108,8 +113,8 @@ fn the_node_matches_burns_matmul_bit_for_bit_and_fp64() {
     ] {
         for x_as_view in [false, true] {
             let (x, w, g) = inputs(dims, seed);
-            let ours = run(node, (&x, &w, &g), dims, x_as_view);
-            let burns = run(|x, w| x.matmul(w), (&x, &w, &g), dims, x_as_view);
+            let ours = run::<B>(node, (&x, &w, &g), dims, F32, x_as_view);
+            let burns = run::<B>(|x, w| x.matmul(w), (&x, &w, &g), dims, F32, x_as_view);
             assert_eq!(bits(&ours.0), bits(&burns.0), "y of {dims:?}");
             assert_eq!(bits(&ours.1), bits(&burns.1), "dx of {dims:?}");
             assert_eq!(bits(&ours.2), bits(&burns.2), "dw of {dims:?}");
@@ -153,7 +158,7 @@ proptest! {
         n in 1usize..12, k in 1usize..12, m in 1usize..12, seed in 0u64..1000, view: bool,
     ) {
         let (x, w, g) = inputs([n, k, m], seed);
-        let (y, dx, dw) = run(node, (&x, &w, &g), [n, k, m], view);
+        let (y, dx, dw) = run::<B>(node, (&x, &w, &g), [n, k, m], F32, view);
         let want = reference(&x, &w, &g, [n, k, m]);
         assert_close("y", &y, &want.y, 1e-5);
         assert_close("dx", &dx, &want.dx, 1e-5);
@@ -165,44 +170,9 @@ proptest! {
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu {
     use super::*;
-    use burn::tensor::{DType, FloatDType};
     use lab_kernels::gemm::Choice;
 
     type G = Autodiff<common::Gpu>;
-
-    /// `y`, `dx`, `dw` of `lab_ops::project` on the GPU in `dtype`, `x` as a view or not.
-    fn on_gpu(
-        (x, w, g): (&[f32], &[f32], &[f32]),
-        [n, k, m]: [usize; 3],
-        dtype: FloatDType,
-        x_as_view: bool,
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-        let device = Default::default();
-        let leaf = |v: &[f32], shape| tensor::<G>(v, shape, &device).cast(dtype).require_grad();
-        let x = if x_as_view {
-            let xt: Vec<f32> = (0..k * n).map(|o| x[o % n * k + o / n]).collect();
-            leaf(&xt, [k, n])
-        } else {
-            leaf(x, [n, k])
-        };
-        let w = leaf(w, [k, m]);
-        let x_used = if x_as_view {
-            x.clone().transpose()
-        } else {
-            x.clone()
-        };
-        let y = lab_ops::project(x_used, w.clone());
-        assert_eq!(y.dtype(), DType::from(dtype));
-        let g = tensor::<G>(g, [n, m], &device).cast(dtype);
-        let grads = (y.clone() * g).sum().backward();
-        let dx = x.grad(&grads).expect("x's gradient");
-        let dx = if x_as_view { dx.transpose() } else { dx };
-        (
-            values(y),
-            values(dx),
-            values(w.grad(&grads).expect("w's gradient")),
-        )
-    }
 
     #[test]
     fn the_op_through_fusion_matches_fp64() {
@@ -228,7 +198,7 @@ mod gpu {
         }
         for (seed, (dtype, tol, dims, x_as_view)) in cases.into_iter().enumerate() {
             let (x, w, g) = inputs(dims, seed as u64);
-            let (y, dx, dw) = on_gpu((&x, &w, &g), dims, dtype, x_as_view);
+            let (y, dx, dw) = run::<G>(lab_ops::project, (&x, &w, &g), dims, dtype, x_as_view);
             let want = reference(&x, &w, &g, dims);
             let what = format!("{dtype:?} {dims:?} view {x_as_view}");
             assert_close(&format!("y {what}"), &y, &want.y, tol);

@@ -7,6 +7,7 @@
 //! The library is loaded at run time (cudarc's dynamic loading), as the rest of CUDA is.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use burn::tensor::{bf16, f16, DType};
@@ -37,10 +38,14 @@ pub(super) fn matmul(
     let shape = [a_shape[0], b_shape[1]];
     let out =
         empty_device_contiguous_dtype(a.client.clone(), a.device.clone(), shape.into(), a.dtype);
+    debug_assert_eq!(
+        out.meta.strides().to_vec(),
+        vec![shape[1], 1],
+        "ldc = N needs it"
+    );
     let library = library(a.device.index);
-    // The inputs are written once cubecl's queue has run.
-    cubecl::future::block_on(a.client.sync())
-        .unwrap_or_else(|e| panic!("cuBLASLt: waiting for cubecl's queue failed: {e:?}"));
+    // The resources first: for a tensor written on another thread's cubecl stream, this
+    // queues a wait for it on ours, which the drain below then covers.
     let memory = [a, b, &out].map(|t| {
         t.client
             .get_resource(t.handle.clone())
@@ -49,6 +54,17 @@ pub(super) fn matmul(
     let [a_mem, b_mem, out_mem] = memory
         .each_ref()
         .map(|m| (m.resource().ptr, m.resource().size));
+    // cuBLASLt assumes 256-byte aligned operands; cubecl's CUDA pool aligns to 512, so this
+    // only guards against a change there.
+    if [a_mem, b_mem, out_mem]
+        .iter()
+        .any(|(ptr, _)| ptr % 256 != 0)
+    {
+        return None;
+    }
+    // The inputs are written once cubecl's queue has run.
+    cubecl::future::block_on(a.client.sync())
+        .unwrap_or_else(|e| panic!("cuBLASLt: waiting for cubecl's queue failed: {e:?}"));
     match a.dtype {
         DType::BF16 => library.run::<bf16>(plan, b_mem, a_mem, out_mem),
         _ => library.run::<f16>(plan, b_mem, a_mem, out_mem),
@@ -87,19 +103,19 @@ impl Library {
             .bind_to_thread()
             .unwrap_or_else(|e| panic!("cuBLASLt: binding the CUDA context: {e:?}"));
         // SAFETY: the pointers are cubecl's live allocations of at least these sizes (held by
-        // `matmul`'s resources until the stream is drained below); the slices are leaked, not
-        // freed, as cubecl owns the memory.
+        // `matmul`'s resources until the stream is drained below). The slices are never
+        // dropped, not even if cudarc panics: a drop would free memory cubecl owns.
         unsafe {
-            let x_slice = self.stream.upgrade_device_ptr::<T>(x.0, elements(x));
-            let y_slice = self.stream.upgrade_device_ptr::<T>(y.0, elements(y));
-            let mut d_slice = self.stream.upgrade_device_ptr::<T>(d.0, elements(d));
-            let done = self
-                .blas
-                .matmul(config, &x_slice, &y_slice, &mut d_slice, None, None);
-            x_slice.leak();
-            y_slice.leak();
-            d_slice.leak();
-            done.unwrap_or_else(|e| panic!("cuBLASLt matmul {plan:?}: {e:?}"));
+            let borrow = |(ptr, bytes)| {
+                ManuallyDrop::new(
+                    self.stream
+                        .upgrade_device_ptr::<T>(ptr, elements((ptr, bytes))),
+                )
+            };
+            let (x_slice, y_slice, mut d_slice) = (borrow(x), borrow(y), borrow(d));
+            self.blas
+                .matmul(config, &*x_slice, &*y_slice, &mut *d_slice, None, None)
+                .unwrap_or_else(|e| panic!("cuBLASLt matmul {plan:?}: {e:?}"));
         }
         self.stream
             .synchronize()
