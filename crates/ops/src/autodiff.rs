@@ -18,10 +18,10 @@ use burn::backend::autodiff::{
     Autodiff, NodeId,
 };
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::TensorMetadata;
 
-use crate::{FusedAttention, FusedLoss, FusedRmsNorm, FusedRope, FusedSwiglu};
+use crate::{FusedAttention, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope, FusedSwiglu};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -312,6 +312,64 @@ impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
 impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
     fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
         keeping_inputs::<B, C, _>(RmsNormOp { eps }, x, gain)
+    }
+}
+
+/// The op's node: gradients by the inner backend's own [`FusedProjection::project`].
+#[derive(Debug)]
+struct ProjectionBackward;
+
+impl<B: FusedProjection> Backward<B, 2> for ProjectionBackward {
+    /// `a` if `b` wants a gradient, `b` if `a` does.
+    type State = (Option<NodeId>, Option<NodeId>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
+        let (a, b) = ops.state;
+        let [a_node, b_node] = ops.parents.map(|p| p.map(|n| n.id));
+        let dy = grads.consume::<B>(&ops.node);
+        if let (Some(id), Some(b)) = (a_node, b) {
+            let b = cp.retrieve_node_output::<FloatTensor<B>>(b);
+            grads.register::<B>(id, B::project(dy.clone(), B::float_transpose(b)));
+        }
+        if let (Some(id), Some(a)) = (b_node, a) {
+            let a = cp.retrieve_node_output::<FloatTensor<B>>(a);
+            grads.register::<B>(id, B::project(B::float_transpose(a), dy));
+        }
+    }
+}
+
+/// `a · b` through lab's node whatever [`FusedProjection::projects_on_op`] says: the op's
+/// autodiff half, public so that it can be checked on any backend.
+pub fn projection_node<B: FusedProjection, C: CheckpointStrategy>(
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
+    match ProjectionBackward
+        .prepare::<C>([a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let a_kept = b_tracked.then(|| prep.checkpoint(&a));
+            let b_kept = a_tracked.then(|| prep.checkpoint(&b));
+            prep.finish((a_kept, b_kept), B::project(a.primitive, b.primitive))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(B::project(a.primitive, b.primitive)),
+    }
+}
+
+impl<B: FusedProjection, C: CheckpointStrategy> FusedProjection for Autodiff<B, C> {
+    fn projects_on_op() -> bool {
+        B::projects_on_op()
+    }
+
+    fn project(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        if B::projects_on_op() {
+            projection_node::<B, C>(a, b)
+        } else {
+            <Self as FloatTensorOps<Self>>::float_matmul(a, b)
+        }
     }
 }
 

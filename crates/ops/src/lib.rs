@@ -47,10 +47,11 @@ pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,
 };
+pub use autodiff::projection_node;
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
-pub use projection::{project, projection_node, FusedProjection};
+pub use projection::{project, FusedProjection};
 pub use rms_norm::{rms_norm, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
 pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};
