@@ -21,7 +21,7 @@ use burn::tensor::DType;
 use lab_kernels::adamw::{self, Constants, Updated};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{download, poisoned, upload, values};
 
 /// The update's inputs in f64.

@@ -27,7 +27,7 @@ use burn::tensor::{activation::softmax, backend::Backend, DType, Distribution, T
 use lab_kernels::attention::{self, Forward, Grads, Variant};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{assert_close, device, download, poisoned, upload, values, B};
 
 #[derive(Clone, Copy, Debug)]

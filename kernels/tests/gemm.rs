@@ -8,7 +8,7 @@
 use burn::tensor::{ops::FloatTensorOps, DType};
 use lab_kernels::gemm::VendorMatmul;
 
-mod common;
+use crate::common;
 use common::{assert_close, download, upload, values, Prim, Runtime, B};
 
 /// `rows × cols` values in `dtype`, uploaded as a `[rows, cols]` tensor or as the transposed

@@ -22,7 +22,7 @@ use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 use lab_kernels::lm_head;
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{
     assert_close, assert_close_to_peak, assert_padding_untouched, device, download, padded,
     poisoned, rounded, upload, values, Prim, B,

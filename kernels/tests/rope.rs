@@ -24,7 +24,7 @@ use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
 use lab_kernels::rope;
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{device, download, poisoned, upload, values, Prim, B};
 
 /// How `x` is laid out in memory (its logical shape is always `[B, H, T, hd]`).

@@ -10,7 +10,7 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig};
 use lab_model::Llama;
 
-mod common;
+use crate::common;
 use common::small_config;
 
 #[cfg(feature = "wgpu")]

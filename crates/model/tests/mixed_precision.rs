@@ -18,7 +18,7 @@ use burn::tensor::{DType, Int, Tensor};
 use lab_config::Precision;
 use lab_model::Llama;
 
-mod common;
+use crate::common;
 
 type B = Autodiff<Flex>;
 

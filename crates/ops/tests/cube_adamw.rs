@@ -14,7 +14,7 @@ use burn::backend::Flex;
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorData, TensorPrimitive};
 use lab_ops::{AdamWStep, FusedAdamW};
 
-mod common;
+use crate::common;
 use common::{floats, Gpu};
 
 fn put<B: Backend>(x: &[f32]) -> FloatTensor<B> {

@@ -17,7 +17,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData, TensorPrimitive};
 use lab_ops::{lm_head_loss_chunked, FusedLoss};
 
-mod common;
+use crate::common;
 use common::Gpu;
 
 type Ad = Autodiff<Gpu>;

@@ -13,7 +13,7 @@ use burn::tensor::{
 use lab_ops::{cast_to, projection_node, FusedProjection};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{assert_close, bits, floats};
 
 type B = Autodiff<Flex>;

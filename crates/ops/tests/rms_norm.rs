@@ -10,7 +10,7 @@ use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
 use lab_ops::{rms_norm, FusedRmsNorm};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{bits, block_input, floats, weight};
 
 type B = Autodiff<Flex>;

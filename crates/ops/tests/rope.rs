@@ -8,7 +8,7 @@ use burn::tensor::{backend::AutodiffBackend, FloatDType, Tensor, TensorData};
 use lab_ops::{rope, rope_tensor_ops, FusedRope};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{assert_close, bits, floats};
 
 type B = Autodiff<Flex>;

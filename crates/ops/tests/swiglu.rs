@@ -10,7 +10,7 @@ use burn::tensor::{activation::silu, backend::AutodiffBackend, FloatDType, Tenso
 use lab_ops::{swiglu, FusedSwiglu};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{assert_close, bits, block_input, floats, weight};
 
 type B = Autodiff<Flex>;

@@ -1,7 +1,7 @@
 //! What the kernel tests share: seeded host values, upload and download on the GPU device
 //! (wgpu, lavapipe in CI; CUDA when built with only `--features cuda`, on a GPU host),
 //! NaN-poisoned outputs, and a comparison against fp64 references.
-#![allow(dead_code)] // each test binary uses its own subset
+#![allow(dead_code)] // each test file uses its own subset
 
 use burn::tensor::{backend::Backend, DType, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::{tensor::CubeTensor, CubeBackend};

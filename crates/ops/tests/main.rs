@@ -1,0 +1,11 @@
+//! lab-ops' tests as one binary, each file a module: the backends' generic code is compiled and
+//! linked once instead of once per file (on 2 cores that was most of CI's time).
+
+mod common;
+mod cube_adamw;
+mod cube_loss;
+mod fused_loss;
+mod projection;
+mod rms_norm;
+mod rope;
+mod swiglu;
