@@ -9,8 +9,9 @@
 #   cp "$(ls -t target/release/deps/nccl-* | grep -v '\.d$' | head -1)" .bin/nccl-test
 #   xz -T2 .bin/lab      # 59 MB stripped, 11 MB as .bin/lab.xz: a device call carries 64 MiB
 #
-# and, for the `kernels` stage, the GPU kernel tests (each binary stripped into .bin/tests/,
-# named after its test file, e.g. .bin/tests/attention; about 3 MB each as .xz):
+# and, for the `kernels` stage, the GPU kernel tests: one binary per crate (tests/main.rs),
+# each stripped into .bin/tests/ under its crate's test name (.bin/tests/kernels,
+# .bin/tests/ops; a few MB each as .xz):
 #
 #   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-kernels -p lab-ops \
 #     --features lab-kernels/cuda,lab-ops/cuda --no-run
@@ -43,9 +44,10 @@
 # memory:  20 steps with selective checkpointing; 10 with the micro-batch --fit-micro-batch
 #          picks.
 # compare: scripts/gpu/bench.sh: lab against PyTorch eager and torch.compile, one table.
-# kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), 400 s each (a fresh host
-#          compiles each kernel with NVRTC first, ~1 s each): the kernels' fp64-reference
-#          tests on CUDA, bf16 and the tensor-core attention included. Needs no lab binary.
+# kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), one step per test file
+#          (module) with 400 s each (a fresh host compiles each kernel with NVRTC first, ~1 s
+#          each): the kernels' fp64-reference tests on CUDA, bf16 and the tensor-core
+#          attention included. Needs no lab binary.
 #
 # Environment passes through: `LAB_ATTENTION_MMA=1 session.sh curves` trains the bf16 curve
 # with the tensor-core attention (the fp32 one keeps the CUDA-core kernels).
@@ -201,7 +203,10 @@ kernels() {
   for t in "$tests"/*; do
     [ -f "$t" ] && [ -x "$t" ] && [ "${t%.xz}" = "$t" ] || continue
     found=1
-    step "test-$(basename "$t")" timeout 400 "$t" --test-threads 1
+    # One step per test file: each is a module of the crate's one test binary.
+    for module in $("$t" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u); do
+      step "test-$(basename "$t")-$module" timeout 400 "$t" "$module::" --test-threads 1
+    done
   done
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
