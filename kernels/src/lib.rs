@@ -6,9 +6,10 @@
 //! by `wgpu` or `cuda`): the default CPU build compiles none of it.
 //!
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
-//! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]), and
-//! one AdamW update of a parameter in one pass ([`adamw`]); and matrix products on the vendor's
-//! BLAS where the runtime has one (cuBLASLt on CUDA, [`gemm`]).
+//! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]),
+//! RMSNorm forward and backward ([`rms_norm`]), one AdamW update of a parameter in one pass
+//! ([`adamw`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
+//! on CUDA, [`gemm`]).
 
 #[cfg(feature = "cube")]
 pub mod adamw;
@@ -18,5 +19,7 @@ pub mod attention;
 pub mod gemm;
 #[cfg(feature = "cube")]
 pub mod lm_head;
+#[cfg(feature = "cube")]
+pub mod rms_norm;
 #[cfg(feature = "cube")]
 pub mod rope;

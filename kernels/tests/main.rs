@@ -7,4 +7,5 @@ mod attention;
 mod common;
 mod gemm;
 mod lm_head;
+mod rms_norm;
 mod rope;

@@ -8,12 +8,14 @@
 //! `dg = Σ_rows dy ⊙ q` and `dx = (gy − q · mean(gy ⊙ q)) / r`,
 //!
 //! the derivative of the whole norm at once, in place of the chain rule through six nodes.
-//! The forward is burn's composition itself, so evaluation and generation keep their bits.
+//! On the CPU the forward is burn's composition itself, so evaluation and generation keep
+//! their bits there.
 //! Training's bits change: `x`'s gradient sums in another order (see BENCHMARKS.md).
 //!
-//! Backends: [`FusedRmsNorm`] defaults to these formulas on the backend's own tensor ops (on
-//! the GPUs, burn's Fusion fuses the elementwise parts); `Autodiff<B>` records the one node
-//! (`autodiff.rs`).
+//! Backends: [`FusedRmsNorm`] defaults to these formulas on the backend's own tensor ops;
+//! the GPU backends run lab-kernels' kernels instead (one pass over the rows each way; their
+//! forward's sums run in another order than the composition's); `Autodiff<B>` records the
+//! one node (`autodiff.rs`).
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor};
 
@@ -27,8 +29,7 @@ pub trait FusedRmsNorm: Backend {
     /// `x / sqrt(mean(x², row) + eps) ⊙ gain` for `x: [N, d]`, `gain: [d]`, differentiable
     /// on autodiff backends.
     fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        let (x, gain) = (float::<Self, 2>(x), float::<Self, 1>(gain));
-        prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+        composed::<Self>(x, gain, eps)
     }
 
     /// `(dx, dg)` for the upstream gradient `dy` (see the module docs).
@@ -38,19 +39,36 @@ pub trait FusedRmsNorm: Backend {
         eps: f64,
         dy: FloatTensor<Self>,
     ) -> RmsNormGrads<Self> {
-        let (x, gain, dy) = (
-            float::<Self, 2>(x),
-            float::<Self, 1>(gain),
-            float::<Self, 2>(dy),
-        );
-        let r = rms(x.clone(), eps);
-        let q = x / r.clone();
-        let dg = (dy.clone() * q.clone()).sum_dim(0).squeeze_dim::<1>(0);
-        let gy = dy * gain.unsqueeze::<2>();
-        let along = (gy.clone() * q.clone()).mean_dim(1);
-        let dx = (gy - q * along) / r;
-        (prim(dx), prim(dg))
+        composed_backward::<Self>(x, gain, eps, dy)
     }
+}
+
+/// The forward as the backend's own tensor ops: the default, and the GPU backends' fallback
+/// for dtypes their kernels do not take.
+pub(crate) fn composed<B: Backend>(
+    x: FloatTensor<B>,
+    gain: FloatTensor<B>,
+    eps: f64,
+) -> FloatTensor<B> {
+    let (x, gain) = (float::<B, 2>(x), float::<B, 1>(gain));
+    prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+}
+
+/// The backward as the backend's own tensor ops (see [`composed`]).
+pub(crate) fn composed_backward<B: Backend>(
+    x: FloatTensor<B>,
+    gain: FloatTensor<B>,
+    eps: f64,
+    dy: FloatTensor<B>,
+) -> RmsNormGrads<B> {
+    let (x, gain, dy) = (float::<B, 2>(x), float::<B, 1>(gain), float::<B, 2>(dy));
+    let r = rms(x.clone(), eps);
+    let q = x / r.clone();
+    let dg = (dy.clone() * q.clone()).sum_dim(0).squeeze_dim::<1>(0);
+    let gy = dy * gain.unsqueeze::<2>();
+    let along = (gy.clone() * q.clone()).mean_dim(1);
+    let dx = (gy - q * along) / r;
+    (prim(dx), prim(dg))
 }
 
 /// `sqrt(mean(x², row) + eps)`, `[N, 1]`: the composition's own expression.

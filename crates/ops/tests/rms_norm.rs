@@ -2,7 +2,7 @@
 //! reference's gradients are checked by central differences below), against burn's
 //! composition (the same forward bits; gradients within rounding, since the op sums `x`'s
 //! gradient in another order), and under selective checkpointing. With the `wgpu` feature,
-//! the GPU path too (lavapipe in CI).
+//! the GPU path too (lab-kernels' kernels through Fusion; lavapipe in CI).
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
@@ -286,8 +286,8 @@ proptest! {
     }
 }
 
-/// The GPU path (the formulas on the backend's ops under the op's one-node backward),
-/// through Fusion as the trainer runs it, on the wgpu device.
+/// The GPU path (lab-kernels' RMSNorm kernels as Fusion custom ops under the op's one-node
+/// backward), through Fusion as the trainer runs it, on the wgpu device.
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_fp32_matches_the_fp64_reference() {

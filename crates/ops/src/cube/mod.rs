@@ -13,6 +13,7 @@ mod adamw;
 mod attention;
 mod loss;
 mod projection;
+mod rms_norm;
 mod rope;
 
 /// The tensors a Fusion custom operation reads and registers, by id.
@@ -91,16 +92,3 @@ where
 }
 
 impl<B: FusionBackend> crate::FusedSwiglu for burn_fusion::Fusion<B> {}
-
-/// RMSNorm on the GPUs, likewise: the backend's tensor ops under `Autodiff`'s one node, which
-/// keeps only the input.
-impl<R, F, I, BT> crate::FusedRmsNorm for burn_cubecl::CubeBackend<R, F, I, BT>
-where
-    R: burn_cubecl::CubeRuntime,
-    F: burn_cubecl::FloatElement,
-    I: burn_cubecl::IntElement,
-    BT: burn_cubecl::BoolElement,
-{
-}
-
-impl<B: FusionBackend> crate::FusedRmsNorm for burn_fusion::Fusion<B> {}
