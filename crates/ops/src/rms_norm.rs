@@ -13,9 +13,9 @@
 //! Training's bits change: `x`'s gradient sums in another order (see BENCHMARKS.md).
 //!
 //! Backends: [`FusedRmsNorm`] defaults to these formulas on the backend's own tensor ops;
-//! the GPU backends run lab-kernels' kernels instead (one pass over the rows each way; their
-//! forward's sums run in another order than the composition's); `Autodiff<B>` records the
-//! one node (`autodiff.rs`).
+//! the GPU backends run lab-kernels' kernels instead (a pass over the rows each way and one
+//! over the columns for `dg`; their sums run in another order than the composition's);
+//! `Autodiff<B>` records the one node (`autodiff.rs`).
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor};
 
@@ -43,8 +43,8 @@ pub trait FusedRmsNorm: Backend {
     }
 }
 
-/// The forward as the backend's own tensor ops: the default, and the GPU backends' fallback
-/// for dtypes their kernels do not take.
+/// The forward as the backend's own tensor ops: the default, and the GPU backends' path for
+/// a dtype their kernels do not take (f64).
 pub(crate) fn composed<B: Backend>(
     x: FloatTensor<B>,
     gain: FloatTensor<B>,

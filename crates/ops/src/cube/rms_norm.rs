@@ -41,11 +41,16 @@ where
     }
 }
 
-/// The kernels take operands of one dtype among f32, f16 and bf16; other mixes (none the
-/// model makes: the residual stream and the gains are fp32 in both precisions) fall back to
-/// the composition.
+/// Whether the kernels take these operands: f32, f16 or bf16, else the composition runs.
+/// Operands of mixed dtypes are a bug in the caller: the GPU backends' binary ops read the
+/// right-hand operand as the left's dtype, so the composition would misread them too (the
+/// model never mixes them: the residual stream and the gains are fp32 in both precisions).
 fn kernels_take(dtypes: &[burn::tensor::DType]) -> bool {
-    supports(dtypes[0]) && dtypes.iter().all(|&d| d == dtypes[0])
+    assert!(
+        dtypes.iter().all(|&d| d == dtypes[0]),
+        "rms_norm: operands of one dtype expected, got {dtypes:?}"
+    );
+    supports(dtypes[0])
 }
 
 impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
