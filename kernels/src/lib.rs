@@ -23,3 +23,5 @@ pub mod lm_head;
 pub mod rms_norm;
 #[cfg(feature = "cube")]
 pub mod rope;
+#[cfg(feature = "cube")]
+mod rows;

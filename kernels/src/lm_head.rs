@@ -19,21 +19,14 @@ use burn::tensor::DType;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use crate::rows::{cube_row, row_grid};
+
 /// Units per row: within every target's workgroup limit (lavapipe and CUDA allow 1,024), and
 /// a 50K-word row is streamed in about 200 strides.
 pub const ROW_UNITS: usize = 256;
 
 // The tree in `combine_units` halves the cube's width down to one unit.
 const _: () = assert!(ROW_UNITS.is_power_of_two());
-
-/// Rows per grid column: wgpu caps each grid axis at 65,535 cubes.
-const MAX_GRID_X: usize = 65_535;
-
-/// The row a cube owns (rows are spread over the grid's x and y axes).
-#[cube]
-fn cube_row() -> usize {
-    CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize
-}
 
 #[cube(launch)]
 fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
@@ -154,12 +147,6 @@ fn add_widened_kernel<F: Float, A: Float>(
         let a = r * acc.stride(0) + c * acc.stride(1);
         acc[a] += A::cast_from(x[r * x.stride(0) + c * x.stride(1)]);
     }
-}
-
-/// A grid of one cube per row.
-fn row_grid(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, MAX_GRID_X);
-    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
 fn shape2(t: &CubeTensor<impl CubeRuntime>, what: &str) -> [usize; 2] {

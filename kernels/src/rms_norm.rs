@@ -28,6 +28,8 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
+use crate::rows::{cube_row, row_grid, MAX_GRID};
+
 /// Units per row: a power of two for the tree in `cube_sums`; x1-50m's 768 columns are six
 /// strides of a unit.
 pub const ROW_UNITS: usize = 128;
@@ -40,15 +42,6 @@ const _: () = assert!(ROW_UNITS.is_power_of_two());
 
 /// Units per cube of the column kernels.
 const COLUMN_UNITS: u32 = 256;
-
-/// Cubes per grid axis: wgpu's limit.
-const MAX_GRID: usize = 65_535;
-
-/// The row a cube owns (rows spread over the grid's x and y axes).
-#[cube]
-fn cube_row() -> usize {
-    CUBE_POS_Y as usize * CUBE_COUNT_X as usize + CUBE_POS_X as usize
-}
 
 /// The cube's sums of every unit's `a` and `b`, in a tree over shared memory (the same order
 /// on every run); every unit gets them.
@@ -244,12 +237,6 @@ pub fn supports(dtype: DType) -> bool {
 
 fn new_tensor<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) -> CubeTensor<R> {
     empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), shape, dtype)
-}
-
-/// A grid of one cube per row.
-fn row_grid(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, MAX_GRID);
-    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
 /// RMSNorm of the rows of `x [N, d]` (any strides) with `gain [d]` of `x`'s dtype: a new
