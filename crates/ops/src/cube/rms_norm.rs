@@ -1,5 +1,6 @@
 //! RMSNorm on `CubeBackend` (lab-kernels' kernels) and through Fusion.
 
+use burn::tensor::DType;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::rms_norm::supports;
@@ -20,7 +21,7 @@ where
         gain: Self::FloatTensorPrimitive,
         eps: f64,
     ) -> Self::FloatTensorPrimitive {
-        if kernels_take(&[x.dtype, gain.dtype]) {
+        if supports(one_dtype(&[x.dtype, gain.dtype])) {
             lab_kernels::rms_norm::forward(x, gain, eps)
         } else {
             composed::<Self>(x, gain, eps)
@@ -33,7 +34,7 @@ where
         eps: f64,
         dy: Self::FloatTensorPrimitive,
     ) -> RmsNormGrads<Self> {
-        if kernels_take(&[x.dtype, gain.dtype, dy.dtype]) {
+        if supports(one_dtype(&[x.dtype, gain.dtype, dy.dtype])) {
             lab_kernels::rms_norm::backward(x, gain, eps, dy)
         } else {
             composed_backward::<Self>(x, gain, eps, dy)
@@ -41,27 +42,26 @@ where
     }
 }
 
-/// Whether the kernels take these operands: f32, f16 or bf16, else the composition runs.
-/// Operands of mixed dtypes are a bug in the caller: the GPU backends' binary ops read the
-/// right-hand operand as the left's dtype, so the composition would misread them too (the
-/// model never mixes them: the residual stream and the gains are fp32 in both precisions).
-fn kernels_take(dtypes: &[burn::tensor::DType]) -> bool {
+/// The operands' one dtype. Mixed dtypes are a bug in the caller: the GPU backends' binary
+/// ops read the right-hand operand as the left's dtype, so the composition would misread them
+/// too (the model never mixes them: the residual stream and the gains are fp32 in both
+/// precisions).
+fn one_dtype(dtypes: &[DType]) -> DType {
     assert!(
         dtypes.iter().all(|&d| d == dtypes[0]),
         "rms_norm: operands of one dtype expected, got {dtypes:?}"
     );
-    supports(dtypes[0])
+    dtypes[0]
 }
 
+/// Fusion records the op; the inner backend picks the kernels or the composition when it runs.
 impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
     fn rms_norm(
         x: Self::FloatTensorPrimitive,
         gain: Self::FloatTensorPrimitive,
         eps: f64,
     ) -> Self::FloatTensorPrimitive {
-        if !kernels_take(&[x.dtype, gain.dtype]) {
-            return composed::<Self>(x, gain, eps);
-        }
+        one_dtype(&[x.dtype, gain.dtype]);
         let y = like(&x);
         let [y] = custom_op::<B, 1>("lab_rms_norm", vec![x, gain], [y], move |h, t| {
             let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
@@ -76,9 +76,7 @@ impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
         eps: f64,
         dy: Self::FloatTensorPrimitive,
     ) -> RmsNormGrads<Self> {
-        if !kernels_take(&[x.dtype, gain.dtype, dy.dtype]) {
-            return composed_backward::<Self>(x, gain, eps, dy);
-        }
+        one_dtype(&[x.dtype, gain.dtype, dy.dtype]);
         let outputs = [like(&x), like(&gain)];
         let [dx, dg] = custom_op::<B, 2>(
             "lab_rms_norm_backward",
