@@ -155,6 +155,17 @@ fn shape2(t: &CubeTensor<impl CubeRuntime>, what: &str) -> [usize; 2] {
     [s[0], s[1]]
 }
 
+/// The first `cols` columns of the 2-D `t`, as a view of the same memory: the rows keep their
+/// stride, so the view's rows are padded by what is left out. (burn's `slice` copies a cut
+/// whose end is not on the memory's alignment, as `[.., ..50257]` of a padded row is not.)
+pub fn leading_columns<R: CubeRuntime>(t: &CubeTensor<R>, cols: usize) -> CubeTensor<R> {
+    let [_, all] = shape2(t, "leading_columns");
+    assert!(cols <= all, "leading_columns: {cols} of {all} columns");
+    let mut view = t.clone();
+    view.meta.shape_mut()[1] = cols;
+    view
+}
+
 /// Panics unless no two elements of the 2-D `t` share memory (no broadcast, no overlapping
 /// rows): many units write it in place.
 fn assert_distinct<R: CubeRuntime>(t: &CubeTensor<R>, what: &str) {

@@ -131,7 +131,7 @@ fn check(c: Case, dtype: DType, seed: u64) {
     assert_padding_untouched(whole, c.vocab);
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 8] = [
     // A chunk in the middle of the rows; vocabulary not a multiple of 256.
     Case {
         rows: 3,
@@ -175,7 +175,8 @@ const CASES: [Case; 7] = [
         spread: 40.0,
         pad: 0,
     },
-    // Padded rows (128 columns: an aligned cut, so burn keeps the view): NaN in the padding.
+    // Padded rows, NaN in the padding: 128 columns, and 47 as the loss pads 50,257 words to
+    // 50,304 (views from `leading_columns`, whatever the cut's alignment).
     Case {
         rows: 3,
         vocab: 300,
@@ -183,6 +184,14 @@ const CASES: [Case; 7] = [
         offset: 1,
         spread: 1.0,
         pad: 128,
+    },
+    Case {
+        rows: 3,
+        vocab: 257,
+        total: 3,
+        offset: 0,
+        spread: 2.0,
+        pad: 47,
     },
     Case {
         rows: 4,
@@ -230,10 +239,9 @@ proptest! {
         before in 0usize..4,
         after in 0usize..4,
         seed in 0u64..1000,
-        padded in any::<bool>(),
+        pad in prop_oneof![Just(0usize), 1usize..130],
     ) {
         let total = before + rows + after;
-        let pad = if padded { 128 } else { 0 };
         let c = Case { rows, vocab, total, offset: before, spread: 2.0, pad };
         check(c, DType::F32, seed);
     }

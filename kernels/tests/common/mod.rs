@@ -60,8 +60,8 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
 }
 
 /// `data` (`rows × cols`, row-major) on the device as a padded view: each row followed by
-/// `pad` NaN columns, as CUDA pads a matmul's output (burn slices in place when the cut is
-/// aligned). Returns (the `[rows, cols]` view, the whole `[rows, cols + pad]` buffer).
+/// `pad` NaN columns, as CUDA pads a matmul's output and the loss pads its vocabulary (a view
+/// from `leading_columns`, for any `pad`). Returns (the `[rows, cols]` view, the whole `[rows, cols + pad]` buffer).
 pub fn padded(data: &[f32], [rows, cols]: [usize; 2], pad: usize, dtype: DType) -> (Prim, Prim) {
     let width = cols + pad;
     let mut full = vec![f32::NAN; rows * width];
@@ -69,11 +69,7 @@ pub fn padded(data: &[f32], [rows, cols]: [usize; 2], pad: usize, dtype: DType) 
         full[r * width..][..cols].copy_from_slice(&data[r * cols..][..cols]);
     }
     let whole = upload(&full, &[rows, width], dtype);
-    let view = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(whole.clone()))
-        .slice([0..rows, 0..cols])
-        .into_primitive()
-        .tensor();
-    (view, whole)
+    (lab_kernels::lm_head::leading_columns(&whole, cols), whole)
 }
 
 /// Panics if a kernel wrote any padding column of [`padded`]'s whole buffer.
