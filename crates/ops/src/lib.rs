@@ -92,11 +92,26 @@ pub const DEFAULT_CHUNK_ROWS: usize = 128;
 /// ~1 % of an 80 GB GPU.
 pub const DEVICE_LOGITS_BYTES: usize = 1 << 30;
 
-/// Rows per loss chunk on a GPU: as many as fit [`DEVICE_LOGITS_BYTES`], a multiple of 64 (the
-/// matmul's tiles), at least 64, at most `rows`. (`lab plan` sizes the loss's memory by it.)
+/// Rows per loss chunk on a GPU: as many as fit [`DEVICE_LOGITS_BYTES`] (at the
+/// [`padded_vocab`] the products see), a multiple of 64 (the matmul's tiles), at least 64, at
+/// most `rows`. (`lab plan` sizes the loss's memory by it.)
 pub fn device_chunk_rows(rows: usize, vocab: usize) -> usize {
-    let fit = DEVICE_LOGITS_BYTES / (4 * vocab.max(1));
+    let fit = DEVICE_LOGITS_BYTES / (4 * padded_vocab(vocab.max(1)));
     (fit / 64 * 64).max(64).min(rows.max(1))
+}
+
+/// On a GPU the LM head's products see the vocabulary padded to a multiple of this many
+/// columns. At GPT-2's 50,257 words no row of the weight or the logits starts on a 16-byte
+/// boundary. cubecl's matmul then loads them one element at a time (its vector width must
+/// divide the row length: cubecl-core's `tensor_vector_size_parallel`), and cuBLAS ran the LM
+/// head's shape at 128 TFLOP/s on an H100 against 685 at 2,048 columns. nanoGPT pads its vocabulary
+/// to 50,304 for this; lab pads inside the loss (`cube/loss.rs`), so the model, its
+/// checkpoints and its exports keep 50,257 words.
+pub const VOCAB_ALIGN: usize = 64;
+
+/// The vocabulary the GPU loss's products see: `vocab` rounded up to [`VOCAB_ALIGN`].
+pub fn padded_vocab(vocab: usize) -> usize {
+    vocab.next_multiple_of(VOCAB_ALIGN)
 }
 
 /// A backend that can compute the fused LM-head cross-entropy.

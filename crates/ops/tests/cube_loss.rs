@@ -15,7 +15,7 @@
 
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData, TensorPrimitive};
-use lab_ops::{lm_head_loss_chunked, FusedLoss};
+use lab_ops::{lm_head_loss_chunked, padded_vocab, FusedLoss};
 
 use crate::common;
 use common::Gpu;
@@ -123,6 +123,7 @@ fn inputs<Bk: Backend>(
 
 /// Training's path: the autodiff node, computing the gradients with the loss.
 fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> Grads {
+    common::choose_products(); // on CUDA, the loss's products on cuBLASLt
     let (h, w, t) = inputs::<Ad>(c, dtype);
     let (h, w) = (h.require_grad(), w.require_grad());
     let loss = lm_head_loss_chunked(h.clone(), w.clone(), t, chunk_rows);
@@ -137,12 +138,14 @@ fn trained(c: &Case, chunk_rows: usize, dtype: FloatDType) -> Grads {
 #[test]
 fn training_loss_and_gradients_match_the_fp64_reference_over_several_chunks() {
     // 13 rows in chunks of 5: two full chunks and a partial one; V not a multiple of 256.
-    let c = case(13, 24, 300, 1);
-    assert_matches(
-        &trained(&c, 5, FloatDType::F32),
-        &reference(&c, 1.0),
-        (1e-5, 1e-5),
-    );
+    // The products pad V to 320 columns; at 128 words they pad nothing.
+    for c in [case(13, 24, 300, 1), case(13, 24, 128, 4)] {
+        assert_matches(
+            &trained(&c, 5, FloatDType::F32),
+            &reference(&c, 1.0),
+            (1e-5, 1e-5),
+        );
+    }
 }
 
 #[test]
@@ -150,6 +153,7 @@ fn forward_then_backward_halves_match_the_fp64_reference() {
     // What a caller without the autodiff node runs: the forward's log-sum-exp, then the
     // backward for an upstream gradient of 0.5, each a Fusion custom op.
     let c = case(9, 16, 70, 2);
+    common::choose_products();
     let (h, w, t) = inputs::<Gpu>(&c, FloatDType::F32);
     let prim = |x: Tensor<Gpu, 2>| x.into_primitive().tensor();
     let (h, w, t) = (prim(h), prim(w), t.into_primitive());
@@ -200,4 +204,14 @@ fn gpu_chunks_are_sized_for_the_device_and_the_cpu_keeps_its_own() {
     // Never more rows than there are, never fewer than 64 for a huge vocabulary.
     assert_eq!(<Gpu as FusedLoss>::loss_chunk_rows(100, 50_257), 100);
     assert_eq!(<Gpu as FusedLoss>::loss_chunk_rows(100_000, 1 << 30), 64);
+}
+
+#[test]
+fn the_products_see_the_vocabulary_padded_to_whole_rows_of_64() {
+    // GPT-2's 50,257 words are 50,304 columns in the loss's products (nanoGPT's padding);
+    // a vocabulary already aligned is left as it is.
+    assert_eq!(padded_vocab(50_257), 50_304);
+    assert_eq!(padded_vocab(50_304), 50_304);
+    assert_eq!(padded_vocab(1), 64);
+    assert_eq!(padded_vocab(64_000), 64_000);
 }

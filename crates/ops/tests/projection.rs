@@ -182,8 +182,11 @@ mod gpu {
         } else {
             Choice::Vendor
         };
-        let chosen = want.set().map_or_else(|c| c, |()| want);
-        assert_eq!(chosen, want, "this binary's products run through the op");
+        assert_eq!(
+            common::choose_products(),
+            want,
+            "this binary's products run through the op"
+        );
         assert!(<G as FusedProjection>::projects_on_op(), "the op is taken");
         // f16 keeps ~11 bits, bf16 ~8; sums of up to 64 terms below 1 in f32 accumulators.
         // Few cases: each new shape and layout compiles kernels, slowly on lavapipe.

@@ -6,21 +6,26 @@
 //! hidden and weight gradients. The weight gradient is summed over chunks in fp32 in place
 //! (`add_widened`), and chunks are as tall as `device_chunk_rows` allows, so the `[d, V]`
 //! product is written once per ~5K rows instead of once per 128 as the generic path does.
+//!
+//! The products see the vocabulary padded with zero columns to a multiple of
+//! [`crate::VOCAB_ALIGN`], and the row kernels a view of the logits without them (see
+//! [`padded_vocab`]); the products go through lab's projection op, so `LAB_MATMUL=cublaslt`
+//! runs them on cuBLASLt as it does the blocks' projections.
 
 use burn::tensor::{
     ops::{FloatTensor, IntTensor},
     DType, FloatDType, Shape, Tensor, TensorData,
 };
 use burn_cubecl::{
-    ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, BoolElement, CubeBackend,
-    CubeRuntime, FloatElement, IntElement,
+    kernel::into_contiguous, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor,
+    BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
 };
 use burn_fusion::{Fusion, FusionBackend};
-use lab_kernels::lm_head;
+use lab_kernels::{gemm::VendorMatmul, lm_head};
 
 use super::{custom_op, like};
 use crate::generic::{chunks, float, prim};
-use crate::{cast_to, device_chunk_rows, FusedLoss};
+use crate::{cast_to, device_chunk_rows, padded_vocab, FusedLoss, FusedProjection};
 
 /// What one walk over the rows computes.
 #[allow(clippy::large_enum_variant)] // one per loss call, moved once
@@ -53,6 +58,40 @@ fn f32_rows<R: CubeRuntime>(like: &CubeTensor<R>, n: usize) -> CubeTensor<R> {
 
 type Cube<R, F, I, BT> = CubeBackend<R, F, I, BT>;
 
+/// `a · b` through lab's projection op: the backend's matmul, or the vendor's BLAS where
+/// `LAB_MATMUL` asks for it.
+fn product<R, F, I, BT>(
+    a: Tensor<Cube<R, F, I, BT>, 2>,
+    b: Tensor<Cube<R, F, I, BT>, 2>,
+) -> Tensor<Cube<R, F, I, BT>, 2>
+where
+    R: VendorMatmul,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    float(<Cube<R, F, I, BT> as FusedProjection>::project(
+        prim(a),
+        prim(b),
+    ))
+}
+
+/// `weight [d, V]` followed by zero columns up to [`padded_vocab`]`(V)`. The logits' extra
+/// columns are then exactly 0, the row kernels never see them (they get a view of the first
+/// V), so their gradient stays 0 and adds nothing to either product of the backward.
+fn padded_weight<B: burn::tensor::backend::Backend>(w: Tensor<B, 2>) -> Tensor<B, 2> {
+    let [d, v] = w.dims();
+    let pad = padded_vocab(v) - v;
+    if pad == 0 {
+        return w;
+    }
+    let zeros = cast_to(
+        Tensor::<B, 2>::zeros([d, pad], &w.device()),
+        w.dtype().into(),
+    );
+    Tensor::cat(vec![w, zeros], 1)
+}
+
 fn walk<R, F, I, BT>(
     hidden: CubeTensor<R>,
     weight: CubeTensor<R>,
@@ -61,12 +100,13 @@ fn walk<R, F, I, BT>(
     want: Want<R>,
 ) -> Walked<R>
 where
-    R: CubeRuntime,
+    R: VendorMatmul,
     F: FloatElement,
     I: IntElement,
     BT: BoolElement,
 {
     let n = hidden.meta.shape()[0];
+    let vocab = weight.meta.shape()[1];
     let weight_dtype: FloatDType = weight.dtype.into();
     let (lse, loss_rows, grad_loss) = match want {
         Want::Loss => (f32_rows(&hidden, n), Some(f32_rows(&hidden, n)), None),
@@ -87,24 +127,25 @@ where
         }
     };
     let h: Tensor<Cube<R, F, I, BT>, 2> = float(hidden);
-    let w: Tensor<Cube<R, F, I, BT>, 2> = float(weight);
+    let w = padded_weight::<Cube<R, F, I, BT>>(float(weight)); // [d, Vp]
     let inv_rows = 1.0 / n as f32;
     let mut grad_hidden = Vec::new(); // per chunk [c, d]
-    let mut grad_weight: Option<Tensor<Cube<R, F, I, BT>, 2>> = None; // [d, V], fp32 sum
+    let mut grad_weight: Option<Tensor<Cube<R, F, I, BT>, 2>> = None; // [d, Vp], fp32 sum
     for (s, e) in chunks(n, chunk_rows) {
         let h_c = h.clone().slice(s..e); // [c, d]
-        let logits = prim(h_c.clone().matmul(w.clone())); // [c, V], in the compute dtype
+        let logits = prim(product(h_c.clone(), w.clone())); // [c, Vp], in the compute dtype
+        let words = lm_head::leading_columns(&logits, vocab); // [c, V], the same memory
         if let Some(loss) = &loss_rows {
-            lm_head::row_loss(logits.clone(), targets.clone(), &lse, loss, s);
+            lm_head::row_loss(words.clone(), targets.clone(), &lse, loss, s);
         }
         let Some(grad_loss) = &grad_loss else {
             continue;
         };
         let (t, l, gl) = (targets.clone(), lse.clone(), grad_loss.clone());
-        lm_head::softmax_grad_in_place(&logits, t, l, gl, inv_rows, s);
-        let g: Tensor<Cube<R, F, I, BT>, 2> = float(logits); // [c, V], d loss/d logits
-        grad_hidden.push(g.clone().matmul(w.clone().transpose())); // [c, d]
-        let gw = h_c.transpose().matmul(g); // [d, V]
+        lm_head::softmax_grad_in_place(&words, t, l, gl, inv_rows, s);
+        let g: Tensor<Cube<R, F, I, BT>, 2> = float(logits); // [c, Vp], d loss/d logits
+        grad_hidden.push(product(g.clone(), w.clone().transpose())); // [c, d]
+        let gw = product(h_c.transpose(), g); // [d, Vp]
         grad_weight = Some(match grad_weight.take() {
             None => cast_to(gw, FloatDType::F32),
             Some(acc) => {
@@ -115,8 +156,10 @@ where
     }
     let grads = grad_loss.map(|_| {
         let gh = Tensor::cat(grad_hidden, 0);
-        let gw = cast_to(grad_weight.expect("at least one chunk"), weight_dtype);
-        (prim(gh), prim(gw))
+        let gw = prim(grad_weight.expect("at least one chunk")); // [d, Vp]
+        let gw: Tensor<Cube<R, F, I, BT>, 2> =
+            float(into_contiguous(lm_head::leading_columns(&gw, vocab)));
+        (prim(gh), prim(cast_to(gw, weight_dtype)))
     });
     let loss = loss_rows.map(|rows| prim(float::<Cube<R, F, I, BT>, 1>(rows).mean()));
     Walked { loss, lse, grads }
@@ -124,7 +167,7 @@ where
 
 impl<R, F, I, BT> FusedLoss for CubeBackend<R, F, I, BT>
 where
-    R: CubeRuntime,
+    R: VendorMatmul,
     F: FloatElement,
     I: IntElement,
     BT: BoolElement,

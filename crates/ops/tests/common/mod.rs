@@ -8,6 +8,21 @@ pub type Gpu = burn::backend::Wgpu;
 #[cfg(all(feature = "cuda", not(feature = "wgpu")))]
 pub type Gpu = burn::backend::Cuda;
 
+/// Sets the route of this process's products, before a test runs one: lab's op around cubecl's
+/// matmul on wgpu and, built for CUDA alone (a GPU host), cuBLASLt. A process chooses once,
+/// so every test that multiplies through the op (the projections, the LM-head loss) calls
+/// this first. Returns the choice in force.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub fn choose_products() -> lab_kernels::gemm::Choice {
+    use lab_kernels::gemm::Choice;
+    let want = if cfg!(feature = "wgpu") {
+        Choice::Op
+    } else {
+        Choice::Vendor
+    };
+    want.set().map_or_else(|c| c, |()| want)
+}
+
 /// xorshift64*: values in `[-scale, scale)` that do not depend on burn's global RNG.
 pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
