@@ -466,17 +466,24 @@ pub struct MatmulShape {
 }
 
 impl MatmulBench {
-    /// `(name, k, n)` of every distinct projection: `[rows, k] @ [k, n]`.
+    /// `(name, k, n)` of every distinct projection: `[rows, k] @ [k, n]`. The LM head comes
+    /// twice when the vocabulary is not a multiple of 64: as the model stores it, and as the
+    /// GPU loss's products see it (`lm_head/pad`, [`lab_ops::padded_vocab`]).
     pub fn shapes(cfg: &lab_config::ModelConfig) -> Vec<(&'static str, usize, usize)> {
         let (d, hd) = (cfg.d_model, cfg.head_dim());
-        vec![
+        let mut shapes = vec![
             ("wq", d, cfg.d_attn()),
             ("wk/wv", d, cfg.n_kv_head * hd),
             ("wo", cfg.d_attn(), d),
             ("ffn.gate/up", d, cfg.d_ff),
             ("ffn.down", cfg.d_ff, d),
             ("lm_head", d, cfg.vocab_size),
-        ]
+        ];
+        let padded = lab_ops::padded_vocab(cfg.vocab_size);
+        if padded != cfg.vocab_size {
+            shapes.push(("lm_head/pad", d, padded));
+        }
+        shapes
     }
 }
 
@@ -536,6 +543,16 @@ mod tests {
     /// steps read 30, 70 and 50 of a replayed NVML stream (peak 70); a reading after the
     /// warm-up step too would have reached 90.
     #[test]
+    fn an_aligned_vocabulary_has_no_padded_lm_head_line() {
+        let x1 = LabConfig::from_toml(include_str!("../../../configs/x1-50m-a100.toml")).unwrap();
+        let mut aligned = x1.model.clone();
+        aligned.vocab_size = 50_304;
+        let shapes = MatmulBench::shapes(&aligned);
+        assert_eq!(shapes.last(), Some(&("lm_head", 768, 50_304)));
+        assert_eq!(shapes.len(), 6, "nothing to pad");
+    }
+
+    #[test]
     fn the_gpu_gauge_reports_the_largest_reading_of_the_timed_steps() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gpu.jsonl");
@@ -583,14 +600,24 @@ mod tests {
         let names: Vec<_> = shapes.iter().map(|s| s.name).collect();
         assert_eq!(
             names,
-            ["wq", "wk/wv", "wo", "ffn.gate/up", "ffn.down", "lm_head"]
+            [
+                "wq",
+                "wk/wv",
+                "wo",
+                "ffn.gate/up",
+                "ffn.down",
+                "lm_head",
+                "lm_head/pad"
+            ]
         );
         let m = &config.model;
-        let lm_head = &shapes[5];
+        let [lm_head, padded] = [&shapes[5], &shapes[6]];
         assert_eq!(
             (lm_head.m, lm_head.k, lm_head.n),
             (16, m.d_model, m.vocab_size)
         );
+        // GPT-2's 50,257 words as the GPU loss's products see them.
+        assert_eq!((padded.k, padded.n), (m.d_model, 50_304));
         assert!(shapes.iter().all(|s| s.m == 16 && s.tflops.is_finite()));
     }
 }
