@@ -7,7 +7,7 @@
 //!
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
 //! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]),
-//! RMSNorm forward and backward ([`rms_norm`]), one AdamW update of a parameter in one pass
+//! RMSNorm forward and backward ([`rms_norm`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in one pass
 //! ([`adamw`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
 //! on CUDA, [`gemm`]).
 
@@ -15,6 +15,8 @@
 pub mod adamw;
 #[cfg(feature = "cube")]
 pub mod attention;
+#[cfg(feature = "cube")]
+pub mod embedding;
 // The BLAS call's plan is host arithmetic, built and tested without a GPU runtime.
 pub mod gemm;
 #[cfg(feature = "cube")]

@@ -5,6 +5,8 @@ mod adamw;
 mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod common;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod embedding;
 mod gemm;
 mod lm_head;
 mod rms_norm;
