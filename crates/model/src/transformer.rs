@@ -179,14 +179,6 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// `tokens: [B, T]` → their embeddings as `[B·T, d_model]` rows.
-    pub fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
-        let [batch, t] = tokens.dims();
-        let x = burn::tensor::module::embedding(self.embed.val(), tokens);
-        let d = x.dims()[2];
-        x.reshape([batch * t, d])
-    }
-
     /// Logits of final hidden states `[N, d_model]`, in their dtype (a head held as a bf16
     /// copy, under ZeRO-1 in bf16, is widened to them).
     fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -220,8 +212,16 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// The forward passes: RoPE and SwiGLU's gating are lab-ops' ops.
+/// The forward passes: the embedding, RoPE and SwiGLU's gating are lab-ops' ops.
 impl<B: FusedLayers> Llama<B> {
+    /// `tokens: [B, T]` → their embeddings as `[B·T, d_model]` rows.
+    pub fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let [batch, t] = tokens.dims();
+        let x = lab_ops::embedding(self.embed.val(), tokens);
+        let d = x.dims()[2];
+        x.reshape([batch * t, d])
+    }
+
     /// Final hidden states, `tokens: [B, T]` → `[B·T, d_model]` (after the final norm), with
     /// the tensor-op attention.
     pub fn hidden(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {

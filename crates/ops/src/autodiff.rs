@@ -21,7 +21,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::TensorMetadata;
 
-use crate::{FusedAttention, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope, FusedSwiglu};
+use crate::{
+    FusedAttention, FusedEmbedding, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope,
+    FusedSwiglu,
+};
 
 #[derive(Debug)]
 struct LmHeadLossBackward;
@@ -312,6 +315,39 @@ impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
 impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
     fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
         keeping_inputs::<B, C, _>(RmsNormOp { eps }, x, gain)
+    }
+}
+
+/// The embedding's node: keeps the table's handle (for its shape) and the ids, as burn's
+/// own node does; backward is the inner backend's [`FusedEmbedding::embed_grad`].
+#[derive(Debug)]
+struct EmbedBackward;
+
+impl<B: FusedEmbedding> Backward<B, 1> for EmbedBackward {
+    type State = (FloatTensor<B>, IntTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (weights, ids) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(table)] = ops.parents {
+            grads.register::<B>(table.id, B::embed_grad(weights, dy, ids));
+        }
+    }
+}
+
+impl<B: FusedEmbedding, C: CheckpointStrategy> FusedEmbedding for Autodiff<B, C> {
+    fn embed(weights: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
+        match EmbedBackward
+            .prepare::<C>([weights.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let rows = B::embed(weights.primitive.clone(), ids.clone());
+                prep.finish((weights.primitive, ids), rows)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::embed(weights.primitive, ids)),
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
 //! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating as one op
 //! that keeps two tensors instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
-//! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), and the
-//! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]).
+//! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the
+//! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]), and
+//! the token embedding with a GPU kernel for its backward ([`embedding`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
 //! `[N, V]` tensors (logits, shifted, exp, log-probs, and their gradients); autodiff keeps some
@@ -34,6 +35,7 @@ mod attention;
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
+mod embedding;
 mod flex;
 mod flex_tensor;
 mod generic;
@@ -48,6 +50,7 @@ pub use attention::{
     FusedAttention,
 };
 pub use autodiff::projection_node;
+pub use embedding::{embedding, FusedEmbedding};
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
@@ -66,9 +69,16 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
     }
 }
 
-/// The fused ops inside the model's blocks: what a backend must provide to run the forward.
-pub trait FusedLayers: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection {}
-impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection> FusedLayers for B {}
+/// The fused ops inside the model's blocks and its embedding: what a backend must provide to
+/// run the forward.
+pub trait FusedLayers:
+    FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbedding
+{
+}
+impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbedding> FusedLayers
+    for B
+{
+}
 
 /// Every fused op the model calls: what a backend must provide to train.
 pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers {}

@@ -11,6 +11,7 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
 mod adamw;
 mod attention;
+mod embedding;
 mod loss;
 mod projection;
 mod rms_norm;
