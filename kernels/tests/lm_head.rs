@@ -12,10 +12,13 @@
 //! - log-sum-exp and loss (f32 arithmetic for every storage type): 1e-5 of the largest
 //!   reference magnitude, at least 1. Each unit sums at most ~20 terms and the cube combines
 //!   256 pairs in 8 levels: a few f32 roundings each.
-//! - gradient, whose entries are at most `grad_loss / N`: 1e-5 in f32 and 1e-3 in f16 of its
-//!   largest magnitude (no floor). The f16 gradient is stored in f16, which rounds every entry
-//!   by up to 2^-11 ≈ 4.9e-4 of itself; 8e-3 in bf16 (CUDA builds only), whose rounding is
-//!   up to 2^-8 ≈ 3.9e-3.
+//! - gradient, `(p − onehot) · grad_loss / N`, whose entries are at most `grad_loss / N` in
+//!   magnitude: 1e-5 in f32 and 1e-3 in f16 of that bound. Not of the largest entry: where the
+//!   target's `p` is near 1 every entry is small, and the target's `p − 1` cancels, so `p`'s
+//!   own f32 error (a few ulps of 1, more with lavapipe's `exp`) is all of it; a proptest case
+//!   found 3e-7 of error on entries of 1.6e-5. The f16 gradient is stored in f16, which rounds
+//!   every entry by up to 2^-11 ≈ 4.9e-4 of itself; 8e-3 in bf16 (CUDA builds only), whose
+//!   rounding is up to 2^-8 ≈ 3.9e-3.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
@@ -24,7 +27,7 @@ use proptest::prelude::*;
 
 use crate::common;
 use common::{
-    assert_close, assert_close_to_peak, assert_padding_untouched, device, download, padded,
+    assert_close, assert_close_to_scale, assert_padding_untouched, device, download, padded,
     poisoned, rounded, upload, values, Prim, B,
 };
 
@@ -127,7 +130,8 @@ fn check(c: Case, dtype: DType, seed: u64) {
     let scale = upload(&[grad_loss as f32], &[1], DType::F32);
     let inv_rows = 1.0 / c.total as f32;
     lm_head::softmax_grad_in_place(&logits_dev, ids_dev, lse, scale, inv_rows, c.offset);
-    assert_close_to_peak("grad", &download(logits_dev), &want_grad, grad_tol);
+    let bound = grad_loss / c.total as f64; // |p − onehot| ≤ 1
+    assert_close_to_scale("grad", &download(logits_dev), &want_grad, grad_tol, bound);
     assert_padding_untouched(whole, c.vocab);
 }
 

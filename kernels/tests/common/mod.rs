@@ -115,11 +115,11 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_close_from(name, got, want, tol, 1.0);
 }
 
-/// Every element within `tol` × the largest reference magnitude, with no floor: for values
-/// far below 1 (a softmax gradient is at most 1/N), where [`assert_close`] would turn the
-/// tolerance absolute.
-pub fn assert_close_to_peak(name: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_close_from(name, got, want, tol, f64::MIN_POSITIVE);
+/// Every element within `tol` × `scale` (or × the largest reference magnitude, if larger):
+/// for values whose size is known to be at most `scale` and may be far below 1 (a softmax
+/// gradient is at most 1/N), where [`assert_close`] would turn the tolerance absolute.
+pub fn assert_close_to_scale(name: &str, got: &[f32], want: &[f64], tol: f64, scale: f64) {
+    assert_close_from(name, got, want, tol, scale);
 }
 
 fn assert_close_from(name: &str, got: &[f32], want: &[f64], tol: f64, floor: f64) {
