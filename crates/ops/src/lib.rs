@@ -111,9 +111,10 @@ pub fn device_chunk_rows(rows: usize, vocab: usize) -> usize {
 }
 
 /// On a GPU the LM head's products see the vocabulary padded to a multiple of this many
-/// columns. At GPT-2's 50,257 words no row of the weight or the logits starts on a 16-byte
-/// boundary. cubecl's matmul then loads them one element at a time (its vector width must
-/// divide the row length: cubecl-core's `tensor_vector_size_parallel`), and cuBLAS ran the LM
+/// columns. At GPT-2's 50,257 words the weight's rows are 50,257 elements apart, and the
+/// logits' 50,257 columns are not a multiple of any vector width: cubecl's matmul then loads
+/// and stores them one element at a time (its vector width must divide the contiguous axis
+/// and the other strides: cubecl-core's `tensor_vector_size_parallel`), and cuBLAS ran the LM
 /// head's shape at 128 TFLOP/s on an H100 against 685 at 2,048 columns. nanoGPT pads its vocabulary
 /// to 50,304 for this; lab pads inside the loss (`cube/loss.rs`), so the model, its
 /// checkpoints and its exports keep 50,257 words.

@@ -206,15 +206,18 @@ pub fn block_bytes_per_token(
 /// loss and keeps them for backward: d hidden `[tokens, h]` and d head `[h, V]`. While it runs
 /// it also holds one chunk of logits (`lab_ops::device_chunk_rows` rows of the local
 /// vocabulary, overwritten in place by their gradient), one chunk's d head and their fp32 sum
-/// (an upper bound: a single chunk needs no sum). No `[tokens, V]` tensor exists, so the loss
-/// grows with the tokens only by `h` per token.
+/// (an upper bound: a single chunk needs no sum), all over the vocabulary padded to a
+/// multiple of 64 (`lab_ops::padded_vocab`), and the head's padded copy if it needed padding. No `[tokens, V]`
+/// tensor exists, so the loss grows with the tokens only by `h` per token.
 pub fn lm_head_loss_bytes(model: &ModelConfig, act: f64, tokens: usize, tp: usize) -> f64 {
     let local_vocab = model.vocab_size.div_ceil(tp.max(1));
     let (h, v) = (model.d_model as f64, local_vocab as f64);
+    let padded = lab_ops::padded_vocab(local_vocab) as f64;
     // A narrower vocabulary slice fits more rows in a chunk: the chunk does not shrink with TP.
     let rows = lab_ops::device_chunk_rows(tokens, local_vocab) as f64;
     let kept = (tokens as f64 * h / tp as f64 + h * v) * act;
-    let while_running = rows * v * act + h * v * (act + 4.0);
+    let copy = if padded > v { h * padded * act } else { 0.0 }; // an aligned head is not copied
+    let while_running = rows * padded * act + h * padded * (act + 4.0) + copy;
     kept + while_running
 }
 

@@ -154,12 +154,17 @@ where
             }
         });
     }
+    drop(w); // the padded copy, before the weight gradient's last copy is made
     let grads = grad_loss.map(|_| {
         let gh = Tensor::cat(grad_hidden, 0);
-        let gw = prim(grad_weight.expect("at least one chunk")); // [d, Vp]
-        let gw: Tensor<Cube<R, F, I, BT>, 2> =
-            float(into_contiguous(lm_head::leading_columns(&gw, vocab)));
-        (prim(gh), prim(cast_to(gw, weight_dtype)))
+        let gw = prim(grad_weight.expect("at least one chunk")); // [d, Vp], f32
+        let gw = lm_head::leading_columns(&gw, vocab); // [d, V], rows Vp apart
+                                                       // One copy either way: a cast reads through strides; an f32 weight needs its own.
+        let gw = match weight_dtype {
+            FloatDType::F32 => into_contiguous(gw),
+            _ => prim(cast_to(float::<Cube<R, F, I, BT>, 2>(gw), weight_dtype)),
+        };
+        (prim(gh), gw)
     });
     let loss = loss_rows.map(|rows| prim(float::<Cube<R, F, I, BT>, 1>(rows).mean()));
     Walked { loss, lse, grads }
