@@ -10,9 +10,10 @@
 //! order from zero, as burn's kernel does: the same bits. Ids are staged through shared
 //! memory a tile at a time, read by every unit of the cube.
 //!
-//! Each unit first zeroes its slice of its column, so every element is written; an id outside
-//! `0..V` adds nowhere (burn's checked launch would clamp it; the data loader refuses such
-//! ids before).
+//! Each unit first zeroes its slice of its column, so every element is written. Ids are read
+//! as `u32`: with the backends' `i32` ids, one outside `0..V` (negative ones wrap past
+//! 2^31) adds nowhere, where burn's checked launch would clamp it, so the bits match burn's
+//! for valid ids only; the data loader refuses others before they reach the model.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{

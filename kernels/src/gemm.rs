@@ -3,8 +3,9 @@
 //! On an H100, cubecl's matmul reached 0.15–0.23× of cuBLAS on x1-50m's projections
 //! (BENCHMARKS.md, "First figures on an H100"). [`VendorMatmul::vendor_matmul`] hands such a
 //! product to the vendor's library on the tensors' own device memory; lab-ops' projection op
-//! calls it, forward and backward, behind [`Choice`] (`LAB_MATMUL`), off by default until a
-//! GPU session has measured it.
+//! calls it, forward and backward, for the blocks' projections and the LM-head loss's three
+//! products, behind [`Choice`] (`LAB_MATMUL`), off by default until a GPU session has
+//! measured it.
 //!
 //! A BLAS is column-major. A row-major `[r, c]` matrix with row stride `ld` is, read
 //! column-major, its transpose `[c, r]` with leading dimension `ld`; a transposed view
@@ -86,7 +87,8 @@ fn transposed_operand([r, c]: [usize; 2], [row_stride, col_stride]: [usize; 2]) 
     None
 }
 
-/// What the projections' products run on: `LAB_MATMUL`, read once per process.
+/// What the projections' products (and the GPU LM-head loss's) run on: `LAB_MATMUL`, read
+/// once per process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
     /// The backend's own matmul under burn's own autodiff node (the default).

@@ -1,6 +1,7 @@
 //! The fused LM-head loss on a GPU backend (wgpu, lavapipe in CI; CUDA when built with only
-//! `--features cuda`, on a GPU host): burn's matmul per chunk
-//! plus lab-kernels' row kernels, wired as an autodiff node over a Fusion custom op, against
+//! `--features cuda`, on a GPU host): the projection op's matmul per chunk over a vocabulary
+//! padded to a multiple of 64 (cuBLASLt on CUDA, as `common::choose_products` sets it), plus
+//! lab-kernels' row kernels, wired as an autodiff node over a Fusion custom op, against
 //! an fp64 host reference of the loss and both gradients.
 //!
 //! Tolerances, as a fraction of the largest reference magnitude of each tensor (no floor: the
@@ -195,10 +196,52 @@ fn f16_inputs_train_with_an_f32_softmax() {
     );
 }
 
+/// bf16, the trainer's precision (CUDA builds only: lavapipe has no bf16). bf16 keeps 8 bits,
+/// f16 11: the f16 tolerances times 8.
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn bf16_inputs_train_with_an_f32_softmax() {
+    let mut c = case(11, 16, 200, 3);
+    for x in c.hidden.iter_mut().chain(c.weight.iter_mut()) {
+        *x = burn::tensor::bf16::from_f32(*x).to_f32();
+    }
+    assert_matches(
+        &trained(&c, 4, FloatDType::BF16),
+        &reference(&c, 1.0),
+        (3.2e-2, 8e-2),
+    );
+}
+
+#[test]
+fn a_tied_head_and_aligned_row_chunks_match_the_fp64_reference() {
+    // A tied model's head is the embedding `[V, d]` read transposed, padded like any other;
+    // and 4-row chunks of 64 f32 columns start 1 KiB apart, so burn can keep them as views of
+    // the hidden states rather than copies.
+    common::choose_products();
+    let c = case(12, 64, 150, 6);
+    let dev = Default::default();
+    let h = Tensor::<Ad, 2>::from_data(TensorData::new(c.hidden.clone(), [c.n, c.d]), &dev)
+        .require_grad();
+    let (d, v) = (c.d, c.v);
+    let table: Vec<f32> = (0..v * d).map(|k| c.weight[(k % d) * v + k / d]).collect();
+    let table = Tensor::<Ad, 2>::from_data(TensorData::new(table, [v, d]), &dev).require_grad();
+    let t = Tensor::<Ad, 1, Int>::from_data(TensorData::new(c.targets.clone(), [c.n]), &dev);
+    let loss = lm_head_loss_chunked(h.clone(), table.clone().transpose(), t, 4);
+    let grads = loss.backward();
+    let gh = host(h.grad(&grads).expect("d hidden"));
+    let g_table = host(table.grad(&grads).expect("d table")); // [V, d]
+    let gw = (0..d * v).map(|k| g_table[(k % v) * d + k / v]).collect(); // [d, V]
+    assert_matches(
+        &(host(loss.inner()), gh, gw),
+        &reference(&c, 1.0),
+        (1e-5, 1e-5),
+    );
+}
+
 #[test]
 fn gpu_chunks_are_sized_for_the_device_and_the_cpu_keeps_its_own() {
-    // x1-50m: 32 × 1,024 rows of GPT-2's 50,257 words. 1 GiB of f32 logits is 5,341 rows,
-    // 5,312 at a multiple of 64: 7 chunks instead of the CPU's 256.
+    // x1-50m: 32 × 1,024 rows of GPT-2's 50,257 words. 1 GiB of f32 logits over the padded
+    // 50,304 columns is 5,336 rows, 5,312 at a multiple of 64: 7 chunks instead of the CPU's 256.
     assert_eq!(<Ad as FusedLoss>::loss_chunk_rows(32_768, 50_257), 5_312);
     assert_eq!(<Flex as FusedLoss>::loss_chunk_rows(32_768, 50_257), 128);
     // Never more rows than there are, never fewer than 64 for a huge vocabulary.

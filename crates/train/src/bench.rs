@@ -539,9 +539,7 @@ impl OnBackend for MatmulBench {
 mod tests {
     use super::*;
 
-    /// The GPU gauge reports the largest reading taken after the timed steps: the three timed
-    /// steps read 30, 70 and 50 of a replayed NVML stream (peak 70); a reading after the
-    /// warm-up step too would have reached 90.
+    /// The LM head's padded line comes only when there is something to pad.
     #[test]
     fn an_aligned_vocabulary_has_no_padded_lm_head_line() {
         let x1 = LabConfig::from_toml(include_str!("../../../configs/x1-50m-a100.toml")).unwrap();
@@ -552,6 +550,9 @@ mod tests {
         assert_eq!(shapes.len(), 6, "nothing to pad");
     }
 
+    /// The GPU gauge reports the largest reading taken after the timed steps: the three timed
+    /// steps read 30, 70 and 50 of a replayed NVML stream (peak 70); a reading after the
+    /// warm-up step too would have reached 90.
     #[test]
     fn the_gpu_gauge_reports_the_largest_reading_of_the_timed_steps() {
         let dir = tempfile::tempdir().unwrap();
@@ -580,7 +581,8 @@ mod tests {
         assert!(r.split.is_none());
     }
 
-    /// `--matmul` times the six projection shapes at `micro_batch × seq_len` rows, and
+    /// `--matmul` times the six projection shapes and the LM head as the GPU loss pads it, at
+    /// `micro_batch × seq_len` rows, and
     /// `--steps 0` is refused rather than quietly timing one product.
     #[test]
     fn the_matmul_bench_times_each_projection_and_refuses_zero_steps() {
