@@ -129,9 +129,12 @@ pub fn embedding_grad_into<R: CubeRuntime>(
         dy.dtype
     );
     let vocab = g[0];
-    // cubecl indexes with 32-bit addresses.
+    // cubecl indexes with 32-bit addresses: the table's elements, and the farthest element
+    // `dy`'s strides reach (a view of a larger buffer can reach past N·d).
+    let ds = dy.meta.strides();
+    let dy_reach = (n.max(1) as u64 - 1) * ds[0] as u64 + (d.max(1) as u64 - 1) * ds[1] as u64;
     assert!(
-        (vocab.max(n) as u64) * (d as u64) < 1 << 32,
+        (vocab as u64) * (d as u64) < 1 << 32 && dy_reach < 1 << 32,
         "embedding_grad: 2^32 elements or more"
     );
     if vocab * d == 0 {

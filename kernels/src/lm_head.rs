@@ -1,8 +1,9 @@
 //! The row-wise halves of the fused LM-head cross-entropy, as cubecl kernels.
 //!
 //! The loss walks the rows of `hidden [N, d]` a chunk at a time; per chunk the caller runs
-//! the backend's matmul `logits = hidden[s..e] @ weight` (`[c, V]`, tensor cores on a GPU)
-//! and these kernels do everything that is one row at a time:
+//! the matmul `logits = hidden[s..e] @ weight` (`[c, Vp]` over a vocabulary padded with zero
+//! columns to aligned rows, tensor cores on a GPU) and these kernels, given the `[c, V]` view
+//! of its first columns ([`leading_columns`]), do everything that is one row at a time:
 //! - [`row_loss`]: per row, `lse = logsumexp(logits)` and `loss = lse − logits[target]`,
 //!   written at the chunk's offset into `[N]` outputs (no per-chunk tensors to concatenate);
 //! - [`softmax_grad_in_place`]: overwrites the logits with `d loss/d logits =

@@ -157,11 +157,13 @@ where
     drop(w); // the padded copy, before the weight gradient's last copy is made
     let grads = grad_loss.map(|_| {
         let gh = Tensor::cat(grad_hidden, 0);
-        let gw = prim(grad_weight.expect("at least one chunk")); // [d, Vp], f32
-        let gw = lm_head::leading_columns(&gw, vocab); // [d, V], rows Vp apart
-                                                       // One copy either way: a cast reads through strides; an f32 weight needs its own.
+        // [d, Vp] in f32, then its [d, V] view: the rows keep their stride.
+        let gw = prim(grad_weight.expect("at least one chunk"));
+        let gw = lm_head::leading_columns(&gw, vocab);
+        // One copy either way: a cast reads through strides; an f32 weight needs its own
+        // (burn's cast to Flex32 is no copy, so it takes the f32 arm too).
         let gw = match weight_dtype {
-            FloatDType::F32 => into_contiguous(gw),
+            FloatDType::F32 | FloatDType::Flex32 => into_contiguous(gw),
             _ => prim(cast_to(float::<Cube<R, F, I, BT>, 2>(gw), weight_dtype)),
         };
         (prim(gh), gw)
