@@ -2,11 +2,13 @@
 # lab against PyTorch on one GPU host, same model, same token windows, same GPU; one table.
 #
 #   scripts/gpu/bench.sh [--lab PATH] [--config FILE] [--steps N] [--warmup N] [--device cuda|cpu]
+#                        [--no-compile]
 #
 # Runs, one after another (never side by side: they would share the GPU):
 #   1. lab bench --backend cuda (bf16) on the config, writing its token stream; then again
 #      with its time split by op class (--split);
-#   2. scripts/reference/torch_train_ref.py on the same stream: eager, then torch.compile;
+#   2. scripts/reference/torch_train_ref.py on the same stream: eager, then torch.compile
+#      (--no-compile leaves torch.compile out: its compilation takes a minute or more);
 #   3. lab bench --matmul and PyTorch's matmul (cuBLAS) on the model's projection shapes.
 # Prints tokens/s, MFU (against the detected GPU's dense bf16 peak, FLOPs counted as lab
 # counts them: LM head and attention included), peak GPU memory (nvidia-smi, sampled every
@@ -22,6 +24,7 @@ config="$repo/configs/x1-50m-a100.toml"
 steps=45
 warmup=5
 device=cuda
+with_compile=1
 py="${PYTHON:-python3}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --steps) steps="$2"; shift 2 ;;
     --warmup) warmup="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
+    --no-compile) with_compile=0; shift ;;
     *) echo "bench.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -65,7 +69,9 @@ with_memory lab "$lab" bench --backend "$backend" --precision bf16 "${common[@]}
 ref=("$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
      --precision bf16 --json)
 with_memory eager "${ref[@]}" --tokens "$out/tokens.u32" > "$out/eager.json"
-with_memory compile "${ref[@]}" --tokens "$out/tokens.u32" --compile > "$out/compile.json"
+if [ "$with_compile" = 1 ]; then
+  with_memory compile "${ref[@]}" --tokens "$out/tokens.u32" --compile > "$out/compile.json"
+fi
 "$lab" bench --backend "$backend" --precision bf16 --matmul --config "$config" --steps 20 --json \
   > "$out/lab_matmul.json"
 "${ref[@]}" --matmul-shapes "$out/lab_matmul.json" --steps 20 > "$out/torch_matmul.json"
@@ -78,8 +84,9 @@ import torch_train_ref as ref
 with open(config, "rb") as f:
     fpt = ref.flops_per_token(ref.model_config(ref.tomllib.load(f)))
 load = lambda n: json.load(open(os.path.join(out, n)))
-runs = [("lab", load("lab.json")), ("torch eager", load("eager.json")),
-        ("torch.compile", load("compile.json"))]
+runs = [("lab", load("lab.json")), ("torch eager", load("eager.json"))]
+if os.path.exists(os.path.join(out, "compile.json")):
+    runs.append(("torch.compile", load("compile.json")))
 device = runs[1][1]["device"]
 # Every row over lab's peak: the one its hardware table gives the detected GPU (H100 PCIe is
 # 756 TF there, not SXM's 989), so lab's MFU and PyTorch's divide by the same number.

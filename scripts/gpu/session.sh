@@ -1,27 +1,18 @@
 #!/usr/bin/env bash
 # The GPU figures issues 11 and 13 ask for, in stages that each fit one lent-device call
 # (under 10 minutes, on a machine that may be fresh each call), given binaries built on a
-# machine with Rust:
-#
-#   CUDARC_CUDA_VERSION=13000 cargo build --release -p lab@0.1.0 --features cuda
-#   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-dist --features cuda --test nccl --no-run
-#   mkdir -p .bin && strip -o .bin/lab target/release/lab
-#   cp "$(ls -t target/release/deps/nccl-* | grep -v '\.d$' | head -1)" .bin/nccl-test
-#   xz -T2 .bin/lab      # 59 MB stripped, 11 MB as .bin/lab.xz: a device call carries 64 MiB
-#
-# and, for the `kernels` stage, the GPU kernel tests: one binary per crate (tests/main.rs),
-# each stripped into .bin/tests/ under its crate's test name (.bin/tests/kernels,
-# .bin/tests/ops; a few MB each as .xz):
-#
-#   CUDARC_CUDA_VERSION=13000 cargo test --release -p lab-kernels -p lab-ops \
-#     --features lab-kernels/cuda,lab-ops/cuda --no-run
+# machine with Rust by scripts/gpu/build.sh: .bin/lab.xz (lab --features cuda), .bin/nccl-test
+# and, for the kernel tests, .bin/tests/kernels.xz and .bin/tests/ops.xz (each crate's
+# tests/main.rs built with --features cuda), 64 MiB at most with the working tree.
 #
 # The first run on a fresh host compiles every kernel with NVRTC, about a second each: x1-50m's
 # first steps wait ~100 s, its first evaluation ~60 s more. They are kept in LAB_KERNEL_CACHE
 # (default ~/.cache/lab/kernels), so the same host compiles them once.
 #
-# then, on the GPU host (the device call's `carry`: [".bin"]), one stage per call:
+# On the GPU host (the device call's `carry`: [".bin"]), one stage per call; with 15 minutes
+# of device time a lease is one call of `lease`:
 #
+#   scripts/gpu/session.sh lease   [...] [--budget SECONDS]
 #   scripts/gpu/session.sh smoke   [--lab PATH] [--nccl-test PATH] [--out DIR] [--config FILE] [--device cuda|cpu] [--steps N]
 #   scripts/gpu/session.sh curves  [...]
 #   scripts/gpu/session.sh memory  [...]
@@ -32,6 +23,15 @@
 # step for x1-50m): the figures are tokens/s, MFU, memory and loss curves, and 16 would make
 # each step 8× longer without changing them much (the optimizer's share grows a little).
 #
+# lease:   for a lease of 15 minutes of device time, one call: the questions the other stages
+#          answer, most decisive first, each step given at most what is left of --budget
+#          (default 480 s; call with timeout_s 600) and skipped when under a minute is left,
+#          the summary and logs returned after every step, so a call cut off still returns
+#          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
+#          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
+#          those paths; lab as it trains by default (the split, to set against the H100's
+#          557 ms); the other kernel tests; 200 bf16 steps with both paths on. Needs .bin/lab
+#          and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
 #          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
 #          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on
@@ -70,6 +70,7 @@ work="${WORK:-/tmp/lab-session}"
 config="$repo/configs/x1-50m-a100.toml"
 device=cuda
 steps=200
+budget=480
 while [ $# -gt 0 ]; do
   case "$1" in
     --lab) lab="$2"; shift 2 ;;
@@ -78,12 +79,16 @@ while [ $# -gt 0 ]; do
     --config) config="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --budget) budget="$2"; shift 2 ;;
     *) echo "session.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-case "$stage" in smoke|curves|memory|compare|kernels) ;; *)
-  echo "session.sh: the first argument is the stage: smoke, curves, memory, compare or kernels (see the header of $0)" >&2
+case "$stage" in lease|smoke|curves|memory|compare|kernels) ;; *)
+  echo "session.sh: the first argument is the stage: lease, smoke, curves, memory, compare or kernels (see the header of $0)" >&2
   exit 2 ;;
+esac
+case "$budget" in ''|*[!0-9]*)
+  echo "session.sh: --budget $budget: give whole seconds, e.g. --budget 480" >&2; exit 2 ;;
 esac
 case "$device" in cuda|cpu) ;; *)
   echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
@@ -193,13 +198,20 @@ compare() {
   step bench-sh "$here/bench.sh" --lab "$lab" --config "$(short_config)" --device "$device"
 }
 
-kernels() {
-  local tests="$repo/.bin/tests" found=0
+# The GPU test binaries in .bin/tests (each crate's tests/main.rs), unpacked when compressed.
+tests="$repo/.bin/tests"
+unpack_tests() {
   for packed in "$tests"/*.xz; do
     [ -f "$packed" ] || continue
+    [ -x "${packed%.xz}" ] && continue
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
       "$packed" "${packed%.xz}" && chmod +x "${packed%.xz}"
   done
+}
+
+kernels() {
+  local found=0
+  unpack_tests
   for t in "$tests"/*; do
     [ -f "$t" ] && [ -x "$t" ] && [ "${t%.xz}" = "$t" ] || continue
     found=1
@@ -215,12 +227,69 @@ kernels() {
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
 
+# Runs step NAME under what is left of the lease's budget, at most CAP seconds, or records it
+# as skipped when under a minute is left; then packs, so a call cut off later still returns
+# this step's log.
+timed() {
+  local cap="$1" name="$2"; shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 60 ]; then
+    echo "SKIPPED $name (${left} s of the budget left)" | tee -a "$summary"
+    return
+  fi
+  step "$name" timeout "$((left < cap ? left : cap))" "$@"
+  pack
+}
+
+# A test module of a GPU test binary in .bin/tests: timed CAP BINARY FILTER.
+timed_test() {
+  local cap="$1" binary="$2" filter="$3" name="${3//::/-}"
+  timed "$cap" "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1
+}
+
+lease() {
+  deadline=$((SECONDS + budget))
+  local new_paths=(env LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt) cfg
+  cfg="$(short_config)"
+  data >/dev/null
+  if [ "$device" = cuda ]; then
+    timed 20 gpu nvidia-smi
+    # The headline first: lab with both opt-in paths against PyTorch eager, same GPU, same
+    # windows (its first lab run also compiles most kernels, ~100 s on a fresh host).
+    timed 300 compare-new "${new_paths[@]}" "$here/bench.sh" --lab "$lab" --config "$cfg" \
+      --device "$device" --steps 20 --warmup 3 --no-compile
+    # Whether the opt-in paths are right on this GPU: they become the default only if so.
+    unpack_tests
+    timed_test 90 kernels attention::tensor_core
+    timed_test 90 kernels gemm::
+    timed_test 90 ops projection::
+  else
+    timed 240 compare "$here/bench.sh" --lab "$lab" --config "$cfg" --device "$device" \
+      --steps 2 --warmup 1 --no-compile
+  fi
+  timed 150 split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
+    --steps 5 --warmup 2 --split
+  if [ "$device" = cuda ]; then
+    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: attention::; do
+      timed_test 60 kernels "$filter"
+    done
+    for filter in cube_loss:: embedding:: rms_norm::; do timed_test 60 ops "$filter"; done
+    rm -rf "$work/run-new"
+    timed 600 train-new "${new_paths[@]}" "$lab" train --config "$cfg" --data-dir "$(data)" \
+      --backend "$backend" --precision bf16 --total-steps "$steps" --log-every 10 \
+      --eval-every 1000 --ckpt-every "$steps" --ckpt-dir "$work/run-new"
+  fi
+}
+
 # The stage's logs, and each run folder's record without its checkpoints, in one archive.
 pack() {
   local runs=()
   for r in "$work"/run-*; do [ -d "$r" ] && runs+=("$(basename "$r")"); done
-  tar -czf "$out/$stage.tar.gz" -C "$work" --exclude='step-*' --exclude='latest' \
+  # Under a temporary name beside it, renamed when whole: a call cut off mid-write still
+  # returns the last whole archive.
+  tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='latest' \
     "logs-$stage" ${runs[@]+"${runs[@]}"}
+  mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz"
 }
 
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"

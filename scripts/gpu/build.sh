@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds, on a machine with Rust, what a GPU session carries to the device (the call's
+# `carry: [".bin"]`; .bin/ is git-ignored):
+#
+#   .bin/lab.xz            lab --features cuda, stripped and compressed
+#   .bin/nccl-test         lab-dist's NCCL test (issue 13's world-of-one check)
+#   .bin/tests/kernels.xz  lab-kernels' GPU tests (tests/main.rs), --features cuda
+#   .bin/tests/ops.xz      lab-ops' GPU tests, --features cuda (projections on cuBLASLt)
+#
+# then checks that the whole fits the 64 MiB a device call carries. scripts/gpu/session.sh
+# unpacks them there. CUDA is loaded at run time, so no toolkit is needed here; the binaries
+# are built for the lent hosts' CUDA 13.0 unless CUDARC_CUDA_VERSION says otherwise.
+#
+#   scripts/gpu/build.sh [--out DIR]     (default .bin)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=.bin
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    *) echo "build.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+mkdir -p "$out/tests"
+
+# The executables a `cargo ... --message-format=json` build made, as "TARGET PATH" lines.
+executables() {
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])'
+}
+
+# Strips BINARY into DEST and compresses it to DEST.xz (xz's default level, both cores).
+pack() {
+  strip -o "$2" "$1"
+  xz -T2 -f "$2"
+}
+
+echo "== lab --features cuda"
+cargo build --release -p lab@0.1.0 --features cuda
+pack target/release/lab "$out/lab"
+
+echo "== lab-dist's NCCL test"
+cargo test --release -p lab-dist --features cuda --test nccl --no-run --message-format=json \
+  | executables > "$out/.nccl.list"
+nccl="$(awk '$1 == "nccl" { print $2 }' "$out/.nccl.list")"
+[ -n "$nccl" ] || { echo "build.sh: cargo built no nccl test binary" >&2; exit 1; }
+strip -o "$out/nccl-test" "$nccl"
+
+echo "== the GPU kernel tests (lab-kernels, lab-ops; --features cuda)"
+cargo test --release -p lab-kernels -p lab-ops --features lab-kernels/cuda,lab-ops/cuda \
+  --test kernels --test ops --no-run --message-format=json | executables > "$out/.tests.list"
+for name in kernels ops; do
+  binary="$(awk -v n="$name" '$1 == n { print $2 }' "$out/.tests.list")"
+  [ -n "$binary" ] || { echo "build.sh: cargo built no $name test binary" >&2; exit 1; }
+  pack "$binary" "$out/tests/$name"
+done
+rm -f "$out/.nccl.list" "$out/.tests.list"
+
+total=$(du -cb "$out" | tail -1 | cut -f1)
+ls -l "$out" "$out/tests"
+echo "build.sh: $((total / 1024 / 1024)) MiB in $out (a device call carries 64 MiB with the tree)"
+[ "$total" -lt $((56 * 1024 * 1024)) ] || {
+  echo "build.sh: $out is over 56 MiB, too close to the 64 MiB a call carries with the working tree" >&2
+  exit 1
+}
