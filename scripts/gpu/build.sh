@@ -24,14 +24,18 @@ done
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
 mkdir -p "$out/tests"
 
-# The executables a `cargo ... --message-format=json` build made, as "TARGET PATH" lines.
-executables() {
+# The executable of target NAME in a `cargo … --message-format=json` build's messages on
+# stdin; fails in one line when the build made none.
+executable() {
   python3 -c '
 import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"], m["executable"])'
+name = sys.argv[1]
+paths = [m["executable"] for m in map(json.loads, sys.stdin)
+         if m.get("reason") == "compiler-artifact" and m.get("executable")
+         and m["target"]["name"] == name]
+if not paths:
+    sys.exit(f"build.sh: cargo built no {name} test binary")
+print(paths[-1])' "$1"
 }
 
 # Strips BINARY into DEST and compresses it to DEST.xz (xz's default level, both cores).
@@ -45,21 +49,17 @@ cargo build --release -p lab@0.1.0 --features cuda
 pack target/release/lab "$out/lab"
 
 echo "== lab-dist's NCCL test"
-cargo test --release -p lab-dist --features cuda --test nccl --no-run --message-format=json \
-  | executables > "$out/.nccl.list"
-nccl="$(awk '$1 == "nccl" { print $2 }' "$out/.nccl.list")"
-[ -n "$nccl" ] || { echo "build.sh: cargo built no nccl test binary" >&2; exit 1; }
+nccl="$(cargo test --release -p lab-dist --features cuda --test nccl --no-run \
+  --message-format=json | executable nccl)"
 strip -o "$out/nccl-test" "$nccl"
 
 echo "== the GPU kernel tests (lab-kernels, lab-ops; --features cuda)"
-cargo test --release -p lab-kernels -p lab-ops --features lab-kernels/cuda,lab-ops/cuda \
-  --test kernels --test ops --no-run --message-format=json | executables > "$out/.tests.list"
+messages="$(cargo test --release -p lab-kernels -p lab-ops --features lab-kernels/cuda,lab-ops/cuda \
+  --test kernels --test ops --no-run --message-format=json)"
 for name in kernels ops; do
-  binary="$(awk -v n="$name" '$1 == n { print $2 }' "$out/.tests.list")"
-  [ -n "$binary" ] || { echo "build.sh: cargo built no $name test binary" >&2; exit 1; }
+  binary="$(executable "$name" <<< "$messages")"
   pack "$binary" "$out/tests/$name"
 done
-rm -f "$out/.nccl.list" "$out/.tests.list"
 
 total=$(du -cb "$out" | tail -1 | cut -f1)
 ls -l "$out" "$out/tests"

@@ -112,15 +112,33 @@ summary="$out/summary-$stage.txt"
 backend="$device"
 
 # Runs "$@", its output shown and kept in $logs/$name.log; a failure is recorded, not fatal,
-# so one broken step does not cost the rest of the call.
+# so one broken step does not cost the rest of the call. Under a `deadline` (the lease) a step
+# gets at most what is left of it, and at most `cap` seconds where `within` sets one; with
+# under a minute left it is recorded as skipped. The archive is packed after every step, so a
+# call cut off later still returns what ran.
 step() {
   local name="$1"; shift
+  if [ -n "${deadline:-}" ]; then
+    local left=$((deadline - SECONDS))
+    if [ "$left" -lt 60 ]; then
+      echo "SKIPPED $name (${left} s of the budget left)" | tee -a "$summary"
+      return
+    fi
+    set -- timeout "$((left < ${cap:-left} ? left : ${cap:-left}))" "$@"
+  fi
   echo "== $name: $*"
   if "$@" 2>&1 | tee "$logs/$name.log"; then
     echo "ok $name" >> "$summary"
   else
     echo "FAILED $name (exit ${PIPESTATUS[0]}), see $name.log" | tee -a "$summary"
   fi
+  pack
+}
+
+# Runs FUNCTION ARGS… (step, run, …) with each of its steps given at most CAP seconds.
+within() {
+  local cap="$1"; shift
+  "$@"
 }
 
 # The config at 2 micro-batches a step, evaluated on 2 batches; prints its path.
@@ -227,57 +245,39 @@ kernels() {
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
 
-# Runs step NAME under what is left of the lease's budget, at most CAP seconds, or records it
-# as skipped when under a minute is left; then packs, so a call cut off later still returns
-# this step's log.
-timed() {
-  local cap="$1" name="$2"; shift 2
-  local left=$((deadline - SECONDS))
-  if [ "$left" -lt 60 ]; then
-    echo "SKIPPED $name (${left} s of the budget left)" | tee -a "$summary"
-    return
-  fi
-  step "$name" timeout "$((left < cap ? left : cap))" "$@"
-  pack
-}
-
-# A test module of a GPU test binary in .bin/tests: timed CAP BINARY FILTER.
-timed_test() {
-  local cap="$1" binary="$2" filter="$3" name="${3//::/-}"
-  timed "$cap" "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1
+# The tests whose names start with FILTER in the GPU test binary BINARY (.bin/tests), as a step.
+test_module() {
+  local binary="$1" filter="$2" name="${2//::/-}"
+  step "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1
 }
 
 lease() {
-  deadline=$((SECONDS + budget))
-  local new_paths=(env LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt) cfg
+  local deadline=$((SECONDS + budget)) cfg
   cfg="$(short_config)"
   data >/dev/null
   if [ "$device" = cuda ]; then
-    timed 20 gpu nvidia-smi
+    within 20 step gpu nvidia-smi
     # The headline first: lab with both opt-in paths against PyTorch eager, same GPU, same
     # windows (its first lab run also compiles most kernels, ~100 s on a fresh host).
-    timed 300 compare-new "${new_paths[@]}" "$here/bench.sh" --lab "$lab" --config "$cfg" \
-      --device "$device" --steps 20 --warmup 3 --no-compile
+    LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt within 300 step compare-new "$here/bench.sh" \
+      --lab "$lab" --config "$cfg" --device "$device" --steps 20 --warmup 3 --no-compile
     # Whether the opt-in paths are right on this GPU: they become the default only if so.
     unpack_tests
-    timed_test 90 kernels attention::tensor_core
-    timed_test 90 kernels gemm::
-    timed_test 90 ops projection::
+    within 90 test_module kernels attention::tensor_core
+    within 90 test_module kernels gemm::
+    within 90 test_module ops projection::
   else
-    timed 240 compare "$here/bench.sh" --lab "$lab" --config "$cfg" --device "$device" \
+    within 240 step compare "$here/bench.sh" --lab "$lab" --config "$cfg" --device "$device" \
       --steps 2 --warmup 1 --no-compile
   fi
-  timed 150 split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
+  within 150 step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
   if [ "$device" = cuda ]; then
     for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: attention::; do
-      timed_test 60 kernels "$filter"
+      within 60 test_module kernels "$filter"
     done
-    for filter in cube_loss:: embedding:: rms_norm::; do timed_test 60 ops "$filter"; done
-    rm -rf "$work/run-new"
-    timed 600 train-new "${new_paths[@]}" "$lab" train --config "$cfg" --data-dir "$(data)" \
-      --backend "$backend" --precision bf16 --total-steps "$steps" --log-every 10 \
-      --eval-every 1000 --ckpt-every "$steps" --ckpt-dir "$work/run-new"
+    for filter in cube_loss:: embedding:: rms_norm::; do within 60 test_module ops "$filter"; done
+    LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
   fi
 }
 
@@ -295,7 +295,6 @@ pack() {
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
 : > "$summary"
 "$stage"
-pack
 echo "== summary ($summary; logs in $out/$stage.tar.gz)"
 cat "$summary"
 ! grep -q '^FAILED' "$summary"
