@@ -124,7 +124,9 @@ step() {
       echo "SKIPPED $name (${left} s of the budget left)" | tee -a "$summary"
       return
     fi
-    set -- timeout "$((left < ${cap:-left} ? left : ${cap:-left}))" "$@"
+    local limit="$left"
+    if [ -n "${cap:-}" ] && [ "$cap" -lt "$left" ]; then limit="$cap"; fi
+    set -- timeout "$limit" "$@"
   fi
   echo "== $name: $*"
   if "$@" 2>&1 | tee "$logs/$name.log"; then

@@ -219,7 +219,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             drivers.push((dir, storage, suffix, hd));
         }
     }
-    // Six C++ builds of a few seconds each: one thread apiece, so the compiler uses every core.
+    // Six C++ builds and runs of ~15 s each: one thread apiece, so that they use every core.
     let reports: Vec<String> = std::thread::scope(|s| {
         let runs: Vec<_> = drivers
             .iter()
