@@ -79,3 +79,42 @@ fn f32_products_stay_with_cubecl() {
     let (_, b) = operand(8, 3, 2, DType::F32, false);
     assert!(Runtime::vendor_matmul(&a, &b).is_none());
 }
+
+/// cuBLASLt runs on cubecl's stream, with no host wait around a product: each product reads
+/// what a cubecl kernel has just written into a fresh tensor, and a cubecl kernel reads the
+/// product right behind it; nothing is read back until the end. A product on another stream,
+/// or ahead of its inputs, would read another iteration's values (the pool reuses memory), a
+/// factor of 2 away from the expected one.
+#[cfg(feature = "cuda")]
+#[test]
+fn products_are_ordered_with_cubecl_kernels_on_one_stream() {
+    use burn::tensor::{Tensor, TensorPrimitive};
+    let scaled = |t: Prim, s: f32| {
+        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))
+            .mul_scalar(s)
+            .into_primitive()
+            .tensor()
+    };
+    let dims @ [m, k, n] = [1024, 1024, 1024];
+    let (a, a_dev) = operand(m, k, 1, DType::F16, false);
+    let (b, b_dev) = operand(k, n, 2, DType::F16, false);
+    let exact = product(&a, &b, dims);
+    let outs: Vec<(f64, Prim)> = (0..12)
+        .map(|i| {
+            // Powers of two: the scaled product is the product scaled, rounding included.
+            let s = (1 << (i % 4)) as f32;
+            let c = Runtime::vendor_matmul(&scaled(a_dev.clone(), s), &b_dev)
+                .expect("f16 runs on cuBLASLt");
+            (s as f64 / 2.0, scaled(c, 0.5))
+        })
+        .collect();
+    for (i, (s, c)) in outs.into_iter().enumerate() {
+        let expected: Vec<f64> = exact.iter().map(|x| x * s).collect();
+        assert_close(
+            &format!("product {i} (×{s})"),
+            &download(c),
+            &expected,
+            2e-3,
+        );
+    }
+}

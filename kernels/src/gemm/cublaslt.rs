@@ -1,9 +1,11 @@
-//! cuBLASLt through cudarc, on the device memory of cubecl's tensors.
+//! cuBLASLt through cudarc, on the device memory of cubecl's tensors and on cubecl's own
+//! stream.
 //!
-//! cubecl's stream is private, so the product is ordered by waiting on the host: cubecl's
-//! queue is drained before cuBLASLt reads the inputs, and cuBLASLt's stream is drained before
-//! the output goes back to cubecl. That is two waits per product, where a patched cubecl could
-//! order both streams with events; they are the price of reaching cuBLAS without one.
+//! cubecl 0.10 keeps its CUDA stream private; lab's patch of cubecl-cuda (`vendor/cubecl-cuda`,
+//! see its LAB-PATCH.md) reports, with a tensor's device memory, the stream whose pool holds it. The
+//! product is enqueued on the output's stream, behind the kernels that wrote the inputs and
+//! ahead of those that will read the output: stream order does what two host waits per
+//! product did before, and the host keeps running ahead of the GPU.
 //! The library is loaded at run time (cudarc's dynamic loading), as the rest of CUDA is.
 
 use std::collections::HashMap;
@@ -14,11 +16,12 @@ use burn::tensor::{bf16, f16, DType};
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor};
 use cubecl::cuda::CudaRuntime;
 use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::{plan, Plan};
 
-/// One GPU's cuBLASLt handle (with its workspace) and the stream it runs on.
+/// A cuBLASLt handle (with its workspace) on one of cubecl's streams.
 struct Library {
     blas: CudaBlasLT,
     stream: Arc<CudaStream>,
@@ -43,9 +46,8 @@ pub(super) fn matmul(
         vec![shape[1], 1],
         "ldc = N needs it"
     );
-    let library = library(a.device.index);
-    // The resources first: for a tensor written on another thread's cubecl stream, this
-    // queues a wait for it on ours, which the drain below then covers.
+    // Reading a tensor's memory first queues, on our stream, a wait for any other cubecl
+    // stream that wrote it.
     let memory = [a, b, &out].map(|t| {
         t.client
             .get_resource(t.handle.clone())
@@ -62,9 +64,8 @@ pub(super) fn matmul(
     {
         return None;
     }
-    // The inputs are written once cubecl's queue has run.
-    cubecl::future::block_on(a.client.sync())
-        .unwrap_or_else(|e| panic!("cuBLASLt: waiting for cubecl's queue failed: {e:?}"));
+    // `out` was made just now, on the stream this thread's cubecl work goes to.
+    let library = library(a.device.index, memory[2].resource().stream);
     match a.dtype {
         DType::BF16 => library.run::<bf16>(plan, b_mem, a_mem, out_mem),
         _ => library.run::<f16>(plan, b_mem, a_mem, out_mem),
@@ -73,8 +74,8 @@ pub(super) fn matmul(
 }
 
 impl Library {
-    /// The call `plan` on device memory `(pointer, bytes)`: `x` and `y` as [`Plan`] names them,
-    /// `d` the output. Returns once the product is in `d`.
+    /// Enqueues the call `plan` on device memory `(pointer, bytes)`: `x` and `y` as [`Plan`]
+    /// names them, `d` the output.
     fn run<T>(&self, plan: Plan, x: (u64, u64), y: (u64, u64), d: (u64, u64))
     where
         CudaBlasLT: Matmul<T>,
@@ -102,9 +103,10 @@ impl Library {
         context
             .bind_to_thread()
             .unwrap_or_else(|e| panic!("cuBLASLt: binding the CUDA context: {e:?}"));
-        // SAFETY: the pointers are cubecl's live allocations of at least these sizes (held by
-        // `matmul`'s resources until the stream is drained below). The slices are never
-        // dropped, not even if cudarc panics: a drop would free memory cubecl owns.
+        // SAFETY: the pointers are cubecl's allocations of at least these sizes, live while
+        // `matmul` holds their resources. Once released, cubecl reuses or frees them only
+        // through work on the same stream, which runs after this product. The slices are
+        // never dropped, not even if cudarc panics: a drop would free memory cubecl owns.
         unsafe {
             let borrow = |(ptr, bytes)| {
                 ManuallyDrop::new(
@@ -117,36 +119,40 @@ impl Library {
                 .matmul(config, &*x_slice, &*y_slice, &mut *d_slice, None, None)
                 .unwrap_or_else(|e| panic!("cuBLASLt matmul {plan:?}: {e:?}"));
         }
-        self.stream
-            .synchronize()
-            .unwrap_or_else(|e| panic!("cuBLASLt: waiting for the product: {e:?}"));
     }
 }
 
-/// The library for GPU `ordinal`, made on first use.
-fn library(ordinal: usize) -> Arc<Library> {
-    static LIBRARIES: OnceLock<Mutex<HashMap<usize, Arc<Library>>>> = OnceLock::new();
+/// The library for GPU `ordinal`'s cubecl stream `stream`, made on first use (one per stream:
+/// a handle's workspace must not be shared by two streams).
+fn library(ordinal: usize, stream: CUstream) -> Arc<Library> {
+    /// Keyed by GPU ordinal and stream address.
+    type Libraries = HashMap<(usize, usize), Arc<Library>>;
+    static LIBRARIES: OnceLock<Mutex<Libraries>> = OnceLock::new();
+    assert!(
+        !stream.is_null(),
+        "cuBLASLt: cubecl reported no stream (is vendor/cubecl-cuda's patch applied?)"
+    );
     let mut libraries = LIBRARIES
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     libraries
-        .entry(ordinal)
-        .or_insert_with(|| Arc::new(Library::new(ordinal)))
+        .entry((ordinal, stream as usize))
+        .or_insert_with(|| Arc::new(Library::new(ordinal, stream)))
         .clone()
 }
 
 impl Library {
-    fn new(ordinal: usize) -> Self {
+    fn new(ordinal: usize, cubecl_stream: CUstream) -> Self {
         let context = CudaContext::new(ordinal)
             .unwrap_or_else(|e| panic!("cuBLASLt: CUDA context of GPU {ordinal}: {e:?}"));
-        // The ordering is by waiting (module docs): cudarc's own events would only add work.
+        // Stream order is the only ordering (module docs): cudarc's events would only add work.
         // SAFETY: this context object is lab's alone (cudarc makes a new one per `new`), and
-        // every product on it is drained before its memory is used elsewhere.
+        // everything it runs goes to the one stream cubecl also orders its work on.
         unsafe { context.disable_event_tracking() };
-        let stream = context
-            .new_stream()
-            .unwrap_or_else(|e| panic!("cuBLASLt: a CUDA stream on GPU {ordinal}: {e:?}"));
+        // SAFETY: cubecl made this stream on the same (primary) context and never destroys it
+        // while its server lives, which is as long as the process.
+        let stream = unsafe { context.wrap_borrowed_stream(cubecl_stream) };
         let blas = CudaBlasLT::new(stream.clone()).unwrap_or_else(|e| {
             panic!("cuBLASLt could not start on GPU {ordinal} ({e:?}): is libcublasLt on LD_LIBRARY_PATH? Unset LAB_MATMUL to use cubecl's matmul")
         });

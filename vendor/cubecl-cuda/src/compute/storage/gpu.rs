@@ -32,12 +32,20 @@ pub struct GpuResource {
     pub binding: *mut std::ffi::c_void,
     /// The size of the resource.
     pub size: u64,
+    /// The stream whose memory pool holds the resource (lab's patch: work enqueued here is
+    /// ordered with cubecl's kernels on that stream, without a host wait).
+    pub stream: cudarc::driver::sys::CUstream,
 }
 
 impl GpuResource {
     /// Creates a new [`GpuResource`].
     pub fn new(ptr: u64, binding: *mut std::ffi::c_void, size: u64) -> Self {
-        Self { ptr, binding, size }
+        Self {
+            ptr,
+            binding,
+            size,
+            stream: std::ptr::null_mut(),
+        }
     }
 }
 
@@ -155,11 +163,14 @@ impl ComputeStorage for GpuStorage {
         let size = handle.size();
         let ptr = self.ptr_bindings.register(ptr + offset);
 
-        GpuResource::new(
-            *ptr,
-            ptr as *const cudarc::driver::sys::CUdeviceptr as *mut std::ffi::c_void,
-            size,
-        )
+        GpuResource {
+            stream: self.stream,
+            ..GpuResource::new(
+                *ptr,
+                ptr as *const cudarc::driver::sys::CUdeviceptr as *mut std::ffi::c_void,
+                size,
+            )
+        }
     }
 
     #[cfg_attr(
