@@ -4,5 +4,6 @@
 mod common;
 mod fused_attention;
 mod generate;
+mod gpu_memory;
 mod mixed_precision;
 mod model;

@@ -39,6 +39,7 @@ mod embedding;
 mod flex;
 mod flex_tensor;
 mod generic;
+mod memory;
 mod projection;
 mod rms_norm;
 mod rope;
@@ -54,6 +55,7 @@ pub use embedding::{embedding, FusedEmbedding};
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
+pub use memory::{DeviceBytes, DeviceMemory};
 pub use projection::{project, FusedProjection};
 pub use rms_norm::{rms_norm, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
@@ -80,9 +82,10 @@ impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbeddin
 {
 }
 
-/// Every fused op the model calls: what a backend must provide to train.
-pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers {}
-impl<B: FusedLoss + FusedAttention + FusedLayers> FusedOps for B {}
+/// Every fused op the model calls, and a reading of the device's memory: what a backend must
+/// provide to train.
+pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers + DeviceMemory {}
+impl<B: FusedLoss + FusedAttention + FusedLayers + DeviceMemory> FusedOps for B {}
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

@@ -13,6 +13,7 @@ mod adamw;
 mod attention;
 mod embedding;
 mod loss;
+mod memory;
 mod projection;
 mod rms_norm;
 mod rope;
