@@ -6,6 +6,8 @@
 #   .bin/nccl-test         lab-dist's NCCL test (issue 13's world-of-one check)
 #   .bin/tests/kernels.xz  lab-kernels' GPU tests (tests/main.rs), --features cuda
 #   .bin/tests/ops.xz      lab-ops' GPU tests, --features cuda (projections on cuBLASLt)
+#   .bin/tests/model.xz    lab-model's GPU tests, --features cuda (the planner's activation
+#                          count against the GPU's pool, bf16 included)
 #
 # then checks that the whole fits the 64 MiB a device call carries. scripts/gpu/session.sh
 # unpacks them there. CUDA is loaded at run time, so no toolkit is needed here; the binaries
@@ -53,10 +55,11 @@ nccl="$(cargo test --release -p lab-dist --features cuda --test nccl --no-run \
   --message-format=json | executable nccl)"
 strip -o "$out/nccl-test" "$nccl"
 
-echo "== the GPU kernel tests (lab-kernels, lab-ops; --features cuda)"
-messages="$(cargo test --release -p lab-kernels -p lab-ops --features lab-kernels/cuda,lab-ops/cuda \
-  --test kernels --test ops --no-run --message-format=json)"
-for name in kernels ops; do
+echo "== the GPU tests (lab-kernels, lab-ops, lab-model; --features cuda)"
+messages="$(cargo test --release -p lab-kernels -p lab-ops -p lab-model \
+  --features lab-kernels/cuda,lab-ops/cuda,lab-model/cuda \
+  --test kernels --test ops --test model --no-run --message-format=json)"
+for name in kernels ops model; do
   binary="$(executable "$name" <<< "$messages")"
   pack "$binary" "$out/tests/$name"
 done

@@ -2,7 +2,7 @@
 # The GPU figures issues 11 and 13 ask for, in stages that each fit one lent-device call
 # (under 10 minutes, on a machine that may be fresh each call), given binaries built on a
 # machine with Rust by scripts/gpu/build.sh: .bin/lab.xz (lab --features cuda), .bin/nccl-test
-# and, for the kernel tests, .bin/tests/kernels.xz and .bin/tests/ops.xz (each crate's
+# and, for the kernel tests, .bin/tests/kernels.xz, ops.xz and model.xz (each crate's
 # tests/main.rs built with --features cuda), 64 MiB at most with the working tree.
 #
 # The first run on a fresh host compiles every kernel with NVRTC, about a second each: x1-50m's
@@ -279,6 +279,8 @@ lease() {
       within 60 test_module kernels "$filter"
     done
     for filter in cube_loss:: embedding:: rms_norm::; do within 60 test_module ops "$filter"; done
+    # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
+    within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
   fi
 }

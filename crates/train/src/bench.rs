@@ -97,6 +97,22 @@ impl PeakMemory {
     }
 }
 
+/// What a GPU backend's memory pool reports over the timed steps ([`lab_ops::DeviceMemory`]).
+#[derive(Default)]
+struct PoolMemory {
+    tensors: Option<u64>,
+    reserved: Option<u64>,
+}
+
+impl PoolMemory {
+    fn after_step<B: TrainBackend>(&mut self, step: &PhaseTimes, device: &B::Device) {
+        let most = |a: Option<u64>, b: Option<u64>| a.max(b);
+        self.tensors = most(self.tensors, step.tensor_bytes_after_forward);
+        let reserved = B::device_bytes(device).map(|b| b.reserved);
+        self.reserved = most(self.reserved, reserved);
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub config: String,
@@ -120,6 +136,12 @@ pub struct BenchReport {
     /// The peak memory the gauge saw over the timed steps, and which gauge it was.
     pub peak_memory_bytes: u64,
     pub memory_gauge: String,
+    /// GPU backends: the most bytes of live tensors at the end of a forward (what `lab plan`'s
+    /// states and activations model), and the most the memory pool held from the device after
+    /// a step (live tensors, padding and the free blocks it keeps). The GPU's own reading
+    /// (`peak_memory_bytes`) adds the CUDA context.
+    pub device_tensor_bytes: Option<u64>,
+    pub device_pool_bytes: Option<u64>,
     /// The step's time by op class, when asked for.
     pub split: Option<crate::op_split::OpSplit>,
     /// The loss of the last step (warm-up included in the count): what the PyTorch
@@ -196,6 +218,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
     let mut memory = PeakMemory::new(opts.memory);
+    let mut pool = PoolMemory::default();
     for i in 0..opts.warmup + opts.steps {
         let timed = i >= opts.warmup;
         if i == opts.warmup {
@@ -215,6 +238,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             phases.backward_s += times.backward_s;
             opt_s += t0.elapsed().as_secs_f64();
             memory.after_step();
+            pool.after_step::<B>(&times, &device);
         }
     }
     // Read now: the split below allocates its probes' inputs, which are not a step's.
@@ -244,6 +268,8 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         peak_flops: cfg.hardware.peak_flops(cfg.train.precision),
         peak_memory_bytes,
         memory_gauge: memory.gauge.describe().into(),
+        device_tensor_bytes: pool.tensors,
+        device_pool_bytes: pool.reserved,
         split,
         last_loss,
     })

@@ -14,11 +14,13 @@ use lab_model::Llama;
 use crate::backend::TrainBackend;
 
 /// Seconds spent in forward and backward (measured only when asked: timing needs a device
-/// sync between the two).
+/// sync between the two), and on a GPU backend the most bytes of live tensors seen at the end
+/// of a forward, when the activations kept for backward are all there.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PhaseTimes {
     pub forward_s: f64,
     pub backward_s: f64,
+    pub tensor_bytes_after_forward: Option<u64>,
 }
 
 /// The gradient of the mean loss over `micro` (summed over micro-batches, each scaled by
@@ -36,8 +38,12 @@ pub fn forward_backward<B: TrainBackend>(
         let (x, y) = to_tensors::<B>(batch, device);
         let t0 = Instant::now();
         let loss = model.loss(x, y);
-        if times.is_some() {
+        if let Some(t) = times.as_deref_mut() {
             B::sync(device).ok();
+            if let Some(bytes) = B::device_bytes(device) {
+                let most = t.tensor_bytes_after_forward.unwrap_or(0).max(bytes.in_use);
+                t.tensor_bytes_after_forward = Some(most);
+            }
         }
         let t1 = Instant::now();
         let value = loss.clone().inner();

@@ -198,11 +198,19 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.warmup + args.steps,
             r.last_loss
         );
+        let gib = |b: u64| b as f64 / lab_plan::units::GIB;
         println!(
             "  peak memory {:.2} GiB ({})",
-            r.peak_memory_bytes as f64 / lab_plan::units::GIB,
+            gib(r.peak_memory_bytes),
             r.memory_gauge
         );
+        if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
+            println!(
+                "  device tensors at the end of a forward {:.2} GiB (lab plan models these) | memory pool {:.2} GiB",
+                gib(tensors),
+                gib(pool)
+            );
+        }
         if let Some(split) = &r.split {
             print_split(split);
         }
