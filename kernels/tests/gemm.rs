@@ -80,32 +80,40 @@ fn f32_products_stay_with_cubecl() {
     assert!(Runtime::vendor_matmul(&a, &b).is_none());
 }
 
-/// cuBLASLt runs on cubecl's stream, with no host wait around a product: each product reads
-/// what a cubecl kernel has just written into a fresh tensor, and a cubecl kernel reads the
+/// cuBLASLt runs on cubecl's stream, with no host wait around a product: each product's input
+/// is written into a fresh tensor by a long cubecl matmul, and a cubecl kernel reads the
 /// product right behind it; nothing is read back until the end. A product on another stream,
-/// or ahead of its inputs, would read another iteration's values (the pool reuses memory), a
-/// factor of 2 away from the expected one.
-#[cfg(feature = "cuda")]
+/// or ahead of its input, would start while that matmul still runs and read another
+/// iteration's values (the pool reuses memory), a factor of 2 away from the expected ones.
+#[cfg(not(feature = "wgpu"))]
 #[test]
 fn products_are_ordered_with_cubecl_kernels_on_one_stream() {
     use burn::tensor::{Tensor, TensorPrimitive};
-    let scaled = |t: Prim, s: f32| {
-        Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t))
-            .mul_scalar(s)
-            .into_primitive()
-            .tensor()
-    };
+    let tensor = |t: Prim| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
     let dims @ [m, k, n] = [1024, 1024, 1024];
-    let (a, a_dev) = operand(m, k, 1, DType::F16, false);
+    // `a` is the first k columns of `x` [m, 16k]; `x · select` (select = [I; 0]) gives it back
+    // exactly (one nonzero term per sum), after ~34 GFLOP of cubecl's matmul.
+    let wide = 16 * k;
+    let x = values(m * wide, 1, DType::F16);
+    let a: Vec<f32> = (0..m * k).map(|o| x[o / k * wide + o % k]).collect();
+    let select: Vec<f32> = (0..wide * k)
+        .map(|o| if o / k == o % k { 1.0 } else { 0.0 })
+        .collect();
+    let x = upload(&x, &[m, wide], DType::F16);
+    let select = tensor(upload(&select, &[wide, k], DType::F16));
     let (b, b_dev) = operand(k, n, 2, DType::F16, false);
     let exact = product(&a, &b, dims);
     let outs: Vec<(f64, Prim)> = (0..12)
         .map(|i| {
             // Powers of two: the scaled product is the product scaled, rounding included.
             let s = (1 << (i % 4)) as f32;
-            let c = Runtime::vendor_matmul(&scaled(a_dev.clone(), s), &b_dev)
+            let a_scaled = tensor(x.clone()).mul_scalar(s).matmul(select.clone());
+            let c = Runtime::vendor_matmul(&a_scaled.into_primitive().tensor(), &b_dev)
                 .expect("f16 runs on cuBLASLt");
-            (s as f64 / 2.0, scaled(c, 0.5))
+            (
+                s as f64 / 2.0,
+                tensor(c).mul_scalar(0.5).into_primitive().tensor(),
+            )
         })
         .collect();
     for (i, (s, c)) in outs.into_iter().enumerate() {

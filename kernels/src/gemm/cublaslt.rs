@@ -2,10 +2,17 @@
 //! stream.
 //!
 //! cubecl 0.10 keeps its CUDA stream private; lab's patch of cubecl-cuda (`vendor/cubecl-cuda`,
-//! see its LAB-PATCH.md) reports, with a tensor's device memory, the stream whose pool holds it. The
-//! product is enqueued on the output's stream, behind the kernels that wrote the inputs and
-//! ahead of those that will read the output: stream order does what two host waits per
-//! product did before, and the host keeps running ahead of the GPU.
+//! see its LAB-PATCH.md) reports, with a tensor's device memory, the stream whose pool holds it.
+//! The product is enqueued on the output's stream (this thread's), behind the kernels that
+//! wrote the inputs and ahead of those that will read the output: stream order does what two
+//! host waits per product did before, and the host keeps running ahead of the GPU. An input
+//! held by another stream's pool is read after that stream's writes (cubecl queues the wait
+//! when its memory is taken), and that stream is made to wait for the product before it can
+//! reuse the memory.
+//!
+//! Each stream gets its own handle and workspace (32 MiB on Hopper), kept for the process and
+//! not counted by cubecl's pool: one per thread that multiplies, one in lab's trainer. A
+//! failure inside a cuBLASLt kernel surfaces at cubecl's next wait, as a kernel's own would.
 //! The library is loaded at run time (cudarc's dynamic loading), as the rest of CUDA is.
 
 use std::collections::HashMap;
@@ -46,8 +53,8 @@ pub(super) fn matmul(
         vec![shape[1], 1],
         "ldc = N needs it"
     );
-    // Reading a tensor's memory first queues, on our stream, a wait for any other cubecl
-    // stream that wrote it.
+    // Taking a tensor's memory first queues, on our stream, a wait for any other cubecl
+    // stream that wrote it (reading is covered; reuse is `hold_until_done`'s).
     let memory = [a, b, &out].map(|t| {
         t.client
             .get_resource(t.handle.clone())
@@ -65,12 +72,40 @@ pub(super) fn matmul(
         return None;
     }
     // `out` was made just now, on the stream this thread's cubecl work goes to.
-    let library = library(a.device.index, memory[2].resource().stream);
+    let stream = memory[2].resource().stream;
+    let library = library(a.device.index, stream);
     match a.dtype {
         DType::BF16 => library.run::<bf16>(plan, b_mem, a_mem, out_mem),
         _ => library.run::<f16>(plan, b_mem, a_mem, out_mem),
     }
+    for input in &memory[..2] {
+        hold_until_done(input.resource().stream, stream);
+    }
     Some(out)
+}
+
+/// Makes `holder`, the stream whose pool holds an input, wait for the work enqueued on
+/// `stream` so far: it may reuse the input's memory as soon as the tensor is dropped.
+fn hold_until_done(holder: CUstream, stream: CUstream) {
+    if holder == stream {
+        return; // Stream order already covers it.
+    }
+    use cudarc::driver::{result, sys};
+    // SAFETY: both streams are cubecl's, alive for the process, on the current context; the
+    // event is destroyed once the wait is queued (CUDA keeps it until the wait is done).
+    unsafe {
+        let done =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).and_then(|event| {
+                result::event::record(event, stream)?;
+                result::stream::wait_event(
+                    holder,
+                    event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )?;
+                result::event::destroy(event)
+            });
+        done.unwrap_or_else(|e| panic!("cuBLASLt: ordering another stream's input: {e:?}"));
+    }
 }
 
 impl Library {
@@ -118,6 +153,10 @@ impl Library {
             self.blas
                 .matmul(config, &*x_slice, &*y_slice, &mut *d_slice, None, None)
                 .unwrap_or_else(|e| panic!("cuBLASLt matmul {plan:?}: {e:?}"));
+            // Handed back without freeing (event tracking is off: no waits either).
+            for slice in [x_slice, y_slice, d_slice] {
+                ManuallyDrop::into_inner(slice).leak();
+            }
         }
     }
 }

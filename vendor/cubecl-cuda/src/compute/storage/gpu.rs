@@ -32,8 +32,9 @@ pub struct GpuResource {
     pub binding: *mut std::ffi::c_void,
     /// The size of the resource.
     pub size: u64,
-    /// The stream whose memory pool holds the resource (lab's patch: work enqueued here is
-    /// ordered with cubecl's kernels on that stream, without a host wait).
+    /// The stream whose memory pool holds the resource (lab's patch): work enqueued here is
+    /// ordered with cubecl's kernels on that stream, without a host wait. For a tensor made on
+    /// another thread's stream, that is its stream, not the caller's.
     pub stream: cudarc::driver::sys::CUstream,
 }
 
