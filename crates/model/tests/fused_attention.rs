@@ -49,6 +49,7 @@ fn assert_close(name: &str, got: &[f32], want: &[f32], tol: f32) {
 
 #[test]
 fn training_loss_and_gradients_equal_the_tensor_op_attention() {
+    let _gpu = common::gpu_alone();
     assert!(
         lab_ops::fused_attention_fn::<B>().is_some(),
         "the GPU backend must have the fused attention"

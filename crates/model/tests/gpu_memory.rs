@@ -74,6 +74,7 @@ fn measured<C: CheckpointStrategy>(
 
 #[test]
 fn the_planner_counts_what_the_gpu_backend_keeps() {
+    let _gpu = common::gpu_alone();
     let shapes = [
         (64, 4, 2, 16, 160, 32),
         (64, 4, 2, 16, 320, 32),  // d_ff

@@ -1,8 +1,17 @@
 //! What the model's integration tests share: a small GQA config and deterministic token ids.
 #![allow(dead_code)]
 
+use std::sync::{Mutex, MutexGuard};
+
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use lab_config::ModelConfig;
+
+/// Held by each test that runs on the GPU backend, so they run one at a time: `gpu_memory`
+/// reads the bytes of live tensors in the device's pool, which another test's would change.
+pub fn gpu_alone() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// 61 tokens, 2 layers, 6 query heads over 2 key/value heads (head width 8).
 pub fn small_config(seq_len: usize, init_std: f64) -> ModelConfig {
