@@ -82,10 +82,9 @@ impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbeddin
 {
 }
 
-/// Every fused op the model calls, and a reading of the device's memory: what a backend must
-/// provide to train.
-pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers + DeviceMemory {}
-impl<B: FusedLoss + FusedAttention + FusedLayers + DeviceMemory> FusedOps for B {}
+/// Every fused op the model calls: what a backend must provide to train.
+pub trait FusedOps: FusedLoss + FusedAttention + FusedLayers {}
+impl<B: FusedLoss + FusedAttention + FusedLayers> FusedOps for B {}
 
 /// Rows of logits computed at once when the caller does not choose.
 ///

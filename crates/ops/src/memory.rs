@@ -1,13 +1,12 @@
 //! What a GPU backend's memory pool holds: the bytes of live tensors, and what the pool has
-//! reserved from the device for them. NVML's reading (what `lab bench` reported on CUDA so
-//! far) is the second plus the CUDA context; the first is what `lab plan` models, so the two
-//! can be told apart.
+//! reserved from the device for them. The first is what `lab plan` models; NVML's reading on
+//! CUDA adds to the second the CUDA context, cuBLASLt's workspaces and any other stream's pool.
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 
-/// A device's tensor memory, in bytes.
+/// The tensor memory of this thread's pool on a device (cubecl keeps one per stream), in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceBytes {
     /// Held by live tensors, without the pool's padding.
@@ -16,7 +15,8 @@ pub struct DeviceBytes {
     pub reserved: u64,
 }
 
-/// Reads [`DeviceBytes`] after the work queued so far has run.
+/// Reads [`DeviceBytes`], counting every tensor made by the work asked for so far (a backend
+/// that defers work, Fusion, runs it first: a tensor only recorded holds no memory yet).
 pub trait DeviceMemory: Backend {
     /// `None` where tensors live in the process's own memory (the CPU).
     fn device_bytes(_device: &Self::Device) -> Option<DeviceBytes> {

@@ -142,8 +142,9 @@ pub enum AttentionKind {
 /// lab keeps about 1.2× that without checkpointing (x1-50m in bf16), because the residual
 /// stream and the norms' inputs stay fp32 and the heads are merged by a copy.
 /// crates/plan/tests/activation_memory.rs measures the `Scores` counts on the CPU with a
-/// counting allocator at fp32 and bf16; the `Flash` terms are the kernel's saved state (its
-/// output and log-sum-exp), not measured (no GPU in CI).
+/// counting allocator at fp32 and bf16; crates/model/tests/gpu_memory.rs the `Flash` counts
+/// (the kernel keeps its output and log-sum-exp) in a GPU backend's pool: at fp32 on lavapipe
+/// in CI, bf16 too on a CUDA host.
 pub fn block_bytes_per_token(
     model: &ModelConfig,
     precision: Precision,
@@ -186,8 +187,9 @@ pub fn block_bytes_per_token(
         let residual = 2.0 * h * f32 + if mixed { 2.0 * h * c } else { 0.0 };
         // q and k after RoPE and as the score matmul reads them, v, the attention output
         // (RoPE is one op that keeps only its tables, so q and k before it are not kept).
-        // Measured on the tensor-op attention; the flash kernel may not need the score
-        // matmul's copies of q and k, so on a GPU this may count (a + kv)·c too many.
+        // The same on the flash kernel at fp32 (lavapipe); in bf16 it may not need the score
+        // matmul's copies of q and k, so on a GPU this may count (a + kv)·c too many (the
+        // CUDA build of gpu_memory.rs checks it).
         let attention_side = (3.0 * a + 3.0 * kv) * c;
         // SwiGLU's gate and up.
         let ffn = 2.0 * ff * c;

@@ -1,12 +1,11 @@
 //! `lab plan`'s activation count against what the trainer really holds: lab's model runs its
 //! forward pass under burn's autodiff on the CPU backend while a counting global allocator
 //! tracks the bytes alive, and the bytes still alive after the forward (the tensors kept for
-//! backward) must match [`block_bytes_per_token`] within 1 %, at fp32 and bf16, with and
+//! backward) must match `block_bytes_per_token` within 1 %, at fp32 and bf16, with and
 //! without selective activation checkpointing, for shapes that move each term of the count.
 //!
-//! Per layer per token, by differences: (3 layers − 1 layer) × (8 sequences − 4), so what a
-//! forward keeps once (parameters' casts, RoPE tables, the mask, the loss) cancels. Each
-//! reading is the median of five forwards: a few kilobytes of allocator noise (thread-local
+//! Per layer per token, by differences (`support/forward_memory.rs`, shared with lab-model's
+//! test of the GPU backends). Each reading is the median of five forwards: a few kilobytes of allocator noise (thread-local
 //! caches) come and go between runs. The CPU runs the tensor-op attention, so this measures
 //! the `Scores` count; the `Flash` count differs only in the attention term.
 
@@ -20,7 +19,11 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
 use lab_config::{ModelConfig, Precision};
 use lab_model::Llama;
-use lab_plan::memory::{block_bytes_per_token, AttentionKind};
+use lab_plan::memory::AttentionKind;
+
+#[path = "support/forward_memory.rs"]
+mod forward_memory;
+use forward_memory::{assert_planned, config, per_layer_per_token, SHAPES};
 
 /// The system allocator, counting the bytes it has handed out and not yet got back.
 struct Counting;
@@ -45,26 +48,6 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// A small GQA model: `(d_model, n_head, n_kv_head, head_dim, d_ff, seq_len)`.
-fn config(shape: (usize, usize, usize, usize, usize, usize), layers: usize) -> ModelConfig {
-    let (d_model, n_head, n_kv_head, head_dim, d_ff, seq_len) = shape;
-    ModelConfig {
-        vocab_size: 61,
-        n_layer: layers,
-        d_model,
-        n_head,
-        n_kv_head,
-        d_ff,
-        seq_len,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
-        head_dim: Some(head_dim),
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    }
-}
 
 fn ids<C: CheckpointStrategy>(
     batch: usize,
@@ -101,53 +84,19 @@ fn median_kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precis
 }
 
 /// Bytes kept per layer per token, measured.
-fn measured<C: CheckpointStrategy>(
-    shape: (usize, usize, usize, usize, usize, usize),
-    p: Precision,
-) -> f64 {
-    let (one, three) = (config(shape, 1), config(shape, 3));
-    let kept = |cfg: &ModelConfig, batch| median_kept::<C>(cfg, batch, p);
-    let per_two_layers_four_sequences =
-        kept(&three, 8) - kept(&one, 8) - kept(&three, 4) + kept(&one, 4);
-    per_two_layers_four_sequences / (2.0 * 4.0 * shape.5 as f64)
+fn measured<C: CheckpointStrategy>(shape: forward_memory::Shape, p: Precision) -> f64 {
+    per_layer_per_token(shape, |cfg, batch| median_kept::<C>(cfg, batch, p))
 }
 
 #[test]
 fn the_planner_counts_the_activations_the_model_keeps() {
     // Warm up rayon's pool and the allocator's thread caches outside the measurements.
     kept_by_forward::<NoCheckpointing>(&config((64, 4, 2, 16, 160, 32), 2), 2, Precision::Fp32);
-    let shapes = [
-        (64, 4, 2, 16, 160, 32),
-        (64, 4, 2, 16, 320, 32),  // d_ff
-        (64, 4, 4, 16, 160, 32),  // key/value heads
-        (64, 4, 2, 32, 160, 32),  // head width: d_attn 128 ≠ d_model
-        (128, 8, 2, 16, 160, 32), // d_model and query heads
-        (64, 4, 2, 16, 160, 64),  // sequence: the T × T scores
-    ];
-    for shape in shapes {
-        let cfg = config(shape, 1);
+    for shape in SHAPES {
         for p in [Precision::Fp32, Precision::Bf16] {
-            let plan = |selective| block_bytes_per_token(&cfg, p, AttentionKind::Scores, selective);
             let kept = measured::<NoCheckpointing>(shape, p);
             let kept_selective = measured::<BalancedCheckpointing>(shape, p);
-            eprintln!(
-                "{shape:?} {p:?}: kept {kept:.0} B/layer/token (planner {:.0}), selective {kept_selective:.0} (planner {:.0})",
-                plan(false),
-                plan(true)
-            );
-            for (what, got, want) in [
-                ("kept", kept, plan(false)),
-                (
-                    "kept with selective checkpointing",
-                    kept_selective,
-                    plan(true),
-                ),
-            ] {
-                assert!(
-                    (got - want).abs() <= 0.01 * want,
-                    "{shape:?} {p:?}: {what} {got} B/layer/token, planner {want}"
-                );
-            }
+            assert_planned(shape, p, AttentionKind::Scores, kept, kept_selective);
             // In fp32, recomputing the elementwise ops keeps at least a tenth less at these
             // small shapes (where the feed-forward, the main saving, is narrow). In bf16 it saves
             // little or nothing here: with RMSNorm and SwiGLU keeping only their inputs, what

@@ -9,13 +9,20 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use lab_config::{ActivationCheckpointing, Precision};
 use lab_model::FusedOps;
-use lab_ops::FusedAdamW;
+use lab_ops::{DeviceMemory, FusedAdamW};
 
 /// What the trainer needs of a backend: automatic differentiation over some inner backend,
 /// lab-ops' fused ops on both (the LM-head loss, attention where a kernel exists; the inner
-/// one serves evaluation), and the inner one's AdamW update.
-pub trait TrainBackend: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps {}
-impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps> TrainBackend for B {}
+/// one serves evaluation), the inner one's AdamW update, and a reading of the device's
+/// memory pool (`lab bench`).
+pub trait TrainBackend:
+    AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps + DeviceMemory
+{
+}
+impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps + DeviceMemory> TrainBackend
+    for B
+{
+}
 
 /// The pure-Rust CPU backend: the embedded default, bit-deterministic for a seed.
 pub type Cpu<C = NoCheckpointing> = Autodiff<burn::backend::Flex, C>;

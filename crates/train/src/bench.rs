@@ -15,7 +15,7 @@ use crate::backend::{OnBackend, TrainBackend};
 use crate::op_split;
 use crate::optim::grad_norm;
 use crate::state::TrainingState;
-use crate::step::{forward_backward, mfu, PhaseTimes};
+use crate::step::{forward_backward, mfu, PhaseReadings};
 
 pub struct BenchOptions {
     pub config: LabConfig,
@@ -105,7 +105,7 @@ struct PoolMemory {
 }
 
 impl PoolMemory {
-    fn after_step<B: TrainBackend>(&mut self, step: &PhaseTimes, device: &B::Device) {
+    fn after_step<B: TrainBackend>(&mut self, step: &PhaseReadings, device: &B::Device) {
         let most = |a: Option<u64>, b: Option<u64>| a.max(b);
         self.tensors = most(self.tensors, step.tensor_bytes_after_forward);
         let reserved = B::device_bytes(device).map(|b| b.reserved);
@@ -136,10 +136,11 @@ pub struct BenchReport {
     /// The peak memory the gauge saw over the timed steps, and which gauge it was.
     pub peak_memory_bytes: u64,
     pub memory_gauge: String,
-    /// GPU backends: the most bytes of live tensors at the end of a forward (what `lab plan`'s
-    /// states and activations model), and the most the memory pool held from the device after
-    /// a step (live tensors, padding and the free blocks it keeps). The GPU's own reading
-    /// (`peak_memory_bytes`) adds the CUDA context.
+    /// GPU backends: the most bytes of live tensors at the end of a step's first forward
+    /// (weights, optimizer moments, the activations kept for backward), and the most this
+    /// thread's memory pool held from the device after a step (live tensors, padding and the
+    /// free blocks it keeps). On CUDA, NVML's reading (`peak_memory_bytes`) adds the CUDA
+    /// context, cuBLASLt's workspaces and any other stream's pool.
     pub device_tensor_bytes: Option<u64>,
     pub device_pool_bytes: Option<u64>,
     /// The step's time by op class, when asked for.
@@ -216,7 +217,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
     }
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
-    let (mut phases, mut opt_s, mut last_loss) = (PhaseTimes::default(), 0.0, f64::NAN);
+    let (mut phases, mut opt_s, mut last_loss) = (PhaseReadings::default(), 0.0, f64::NAN);
     let mut memory = PeakMemory::new(opts.memory);
     let mut pool = PoolMemory::default();
     for i in 0..opts.warmup + opts.steps {
@@ -225,8 +226,8 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             memory.start();
         }
         let micro = batches(cfg, &tokens, i);
-        let mut times = PhaseTimes::default();
-        let (grads, loss) = forward_backward(&state.model, &micro, &device, Some(&mut times));
+        let mut step = PhaseReadings::default();
+        let (grads, loss) = forward_backward(&state.model, &micro, &device, Some(&mut step));
         last_loss = loss;
         let t0 = Instant::now();
         let norm = grad_norm(&state.model, &grads);
@@ -234,11 +235,11 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         state = state.apply(grads, 1e-4, scale);
         B::sync(&device).ok();
         if timed {
-            phases.forward_s += times.forward_s;
-            phases.backward_s += times.backward_s;
+            phases.forward_s += step.forward_s;
+            phases.backward_s += step.backward_s;
             opt_s += t0.elapsed().as_secs_f64();
             memory.after_step();
-            pool.after_step::<B>(&times, &device);
+            pool.after_step::<B>(&step, &device);
         }
     }
     // Read now: the split below allocates its probes' inputs, which are not a step's.

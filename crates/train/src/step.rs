@@ -13,11 +13,13 @@ use lab_model::Llama;
 
 use crate::backend::TrainBackend;
 
-/// Seconds spent in forward and backward (measured only when asked: timing needs a device
-/// sync between the two), and on a GPU backend the most bytes of live tensors seen at the end
-/// of a forward, when the activations kept for backward are all there.
+/// What a step's forward and backward are measured by, when asked (`lab bench`): seconds in
+/// each (timing needs a device sync between the two), and on a GPU backend the bytes of live
+/// tensors at the end of the first micro-batch's forward: the weights, the optimizer's
+/// moments and the activations kept for backward (later micro-batches also hold the
+/// gradients summed so far).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PhaseTimes {
+pub struct PhaseReadings {
     pub forward_s: f64,
     pub backward_s: f64,
     pub tensor_bytes_after_forward: Option<u64>,
@@ -29,23 +31,23 @@ pub fn forward_backward<B: TrainBackend>(
     model: &Llama<B>,
     micro: &[Batch],
     device: &B::Device,
-    mut times: Option<&mut PhaseTimes>,
+    mut readings: Option<&mut PhaseReadings>,
 ) -> (GradientsParams, f64) {
     let n = micro.len() as f64;
     let mut accum = GradientsAccumulator::<Llama<B>>::new();
     let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-    for batch in micro {
+    for (i, batch) in micro.iter().enumerate() {
         let (x, y) = to_tensors::<B>(batch, device);
         let t0 = Instant::now();
         let loss = model.loss(x, y);
-        if let Some(t) = times.as_deref_mut() {
+        if readings.is_some() {
             B::sync(device).ok();
-            if let Some(bytes) = B::device_bytes(device) {
-                let most = t.tensor_bytes_after_forward.unwrap_or(0).max(bytes.in_use);
-                t.tensor_bytes_after_forward = Some(most);
-            }
         }
         let t1 = Instant::now();
+        if let Some(r) = readings.as_deref_mut().filter(|_| i == 0) {
+            r.tensor_bytes_after_forward = B::device_bytes(device).map(|b| b.in_use);
+        }
+        let t2 = Instant::now(); // the reading above is neither phase's
         let value = loss.clone().inner();
         loss_sum = Some(match loss_sum {
             Some(sum) => sum + value,
@@ -54,10 +56,10 @@ pub fn forward_backward<B: TrainBackend>(
         let grads = (loss / n).backward();
         let grads = widened(model, GradientsParams::from_grads(grads, model));
         accum.accumulate(model, grads);
-        if let Some(t) = times.as_deref_mut() {
+        if let Some(r) = readings.as_deref_mut() {
             B::sync(device).ok();
-            t.forward_s += (t1 - t0).as_secs_f64();
-            t.backward_s += t1.elapsed().as_secs_f64();
+            r.forward_s += (t1 - t0).as_secs_f64();
+            r.backward_s += t2.elapsed().as_secs_f64();
         }
     }
     let loss: f64 = loss_sum

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use lab_train::bench::{BenchOptions, MemoryGauge};
+use lab_train::bench::{BenchOptions, BenchReport, MemoryGauge};
 use lab_train::op_split::OpSplit;
 use lab_train::BackendKind;
 
@@ -177,45 +177,48 @@ pub fn run(args: Args) -> Result<ExitCode> {
         v["threads"] = threads.into();
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        println!(
-            "{} on {} ({threads} threads, {} loss, {}, checkpointing {}): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
-            r.config,
-            backend.name(),
-            r.lm_head_loss,
-            r.precision,
-            r.activation_checkpointing,
-            r.tokens_per_s,
-            r.ms_per_step,
-            r.tokens_per_step,
-            r.steps
-        );
-        println!(
-            "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}% | loss at step {} {:.4}",
-            r.forward_ms,
-            r.backward_ms,
-            r.optimizer_ms,
-            r.mfu * 100.0,
-            args.warmup + args.steps,
-            r.last_loss
-        );
-        let gib = |b: u64| b as f64 / lab_plan::units::GIB;
-        println!(
-            "  peak memory {:.2} GiB ({})",
-            gib(r.peak_memory_bytes),
-            r.memory_gauge
-        );
-        if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
-            println!(
-                "  device tensors at the end of a forward {:.2} GiB (lab plan models these) | memory pool {:.2} GiB",
-                gib(tensors),
-                gib(pool)
-            );
-        }
-        if let Some(split) = &r.split {
-            print_split(split);
-        }
+        print_report(&r, backend.name(), &threads, args.warmup + args.steps);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The training-step report as text; `last_step` is the step the loss is from.
+fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize) {
+    println!(
+        "{} on {backend} ({threads} threads, {} loss, {}, checkpointing {}): {:.0} tokens/s, {:.1} ms/step ({} tokens/step, {} steps)",
+        r.config,
+        r.lm_head_loss,
+        r.precision,
+        r.activation_checkpointing,
+        r.tokens_per_s,
+        r.ms_per_step,
+        r.tokens_per_step,
+        r.steps
+    );
+    println!(
+        "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}% | loss at step {last_step} {:.4}",
+        r.forward_ms,
+        r.backward_ms,
+        r.optimizer_ms,
+        r.mfu * 100.0,
+        r.last_loss
+    );
+    let gib = |b: u64| b as f64 / lab_plan::units::GIB;
+    println!(
+        "  peak memory {:.2} GiB ({})",
+        gib(r.peak_memory_bytes),
+        r.memory_gauge
+    );
+    if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
+        println!(
+            "  device tensors after the first forward {:.2} GiB (weights, moments, activations kept) | memory pool {:.2} GiB",
+            gib(tensors),
+            gib(pool)
+        );
+    }
+    if let Some(split) = &r.split {
+        print_split(split);
+    }
 }
 
 /// The GPU's used memory through NVML on CUDA; the process's peak RSS elsewhere (or when

@@ -8,6 +8,7 @@ use lab_config::ModelConfig;
 
 /// Held by each test that runs on the GPU backend, so they run one at a time: `gpu_memory`
 /// reads the bytes of live tensors in the device's pool, which another test's would change.
+/// A GPU test added to this binary without it makes `gpu_memory` fail now and then.
 pub fn gpu_alone() -> MutexGuard<'static, ()> {
     static GPU: Mutex<()> = Mutex::new(());
     GPU.lock().unwrap_or_else(|e| e.into_inner())
