@@ -13,7 +13,6 @@ use burn::backend::autodiff::checkpoint::strategy::{
 };
 use burn::backend::Autodiff;
 use lab_config::{ModelConfig, Precision};
-use lab_model::Llama;
 use lab_ops::DeviceMemory;
 use lab_plan::memory::AttentionKind;
 
@@ -21,7 +20,7 @@ use crate::common;
 
 #[path = "../../plan/tests/support/forward_memory.rs"]
 mod forward_memory;
-use forward_memory::{assert_planned, config, per_layer_per_token, SHAPES};
+use forward_memory::{assert_planned, config, kept_by_forward, per_layer_per_token, SHAPES};
 
 #[cfg(feature = "wgpu")]
 type Inner = burn::backend::Wgpu;
@@ -29,30 +28,21 @@ type Inner = burn::backend::Wgpu;
 type Inner = burn::backend::Cuda;
 type B<C> = Autodiff<Inner, C>;
 
-fn in_use<C: CheckpointStrategy>() -> i64 {
-    B::<C>::device_bytes(&Default::default())
-        .expect("a GPU backend reports its pool")
-        .in_use as i64
-}
-
-/// Bytes of live tensors after the training forward (loss computed, graph kept for backward)
-/// that were not live before it.
-fn kept_by_forward<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> f64 {
-    let model = Llama::<B<C>>::new(cfg, 7, &Default::default()).with_precision(p);
-    let tokens = common::ids::<B<C>>(batch, cfg.seq_len, 0);
-    let targets = common::ids::<B<C>>(batch, cfg.seq_len, 1);
-    let before = in_use::<C>();
-    let loss = model.loss(tokens, targets);
-    let kept = in_use::<C>() - before;
-    drop(loss);
-    kept as f64
+/// Bytes the training forward leaves live in the device's pool.
+fn kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> f64 {
+    let live = || {
+        B::<C>::device_bytes(&Default::default())
+            .expect("a GPU backend reports its pool")
+            .in_use as i64
+    };
+    kept_by_forward::<B<C>>(cfg, batch, p, live) as f64
 }
 
 #[test]
 fn the_planner_counts_what_the_gpu_backend_keeps() {
     let _gpu = common::gpu_alone();
     // Whatever a first forward sets up once (kernels, autotune results) outside the readings.
-    kept_by_forward::<NoCheckpointing>(&config(SHAPES[0], 2), 2, Precision::Fp32);
+    kept::<NoCheckpointing>(&config(SHAPES[0], 2), 2, Precision::Fp32);
     // lavapipe has no bf16; a CUDA build checks the mixed-precision count too.
     let precisions: &[Precision] = if cfg!(feature = "wgpu") {
         &[Precision::Fp32]
@@ -61,13 +51,12 @@ fn the_planner_counts_what_the_gpu_backend_keeps() {
     };
     for shape in SHAPES {
         for &p in precisions {
-            let kept = per_layer_per_token(shape, |cfg, batch| {
-                kept_by_forward::<NoCheckpointing>(cfg, batch, p)
+            let all =
+                per_layer_per_token(shape, |cfg, batch| kept::<NoCheckpointing>(cfg, batch, p));
+            let selective = per_layer_per_token(shape, |cfg, batch| {
+                kept::<BalancedCheckpointing>(cfg, batch, p)
             });
-            let kept_selective = per_layer_per_token(shape, |cfg, batch| {
-                kept_by_forward::<BalancedCheckpointing>(cfg, batch, p)
-            });
-            assert_planned(shape, p, AttentionKind::Flash, kept, kept_selective);
+            assert_planned(shape, p, AttentionKind::Flash, all, selective);
         }
     }
 }

@@ -5,8 +5,8 @@
 //! without selective activation checkpointing, for shapes that move each term of the count.
 //!
 //! Per layer per token, by differences (`support/forward_memory.rs`, shared with lab-model's
-//! test of the GPU backends). Each reading is the median of five forwards: a few kilobytes of allocator noise (thread-local
-//! caches) come and go between runs. The CPU runs the tensor-op attention, so this measures
+//! test of the GPU backends). Each reading is the median of five forwards: a few kilobytes of
+//! allocator noise (thread-local caches) come and go between runs. The CPU runs the tensor-op attention, so this measures
 //! the `Scores` count; the `Flash` count differs only in the attention term.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -16,14 +16,12 @@ use burn::backend::autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
 };
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{Int, Tensor, TensorData};
 use lab_config::{ModelConfig, Precision};
-use lab_model::Llama;
 use lab_plan::memory::AttentionKind;
 
 #[path = "support/forward_memory.rs"]
 mod forward_memory;
-use forward_memory::{assert_planned, config, per_layer_per_token, SHAPES};
+use forward_memory::{assert_planned, config, kept_by_forward, per_layer_per_token, SHAPES};
 
 /// The system allocator, counting the bytes it has handed out and not yet got back.
 struct Counting;
@@ -49,36 +47,13 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn ids<C: CheckpointStrategy>(
-    batch: usize,
-    t: usize,
-    salt: usize,
-) -> Tensor<Autodiff<Flex, C>, 2, Int> {
-    let data: Vec<i64> = (0..batch * t)
-        .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
-        .collect();
-    Tensor::from_data(TensorData::new(data, [batch, t]), &Default::default())
-}
-
-/// Bytes alive after the training forward (loss computed, graph kept for backward) that were
-/// not alive before it.
-fn kept_by_forward<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> isize {
-    let model = Llama::<Autodiff<Flex, C>>::new(cfg, 7, &Default::default()).with_precision(p);
-    let (tokens, targets) = (
-        ids::<C>(batch, cfg.seq_len, 0),
-        ids::<C>(batch, cfg.seq_len, 1),
-    );
-    let before = LIVE.load(Ordering::SeqCst);
-    let loss = model.loss(tokens, targets);
-    let kept = LIVE.load(Ordering::SeqCst) - before;
-    drop(loss);
-    kept
+/// Bytes the training forward leaves alive, by the counting allocator.
+fn kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> i64 {
+    kept_by_forward::<Autodiff<Flex, C>>(cfg, batch, p, || LIVE.load(Ordering::SeqCst) as i64)
 }
 
 fn median_kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> f64 {
-    let mut runs: Vec<isize> = (0..5)
-        .map(|_| kept_by_forward::<C>(cfg, batch, p))
-        .collect();
+    let mut runs: Vec<i64> = (0..5).map(|_| kept::<C>(cfg, batch, p)).collect();
     runs.sort_unstable();
     runs[2] as f64
 }
@@ -91,7 +66,7 @@ fn measured<C: CheckpointStrategy>(shape: forward_memory::Shape, p: Precision) -
 #[test]
 fn the_planner_counts_the_activations_the_model_keeps() {
     // Warm up rayon's pool and the allocator's thread caches outside the measurements.
-    kept_by_forward::<NoCheckpointing>(&config((64, 4, 2, 16, 160, 32), 2), 2, Precision::Fp32);
+    kept::<NoCheckpointing>(&config(SHAPES[0], 2), 2, Precision::Fp32);
     for shape in SHAPES {
         for p in [Precision::Fp32, Precision::Bf16] {
             let kept = measured::<NoCheckpointing>(shape, p);

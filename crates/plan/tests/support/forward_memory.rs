@@ -4,7 +4,9 @@
 //! CPU's allocator; lab-model's `gpu_memory` (which includes this file by path) reads a GPU
 //! backend's memory pool.
 
+use burn::tensor::{Int, Tensor, TensorData};
 use lab_config::{ModelConfig, Precision};
+use lab_model::{FusedOps, Llama};
 use lab_plan::memory::{block_bytes_per_token, AttentionKind};
 
 /// `(d_model, n_head, n_kv_head, head_dim, d_ff, seq_len)`.
@@ -37,6 +39,31 @@ pub fn config(shape: Shape, layers: usize) -> ModelConfig {
         tie_embeddings: false,
         init_depth_scaled: false,
     }
+}
+
+/// Bytes a training forward (loss computed, graph kept for backward) on backend `B` leaves
+/// live that were not live before it, as `live` reads the bytes live.
+pub fn kept_by_forward<B: FusedOps>(
+    cfg: &ModelConfig,
+    batch: usize,
+    p: Precision,
+    live: impl Fn() -> i64,
+) -> i64 {
+    let device = Default::default();
+    let model = Llama::<B>::new(cfg, 7, &device).with_precision(p);
+    // `[batch, T]` ids in the config's 61 words, a different sequence per salt.
+    let ids = |salt: usize| {
+        let data: Vec<i64> = (0..batch * cfg.seq_len)
+            .map(|i| ((i * 37 + salt * 11 + 5) % 61) as i64)
+            .collect();
+        Tensor::<B, 2, Int>::from_data(TensorData::new(data, [batch, cfg.seq_len]), &device)
+    };
+    let (tokens, targets) = (ids(0), ids(1));
+    let before = live();
+    let loss = model.loss(tokens, targets);
+    let kept = live() - before;
+    drop(loss);
+    kept
 }
 
 /// Bytes kept per layer per token, from `kept(config, sequences)` (the bytes one forward
