@@ -102,6 +102,10 @@ for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
     mfu = f"{r['tokens_per_s'] * fpt / peak * 100:.1f} %" if peak else "-"
     print(f"| {name} | {r['tokens_per_s']:.0f} | {mfu} | {mem(key)} | {r['last_loss']:.4f} | "
           f"{lab_tps / r['tokens_per_s']:.2f}x |")
+busy = runs[0][1].get("gpu_util_pct")
+if busy is not None:
+    print(f"\nlab's GPU was busy {busy:.0f} % of its timed steps (NVML): near 100 % its kernels "
+          f"bound the step, well under it the GPU waited on the host")
 split = load("lab_split.json").get("split")
 if split:
     print(f"\nlab's step ({split['step_ms']:.1f} ms) by op class, each alone, forward + backward:")

@@ -49,19 +49,22 @@ impl MemoryGauge {
     }
 }
 
-/// A gauge read over the timed steps.
-struct PeakMemory {
+/// A gauge read over the timed steps: the peak memory, and on a GPU how busy it was.
+struct StepGauge {
     gauge: MemoryGauge,
     gpu_peak: u64,
-    /// The GPU stopped answering: the peak covers the readings before.
+    /// NVML's utilisation read after each timed step: (sum, readings).
+    gpu_util: (f64, usize),
+    /// The GPU stopped answering: the figures cover the readings before.
     gpu_lost: bool,
 }
 
-impl PeakMemory {
+impl StepGauge {
     fn new(gauge: MemoryGauge) -> Self {
         Self {
             gauge,
             gpu_peak: 0,
+            gpu_util: (0.0, 0),
             gpu_lost: false,
         }
     }
@@ -79,11 +82,12 @@ impl PeakMemory {
             return;
         }
         match lab_health::Probe::sample(probe.as_mut()) {
-            Ok(s) => self.gpu_peak = self.gpu_peak.max(s.mem_used_bytes),
+            Ok(s) => {
+                self.gpu_peak = self.gpu_peak.max(s.mem_used_bytes);
+                self.gpu_util = (self.gpu_util.0 + s.util_pct, self.gpu_util.1 + 1);
+            }
             Err(e) => {
-                eprintln!(
-                    "warning: reading the GPU's memory: {e:#}; the peak covers the steps before"
-                );
+                eprintln!("warning: reading the GPU: {e:#}; its figures cover the steps before");
                 self.gpu_lost = true;
             }
         }
@@ -94,6 +98,12 @@ impl PeakMemory {
             MemoryGauge::ProcessPeak => memory::peak(),
             MemoryGauge::Gpu(_) => self.gpu_peak,
         }
+    }
+
+    /// The mean utilisation, where the GPU was read at all.
+    fn mean_util_pct(&self) -> Option<f64> {
+        let (sum, n) = self.gpu_util;
+        (n > 0).then(|| sum / n as f64)
     }
 }
 
@@ -136,6 +146,10 @@ pub struct BenchReport {
     /// The peak memory the gauge saw over the timed steps, and which gauge it was.
     pub peak_memory_bytes: u64,
     pub memory_gauge: String,
+    /// On CUDA, the mean of NVML's utilisation read after each timed step: the share of the
+    /// time kernels ran. Near 100 % the kernels bound the step; well under it the GPU waited
+    /// (on the host issuing work, or across the syncs that time each phase).
+    pub gpu_util_pct: Option<f64>,
     /// GPU backends: the most bytes of live tensors at the end of a step's first forward
     /// (weights, optimizer moments, the activations kept for backward), and the most this
     /// thread's memory pool held from the device after a step (live tensors, padding and the
@@ -218,7 +232,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     let (mut phases, mut opt_s, mut last_loss) = (PhaseReadings::default(), 0.0, f64::NAN);
-    let mut memory = PeakMemory::new(opts.memory);
+    let mut memory = StepGauge::new(opts.memory);
     let mut pool = PoolMemory::default();
     for i in 0..opts.warmup + opts.steps {
         let timed = i >= opts.warmup;
@@ -269,6 +283,7 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         peak_flops: cfg.hardware.peak_flops(cfg.train.precision),
         peak_memory_bytes,
         memory_gauge: memory.gauge.describe().into(),
+        gpu_util_pct: memory.mean_util_pct(),
         device_tensor_bytes: pool.tensors,
         device_pool_bytes: pool.reserved,
         split,
@@ -577,17 +592,18 @@ mod tests {
         assert_eq!(shapes.len(), 6, "nothing to pad");
     }
 
-    /// The GPU gauge reports the largest reading taken after the timed steps: the three timed
-    /// steps read 30, 70 and 50 of a replayed NVML stream (peak 70); a reading after the
-    /// warm-up step too would have reached 90.
+    /// The GPU gauge reports the largest memory reading taken after the timed steps and the
+    /// mean utilisation of those readings: the three timed steps read (30, 20 %), (70, 50 %)
+    /// and (50, 80 %) of a replayed NVML stream (peak 70, mean 50 %); a fourth reading would
+    /// have reached 90 and lowered the mean.
     #[test]
-    fn the_gpu_gauge_reports_the_largest_reading_of_the_timed_steps() {
+    fn the_gpu_gauge_reports_the_peak_and_mean_busy_of_the_timed_steps() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gpu.jsonl");
-        let line = |used: u64| {
-            format!("{{\"t_s\":0,\"util_pct\":99,\"mem_used_bytes\":{used},\"mem_total_bytes\":100,\"temp_c\":60}}\n")
+        let line = |(used, util): (u64, u32)| {
+            format!("{{\"t_s\":0,\"util_pct\":{util},\"mem_used_bytes\":{used},\"mem_total_bytes\":100,\"temp_c\":60}}\n")
         };
-        let lines: String = [30, 70, 50, 90].map(line).concat();
+        let lines: String = [(30, 20), (70, 50), (50, 80), (90, 0)].map(line).concat();
         std::fs::write(&path, lines).unwrap();
         let mut config =
             LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
@@ -604,6 +620,7 @@ mod tests {
         };
         let r = bench::<crate::backend::Cpu>(opts, Default::default()).unwrap();
         assert_eq!(r.peak_memory_bytes, 70);
+        assert_eq!(r.gpu_util_pct, Some(50.0));
         assert_eq!(r.memory_gauge, "GPU memory used");
         assert!(r.split.is_none());
     }

@@ -209,6 +209,9 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         gib(r.peak_memory_bytes),
         r.memory_gauge
     );
+    if let Some(busy) = r.gpu_util_pct {
+        println!("  GPU busy {busy:.0} % of the timed steps (NVML; well under 100 % it waited on the host)");
+    }
     if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
         println!(
             "  device tensors after the first forward {:.2} GiB (weights, moments, activations kept) | memory pool {:.2} GiB",
