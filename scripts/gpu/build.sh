@@ -8,6 +8,7 @@
 #   .bin/tests/ops.xz      lab-ops' GPU tests, --features cuda (projections on cuBLASLt)
 #   .bin/tests/model.xz    lab-model's GPU tests, --features cuda (the planner's activation
 #                          count against the GPU's pool, bf16 included)
+#   .bin/BUILT             the commit they were built from
 #
 # then checks that the whole fits the 64 MiB a device call carries. scripts/gpu/session.sh
 # unpacks them there. CUDA is loaded at run time, so no toolkit is needed here; the binaries
@@ -24,6 +25,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
+# A clean slate for what this script writes: a binary left unpacked beside an older build
+# (session.sh unpacks next to the .xz, and skips what is already there) would run instead.
+rm -rf "$out/tests" "$out/lab" "$out/lab.xz" "$out/nccl-test" "$out/BUILT"
 mkdir -p "$out/tests"
 
 # The executable of target NAME in a `cargo … --message-format=json` build's messages on
@@ -63,6 +67,12 @@ for name in kernels ops model; do
   binary="$(executable "$name" <<< "$messages")"
   pack "$binary" "$out/tests/$name"
 done
+
+# Which commit these are, so a later session can tell whether .bin is current (session.sh
+# prints it first).
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.bin' || echo ' + uncommitted changes'), built $(date -u +%FT%TZ), CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION" \
+  > "$out/BUILT"
+cat "$out/BUILT"
 
 total=$(du -cb "$out" | tail -1 | cut -f1)
 ls -l "$out" "$out/tests"

@@ -297,6 +297,7 @@ pack() {
 }
 
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
+if [ -f "$repo/.bin/BUILT" ]; then echo "session.sh: .bin built from $(cat "$repo/.bin/BUILT")"; fi
 : > "$summary"
 "$stage"
 echo "== summary ($summary; logs in $out/$stage.tar.gz)"
