@@ -104,8 +104,9 @@ for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
           f"{lab_tps / r['tokens_per_s']:.2f}x |")
 busy = runs[0][1].get("gpu_util_pct")
 if busy is not None:
-    print(f"\nlab's GPU was busy {busy:.0f} % of its timed steps (NVML): near 100 % its kernels "
-          f"bound the step, well under it the GPU waited on the host")
+    print(f"\nlab's GPU was busy {busy:.0f} % (NVML's last sample period at each timed step's end): "
+          f"near 100 % its kernels bound the step; under it the GPU waited, on the host or at "
+          f"the bench's syncs between phases")
 split = load("lab_split.json").get("split")
 if split:
     print(f"\nlab's step ({split['step_ms']:.1f} ms) by op class, each alone, forward + backward:")

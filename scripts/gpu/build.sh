@@ -20,15 +20,21 @@ cd "$(dirname "$0")/../.."
 out=.bin
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) out="$2"; shift 2 ;;
+    --out) out="${2:-}"; shift $(($# > 1 ? 2 : 1)) ;;
     *) echo "build.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+[ -n "$out" ] || { echo "build.sh: --out needs a folder" >&2; exit 2; }
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-13000}"
-# A clean slate for what this script writes: a binary left unpacked beside an older build
-# (session.sh unpacks next to the .xz, and skips what is already there) would run instead.
-rm -rf "$out/tests" "$out/lab" "$out/lab.xz" "$out/nccl-test" "$out/BUILT"
+# A clean slate for the files this script writes, and only those: a binary left unpacked
+# beside an older build (session.sh unpacks next to the .xz, and skips what is already
+# there) would run instead of the new one.
+rm -f "$out"/{lab,lab.xz,nccl-test,BUILT} "$out"/tests/{kernels,ops,model}{,.xz}
 mkdir -p "$out/tests"
+# What is built, stamped before cargo starts: the commit, and whether the tree differs from it
+# (untracked files included). session.sh prints it first, so a later session can tell whether
+# the folder is current.
+built="$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain)" ] || echo ' + uncommitted changes'), built $(date -u +%FT%TZ), CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION"
 
 # The executable of target NAME in a `cargo … --message-format=json` build's messages on
 # stdin; fails in one line when the build made none.
@@ -68,11 +74,8 @@ for name in kernels ops model; do
   pack "$binary" "$out/tests/$name"
 done
 
-# Which commit these are, so a later session can tell whether .bin is current (session.sh
-# prints it first).
-echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!.bin' || echo ' + uncommitted changes'), built $(date -u +%FT%TZ), CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION" \
-  > "$out/BUILT"
-cat "$out/BUILT"
+echo "$built" > "$out/BUILT"
+echo "build.sh: $built"
 
 total=$(du -cb "$out" | tail -1 | cut -f1)
 ls -l "$out" "$out/tests"

@@ -25,7 +25,8 @@ pub use visible::{nvml_gpu, NvmlGpu};
 pub struct Sample {
     /// Seconds on the probe's own monotonic clock.
     pub t_s: f64,
-    /// Percent of the time since the previous reading that kernels ran.
+    /// Percent of NVML's last sample period (1/6 to 1 s, by GPU) in which a kernel ran: the
+    /// rate nvidia-smi shows.
     pub util_pct: f64,
     pub mem_used_bytes: u64,
     pub mem_total_bytes: u64,

@@ -53,7 +53,7 @@ impl MemoryGauge {
 struct StepGauge {
     gauge: MemoryGauge,
     gpu_peak: u64,
-    /// NVML's utilisation read after each timed step: (sum, readings).
+    /// NVML's utilisation read at the end of each timed step: (sum, readings).
     gpu_util: (f64, usize),
     /// The GPU stopped answering: the figures cover the readings before.
     gpu_lost: bool,
@@ -146,9 +146,11 @@ pub struct BenchReport {
     /// The peak memory the gauge saw over the timed steps, and which gauge it was.
     pub peak_memory_bytes: u64,
     pub memory_gauge: String,
-    /// On CUDA, the mean of NVML's utilisation read after each timed step: the share of the
-    /// time kernels ran. Near 100 % the kernels bound the step; well under it the GPU waited
-    /// (on the host issuing work, or across the syncs that time each phase).
+    /// On CUDA, the mean of NVML's utilisation read at the end of each timed step: the share
+    /// of NVML's last sample period (1/6 to 1 s) in which a kernel ran, so it covers the
+    /// step's end (backward, gradient norm, optimizer) or more. Near 100 % the kernels bound
+    /// the step; under it the GPU waited, on the host issuing work or at the syncs that time
+    /// each phase (training has none of those).
     pub gpu_util_pct: Option<f64>,
     /// GPU backends: the most bytes of live tensors at the end of a step's first forward
     /// (weights, optimizer moments, the activations kept for backward), and the most this

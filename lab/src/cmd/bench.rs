@@ -210,7 +210,7 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         r.memory_gauge
     );
     if let Some(busy) = r.gpu_util_pct {
-        println!("  GPU busy {busy:.0} % of the timed steps (NVML; well under 100 % it waited on the host)");
+        println!("  GPU busy {busy:.0} % (NVML's last sample period at each timed step's end; under 100 % the GPU waited, on the host or at the bench's syncs)");
     }
     if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
         println!(
