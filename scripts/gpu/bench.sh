@@ -102,14 +102,19 @@ for (name, r), key in zip(runs, ["lab", "eager", "compile"]):
     mfu = f"{r['tokens_per_s'] * fpt / peak * 100:.1f} %" if peak else "-"
     print(f"| {name} | {r['tokens_per_s']:.0f} | {mfu} | {mem(key)} | {r['last_loss']:.4f} | "
           f"{lab_tps / r['tokens_per_s']:.2f}x |")
-busy = runs[0][1].get("gpu_util_pct")
+lab = runs[0][1]
+if "phased_ms_per_step" in lab:
+    print(f"\nlab's step: {lab['ms_per_step']:.1f} ms whole (as training runs it, the rows above), "
+          f"{lab['phased_ms_per_step']:.1f} ms with a sync ending each phase: the difference is "
+          f"host time the GPU hides in a whole step")
+busy = lab.get("gpu_util_pct")
 if busy is not None:
     print(f"\nlab's GPU was busy {busy:.0f} % (NVML's last sample period at each timed step's end): "
-          f"near 100 % its kernels bound the step; under it the GPU waited, on the host or at "
-          f"the bench's syncs between phases")
+          f"near 100 % its kernels bound the step; under it the GPU waited on the host")
 split = load("lab_split.json").get("split")
 if split:
-    print(f"\nlab's step ({split['step_ms']:.1f} ms) by op class, each alone, forward + backward:")
+    print(f"\nlab's step with a sync ending each phase ({split['step_ms']:.1f} ms) by op class, "
+          f"each alone, forward + backward:")
     rows = [(c["class"], c["ms_per_step"], c.get("tflops")) for c in split["classes"]]
     rows += [("optimizer", split["optimizer_ms"], None), ("other", split["other_ms"], None)]
     for name, ms, tflops in rows:

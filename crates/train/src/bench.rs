@@ -1,4 +1,4 @@
-//! Timing of whole training steps, split into forward, backward and optimizer, on real text
+//! Timing of whole training steps, then of their forward, backward and optimizer, on real text
 //! (the bundled corpus, GPT-2 tokenized in memory), through the trainer's own step function
 //! and MFU formula. Speed is measured here, never in tests.
 
@@ -136,9 +136,13 @@ pub struct BenchReport {
     pub steps: usize,
     pub tokens_per_s: f64,
     pub ms_per_step: f64,
+    /// The phases, timed on as many steps again with a sync ending each phase.
     pub forward_ms: f64,
     pub backward_ms: f64,
     pub optimizer_ms: f64,
+    /// Their sum: a step with those syncs. It exceeds `ms_per_step` by the host time they
+    /// expose, which a whole step hides behind the GPU's work.
+    pub phased_ms_per_step: f64,
     pub mfu: f64,
     /// The FLOP/s MFU divides by (the detected device's peak at the run's precision, or
     /// `hardware.peak_flops`): bench.sh puts every row of its table over this same peak.
@@ -149,8 +153,8 @@ pub struct BenchReport {
     /// On CUDA, the mean of NVML's utilisation read at the end of each timed step: the share
     /// of NVML's last sample period (1/6 to 1 s) in which a kernel ran, so it covers the
     /// step's end (backward, gradient norm, optimizer) or more. Near 100 % the kernels bound
-    /// the step; under it the GPU waited, on the host issuing work or at the syncs that time
-    /// each phase (training has none of those).
+    /// the step; under it the GPU waited on the host: issuing work, or reading the loss and
+    /// the gradient norm (whole steps wait for both, as training does).
     pub gpu_util_pct: Option<f64>,
     /// GPU backends: the most bytes of live tensors at the end of a step's first forward
     /// (weights, optimizer moments, the activations kept for backward), and the most this
@@ -233,41 +237,43 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
     }
 
     let mut state = TrainingState::<B>::fresh(cfg, &device);
-    let (mut phases, mut opt_s, mut last_loss) = (PhaseReadings::default(), 0.0, f64::NAN);
+    let mut last_loss = f64::NAN;
+    for i in 0..opts.warmup {
+        (state, last_loss) = train_step(state, cfg, &tokens, i, &device, None);
+    }
+    // The headline: whole steps as training runs them, one wait for the loss and one for the
+    // gradient norm, so the host may run ahead of the GPU across phases.
     let mut memory = StepGauge::new(opts.memory);
-    let mut pool = PoolMemory::default();
-    for i in 0..opts.warmup + opts.steps {
-        let timed = i >= opts.warmup;
-        if i == opts.warmup {
-            memory.start();
-        }
-        let micro = batches(cfg, &tokens, i);
-        let mut step = PhaseReadings::default();
-        let (grads, loss) = forward_backward(&state.model, &micro, &device, Some(&mut step));
-        last_loss = loss;
+    memory.start();
+    let mut whole_s = 0.0;
+    for i in opts.warmup..opts.warmup + opts.steps {
         let t0 = Instant::now();
-        let norm = grad_norm(&state.model, &grads);
-        let scale = state.optim.clip_scale(norm);
-        state = state.apply(grads, 1e-4, scale);
-        B::sync(&device).ok();
-        if timed {
-            phases.forward_s += step.forward_s;
-            phases.backward_s += step.backward_s;
-            opt_s += t0.elapsed().as_secs_f64();
-            memory.after_step();
-            pool.after_step::<B>(&step, &device);
-        }
+        (state, last_loss) = train_step(state, cfg, &tokens, i, &device, None);
+        whole_s += t0.elapsed().as_secs_f64();
+        memory.after_step();
     }
     // Read now: the split below allocates its probes' inputs, which are not a step's.
     let peak_memory_bytes = memory.peak();
+    // The phases: as many steps again, each phase ended by a sync, so each can be timed. A
+    // step so taken is longer than a whole one by the host time the syncs expose.
+    let (mut phases, mut pool) = (PhaseReadings::default(), PoolMemory::default());
+    let later = opts.warmup + opts.steps;
+    for i in later..later + opts.steps {
+        let mut step = PhaseReadings::default();
+        (state, _) = train_step(state, cfg, &tokens, i, &device, Some(&mut step));
+        phases.add(&step);
+        pool.after_step::<B>(&step, &device);
+    }
     let n = opts.steps as f64;
-    let ms_per_step = (phases.forward_s + phases.backward_s + opt_s) / n * 1e3;
+    let ms_per_step = whole_s / n * 1e3;
+    let phased_ms_per_step = (phases.forward_s + phases.backward_s + phases.optimizer_s) / n * 1e3;
     let tokens_per_step = cfg.tokens_per_replica_step();
     let tokens_per_s = tokens_per_step as f64 / (ms_per_step / 1e3);
     let split = opts.split.then(|| {
         let first = &batches(cfg, &tokens, 0)[0];
         let per_run = time_classes(&state.model, cfg, first, opts.steps, &device);
-        op_split::OpSplit::new(cfg, &per_run, opt_s / n * 1e3, ms_per_step)
+        let optimizer_ms = phases.optimizer_s / n * 1e3;
+        op_split::OpSplit::new(cfg, &per_run, optimizer_ms, phased_ms_per_step)
     });
     Ok(BenchReport {
         config: cfg.name.clone(),
@@ -280,7 +286,8 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         ms_per_step,
         forward_ms: phases.forward_s / n * 1e3,
         backward_ms: phases.backward_s / n * 1e3,
-        optimizer_ms: opt_s / n * 1e3,
+        optimizer_ms: phases.optimizer_s / n * 1e3,
+        phased_ms_per_step,
         mfu: mfu(cfg, tokens_per_s),
         peak_flops: cfg.hardware.peak_flops(cfg.train.precision),
         peak_memory_bytes,
@@ -291,6 +298,30 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         split,
         last_loss,
     })
+}
+
+/// One optimizer step on step `i`'s micro-batches, as the trainer takes it, ending in a sync;
+/// with `phases`, a sync also ends the forward and the backward, and all three are timed.
+/// Returns the new state and the step's loss.
+fn train_step<B: TrainBackend>(
+    state: TrainingState<B>,
+    cfg: &LabConfig,
+    tokens: &[u32],
+    i: usize,
+    device: &B::Device,
+    mut phases: Option<&mut PhaseReadings>,
+) -> (TrainingState<B>, f64) {
+    let micro = batches(cfg, tokens, i);
+    let (grads, loss) = forward_backward(&state.model, &micro, device, phases.as_deref_mut());
+    let t0 = Instant::now();
+    let norm = grad_norm(&state.model, &grads);
+    let scale = state.optim.clip_scale(norm);
+    let state = state.apply(grads, 1e-4, scale);
+    B::sync(device).ok();
+    if let Some(p) = phases {
+        p.optimizer_s += t0.elapsed().as_secs_f64();
+    }
+    (state, loss)
 }
 
 /// Milliseconds per run of every op class, `reps` runs each, on `batch`'s tokens.
@@ -625,6 +656,40 @@ mod tests {
         assert_eq!(r.gpu_util_pct, Some(50.0));
         assert_eq!(r.memory_gauge, "GPU memory used");
         assert!(r.split.is_none());
+    }
+
+    /// The loss reported is the last whole step's: with one warm-up and two timed steps it is
+    /// step 3's, as three steps taken directly give it, not that of the steps with a sync
+    /// ending each phase, which come after. Those steps' phases are timed and add up.
+    #[test]
+    fn the_loss_is_the_last_whole_steps_and_the_phases_are_timed_after() {
+        let mut config =
+            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
+        config.train.micro_batch = 1;
+        config.model.seq_len = 16;
+        let opts = BenchOptions {
+            config: config.clone(),
+            steps: 2,
+            warmup: 1,
+            tokens_out: None,
+            split: false,
+            memory: MemoryGauge::ProcessPeak,
+        };
+        let r = bench::<crate::backend::Cpu>(opts, Default::default()).unwrap();
+
+        let (device, tokens) = (Default::default(), bench_tokens(&config).unwrap());
+        let mut state = TrainingState::<crate::backend::Cpu>::fresh(&config, &device);
+        let mut losses = Vec::new();
+        for i in 0..5 {
+            let loss;
+            (state, loss) = train_step(state, &config, &tokens, i, &device, None);
+            losses.push(loss);
+        }
+        assert_eq!(r.last_loss, losses[2]);
+        assert_ne!(losses[2], losses[4], "a later step's loss would show");
+        assert!(r.forward_ms > 0.0 && r.backward_ms > 0.0 && r.optimizer_ms > 0.0);
+        let phases = r.forward_ms + r.backward_ms + r.optimizer_ms;
+        assert!((r.phased_ms_per_step - phases).abs() < 1e-9);
     }
 
     /// `--matmul` times the six projection shapes and the LM head as the GPU loss pads it, at

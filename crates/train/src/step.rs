@@ -13,16 +13,27 @@ use lab_model::Llama;
 
 use crate::backend::TrainBackend;
 
-/// What a step's forward and backward are measured by, when asked (`lab bench`): seconds in
-/// each (timing needs a device sync between the two), and on a GPU backend the bytes of live
-/// tensors at the end of the first micro-batch's forward: the weights, the optimizer's
-/// moments and the activations kept for backward (later micro-batches also hold the
-/// gradients summed so far).
+/// What a step's phases are measured by, when asked (`lab bench`): seconds in the forward,
+/// the backward and the optimizer (timing needs a device sync ending each), and on a GPU
+/// backend the bytes of live tensors at the end of the first micro-batch's forward: the
+/// weights, the optimizer's moments and the activations kept for backward (later
+/// micro-batches also hold the gradients summed so far).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PhaseReadings {
     pub forward_s: f64,
     pub backward_s: f64,
+    /// Filled by the caller, which runs the optimizer.
+    pub optimizer_s: f64,
     pub tensor_bytes_after_forward: Option<u64>,
+}
+
+impl PhaseReadings {
+    /// Adds another step's times (the bytes are the pool's, read per step, not summed).
+    pub fn add(&mut self, step: &PhaseReadings) {
+        self.forward_s += step.forward_s;
+        self.backward_s += step.backward_s;
+        self.optimizer_s += step.optimizer_s;
+    }
 }
 
 /// The gradient of the mean loss over `micro` (summed over micro-batches, each scaled by

@@ -196,12 +196,17 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         r.steps
     );
     println!(
-        "  forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms | MFU {:.1}% | loss at step {last_step} {:.4}",
+        "  MFU {:.1}% | loss at step {last_step} {:.4}",
+        r.mfu * 100.0,
+        r.last_loss
+    );
+    println!(
+        "  with a sync ending each phase: forward {:.1} ms | backward {:.1} ms | optimizer {:.1} ms = {:.1} ms/step ({:+.1} ms against a whole step)",
         r.forward_ms,
         r.backward_ms,
         r.optimizer_ms,
-        r.mfu * 100.0,
-        r.last_loss
+        r.phased_ms_per_step,
+        r.phased_ms_per_step - r.ms_per_step
     );
     let gib = |b: u64| b as f64 / lab_plan::units::GIB;
     println!(
@@ -210,7 +215,7 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         r.memory_gauge
     );
     if let Some(busy) = r.gpu_util_pct {
-        println!("  GPU busy {busy:.0} % (NVML's last sample period at each timed step's end; under 100 % the GPU waited, on the host or at the bench's syncs)");
+        println!("  GPU busy {busy:.0} % (NVML's last sample period at each timed step's end; under 100 % the GPU waited on the host)");
     }
     if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
         println!(
