@@ -3,10 +3,11 @@
 //! Each class runs alone at the step's shapes, forward and backward through the model's own
 //! code (block 0's weights; random inputs that require gradients), synced after every run,
 //! and its time per run is multiplied by how often one step runs it. The optimizer (gradient
-//! norm and AdamW) is timed inside the bench's steps. What the measured step holds beyond the
-//! classes is `other`: residual adds, dtype casts, head reshapes, gradient accumulation, and
-//! the launches a lazy backend saves by fusing across the classes' borders (which can make
-//! it negative). PyTorch's profiler would split by kernel; burn has no such hook, so this is
+//! norm and AdamW) is timed inside the bench's phased steps (a sync ending each phase), and
+//! the split is set against those steps. What the measured step holds beyond the classes is
+//! `other`: residual adds, dtype casts, head reshapes, gradient accumulation, the batches'
+//! upload, and the launches a lazy backend saves by fusing across the classes' borders
+//! (which can make it negative). PyTorch's profiler would split by kernel; burn has no such hook, so this is
 //! the split by the model's own pieces.
 
 use std::time::Instant;

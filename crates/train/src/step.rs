@@ -22,8 +22,9 @@ use crate::backend::TrainBackend;
 pub struct PhaseReadings {
     pub forward_s: f64,
     pub backward_s: f64,
-    /// Filled by the caller, which runs the optimizer.
+    /// Filled by the caller, which runs the optimizer and times the whole step.
     pub optimizer_s: f64,
+    pub step_s: f64,
     pub tensor_bytes_after_forward: Option<u64>,
 }
 
@@ -33,6 +34,7 @@ impl PhaseReadings {
         self.forward_s += step.forward_s;
         self.backward_s += step.backward_s;
         self.optimizer_s += step.optimizer_s;
+        self.step_s += step.step_s;
     }
 }
 
