@@ -2,6 +2,7 @@
 //! (the bundled corpus, GPT-2 tokenized in memory), through the trainer's own step function
 //! and MFU formula. Speed is measured here, never in tests.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -54,7 +55,7 @@ impl MemoryGauge {
 struct StepGauge {
     gauge: MemoryGauge,
     gpu_peak: u64,
-    /// NVML's utilisation read at the end of each timed step: (sum, readings).
+    /// NVML's utilisation read after each whole timed step: (sum, readings).
     gpu_util: (f64, usize),
     /// The GPU stopped answering: the figures cover the readings before.
     gpu_lost: bool,
@@ -159,10 +160,9 @@ pub struct BenchReport {
     /// the gradient norm (whole steps wait for both, as training does).
     pub gpu_util_pct: Option<f64>,
     /// GPU backends, read on the phased steps (a reading needs a sync): the most bytes of live
-    /// tensors at the end of a step's first forward
-    /// (weights, optimizer moments, the activations kept for backward), and the most this
-    /// thread's memory pool held from the device after a step (live tensors, padding and the
-    /// free blocks it keeps). On CUDA, NVML's reading (`peak_memory_bytes`) adds the CUDA
+    /// tensors at the end of a step's first forward (weights, optimizer moments, the
+    /// activations kept for backward), and the most this thread's memory pool held from the
+    /// device after a step (live tensors, padding and the free blocks it keeps). On CUDA, NVML's reading (`peak_memory_bytes`) adds the CUDA
     /// context, cuBLASLt's workspaces and any other stream's pool.
     pub device_tensor_bytes: Option<u64>,
     pub device_pool_bytes: Option<u64>,
@@ -239,20 +239,23 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
             .with_context(|| format!("--tokens-out {}", path.display()))?;
     }
 
+    let steps = Steps::<B> {
+        cfg,
+        tokens: &tokens,
+        device: &device,
+    };
     let mut state = TrainingState::<B>::fresh(cfg, &device);
     for i in 0..opts.warmup {
-        state = train_step(state, cfg, &tokens, i, &device, None).0;
+        state = steps.take(state, i, None).0;
     }
     B::sync(&device).ok();
     let mut memory = StepGauge::new(opts.memory);
     let whole = opts.warmup..opts.warmup + opts.steps;
-    let (state, whole_s, last_loss) =
-        time_whole_steps(state, cfg, &tokens, whole, &device, &mut memory);
+    let (state, whole_s, last_loss) = steps.time_whole(state, whole.clone(), &mut memory);
     // Read now: the split below allocates its probes' inputs, which are not a step's.
     let peak_memory_bytes = memory.peak();
-    let phased_from = opts.warmup + opts.steps;
-    let phased = phased_from..phased_from + opts.steps;
-    let (state, phases, pool) = time_phased_steps(state, cfg, &tokens, phased, &device);
+    let phased = whole.end..whole.end + opts.steps;
+    let (state, phases, pool) = steps.time_phased(state, phased);
 
     let ms = |s: f64| s / opts.steps as f64 * 1e3;
     let (ms_per_step, phased_ms_per_step) = (ms(whole_s), ms(phases.step_s));
@@ -288,73 +291,78 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
     })
 }
 
-/// The headline: steps `range` as the trainer takes them, waiting only for the loss and the
-/// gradient norm, so the host may issue the next step while the GPU finishes this one's update;
-/// one sync ends the window. The gauge is read after each step (NVML's reads do not wait for
-/// the GPU). Returns the state, the window's seconds and the last step's loss.
-fn time_whole_steps<B: TrainBackend>(
-    mut state: TrainingState<B>,
-    cfg: &LabConfig,
-    tokens: &[u32],
-    range: std::ops::Range<usize>,
-    device: &B::Device,
-    gauge: &mut StepGauge,
-) -> (TrainingState<B>, f64, f64) {
-    gauge.start();
-    let (t0, mut loss) = (Instant::now(), f64::NAN);
-    for i in range {
-        (state, loss) = train_step(state, cfg, tokens, i, device, None);
-        gauge.after_step();
-    }
-    B::sync(device).ok();
-    (state, t0.elapsed().as_secs_f64(), loss)
+/// What every bench step draws on: the config, the token stream and the device.
+struct Steps<'a, B: TrainBackend> {
+    cfg: &'a LabConfig,
+    tokens: &'a [u32],
+    device: &'a B::Device,
 }
 
-/// Steps `range` again with a sync ending each phase, so each phase can be timed, and the
-/// GPU pool read after each step's first forward. A step so taken (`step_s`, its whole wall
-/// clock) is longer than a whole one by the host time the syncs expose.
-fn time_phased_steps<B: TrainBackend>(
-    mut state: TrainingState<B>,
-    cfg: &LabConfig,
-    tokens: &[u32],
-    range: std::ops::Range<usize>,
-    device: &B::Device,
-) -> (TrainingState<B>, PhaseReadings, PoolMemory) {
-    let (mut phases, mut pool) = (PhaseReadings::default(), PoolMemory::default());
-    for i in range {
-        let mut step = PhaseReadings::default();
+impl<B: TrainBackend> Steps<'_, B> {
+    /// The headline: steps `range` as the trainer takes them, waiting only for the loss and
+    /// the gradient norm, so the host may issue the next step while the GPU finishes this
+    /// one's update; one sync ends the window. The gauge is read after each step (NVML's
+    /// reads do not wait for the GPU). Returns the state, the window's seconds and the last
+    /// step's loss.
+    fn time_whole(
+        &self,
+        mut state: TrainingState<B>,
+        range: Range<usize>,
+        gauge: &mut StepGauge,
+    ) -> (TrainingState<B>, f64, f64) {
+        gauge.start();
+        let (t0, mut loss) = (Instant::now(), f64::NAN);
+        for i in range {
+            (state, loss) = self.take(state, i, None);
+            gauge.after_step();
+        }
+        B::sync(self.device).ok();
+        (state, t0.elapsed().as_secs_f64(), loss)
+    }
+
+    /// Steps `range` again with a sync ending each phase, so each phase can be timed, and the
+    /// GPU pool read after each step's first forward. A step so taken (`step_s`, its whole
+    /// wall clock) is longer than a whole one by the host time the syncs expose.
+    fn time_phased(
+        &self,
+        mut state: TrainingState<B>,
+        range: Range<usize>,
+    ) -> (TrainingState<B>, PhaseReadings, PoolMemory) {
+        let (mut phases, mut pool) = (PhaseReadings::default(), PoolMemory::default());
+        for i in range {
+            let mut step = PhaseReadings::default();
+            let t0 = Instant::now();
+            state = self.take(state, i, Some(&mut step)).0;
+            step.step_s = t0.elapsed().as_secs_f64();
+            phases.add(&step);
+            pool.after_step::<B>(&step, self.device);
+        }
+        (state, phases, pool)
+    }
+
+    /// One optimizer step on step `i`'s micro-batches, as the trainer takes it: it waits for
+    /// the loss and the gradient norm, not for the update. With `phases`, a sync also ends the
+    /// forward, the backward and the update, and all three are timed. Returns the new state
+    /// and the step's loss.
+    fn take(
+        &self,
+        state: TrainingState<B>,
+        i: usize,
+        mut phases: Option<&mut PhaseReadings>,
+    ) -> (TrainingState<B>, f64) {
+        let micro = batches(self.cfg, self.tokens, i);
+        let (grads, loss) =
+            forward_backward(&state.model, &micro, self.device, phases.as_deref_mut());
         let t0 = Instant::now();
-        state = train_step(state, cfg, tokens, i, device, Some(&mut step)).0;
-        step.step_s = t0.elapsed().as_secs_f64();
-        phases.add(&step);
-        pool.after_step::<B>(&step, device);
+        let norm = grad_norm(&state.model, &grads);
+        let scale = state.optim.clip_scale(norm);
+        let state = state.apply(grads, 1e-4, scale);
+        if let Some(p) = phases {
+            B::sync(self.device).ok();
+            p.optimizer_s += t0.elapsed().as_secs_f64();
+        }
+        (state, loss)
     }
-    (state, phases, pool)
-}
-
-/// One optimizer step on step `i`'s micro-batches, as the trainer takes it: it waits for the
-/// loss and the gradient norm, not for the update. With `phases`, a sync also ends the
-/// forward, the backward and the update, and all three are timed. Returns the new state and
-/// the step's loss.
-fn train_step<B: TrainBackend>(
-    state: TrainingState<B>,
-    cfg: &LabConfig,
-    tokens: &[u32],
-    i: usize,
-    device: &B::Device,
-    mut phases: Option<&mut PhaseReadings>,
-) -> (TrainingState<B>, f64) {
-    let micro = batches(cfg, tokens, i);
-    let (grads, loss) = forward_backward(&state.model, &micro, device, phases.as_deref_mut());
-    let t0 = Instant::now();
-    let norm = grad_norm(&state.model, &grads);
-    let scale = state.optim.clip_scale(norm);
-    let state = state.apply(grads, 1e-4, scale);
-    if let Some(p) = phases {
-        B::sync(device).ok();
-        p.optimizer_s += t0.elapsed().as_secs_f64();
-    }
-    (state, loss)
 }
 
 /// Milliseconds per run of every op class, `reps` runs each, on `batch`'s tokens.
@@ -693,7 +701,7 @@ mod tests {
 
     /// The loss reported is the last whole step's: with one warm-up and two timed steps it is
     /// step 3's, as three steps taken directly give it, not that of the steps with a sync
-    /// ending each phase, which come after. Those steps' phases are timed and add up.
+    /// ending each phase, which come after. Those steps' phases are timed and fit inside them.
     #[test]
     fn the_loss_is_the_last_whole_steps_and_the_phases_are_timed_after() {
         let mut config =
@@ -711,11 +719,16 @@ mod tests {
         let r = bench::<crate::backend::Cpu>(opts, Default::default()).unwrap();
 
         let (device, tokens) = (Default::default(), bench_tokens(&config).unwrap());
-        let mut state = TrainingState::<crate::backend::Cpu>::fresh(&config, &device);
+        let steps = Steps::<crate::backend::Cpu> {
+            cfg: &config,
+            tokens: &tokens,
+            device: &device,
+        };
+        let mut state = TrainingState::fresh(&config, &device);
         let mut losses = Vec::new();
         for i in 0..5 {
             let loss;
-            (state, loss) = train_step(state, &config, &tokens, i, &device, None);
+            (state, loss) = steps.take(state, i, None);
             losses.push(loss);
         }
         assert_eq!(r.last_loss, losses[2]);

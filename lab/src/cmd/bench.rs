@@ -215,7 +215,7 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         r.memory_gauge
     );
     if let Some(busy) = r.gpu_util_pct {
-        println!("  GPU busy {busy:.0} % (NVML's last sample period at each timed step's end; under 100 % the GPU waited on the host)");
+        println!("  GPU busy {busy:.0} % (NVML's last sample period after each whole step; under 100 % the GPU waited on the host)");
     }
     if let (Some(tensors), Some(pool)) = (r.device_tensor_bytes, r.device_pool_bytes) {
         println!(
