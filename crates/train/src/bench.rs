@@ -655,6 +655,15 @@ impl OnBackend for MatmulBench {
 mod tests {
     use super::*;
 
+    /// The tiny CPU config at `micro_batch` rows of `seq_len` tokens.
+    fn tiny(micro_batch: usize, seq_len: usize) -> LabConfig {
+        let mut config =
+            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
+        config.train.micro_batch = micro_batch;
+        config.model.seq_len = seq_len;
+        config
+    }
+
     /// The LM head's padded line comes only when there is something to pad.
     #[test]
     fn an_aligned_vocabulary_has_no_padded_lm_head_line() {
@@ -679,10 +688,7 @@ mod tests {
         };
         let lines: String = [(30, 20), (70, 50), (50, 80), (90, 0)].map(line).concat();
         std::fs::write(&path, lines).unwrap();
-        let mut config =
-            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
-        config.train.micro_batch = 1;
-        config.model.seq_len = 16;
+        let config = tiny(1, 16);
         let probe = lab_health::replay::ReplayProbe::open(&path).unwrap();
         let opts = BenchOptions {
             config,
@@ -704,10 +710,7 @@ mod tests {
     /// ending each phase, which come after. Those steps' phases are timed and fit inside them.
     #[test]
     fn the_loss_is_the_last_whole_steps_and_the_phases_are_timed_after() {
-        let mut config =
-            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
-        config.train.micro_batch = 1;
-        config.model.seq_len = 16;
+        let config = tiny(1, 16);
         let opts = BenchOptions {
             config: config.clone(),
             steps: 2,
@@ -742,10 +745,7 @@ mod tests {
     /// `--steps 0` is refused rather than quietly timing one product.
     #[test]
     fn the_matmul_bench_times_each_projection_and_refuses_zero_steps() {
-        let mut config =
-            LabConfig::from_toml(include_str!("../../../configs/tiny-cpu.toml")).unwrap();
-        config.train.micro_batch = 2;
-        config.model.seq_len = 8;
+        let config = tiny(2, 8);
         let run = |iters| {
             crate::BackendKind::Cpu.dispatch(MatmulBench {
                 config: config.clone(),
