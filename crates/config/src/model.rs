@@ -77,6 +77,36 @@ impl ParamCount {
 }
 
 impl ModelConfig {
+    /// A model of this shape (arguments in the fields' order) with everything else as a config
+    /// file gets it when it leaves it out: RoPE base 10,000, RMSNorm eps 1e-5, init std 0.02,
+    /// heads `d_model / n_head` wide, untied embedding, plain init. Set the rest with struct
+    /// update syntax: `ModelConfig { init_std: 0.3, ..ModelConfig::llama(…) }`.
+    pub fn llama(
+        vocab_size: usize,
+        n_layer: usize,
+        d_model: usize,
+        n_head: usize,
+        n_kv_head: usize,
+        d_ff: usize,
+        seq_len: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            n_layer,
+            d_model,
+            n_head,
+            n_kv_head,
+            d_ff,
+            seq_len,
+            rope_base: default_rope_base(),
+            norm_eps: default_norm_eps(),
+            init_std: default_init_std(),
+            head_dim: None,
+            tie_embeddings: false,
+            init_depth_scaled: false,
+        }
+    }
+
     /// Init std of the residual output projections (see `init_depth_scaled`).
     pub fn init_std_residual(&self) -> f64 {
         if self.init_depth_scaled {
@@ -182,27 +212,17 @@ impl ModelConfig {
 mod tests {
     use super::*;
 
-    fn cfg(v: usize, l: usize, d: usize, h: usize, kv: usize, ff: usize, t: usize) -> ModelConfig {
-        ModelConfig {
-            vocab_size: v,
-            n_layer: l,
-            d_model: d,
-            n_head: h,
-            n_kv_head: kv,
-            d_ff: ff,
-            seq_len: t,
-            rope_base: 1e4,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            tie_embeddings: false,
-            init_depth_scaled: false,
-        }
+    #[test]
+    fn llama_gives_what_a_file_naming_only_the_shape_gives() {
+        let file = "vocab_size = 97\nn_layer = 2\nd_model = 32\nn_head = 4\nn_kv_head = 2\n\
+                    d_ff = 48\nseq_len = 16\n";
+        let parsed: ModelConfig = toml::from_str(file).unwrap();
+        assert_eq!(parsed, ModelConfig::llama(97, 2, 32, 4, 2, 48, 16));
     }
 
     #[test]
     fn gemma3_27b_with_explicit_head_dim_and_tied_embedding() {
-        let mut c = cfg(262144, 62, 5376, 32, 16, 21504, 8192);
+        let mut c = ModelConfig::llama(262144, 62, 5376, 32, 16, 21504, 8192);
         c.head_dim = Some(128);
         c.tie_embeddings = true;
         c.validate().unwrap();
@@ -214,7 +234,7 @@ mod tests {
 
     #[test]
     fn x1_50m_matches_the_recipe() {
-        let p = cfg(50257, 8, 768, 12, 4, 2048, 1024).param_count();
+        let p = ModelConfig::llama(50257, 8, 768, 12, 4, 2048, 1024).param_count();
         // 50,343,936 in the blocks (norms included) + the 768 of the final norm.
         assert_eq!(p.non_embedding(), 50_343_936 + 768);
         assert_eq!(p.embedding, 38_597_376);
@@ -223,13 +243,13 @@ mod tests {
 
     #[test]
     fn med_7b_is_6_20_billion() {
-        let p = cfg(64000, 32, 4096, 32, 8, 11008, 4096).param_count();
+        let p = ModelConfig::llama(64000, 32, 4096, 32, 8, 11008, 4096).param_count();
         assert_eq!(p.total(), 6_195_253_248);
     }
 
     #[test]
     fn flops_per_token_counts_head_and_attention() {
-        let c = cfg(50257, 8, 768, 12, 4, 2048, 1024);
+        let c = ModelConfig::llama(50257, 8, 768, 12, 4, 2048, 1024);
         let p = c.param_count();
         let expect = 6.0 * (p.attention + p.ffn + p.lm_head) as f64 + 12.0 * 8.0 * 1024.0 * 768.0;
         assert_eq!(c.train_flops_per_token(), expect);

@@ -14,19 +14,8 @@ type B = Flex;
 
 fn model() -> Llama<B> {
     let cfg = ModelConfig {
-        vocab_size: 50257,
-        n_layer: 1,
-        d_model: 32,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 48,
-        seq_len: 24,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
         init_std: 0.05,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
+        ..ModelConfig::llama(50257, 1, 32, 4, 2, 48, 24)
     };
     Llama::new(&cfg, 5, &Default::default())
 }

@@ -22,19 +22,5 @@ pub use transformer::{compute_dtype, KvCache, Llama};
 /// A one-layer model with an untied head, small enough to check by hand (unit tests).
 #[cfg(test)]
 pub(crate) fn tiny_test_config() -> lab_config::ModelConfig {
-    lab_config::ModelConfig {
-        vocab_size: 11,
-        n_layer: 1,
-        d_model: 4,
-        n_head: 2,
-        n_kv_head: 1,
-        d_ff: 8,
-        seq_len: 4,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    }
+    lab_config::ModelConfig::llama(11, 1, 4, 2, 1, 8, 4)
 }

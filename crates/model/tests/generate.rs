@@ -10,20 +10,9 @@ type B = Flex;
 
 fn cfg() -> ModelConfig {
     ModelConfig {
-        vocab_size: 97,
-        n_layer: 2,
-        d_model: 48,
-        n_head: 6,
-        n_kv_head: 2,
-        d_ff: 64,
-        seq_len: 40,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
         // Wide weights: logits far apart, so greedy choices are not float ties.
         init_std: 0.3,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
+        ..ModelConfig::llama(97, 2, 48, 6, 2, 64, 40)
     }
 }
 

@@ -9,21 +9,7 @@ use lab_model::{weights, Llama};
 type B = Flex;
 
 fn cfg() -> ModelConfig {
-    ModelConfig {
-        vocab_size: 97,
-        n_layer: 2,
-        d_model: 32,
-        n_head: 4,
-        n_kv_head: 2,
-        d_ff: 48,
-        seq_len: 16,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    }
+    ModelConfig::llama(97, 2, 32, 4, 2, 48, 16)
 }
 
 fn tokens(rows: &[Vec<i64>]) -> Tensor<B, 2, Int> {

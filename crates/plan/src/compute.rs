@@ -128,21 +128,7 @@ pub fn chinchilla(params: f64, tokens: f64, flop_budget: f64) -> Chinchilla {
 
 /// Published Llama-style shapes whose parameter counts case studies quote.
 fn reference_models() -> Vec<(&'static str, ModelConfig)> {
-    let shape = |vocab, n_layer, d_model, n_head, n_kv_head, d_ff, seq_len| ModelConfig {
-        vocab_size: vocab,
-        n_layer,
-        d_model,
-        n_head,
-        n_kv_head,
-        d_ff,
-        seq_len,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
-    };
+    let shape = ModelConfig::llama;
     vec![
         // Touvron et al. 2023, table 2: 6.7B ("7B"); multi-head attention, 32K SentencePiece.
         ("LLaMA-7B", shape(32_000, 32, 4096, 32, 32, 11008, 2048)),

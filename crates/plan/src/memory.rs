@@ -334,21 +334,7 @@ mod tests {
     use crate::units::GIB;
 
     fn med7b() -> ModelConfig {
-        ModelConfig {
-            vocab_size: 64000,
-            n_layer: 32,
-            d_model: 4096,
-            n_head: 32,
-            n_kv_head: 8,
-            d_ff: 11008,
-            seq_len: 4096,
-            rope_base: 1e4,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
-            tie_embeddings: false,
-            init_depth_scaled: false,
-        }
+        ModelConfig::llama(64000, 32, 4096, 32, 8, 11008, 4096)
     }
 
     fn layout(gpus: usize, tp: usize, pp: usize, stage: u8, shard: usize) -> Layout {
@@ -419,16 +405,7 @@ mod tests {
     #[test]
     fn the_loss_holds_no_logits_for_the_whole_micro_batch() {
         // x1-50m: d 768, GPT-2's 50,257 words, 1,024-token sequences.
-        let m = ModelConfig {
-            vocab_size: 50257,
-            n_layer: 8,
-            d_model: 768,
-            n_head: 12,
-            n_kv_head: 4,
-            d_ff: 2048,
-            seq_len: 1024,
-            ..med7b()
-        };
+        let m = ModelConfig::llama(50257, 8, 768, 12, 4, 2048, 1024);
         let n = m.param_count().total() as f64;
         let at = |micro_batch| {
             let l = Layout {

@@ -53,19 +53,8 @@ prop_compose! {
         let n_head = n_kv_head * group;
         let d_model = n_head * head_dim;
         ModelConfig {
-            vocab_size: vocab,
-            n_layer,
-            d_model,
-            n_head,
-            n_kv_head,
-            d_ff: d_model * ff_mult,
-            seq_len,
-            rope_base: 1e4,
-            norm_eps: 1e-5,
-            init_std: 0.02,
-            head_dim: None,
             tie_embeddings: tie,
-            init_depth_scaled: false,
+            ..ModelConfig::llama(vocab, n_layer, d_model, n_head, n_kv_head, d_model * ff_mult, seq_len)
         }
     }
 }

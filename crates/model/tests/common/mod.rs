@@ -17,19 +17,8 @@ pub fn gpu_alone() -> MutexGuard<'static, ()> {
 /// 61 tokens, 2 layers, 6 query heads over 2 key/value heads (head width 8).
 pub fn small_config(seq_len: usize, init_std: f64) -> ModelConfig {
     ModelConfig {
-        vocab_size: 61,
-        n_layer: 2,
-        d_model: 48,
-        n_head: 6,
-        n_kv_head: 2,
-        d_ff: 64,
-        seq_len,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
         init_std,
-        head_dim: None,
-        tie_embeddings: false,
-        init_depth_scaled: false,
+        ..ModelConfig::llama(61, 2, 48, 6, 2, 64, seq_len)
     }
 }
 

@@ -25,19 +25,8 @@ pub const SHAPES: [Shape; 6] = [
 pub fn config(shape: Shape, layers: usize) -> ModelConfig {
     let (d_model, n_head, n_kv_head, head_dim, d_ff, seq_len) = shape;
     ModelConfig {
-        vocab_size: 61,
-        n_layer: layers,
-        d_model,
-        n_head,
-        n_kv_head,
-        d_ff,
-        seq_len,
-        rope_base: 10_000.0,
-        norm_eps: 1e-5,
-        init_std: 0.02,
         head_dim: Some(head_dim),
-        tie_embeddings: false,
-        init_depth_scaled: false,
+        ..ModelConfig::llama(61, layers, d_model, n_head, n_kv_head, d_ff, seq_len)
     }
 }
 
