@@ -49,7 +49,8 @@ static ALLOCATOR: Counting = Counting;
 
 /// Bytes the training forward leaves alive, by the counting allocator.
 fn kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> i64 {
-    kept_by_forward::<Autodiff<Flex, C>>(cfg, batch, p, || LIVE.load(Ordering::SeqCst) as i64)
+    let compute = lab_model::compute_dtype(p);
+    kept_by_forward::<Autodiff<Flex, C>>(cfg, batch, compute, || LIVE.load(Ordering::SeqCst) as i64)
 }
 
 fn median_kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> f64 {

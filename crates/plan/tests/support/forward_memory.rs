@@ -4,7 +4,7 @@
 //! CPU's allocator; lab-model's `gpu_memory` (which includes this file by path) reads a GPU
 //! backend's memory pool.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{FloatDType, Int, Tensor, TensorData};
 use lab_config::{ModelConfig, Precision};
 use lab_model::{FusedOps, Llama};
 use lab_plan::memory::{block_bytes_per_token, AttentionKind};
@@ -30,16 +30,17 @@ pub fn config(shape: Shape, layers: usize) -> ModelConfig {
     }
 }
 
-/// Bytes a training forward (loss computed, graph kept for backward) on backend `B` leaves
-/// live that were not live before it, as `live` reads the bytes live.
+/// Bytes a training forward (loss computed, graph kept for backward) on backend `B`, computing
+/// in `compute` (the dtype of a precision, or f16 standing in for bf16), leaves live that were
+/// not live before it, as `live` reads the bytes live.
 pub fn kept_by_forward<B: FusedOps>(
     cfg: &ModelConfig,
     batch: usize,
-    p: Precision,
+    compute: FloatDType,
     live: impl Fn() -> i64,
 ) -> i64 {
     let device = Default::default();
-    let model = Llama::<B>::new(cfg, 7, &device).with_precision(p);
+    let model = Llama::<B>::new(cfg, 7, &device).with_compute_dtype(compute);
     // `[batch, T]` ids in the config's 61 words, a different sequence per salt.
     let ids = |salt: usize| {
         let data: Vec<i64> = (0..batch * cfg.seq_len)
