@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use burn::tensor::{Int, Tensor, TensorData};
 use lab_corpus::tokenize::Tokenizer;
-use lab_model::FusedLayers;
+use lab_model::FusedOps;
 use lab_model::Llama;
 use serde::Serialize;
 use serde_json::Value;
@@ -143,7 +143,7 @@ fn argmax(xs: &[f64]) -> usize {
 }
 
 /// Scores `items` (after taking shots as `opts` says).
-pub fn score<B: FusedLayers>(
+pub fn score<B: FusedOps>(
     model: &Llama<B>,
     tok: &Tokenizer,
     items: &[McItem],
@@ -213,7 +213,7 @@ pub fn score<B: FusedLayers>(
 
 /// Sum of log p(continuation | context) per (context, continuation), `rows` sequences per
 /// padded batch; sequences longer than the model's context lose tokens from the left.
-pub fn loglik_batched<B: FusedLayers>(
+pub fn loglik_batched<B: FusedOps>(
     model: &Llama<B>,
     seqs: &[(Vec<u32>, Vec<u32>)],
     rows: usize,

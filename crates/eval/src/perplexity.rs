@@ -5,7 +5,7 @@
 use anyhow::{bail, Result};
 use burn::tensor::{Int, Tensor, TensorData};
 use lab_data::{sampler, Meta, TokenFile};
-use lab_model::FusedLayers;
+use lab_model::FusedOps;
 use lab_model::Llama;
 use serde::Serialize;
 
@@ -44,7 +44,7 @@ pub struct Perplexity {
 
 /// Scores windows of `seq_len + 1` tokens starting at `offsets` of `file` (named `name` in
 /// `meta`), `rows` windows per forward pass.
-pub fn score_windows<B: FusedLayers>(
+pub fn score_windows<B: FusedOps>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,
@@ -95,7 +95,7 @@ pub fn score_windows<B: FusedLayers>(
 
 /// The whole of `name` (val.bin, say) in consecutive windows: every token but the first is a
 /// target exactly once (a last partial window is dropped).
-pub fn perplexity<B: FusedLayers>(
+pub fn perplexity<B: FusedOps>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,
@@ -118,7 +118,7 @@ pub fn perplexity<B: FusedLayers>(
 }
 
 /// The fixed evaluation windows the trainer uses (`sampler::eval_batch`), scored by type.
-pub fn eval_windows<B: FusedLayers>(
+pub fn eval_windows<B: FusedOps>(
     model: &Llama<B>,
     file: &TokenFile,
     meta: &Meta,

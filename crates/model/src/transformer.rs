@@ -318,25 +318,24 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: FusedLayers> Llama<B> {
-    /// Per-token cross-entropy `[B, T]` (evaluation: chunked, no gradient kept).
+/// The loss needs a backend with lab-ops' fused ops: the LM-head cross-entropy, and the
+/// fused attention where the backend has a kernel for it (the GPUs; the CPU keeps the
+/// tensor-op attention).
+impl<B: FusedOps> Llama<B> {
+    /// Per-token cross-entropy `[B, T]` for evaluation, through the same attention and fused
+    /// log-sum-exp as [`Llama::loss`] (no `[B·T, V]` logits kept): its mean is the loss.
     pub fn token_losses(
         &self,
         tokens: Tensor<B, 2, Int>,
         targets: Tensor<B, 2, Int>,
     ) -> Tensor<B, 2> {
         let [batch, t] = targets.dims();
-        let hidden = self.hidden(tokens);
+        let hidden = self.hidden_with(tokens, lab_ops::fused_attention_fn::<B>());
         let head = cast_to(self.head_weight(), hidden.dtype().into());
         lab_ops::lm_head_token_losses(hidden, head, targets.reshape([batch * t]))
             .reshape([batch, t])
     }
-}
 
-/// The loss needs a backend with lab-ops' fused ops: the LM-head cross-entropy, and the
-/// fused attention where the backend has a kernel for it (the GPUs; the CPU keeps the
-/// tensor-op attention).
-impl<B: FusedOps> Llama<B> {
     /// Mean next-token cross-entropy over all `B·T` positions.
     pub fn loss(&self, tokens: Tensor<B, 2, Int>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         let n = targets.dims()[0] * targets.dims()[1];

@@ -239,15 +239,28 @@ pub fn lm_head_loss_chunked<B: FusedLoss>(
 }
 
 /// Per-token cross-entropy `[N]` of `hidden [N, d] @ weight [d, V]` against `targets [N]`,
-/// [`DEFAULT_CHUNK_ROWS`] rows of logits at a time, for evaluation (no gradient): the mean of
-/// the result is [`lm_head_loss`].
-pub fn lm_head_token_losses<B: Backend>(
+/// for evaluation (no gradient): the mean of the result is [`lm_head_loss`]. Each row's
+/// log-sum-exp comes from the backend's fused forward (no `[N, V]` logits kept), and the
+/// target's logit is the row's dot product with its target's column, in fp32.
+pub fn lm_head_token_losses<B: FusedLoss>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,
     targets: Tensor<B, 1, Int>,
 ) -> Tensor<B, 1> {
-    let (lse, picked) = generic::lse_and_picked(&hidden, &weight, &targets, DEFAULT_CHUNK_ROWS);
-    lse - picked
+    let [n, _] = hidden.dims();
+    let chunk_rows = B::loss_chunk_rows(n, weight.dims()[1]);
+    let target_columns = weight.clone().transpose().select(0, targets.clone()); // [N, d]
+    let picked = (cast_to(hidden.clone(), FloatDType::F32)
+        * cast_to(target_columns, FloatDType::F32))
+    .sum_dim(1)
+    .reshape([n]);
+    let (_, lse) = B::lm_head_loss_forward(
+        hidden.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        targets.into_primitive(),
+        chunk_rows,
+    );
+    Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(lse)) - picked
 }
 
 /// The unfused reference: full `[N, V]` logits, `log_softmax`, gather, mean.

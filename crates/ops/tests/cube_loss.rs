@@ -238,6 +238,30 @@ fn a_tied_head_and_aligned_row_chunks_match_the_fp64_reference() {
     );
 }
 
+/// Evaluation's per-token losses: the Fusion forward's log-sum-exp less each row's target
+/// logit, against fp64 row by row (f32: 1e-5 of the largest loss, as the mean loss).
+#[test]
+fn token_losses_match_the_fp64_reference_row_by_row() {
+    common::choose_products();
+    let c = case(13, 24, 300, 7);
+    let (h, w, t) = inputs::<Gpu>(&c, FloatDType::F32);
+    let got = host(lab_ops::lm_head_token_losses(h, w, t));
+    let want: Vec<f64> = (0..c.n)
+        .map(|i| {
+            let logit = |j: usize| -> f64 {
+                (0..c.d)
+                    .map(|k| c.hidden[i * c.d + k] as f64 * c.weight[k * c.v + j] as f64)
+                    .sum()
+            };
+            let logits: Vec<f64> = (0..c.v).map(logit).collect();
+            let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = m + logits.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            lse - logits[c.targets[i] as usize]
+        })
+        .collect();
+    assert_close("token losses", &got, &want, 1e-5);
+}
+
 #[test]
 fn gpu_chunks_are_sized_for_the_device_and_the_cpu_keeps_its_own() {
     // x1-50m: 32 × 1,024 rows of GPT-2's 50,257 words. 1 GiB of f32 logits over the padded

@@ -233,3 +233,72 @@ fn transposed_weight_view_matches_unfused() {
     assert!(rel_err(&ghf, &ghu) <= 1e-5);
     assert!(rel_err(&gef, &geu) <= 1e-5);
 }
+
+/// Per row, `lse_i − logit_i,t_i` of `c` in fp64.
+fn token_losses_fp64(c: &Case) -> Vec<f64> {
+    (0..c.n)
+        .map(|i| {
+            let logits: Vec<f64> = (0..c.v)
+                .map(|j| {
+                    (0..c.d)
+                        .map(|k| c.hidden[i * c.d + k] as f64 * c.weight[k * c.v + j] as f64)
+                        .sum()
+                })
+                .collect();
+            let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = m + logits.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            lse - logits[c.targets[i] as usize]
+        })
+        .collect()
+}
+
+/// `lm_head_token_losses` on backend `Bk`, the weight as `[d, V]` or as the transposed view of
+/// a `[V, d]` matrix (a tied embedding).
+fn token_losses<Bk: burn::tensor::backend::Backend + lab_ops::FusedLoss>(
+    c: &Case,
+    transposed: bool,
+) -> Vec<f32> {
+    let dev = Default::default();
+    let hidden = Tensor::<Bk, 2>::from_data(TensorData::new(c.hidden.clone(), [c.n, c.d]), &dev);
+    let weight = Tensor::<Bk, 2>::from_data(TensorData::new(c.weight.clone(), [c.d, c.v]), &dev);
+    let weight = if transposed {
+        let stored = Tensor::<Bk, 2>::from_data(weight.transpose().into_data(), &dev);
+        stored.transpose()
+    } else {
+        weight
+    };
+    let targets = Tensor::<Bk, 1, Int>::from_data(TensorData::new(c.targets.clone(), [c.n]), &dev);
+    let losses = lab_ops::lm_head_token_losses(hidden, weight, targets);
+    assert_eq!(losses.dims(), [c.n]);
+    losses.into_data().to_vec().unwrap()
+}
+
+/// Evaluation's per-token losses, on Flex (its fused row kernels) and under autodiff (the
+/// generic chunked path), against fp64: over several chunks with a ragged last one, and with a
+/// tied embedding's strided view. f32 tolerance: 1e-5 of the largest loss, as the mean loss.
+#[test]
+fn token_losses_match_the_fp64_reference_row_by_row() {
+    let cases = [
+        case(1, 4, 7, 4.0, 31),
+        case(DEFAULT_CHUNK_ROWS + 3, 16, 301, 4.0, 32),
+        case(40, 8, 90, 12.0, 33),
+    ];
+    for c in &cases {
+        let want = token_losses_fp64(c);
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (path, transposed, got) in [
+            ("flex", false, token_losses::<Flex>(c, false)),
+            ("flex", true, token_losses::<Flex>(c, true)),
+            ("autodiff", false, token_losses::<B>(c, false)),
+        ] {
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-5 * scale,
+                    "{path} (transposed {transposed}) N={} V={} row {i}: {g} vs {w}",
+                    c.n,
+                    c.v
+                );
+            }
+        }
+    }
+}

@@ -60,7 +60,7 @@ impl lab_train::backend::OnBackend for Args {
     }
 }
 
-fn evaluate<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<Value> {
+fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Value> {
     let choice: CheckpointChoice = a.checkpoint.parse()?;
     let rm = load_run_model::<B>(&a.run, choice, device)?;
     let tokenizer_spec = rm
