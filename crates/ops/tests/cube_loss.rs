@@ -19,7 +19,7 @@ use burn::tensor::{backend::Backend, DType, FloatDType, Int, Tensor, TensorData,
 use lab_ops::{lm_head_loss_chunked, padded_vocab, FusedLoss};
 
 use crate::common;
-use common::Gpu;
+use common::{assert_close_to_peak, token_losses_fp64, Gpu};
 
 type Ad = Autodiff<Gpu>;
 
@@ -87,24 +87,11 @@ fn reference(c: &Case, upstream: f64) -> Reference {
     (loss * upstream, gh, gw)
 }
 
-fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(f64::MIN_POSITIVE, |a, x| a.max(x.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (*g as f64 - w).abs();
-        assert!(
-            err <= tol * scale,
-            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
-            tol * scale
-        );
-    }
-}
-
 /// The loss and both gradients against the reference, at `(loss, gradient)` tolerances.
 fn assert_matches(got: &Grads, want: &Reference, (loss_tol, grad_tol): (f64, f64)) {
-    assert_close("loss", &got.0, &[want.0], loss_tol);
-    assert_close("d hidden", &got.1, &want.1, grad_tol);
-    assert_close("d weight", &got.2, &want.2, grad_tol);
+    assert_close_to_peak("loss", &got.0, &[want.0], loss_tol);
+    assert_close_to_peak("d hidden", &got.1, &want.1, grad_tol);
+    assert_close_to_peak("d weight", &got.2, &want.2, grad_tol);
 }
 
 fn host<Bk: Backend, const D: usize>(t: Tensor<Bk, D>) -> Vec<f32> {
@@ -246,20 +233,9 @@ fn token_losses_match_the_fp64_reference_row_by_row() {
     let c = case(13, 24, 300, 7);
     let (h, w, t) = inputs::<Gpu>(&c, FloatDType::F32);
     let got = host(lab_ops::lm_head_token_losses(h, w, t));
-    let want: Vec<f64> = (0..c.n)
-        .map(|i| {
-            let logit = |j: usize| -> f64 {
-                (0..c.d)
-                    .map(|k| c.hidden[i * c.d + k] as f64 * c.weight[k * c.v + j] as f64)
-                    .sum()
-            };
-            let logits: Vec<f64> = (0..c.v).map(logit).collect();
-            let m = logits.iter().cloned().fold(f64::MIN, f64::max);
-            let lse = m + logits.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
-            lse - logits[c.targets[i] as usize]
-        })
-        .collect();
-    assert_close("token losses", &got, &want, 1e-5);
+    let targets: Vec<usize> = c.targets.iter().map(|&t| t as usize).collect();
+    let want = token_losses_fp64(&c.hidden, &c.weight, &targets, c.v);
+    assert_close_to_peak("token losses", &got, &want, 1e-5);
 }
 
 #[test]

@@ -52,9 +52,10 @@ prop_compose! {
     ) -> ModelConfig {
         let n_head = n_kv_head * group;
         let d_model = n_head * head_dim;
+        let d_ff = d_model * ff_mult;
         ModelConfig {
             tie_embeddings: tie,
-            ..ModelConfig::llama(vocab, n_layer, d_model, n_head, n_kv_head, d_model * ff_mult, seq_len)
+            ..ModelConfig::llama(vocab, n_layer, d_model, n_head, n_kv_head, d_ff, seq_len)
         }
     }
 }

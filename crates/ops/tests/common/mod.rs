@@ -48,6 +48,41 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
     }
 }
 
+/// Every element within `tol` times the largest reference magnitude (no floor: for tensors
+/// whose values are all small, such as the loss's gradients, ~1/N); NaN fails.
+pub fn assert_close_to_peak(name: &str, got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(f64::MIN_POSITIVE, |a, x| a.max(x.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (*g as f64 - w).abs();
+        assert!(
+            err <= tol * scale,
+            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
+            tol * scale
+        );
+    }
+}
+
+/// Per row of `hidden [N, d] @ weight [d, V]`, `logsumexp(logits) − logits[target]` in fp64.
+pub fn token_losses_fp64(hidden: &[f32], weight: &[f32], targets: &[usize], v: usize) -> Vec<f64> {
+    let d = weight.len() / v;
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            let logit = |j: usize| -> f64 {
+                (0..d)
+                    .map(|k| hidden[i * d + k] as f64 * weight[k * v + j] as f64)
+                    .sum()
+            };
+            let logits: Vec<f64> = (0..v).map(logit).collect();
+            let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = m + logits.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            lse - logits[t]
+        })
+        .collect()
+}
+
 pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
