@@ -110,6 +110,9 @@ pub fn download(t: Prim) -> Vec<f32> {
     data.convert::<f32>().to_vec::<f32>().unwrap()
 }
 
+mod close;
+pub use close::assert_close_from;
+
 /// Every element within `tol` × the largest reference magnitude (at least 1); NaN fails.
 pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_close_from(name, got, want, tol, 1.0);
@@ -120,17 +123,4 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
 /// gradient is at most 1/N), where [`assert_close`] would turn the tolerance absolute.
 pub fn assert_close_to_scale(name: &str, got: &[f32], want: &[f64], tol: f64, scale: f64) {
     assert_close_from(name, got, want, tol, scale);
-}
-
-fn assert_close_from(name: &str, got: &[f32], want: &[f64], tol: f64, floor: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(floor, |a, x| a.max(x.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (*g as f64 - w).abs();
-        assert!(
-            err <= tol * scale,
-            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
-            tol * scale
-        );
-    }
 }

@@ -37,6 +37,9 @@ pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+#[path = "../../../../kernels/tests/common/close.rs"]
+mod close;
+
 /// Every element within `tol · (1 + |want|)`; NaN fails.
 pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{name}: length");
@@ -51,16 +54,7 @@ pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
 /// Every element within `tol` times the largest reference magnitude (no floor: for tensors
 /// whose values are all small, such as the loss's gradients, ~1/N); NaN fails.
 pub fn assert_close_to_peak(name: &str, got: &[f32], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(f64::MIN_POSITIVE, |a, x| a.max(x.abs()));
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let err = (*g as f64 - w).abs();
-        assert!(
-            err <= tol * scale,
-            "{name}[{i}]: got {g}, want {w} (error {err:.3e} > {:.3e})",
-            tol * scale
-        );
-    }
+    close::assert_close_from(name, got, want, tol, f64::MIN_POSITIVE);
 }
 
 /// Per row of `hidden [N, d] @ weight [d, V]`, `logsumexp(logits) − logits[target]` in fp64.
