@@ -4,8 +4,8 @@
 //! after the forward, less those before it, must match the planner's `Flash` count within 1 %
 //! (on lavapipe it matches to the byte, at fp32 and in bf16's bytes with f16 standing in).
 //! The measurement is lab-plan's (`crates/plan/tests/support/forward_memory.rs`), where the
-//! CPU's `Scores` count is checked with a counting allocator. cubecl counts a tensor's bytes without its pool's padding, so no
-//! reading needs repeating.
+//! CPU's `Scores` count is checked with a counting allocator. cubecl counts a tensor's bytes
+//! without its pool's padding, so no reading needs repeating.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::backend::autodiff::checkpoint::strategy::{

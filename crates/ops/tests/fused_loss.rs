@@ -265,8 +265,8 @@ fn token_losses_match_the_fp64_reference_row_by_row() {
         case(40, 8, 90, 12.0, 33),
     ];
     for c in &cases {
-        let targets: Vec<usize> = c.targets.iter().map(|&t| t as usize).collect();
-        let want = token_losses_fp64(&c.hidden, &c.weight, &targets, c.v);
+        let targets = c.targets.iter().map(|&t| t as usize);
+        let want = token_losses_fp64(&c.hidden, &c.weight, targets, c.v);
         for (path, got) in [
             ("flex", token_losses::<Flex>(c, false)),
             ("flex, transposed weight", token_losses::<Flex>(c, true)),

@@ -111,7 +111,7 @@ pub fn download(t: Prim) -> Vec<f32> {
 }
 
 mod close;
-pub use close::assert_close_from;
+use close::assert_close_from;
 
 /// Every element within `tol` × the largest reference magnitude (at least 1); NaN fails.
 pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {

@@ -58,12 +58,17 @@ pub fn assert_close_to_peak(name: &str, got: &[f32], want: &[f64], tol: f64) {
 }
 
 /// Per row of `hidden [N, d] @ weight [d, V]`, `logsumexp(logits) − logits[target]` in fp64.
-pub fn token_losses_fp64(hidden: &[f32], weight: &[f32], targets: &[usize], v: usize) -> Vec<f64> {
+pub fn token_losses_fp64(
+    hidden: &[f32],
+    weight: &[f32],
+    targets: impl IntoIterator<Item = usize>,
+    v: usize,
+) -> Vec<f64> {
     let d = weight.len() / v;
     targets
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(i, &t)| {
+        .map(|(i, t)| {
             let logit = |j: usize| -> f64 {
                 (0..d)
                     .map(|k| hidden[i * d + k] as f64 * weight[k * v + j] as f64)
