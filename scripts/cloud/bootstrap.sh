@@ -31,7 +31,8 @@ for pkg in build-essential pkg-config git curl ca-certificates; do
 done
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -q
-  $sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}"
+  # `env`: as root $sudo is empty, and an assignment after an expansion is a command name.
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}"
 else
   echo "present"
 fi
@@ -55,6 +56,13 @@ if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
 cuda_version="$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -1)"
+if [ -z "$cuda_version" ]; then
+  if [ -z "${CUDARC_CUDA_VERSION:-}" ]; then
+    echo "bootstrap: nvidia-smi prints no \"CUDA Version: X.Y\"; set CUDARC_CUDA_VERSION to the CUDA version the driver supports (12.8 -> 12080)" >&2
+    exit 1
+  fi
+  cuda_version="$((CUDARC_CUDA_VERSION / 1000)) $((CUDARC_CUDA_VERSION % 1000 / 10))"
+fi
 read -r major minor <<<"$cuda_version"
 export CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-$((major * 1000 + minor * 10))}"
 echo "driver supports CUDA $major.$minor: CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION"
@@ -66,9 +74,8 @@ for candidate in /usr/local/cuda /opt/cuda; do
 done
 [ -z "$cuda_root" ] && [ -e /usr/bin/nvcc ] && cuda_root=/usr
 if [ -z "$cuda_root" ] || [ ! -f "$cuda_root/include/cuda.h" ]; then
-  echo "bootstrap: no CUDA toolkit headers (cuda.h) under CUDA_PATH, /usr/local/cuda, /opt/cuda or /usr;" >&2
-  echo "  cubecl compiles kernels at run time with NVRTC and needs them: install the toolkit" >&2
-  echo "  matching CUDA $major.$minor (apt: cuda-toolkit-${major}-${minor}) or set CUDA_PATH" >&2
+  # cubecl compiles its kernels at run time with NVRTC, which includes these headers.
+  echo "bootstrap: no CUDA toolkit headers (cuda.h) under ${cuda_root:-CUDA_PATH, /usr/local/cuda, /opt/cuda or /usr}; install the toolkit for CUDA $major.$minor (apt: cuda-toolkit-${major}-${minor}) or set CUDA_PATH to it" >&2
   exit 1
 fi
 echo "CUDA toolkit: $cuda_root"
