@@ -26,6 +26,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#archs[@]} -gt 0 ] || archs=(sm_80 sm_90a)
+# Absolute: the test that writes the sources runs in the package's folder, not the caller's.
+mkdir -p "$out" && out="$(cd "$out" && pwd)"
 wheels="${LAB_CUDA_WHEELS:-$HOME/.cache/lab/cuda-wheels}"
 cuda="$wheels/nvidia"
 

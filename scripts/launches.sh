@@ -46,7 +46,7 @@ EOF
 
 python3 - "$scratch/launches.log" <<'EOF'
 import collections, sys
-names = [line.removeprefix("Executing ").split(" | ")[0]
+names = [line[len("Executing "):].split(" | ")[0]
          for line in map(str.strip, open(sys.argv[1])) if line.startswith("Executing ")]
 # A step ends with the optimizer's run of AdamW launches (one per parameter).
 ends = [i for i, n in enumerate(names)

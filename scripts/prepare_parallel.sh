@@ -19,7 +19,8 @@ for ((i = 0; i < N; i++)); do
   "$LAB" data prepare "$@" --output-dir "$OUT" --workers "$WORKERS" --quiet --part "$i" --of "$N" &
   pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
+# `wait -n`: the first part to fail ends the script now, not after the parts started before it.
+for _ in "${pids[@]}"; do wait -n; done
 trap - EXIT
 "$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage dedup --of "$N"
 "$LAB" data prepare "$@" --output-dir "$OUT" --quiet --stage finalize --of "$N"

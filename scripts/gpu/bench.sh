@@ -46,12 +46,14 @@ with_memory() {
   local name="$1"; shift
   if [ "$device" != cuda ]; then "$@"; return; fi
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "${GPU_INDEX:-0}" -lms 200 \
-    > "$out/$name.samples" &
-  local sampler=$!
-  "$@"
+    > "$out/$name.samples" 2>/dev/null &
+  # A failing command must stop the sampler too: left running, it holds the caller's pipe open.
+  local sampler=$! rc=0
+  "$@" || rc=$?
   kill "$sampler" 2>/dev/null || true
   wait "$sampler" 2>/dev/null || true
   sort -n "$out/$name.samples" | tail -1 > "$out/$name.mem"
+  return "$rc"
 }
 
 if [ "$device" = cuda ]; then
@@ -92,8 +94,11 @@ device = runs[1][1]["device"]
 # 756 TF there, not SXM's 989), so lab's MFU and PyTorch's divide by the same number.
 peak = runs[0][1].get("peak_flops")
 def mem(name):
-    p = os.path.join(out, name + ".mem")
-    return f"{int(open(p).read()) / 1024:.1f} GiB" if os.path.exists(p) else "-"
+    # "-" where the sampler wrote nothing usable (no samples, "[N/A]" on MIG).
+    try:
+        return f"{int(open(os.path.join(out, name + '.mem')).read()) / 1024:.1f} GiB"
+    except (OSError, ValueError):
+        return "-"
 print(f"\n{device}, bf16, {runs[0][1]['tokens_per_step']} tokens/step, {runs[0][1]['steps']} timed steps")
 print(f"| run | tokens/s | MFU | peak GPU memory | loss at last step | lab / this |")
 print(f"|---|---|---|---|---|---|")

@@ -107,7 +107,12 @@ if ! ldconfig -p | grep 'libnccl\.so' >/dev/null; then
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 logs="$work/logs-$stage"
+# A fresh log folder, and a mark of when this call began: the archive holds this call's steps
+# and runs, not an earlier call's on the same warm machine.
+rm -rf "$logs"
 mkdir -p "$out" "$logs"
+started="$work/.started-$stage"
+touch "$started"
 summary="$out/summary-$stage.txt"
 backend="$device"
 
@@ -126,7 +131,8 @@ step() {
     fi
     local limit="$left"
     if [ -n "${cap:-}" ] && [ "$cap" -lt "$left" ]; then limit="$cap"; fi
-    set -- timeout "$limit" "$@"
+    # -k: a step that ignores SIGTERM (a hung GPU, a long compile) is killed 20 s later.
+    set -- timeout -k 20 "$limit" "$@"
   fi
   echo "== $name: $*"
   if "$@" 2>&1 | tee "$logs/$name.log"; then
@@ -153,7 +159,8 @@ short_config() {
 # Prepares tinyshakespeare (GPT-2 BPE, nanoGPT's 90/10 split) once; prints the folder.
 data() {
   local dir="$work/data"
-  [ -f "$dir/train.bin" ] || step prepare "$lab" data prepare >&2 \
+  # meta.json is written last: a prepare cut off before it is redone.
+  [ -f "$dir/meta.json" ] || step prepare "$lab" data prepare >&2 \
     --input "$repo/crates/data/corpora/tinyshakespeare.txt" --output-dir "$dir" --split chars:0.9
   echo "$dir"
 }
@@ -248,9 +255,11 @@ kernels() {
 }
 
 # The tests whose names start with FILTER in the GPU test binary BINARY (.bin/tests), as a step.
+# Runs the tests of BINARY matching FILTER, one at a time; further arguments go to the harness.
 test_module() {
   local binary="$1" filter="$2" name="${2//::/-}"
-  step "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1
+  shift 2
+  step "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1 "$@"
 }
 
 lease() {
@@ -275,9 +284,10 @@ lease() {
   within 150 step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
   if [ "$device" = cuda ]; then
-    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: attention::; do
+    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw::; do
       within 60 test_module kernels "$filter"
     done
+    within 60 test_module kernels attention:: --skip attention::tensor_core
     for filter in cube_loss:: embedding:: rms_norm::; do within 60 test_module ops "$filter"; done
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
     within 90 test_module model gpu_memory::
@@ -288,10 +298,10 @@ lease() {
 # The stage's logs, and each run folder's record without its checkpoints, in one archive.
 pack() {
   local runs=()
-  for r in "$work"/run-*; do [ -d "$r" ] && runs+=("$(basename "$r")"); done
+  for r in "$work"/run-*; do [ -d "$r" ] && [ "$r" -nt "$started" ] && runs+=("$(basename "$r")"); done
   # Under a temporary name beside it, renamed when whole: a call cut off mid-write still
   # returns the last whole archive.
-  tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='latest' \
+  tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='.step-*' --exclude='latest' \
     "logs-$stage" ${runs[@]+"${runs[@]}"}
   mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz"
 }
