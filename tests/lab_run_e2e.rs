@@ -671,3 +671,104 @@ fn a_page_with_run_prepare_goes_from_raw_text_to_a_passing_dod() {
         .unwrap();
     assert_eq!(train_bin, after);
 }
+
+#[test]
+fn an_export_replaces_only_an_earlier_export_and_never_the_users_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    run_ok(train_on(&cfg, &data_dir(), &run).args(["--total-steps", "10"]));
+    let export = |out: &Path, flag: &str| {
+        let mut c = lab();
+        c.current_dir(tmp.path())
+            .args(["export", "--run"])
+            .arg(&run)
+            .arg(flag)
+            .arg(out);
+        c
+    };
+    let listing = |dir: &Path| {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+
+    // The run folder itself, a folder of notes, a file, the working folder: refused, untouched.
+    let run_files = listing(&run);
+    expect_one_line_error(&mut export(&run, "--output"), "is not an earlier export");
+    assert_eq!(listing(&run), run_files);
+    let notes = tmp.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("todo.txt"), "mine").unwrap();
+    for flag in ["--output", "--hf"] {
+        expect_one_line_error(&mut export(&notes, flag), "is not an earlier export");
+    }
+    assert_eq!(
+        std::fs::read_to_string(notes.join("todo.txt")).unwrap(),
+        "mine"
+    );
+    let file = tmp.path().join("file.txt");
+    std::fs::write(&file, "mine").unwrap();
+    expect_one_line_error(&mut export(&file, "--output"), "is a file");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "mine");
+    expect_one_line_error(&mut export(Path::new("."), "--output"), "names no folder");
+    let litter: Vec<_> = listing(tmp.path())
+        .into_iter()
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(litter.is_empty(), "{litter:?}");
+
+    // An earlier export, and an empty folder, are replaced.
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    run_ok(&mut export(&out, "--output"));
+    run_ok(&mut export(&out, "--output"));
+    assert!(out.join("manifest.json").is_file());
+}
+
+#[test]
+fn a_lab_page_naming_a_missing_config_or_an_unknown_backend_fails_before_any_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let page = std::fs::read_to_string(micro_lab(tmp.path())).unwrap();
+    for (from, to, needle) in [
+        (
+            "config = \"micro.toml\"",
+            "config = \"nope.toml\"",
+            "config = \"nope.toml\"",
+        ),
+        (
+            "[run.budget]",
+            "backend = \"tpu\"\n[run.budget]",
+            "backend = \"tpu\" is unknown",
+        ),
+    ] {
+        std::fs::write(tmp.path().join("page.toml"), page.replace(from, to)).unwrap();
+        expect_one_line_error(&mut lab_run(tmp.path()), needle);
+        assert!(!tmp.path().join("runs").exists(), "{needle}: work was done");
+    }
+    // A page's TOML mistake names its line.
+    std::fs::write(
+        tmp.path().join("page.toml"),
+        page.replace("cap_usd = 1.0", "cap_usd = \"one\""),
+    )
+    .unwrap();
+    expect_one_line_error(&mut lab_run(tmp.path()), "`cap_usd = \"one\"`");
+}
+
+#[test]
+fn dod_check_on_a_folder_without_a_manifest_is_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let spec = tmp.path().join("dod.toml");
+    std::fs::write(&spec, include_str!("../configs/dod/tiny-cpu.toml")).unwrap();
+    expect_one_line_error(
+        lab()
+            .args(["dod", "check"])
+            .arg(tmp.path())
+            .arg("--spec")
+            .arg(&spec),
+        "is not an export folder (no manifest.json)",
+    );
+}

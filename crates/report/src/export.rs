@@ -72,10 +72,11 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
             opts.run.display()
         );
     };
+    let out = &opts.output;
+    check_destination(out, MANIFEST)?;
     let (ck_dir, ck_state) = choose_checkpoint(&opts.run, opts.checkpoint)?;
     same_run(&opts.run, &cfg, &ck_dir, &ck_state)?;
 
-    let out = &opts.output;
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -188,6 +189,38 @@ fn copy(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What an export may replace: nothing, an empty folder, or an earlier export (it holds
+/// `marker`). Anything else there is the user's (a run folder, notes, the working folder) and
+/// is never moved or deleted.
+pub(crate) fn check_destination(out: &Path, marker: &str) -> Result<()> {
+    if out.file_name().is_none() {
+        bail!(
+            "export folder {:?} names no folder of its own: give a new folder's path",
+            out.display().to_string()
+        );
+    }
+    let Ok(meta) = fs::metadata(out) else {
+        return Ok(());
+    };
+    if !meta.is_dir() {
+        bail!(
+            "export folder {} is a file: give a new folder's path",
+            out.display()
+        );
+    }
+    let empty = fs::read_dir(out)
+        .with_context(|| format!("cannot list {}", out.display()))?
+        .next()
+        .is_none();
+    if !empty && !out.join(marker).is_file() {
+        bail!(
+            "export folder {} exists and is not an earlier export (no {marker}): give a new folder, or move it aside",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
 /// Moves the finished stage into place; an older export is moved aside until the new one is in.
 pub(crate) fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
     let old = lab_fsio::temp_sibling(out);
@@ -223,12 +256,7 @@ pub(crate) fn choose_checkpoint(
         },
     };
     match step {
-        None => list
-            .into_iter()
-            .find_map(|(_, d)| checkpoint::verify(&d).ok().map(|state| (d, state)))
-            .with_context(|| {
-                format!("{} holds no checkpoint that verifies: nothing to export", run.display())
-            }),
+        None => newest_verified(run, list),
         Some(n) => match list.into_iter().find(|(s, _)| *s == n) {
             Some((_, dir)) => Ok((dir.clone(), checkpoint::verify(&dir)?)),
             None => bail!(
@@ -236,6 +264,32 @@ pub(crate) fn choose_checkpoint(
                 run.display()
             ),
         },
+    }
+}
+
+/// The newest checkpoint that verifies; each newer one that does not is named on stderr, so
+/// a reader knows the step it gets is not the run's last.
+fn newest_verified(
+    run: &Path,
+    list: Vec<(u64, PathBuf)>,
+) -> Result<(PathBuf, checkpoint::TrainState)> {
+    let total = list.len();
+    for (step, dir) in list {
+        match checkpoint::verify(&dir) {
+            Ok(state) => return Ok((dir, state)),
+            Err(e) => eprintln!("warning: skipping the checkpoint of step {step}: {e:#}"),
+        }
+    }
+    match total {
+        0 => bail!(
+            "{} holds no checkpoint: train it first (lab train --ckpt-dir {})",
+            run.display(),
+            run.display()
+        ),
+        n => bail!(
+            "{} holds {n} checkpoint(s) and none verifies (above): it cannot be read",
+            run.display()
+        ),
     }
 }
 

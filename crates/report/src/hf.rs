@@ -33,6 +33,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
             run.display()
         );
     };
+    crate::export::check_destination(out, "lab_parity.json")?;
     let (ck, _) = crate::export::choose_checkpoint(run, choice)?;
     let (tensors, _) = weights::load_safetensors(&checkpoint::model_file(&ck))?;
     let data: serde_json::Value = fs::read_to_string(run.join(lab_train::run::DATA))
