@@ -237,11 +237,7 @@ fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     let good = sha256(&final_weights(&run, 20));
 
     // Damage the newest checkpoint: resuming must fall back to step 15 and redo steps 16..20.
-    let newest = final_weights(&run, 20);
-    let mut bytes = std::fs::read(&newest).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    std::fs::write(&newest, bytes).unwrap();
+    flip_a_byte(&final_weights(&run, 20));
 
     let out = run_ok(train(&cfg, &run).args(flags).arg("--resume-from-latest"));
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -251,6 +247,76 @@ fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("(step 15)"));
     assert_eq!(sha256(&final_weights(&run, 20)), good);
+
+    // Readers of the run take the newest that verifies too, and say which one they skipped.
+    flip_a_byte(&final_weights(&run, 20));
+    let export = tmp.path().join("export");
+    let out = run_ok(
+        lab()
+            .args(["export", "--run"])
+            .arg(&run)
+            .arg("--output")
+            .arg(&export),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("skipping the checkpoint of step 20"),
+        "{stderr}"
+    );
+    let manifest = std::fs::read_to_string(export.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"checkpoint_step\": 15"), "{manifest}");
+
+    // With every checkpoint damaged, a resume refuses rather than start the run over, and
+    // again on the next attempt (a supervisor's restart), when they are set aside.
+    for step in [5, 10, 15] {
+        flip_a_byte(&final_weights(&run, step));
+    }
+    let metrics = std::fs::read(run.join("metrics.jsonl")).unwrap();
+    let out = train(&cfg, &run)
+        .args(flags)
+        .arg("--resume-from-latest")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(
+        last.starts_with("error: ") && last.contains("no checkpoint in"),
+        "{stderr}"
+    );
+    // Step 20 was set aside once already: its second copy goes beside the first.
+    assert!(stderr.contains("step-00000020.corrupt.2"), "{stderr}");
+    expect_one_line_error(
+        train(&cfg, &run).args(flags).arg("--resume-from-latest"),
+        "no checkpoint in",
+    );
+    assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
+}
+
+fn flip_a_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn a_closed_stdout_does_not_stop_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    let mut child = train(&cfg, &run)
+        .args(["--total-steps", "20", "--log-every", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the first line, as `lab train … | head -0` would.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(final_weights(&run, 20).is_file());
 }
 
 #[test]
@@ -481,6 +547,19 @@ fn the_checkpoint_bench_leaves_the_folder_it_measures_alone() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(left, vec![std::ffi::OsString::from("precious.txt")]);
+
+    let file = keep.join("precious.txt");
+    let bench = |args: &[&str]| {
+        let mut c = lab();
+        c.arg("bench").arg("--config").arg(&cfg).args(args);
+        c
+    };
+    expect_one_line_error(
+        bench(&["--checkpoint", "--ckpt-dir"]).arg(&file),
+        "--ckpt-dir",
+    );
+    expect_usage_error(&mut bench(&["--threads", "0"]), "--threads 0");
+    expect_usage_error(&mut bench(&["--backend", "gpu"]), "--backend \"gpu\"");
 }
 
 #[test]

@@ -332,6 +332,36 @@ pub fn load_latest_good(
     load_newest_good_at_most(run_dir, u64::MAX, keep, warn)
 }
 
+/// Where a corrupt checkpoint folder is set aside: `step-N.corrupt`, or `step-N.corrupt.K`
+/// when an earlier copy of that step was set aside already.
+fn quarantine_name(dir: &Path) -> PathBuf {
+    let with = |suffix: String| {
+        let mut name = dir.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    std::iter::once(".corrupt".to_string())
+        .chain((2..).map(|k| format!(".corrupt.{k}")))
+        .map(with)
+        .find(|p| !p.exists())
+        .expect("an unused name")
+}
+
+/// How many checkpoints of `run_dir` a resume has set aside as corrupt (`step-N.corrupt…`).
+pub fn set_aside(run_dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(run_dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (step, rest) = name.split_once(".corrupt").unwrap_or((&name, "-"));
+            parse_step(step).is_some() && (rest.is_empty() || rest.starts_with('.'))
+        })
+        .count()
+}
+
 /// As [`load_latest_good`], among the checkpoints of at most `max_step` steps (a rollback's
 /// target: the last good state before a spike).
 pub fn load_newest_good_at_most(
@@ -344,8 +374,7 @@ pub fn load_newest_good_at_most(
         match load(&dir, keep) {
             Ok(loaded) => return Ok(Some(loaded)),
             Err(e) => {
-                let mut quarantine = dir.clone().into_os_string();
-                quarantine.push(".corrupt");
+                let quarantine = quarantine_name(&dir);
                 fs::rename(&dir, &quarantine)
                     .with_context(|| format!("cannot set aside {}", dir.display()))?;
                 warn(format!(

@@ -210,9 +210,18 @@ impl Run {
         let dir = self.dir.clone();
         let mut skipped = Vec::new();
         let ck = self.load_agreed(u64::MAX, &mut |w| skipped.push(w))?;
+        // Set aside as `step-N.corrupt`: by this attempt (`skipped`) or an earlier one.
+        let unreadable = checkpoint::set_aside(&dir);
         for w in skipped {
             eprintln!("warning: {w}");
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
+        }
+        // Starting over would throw away a run whose every checkpoint is damaged: ask.
+        if ck.is_none() && unreadable > 0 {
+            bail!(
+                "--resume-from-latest: no checkpoint in {} verifies ({unreadable} set aside as step-N.corrupt); restore one, or move the folder aside to start fresh",
+                dir.display()
+            );
         }
         let Some(mut ck) = ck else {
             self.say(&format!(
@@ -835,7 +844,7 @@ impl Journal for Run {
             return;
         }
         if self.bar.is_hidden() {
-            println!("{line}");
+            lab_fsio::console::line(line);
         } else {
             self.bar.println(line);
         }
