@@ -245,7 +245,7 @@ impl RunGuard {
                 }
             }
             Verdict::Alert => {
-                println!("budget alert: {}", d.reason);
+                lab_fsio::console::line(&format!("budget alert: {}", d.reason));
                 let mut e = fields;
                 e["alert_usd"] = json!(self.config.alert_usd);
                 self.event(progress.step, "budget_alert", e);
@@ -325,11 +325,11 @@ impl EndOfRun {
             600.0,
             &SystemClock,
         )?;
-        println!(
+        lab_fsio::console::line(&format!(
             "budget: {} instance end confirmed; proof in {}",
             provider.name(),
             out.display()
-        );
+        ));
         Ok(())
     }
 }

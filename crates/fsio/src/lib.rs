@@ -1,6 +1,8 @@
 //! Crash-safe file output shared by every crate: write to a temporary name beside the target,
 //! fsync, rename, fsync the directory. A reader sees the old file or the new one, never half.
 
+pub mod console;
+
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

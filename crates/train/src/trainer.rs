@@ -100,7 +100,7 @@ impl OnBackend for TrainOptions {
 /// Prints what the data mixture will draw, warns about sources repeated too often, and
 /// records it once, at the start of a fresh run.
 fn report_mixture(run: &mut Run, step: u64, mix: crate::stream::MixtureReport) {
-    print!("{}", mix.table);
+    lab_fsio::console::line(mix.table.trim_end());
     for w in &mix.warnings {
         eprintln!("warning: {w}");
     }

@@ -323,13 +323,13 @@ fn fit_micro_batch(
     config.train.grad_accum = fit.grad_accum;
     config.train.eval_batches = fit.eval_batches;
     if launch.rank == 0 {
-        println!(
+        lab_fsio::console::line(&format!(
             "lab train: --fit-micro-batch: micro-batch {} × {} accumulated (config: {micro_batch} × {grad_accum}), {:.2} GiB per device planned of {:.2} GiB usable",
             fit.micro_batch,
             fit.grad_accum,
             fit.planned_bytes / lab_plan::units::GIB,
             fit.usable_bytes / lab_plan::units::GIB
-        );
+        ));
     }
     Ok(())
 }
@@ -428,20 +428,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
 
 /// Trains as the flags say (budget guard, terminate-on-exit, MLflow included).
 pub fn train(args: &Args) -> Result<Ended> {
-    let backend: BackendKind = args.backend.parse()?;
+    let backend = super::backend_kind(&args.backend)?;
     backend.ensure_available()?;
     let (mut opts, mut guard) = options(args, backend)?;
     let p = opts.config.model.param_count();
     let leader = opts.launch.rank == 0;
     if leader {
-        println!(
+        lab_fsio::console::line(&format!(
             "lab train: {} ({:.2}M parameters, {:.2}M non-embedding) on {}, run folder {}",
             opts.config.name,
             p.total() as f64 / 1e6,
             p.non_embedding() as f64 / 1e6,
             backend.name(),
             opts.run_dir.display()
-        );
+        ));
     }
     if let Some(g) = guard.as_mut() {
         if let Some(code) = budget_prelaunch(g, &opts) {
@@ -483,12 +483,12 @@ pub fn exit_code(outcome: &Outcome) -> ExitCode {
             train_loss,
             val_loss,
         } => {
-            println!(
+            lab_fsio::console::line(&format!(
                 "done: step {step}, train loss {train_loss:.4}{}",
                 val_loss
                     .map(|v| format!(", val loss {v:.4}"))
                     .unwrap_or_default()
-            );
+            ));
             ExitCode::SUCCESS
         }
         Outcome::StoppedEarly {
@@ -496,12 +496,12 @@ pub fn exit_code(outcome: &Outcome) -> ExitCode {
             reason,
             val_loss,
         } => {
-            println!(
+            lab_fsio::console::line(&format!(
                 "stopped early at step {step}: {reason}{}",
                 val_loss
                     .map(|v| format!(" (val loss {v:.4})"))
                     .unwrap_or_default()
-            );
+            ));
             ExitCode::SUCCESS
         }
         Outcome::Unstable { step, reason } => {
