@@ -64,6 +64,22 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
             .args(["--prompt", ""]),
         "--prompt is empty",
     );
+    // A --checkpoint that names no checkpoint is a usage error on every command taking one.
+    for command in [
+        &["generate", "--prompt", "To be"][..],
+        &["eval"],
+        &["export", "--output", "unused"],
+    ] {
+        expect_usage_error(
+            lab()
+                .current_dir(tmp.path())
+                .args(command)
+                .args(["--checkpoint", "newest", "--run"])
+                .arg(&run),
+            "--checkpoint \"newest\": use latest, best",
+        );
+    }
+    assert!(!tmp.path().join("unused").exists());
 }
 
 #[test]

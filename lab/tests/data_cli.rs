@@ -273,6 +273,8 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
     };
     let e = one_line_error(&prepare_bad(&["--quiet"]));
     assert!(e.contains("bad.jsonl.zst") && e.contains("zstd"), "{e}");
+    // A failed prepare leaves no output folder of its own making.
+    assert!(!Path::new(out).exists(), "{out} left behind");
     let e = usage_error(&prepare_bad(&["--split", "half"]));
     assert!(e.contains("--split half"), "{e}");
     let e = usage_error(&prepare_bad(&["--redact", "--anchor-date", "March 2020"]));

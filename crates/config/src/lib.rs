@@ -57,6 +57,29 @@ pub struct LabConfig {
     pub parallel: Option<ParallelConfig>,
 }
 
+/// toml's error in one line: the line it points at, that line's text, and what is wrong
+/// (toml's own message spans several lines with a source excerpt).
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let what: Vec<&str> = e
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let what = what.join("; ");
+    let Some(span) = e.span() else {
+        return what;
+    };
+    let start = span.start.min(text.len());
+    let number = text[..start].matches('\n').count() + 1;
+    let line = text.lines().nth(number - 1).unwrap_or_default().trim();
+    let line: String = match line.chars().count() > 60 {
+        true => line.chars().take(57).chain("...".chars()).collect(),
+        false => line.to_string(),
+    };
+    format!("line {number} `{line}`: {what}")
+}
+
 impl LabConfig {
     /// Reads and validates a TOML config. Every error names the file and the field.
     pub fn load(path: &Path) -> Result<Self> {
@@ -67,10 +90,8 @@ impl LabConfig {
 
     /// Parses and validates TOML text.
     pub fn from_toml(text: &str) -> Result<Self> {
-        let cfg: LabConfig = toml::from_str(text).map_err(|e| {
-            // toml's messages span several lines with a source excerpt; keep the one-line core.
-            anyhow::anyhow!("{}", e.message().trim())
-        })?;
+        let cfg: LabConfig =
+            toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", toml_error(text, &e)))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -206,6 +227,29 @@ warmup_steps = 2
 peak_lr = 1e-3
 min_lr = 1e-4
 "#;
+
+    #[test]
+    fn a_toml_mistake_names_its_line_in_one_line() {
+        let wrong_type = TINY.replace("micro_batch = 2", "micro_batch = \"2\"");
+        let e = LabConfig::from_toml(&wrong_type).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 12 `micro_batch = \"2\"`: invalid type: string"),
+            "{e}"
+        );
+        let missing = TINY.replace("seq_len = 32\n", "");
+        let e = LabConfig::from_toml(&missing).unwrap_err().to_string();
+        assert!(
+            e.starts_with("line 3 `[model]`: missing field `seq_len`"),
+            "{e}"
+        );
+        let unclosed = TINY.replace("[train]", "[train");
+        let e = LabConfig::from_toml(&unclosed).unwrap_err().to_string();
+        assert!(e.starts_with("line 11 `[train`:"), "{e}");
+        for e in [wrong_type, missing, unclosed] {
+            let e = LabConfig::from_toml(&e).unwrap_err().to_string();
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
+    }
 
     #[test]
     fn parses_minimal_config_with_defaults() {

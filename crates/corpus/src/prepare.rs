@@ -315,8 +315,19 @@ pub fn prepare_stage(cfg: PrepareConfig) -> Result<String> {
     }
 }
 
-/// The whole pipeline in one process.
+/// The whole pipeline in one process. A failed prepare leaves no output folder it made (one
+/// it made holds nothing of the user's).
 fn prepare_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
+    let dir = cfg.output_dir.clone();
+    let made = !dir.exists();
+    let outcome = write_all(cfg);
+    if outcome.is_err() && made {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    outcome
+}
+
+fn write_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     let start = Instant::now();
     let stages = Stages::load(&cfg)?;
     let dir = &cfg.output_dir;

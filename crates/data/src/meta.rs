@@ -83,8 +83,13 @@ impl Meta {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("meta.json");
         if !dir.is_dir() {
+            let what = match dir.exists() {
+                true => "is not a folder",
+                false => "does not exist",
+            };
             bail!(
-                "data dir {} does not exist; run `lab data prepare` or pass --data-dir",
+                "data dir {} {what}: name a prepared one, or prepare it with `lab data prepare --output-dir {}`",
+                dir.display(),
                 dir.display()
             );
         }

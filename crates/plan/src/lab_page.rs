@@ -85,7 +85,7 @@ pub fn load(path: &Path) -> Result<(LabPage, LabConfig, PathBuf)> {
         anyhow::anyhow!(
             "lab page {}: {} (expected name, config, [promises], an optional [plan] and [run])",
             path.display(),
-            e.message().trim()
+            lab_config::toml_error(&text, &e)
         )
     })?;
     let config_path = path.parent().unwrap_or(Path::new(".")).join(&page.config);

@@ -92,8 +92,8 @@ impl Spec {
     }
 
     pub fn parse(text: &str) -> Result<Spec> {
-        let spec: Spec =
-            toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.message().trim()))?;
+        let spec: Spec = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("{}", lab_config::toml_error(text, &e)))?;
         if spec.checks.is_empty() {
             bail!("declares no [[check]]");
         }

@@ -3,10 +3,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use lab_train::bench::{BenchOptions, BenchReport, MemoryGauge};
 use lab_train::op_split::OpSplit;
-use lab_train::BackendKind;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -65,11 +64,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    if args.threads == Some(0) {
+        super::bail_usage!("--threads 0: give at least 1, or leave it out for all cores");
+    }
     if let Some(n) = args.threads {
         // Read by rayon's global pool, which flex builds on first use (below).
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
-    let backend: BackendKind = args.backend.parse()?;
+    let backend = super::backend_kind(&args.backend)?;
     let mut config = super::train::load_config(args.config.as_ref())?;
     match args.loss.as_deref() {
         Some("unfused") => config.train.lm_head_loss = lab_config::LmHeadLoss::Unfused,
@@ -93,6 +95,12 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .unwrap_or_default()
     });
     if args.checkpoint {
+        if args.ckpt_dir.exists() && !args.ckpt_dir.is_dir() {
+            bail!(
+                "--ckpt-dir {} is a file: give a folder on the disk to measure",
+                args.ckpt_dir.display()
+            );
+        }
         let r = backend.dispatch(lab_train::bench::CheckpointBench {
             config,
             dir: args.ckpt_dir.clone(),

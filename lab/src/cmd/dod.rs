@@ -33,9 +33,11 @@ struct CheckArgs {
 pub fn run(args: Args) -> Result<ExitCode> {
     let Command::Check(a) = args.command;
     let spec = Spec::load(&a.spec)?;
-    if !a.dir.is_dir() {
+    // A run folder, or any folder without a manifest, gets one line rather than a table of
+    // "no manifest.json" failures.
+    if !a.dir.join(lab_report::manifest::MANIFEST).is_file() {
         anyhow::bail!(
-            "{} is not an export folder (run lab export --output first)",
+            "{} is not an export folder (no manifest.json): run lab export --output DIR first, and check DIR",
             a.dir.display()
         );
     }

@@ -9,8 +9,7 @@ use lab_corpus::tokenize::Tokenizer;
 use lab_eval::mc::{self, McOptions};
 use lab_eval::memorize;
 use lab_report::run_model::load_run_model;
-use lab_report::CheckpointChoice;
-use lab_train::{BackendKind, TrainBackend};
+use lab_train::TrainBackend;
 use serde_json::{json, Value};
 
 #[derive(clap::Args, Clone)]
@@ -61,7 +60,7 @@ impl lab_train::backend::OnBackend for Args {
 }
 
 fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Value> {
-    let choice: CheckpointChoice = a.checkpoint.parse()?;
+    let choice = super::checkpoint_choice(&a.checkpoint)?;
     let rm = load_run_model::<B>(&a.run, choice, device)?;
     let tokenizer_spec = rm
         .meta
@@ -109,7 +108,7 @@ fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Valu
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let backend: BackendKind = args.backend.parse()?;
+    let backend = super::backend_kind(&args.backend)?;
     let json_out = args.json;
     let v = backend.dispatch(args)?;
     if json_out {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
-use lab_report::{CheckpointChoice, ExportOptions, RunFiles};
+use lab_report::{ExportOptions, RunFiles};
 
 #[derive(clap::Args)]
 // Where to export is a usage question (exit 2, with clap's usage line): one of the two at least.
@@ -20,7 +20,7 @@ pub struct Args {
     /// Also (or only) write a Hugging Face LlamaForCausalLM folder here.
     #[arg(long, value_name = "DIR")]
     pub hf: Option<PathBuf>,
-    /// Which checkpoint: latest (default), a step number, or step-N.
+    /// Which checkpoint: latest (default), best, a step number, or step-N.
     #[arg(long, default_value = "latest")]
     pub checkpoint: String,
     /// budget.json to take the spend from (default RUN/budget.json).
@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let choice: CheckpointChoice = args.checkpoint.parse()?;
+    let choice = super::checkpoint_choice(&args.checkpoint)?;
     if let Some(out) = &args.output {
         let m = lab_report::export(&ExportOptions {
             run: args.run.clone(),

@@ -10,7 +10,7 @@ use lab_corpus::tokenize::Tokenizer;
 use lab_model::generate::{generate, Sampling, Stop};
 use lab_report::run_model::load_run_model;
 use lab_report::CheckpointChoice;
-use lab_train::{BackendKind, TrainBackend};
+use lab_train::TrainBackend;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -76,7 +76,7 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
     }
     let choice = match (&a.step, &a.checkpoint) {
         (Some(s), _) => CheckpointChoice::Step(*s),
-        (None, Some(c)) => c.parse()?,
+        (None, Some(c)) => super::checkpoint_choice(c)?,
         (None, None) => CheckpointChoice::Latest,
     };
     let rm = load_run_model::<B>(&a.run, choice, device)?;
@@ -121,7 +121,7 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
-    let backend: BackendKind = args.backend.parse()?;
+    let backend = super::backend_kind(&args.backend)?;
     backend.dispatch(args)?;
     Ok(ExitCode::SUCCESS)
 }

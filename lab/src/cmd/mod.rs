@@ -41,6 +41,20 @@ pub fn one_line(message: &str) -> String {
     lines.join("; ")
 }
 
+/// `--checkpoint`'s value (latest, best, N or step-N); any other is a [`Usage`] error.
+pub fn checkpoint_choice(value: &str) -> anyhow::Result<lab_report::CheckpointChoice> {
+    value
+        .parse()
+        .map_err(|e: anyhow::Error| anyhow::Error::new(Usage(e.to_string())))
+}
+
+/// `--backend`'s value (cpu, cuda, wgpu); any other is a [`Usage`] error.
+pub fn backend_kind(value: &str) -> anyhow::Result<lab_train::backend::BackendKind> {
+    value
+        .parse()
+        .map_err(|e: anyhow::Error| anyhow::Error::new(Usage(e.to_string())))
+}
+
 /// `bail!` for a [`Usage`] error (exit 2).
 macro_rules! bail_usage {
     ($($arg:tt)*) => {

@@ -29,10 +29,10 @@ pub struct Args {
     /// Device from the hardware table (default: the config's [hardware].device).
     #[arg(long)]
     pub device: Option<String>,
-    /// GPUs in the cluster [default: 1].
+    /// GPUs in the cluster [default: the config's `[parallel]` dp × tp × pp, else 1].
     #[arg(long)]
     pub gpus: Option<usize>,
-    /// GPUs per node [default: 8].
+    /// GPUs per node [default: 8, or --gpus when fewer].
     #[arg(long)]
     pub gpus_per_node: Option<usize>,
     /// Tokens to train, e.g. 200e9 or 200B [default: train.total_steps × global batch].
@@ -57,13 +57,13 @@ pub struct Args {
     /// Wall clock ÷ compute time, for evals, restarts and stragglers [default: 1.0].
     #[arg(long)]
     pub overhead: Option<f64>,
-    /// Tensor-parallel degree [default: 1].
+    /// Tensor-parallel degree [default: the config's `[parallel]`, else 1].
     #[arg(long)]
     pub tp: Option<usize>,
-    /// Pipeline-parallel degree [default: 1].
+    /// Pipeline-parallel degree [default: the config's `[parallel]`, else 1].
     #[arg(long)]
     pub pp: Option<usize>,
-    /// ZeRO stage 0-3 [default: 3 with --fsdp, else 0].
+    /// ZeRO stage 0-3 [default: 3 with --fsdp, else the config's `[parallel]`, else 0].
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// ZeRO/FSDP sharding degree [default: all data-parallel ranks].

@@ -156,16 +156,37 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
         anyhow::anyhow!(
             "lab page {}: {} (lab run needs name, config and a [run] section with [run.budget])",
             path.display(),
-            e.message().trim()
+            lab_config::toml_error(&text, &e)
         )
     })?;
     let here = path.parent().unwrap_or(Path::new("."));
+    // The page's mistakes surface now, before data is prepared or a sidecar started.
+    let config = here.join(&page.config);
+    lab_config::LabConfig::load(&config).with_context(|| {
+        format!(
+            "lab page {}: config = {:?}",
+            path.display(),
+            page.config.display().to_string()
+        )
+    })?;
+    if page
+        .run
+        .backend
+        .parse::<lab_train::backend::BackendKind>()
+        .is_err()
+    {
+        bail!(
+            "lab page {}: [run] backend = {:?} is unknown; use cpu, cuda or wgpu",
+            path.display(),
+            page.run.backend
+        );
+    }
     let data_dir = match page.run.data.as_str() {
         "tinyshakespeare" => PathBuf::from("runs/data/tinyshakespeare-gpt2"),
         d => here.join(d),
     };
     Ok(Lab {
-        config: Some(here.join(&page.config)),
+        config: Some(config),
         dod: Spec::load(&here.join(&page.run.dod))?,
         data_dir,
         page,
@@ -193,6 +214,10 @@ fn run_page(args: Args) -> Result<ExitCode> {
     if args.dry_run {
         return dry_run(&lab);
     }
+    r.backend
+        .parse::<lab_train::backend::BackendKind>()?
+        .ensure_available()
+        .context("[run] backend")?;
     stage(
         "1/5 prepare",
         &format!("data in {}", lab.data_dir.display()),

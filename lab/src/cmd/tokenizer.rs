@@ -73,7 +73,7 @@ pub struct FertilityArgs {
     /// Medical term list (one per line) for term fertility.
     #[arg(long)]
     pub terms: Option<PathBuf>,
-    /// PNG bar chart [default: fertility.png].
+    /// PNG bar chart.
     #[arg(long, default_value = "fertility.png")]
     pub chart: PathBuf,
     /// Also write the report as JSON here.
