@@ -695,4 +695,9 @@ fn fit_micro_batch_splits_the_step_to_fit_the_memory_given() {
         train(&cfg_path, &tmp.path().join("cpu")).args(["--fit-micro-batch"]),
         "give it in GiB (--fit-micro-batch 80)",
     );
+    // A negative size is the flag's value, not another flag: the flag's own error.
+    expect_usage_error(
+        train(&cfg_path, &tmp.path().join("cpu")).args(["--fit-micro-batch", "-1"]),
+        "--fit-micro-batch -1: give the device's memory in GiB",
+    );
 }

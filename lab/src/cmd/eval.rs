@@ -35,7 +35,7 @@ pub struct Args {
     /// Where k-shot examples come from (default: the first k items of --mc, not scored).
     #[arg(long)]
     pub dev: Option<PathBuf>,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub shots: usize,
     /// Score at most this many items (evenly spaced).
     #[arg(long)]

@@ -60,7 +60,7 @@ pub struct Args {
     /// Replace train.micro_batch by the largest that fits this GPU's memory by `lab plan`'s
     /// memory model, and train.grad_accum so the step keeps its sequences. GIB gives the
     /// device's memory (any backend); without it the CUDA GPU is asked (NVML).
-    #[arg(long, value_name = "GIB", num_args = 0..=1)]
+    #[arg(long, value_name = "GIB", num_args = 0..=1, allow_negative_numbers = true)]
     pub fit_micro_batch: Option<Option<f64>>,
     /// Fire drill: read the GPU's health from FILE (one JSON reading per line: t_s, util_pct,
     /// mem_used_bytes, mem_total_bytes, temp_c, ecc_corrected, ecc_uncorrected) instead of
