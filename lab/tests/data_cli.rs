@@ -273,8 +273,21 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
     };
     let e = one_line_error(&prepare_bad(&["--quiet"]));
     assert!(e.contains("bad.jsonl.zst") && e.contains("zstd"), "{e}");
-    // A failed prepare leaves no output folder of its own making.
+    // A failed prepare leaves no output folder of its own making, and the user's own alone,
+    // however the path names it.
     assert!(!Path::new(out).exists(), "{out} left behind");
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("notes.txt"), "keep").unwrap();
+    for path in [mine.clone(), dir.path().join("new/../mine")] {
+        let mut args = vec!["data", "prepare", "--input", bad.to_str().unwrap()];
+        args.extend(["--output-dir", path.to_str().unwrap(), "--quiet"]);
+        one_line_error(&lab(&args));
+        assert_eq!(
+            std::fs::read_to_string(mine.join("notes.txt")).unwrap(),
+            "keep"
+        );
+    }
     let e = usage_error(&prepare_bad(&["--split", "half"]));
     assert!(e.contains("--split half"), "{e}");
     let e = usage_error(&prepare_bad(&["--redact", "--anchor-date", "March 2020"]));

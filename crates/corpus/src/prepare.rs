@@ -319,7 +319,7 @@ pub fn prepare_stage(cfg: PrepareConfig) -> Result<String> {
 /// it made holds nothing of the user's).
 fn prepare_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     let dir = cfg.output_dir.clone();
-    let made = !dir.exists();
+    let made = create_output_dir(&dir)?;
     let outcome = write_all(cfg);
     if outcome.is_err() && made {
         let _ = std::fs::remove_dir_all(&dir);
@@ -331,7 +331,6 @@ fn write_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     let start = Instant::now();
     let stages = Stages::load(&cfg)?;
     let dir = &cfg.output_dir;
-    create_output_dir(dir)?;
     start_over(dir)?;
     let (mut train, mut val) = stages.writers(dir)?;
     let mut d = Decisions::new(Dedup::Index(DedupIndex::new(cfg.near_dup_threshold)));
@@ -360,9 +359,18 @@ fn write_all(cfg: PrepareConfig) -> Result<PrepareOutcome> {
     finish(&stages, d, train, val, sources, input.text_bytes, start)
 }
 
-pub(crate) fn create_output_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("--output-dir {}: cannot create it", dir.display()))
+/// Creates the output folder; true when this call made it, as the `mkdir` itself says (a
+/// path's text can name an existing folder another way: `new/../data`).
+pub(crate) fn create_output_dir(dir: &Path) -> Result<bool> {
+    let cannot = || format!("--output-dir {}: cannot create it", dir.display());
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(cannot)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(false),
+        Err(e) => Err(e).with_context(cannot),
+    }
 }
 
 /// What reading the inputs found: the sources, their stats and the bytes of text.
