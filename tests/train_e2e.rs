@@ -290,6 +290,8 @@ fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
         train(&cfg, &run).args(flags).arg("--resume-from-latest"),
         "no checkpoint in",
     );
+    // Nor does a fresh start there (`lab run` starts fresh when it sees no checkpoint).
+    expect_one_line_error(train(&cfg, &run).args(flags), "set aside as corrupt");
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
 }
 

@@ -335,20 +335,21 @@ pub fn load_latest_good(
 /// Where a corrupt checkpoint folder is set aside: `step-N.corrupt`, or `step-N.corrupt.K`
 /// when an earlier copy of that step was set aside already.
 fn quarantine_name(dir: &Path) -> PathBuf {
-    let with = |suffix: String| {
+    let suffixed = |suffix: String| {
         let mut name = dir.as_os_str().to_owned();
         name.push(suffix);
         PathBuf::from(name)
     };
     std::iter::once(".corrupt".to_string())
         .chain((2..).map(|k| format!(".corrupt.{k}")))
-        .map(with)
+        .map(suffixed)
         .find(|p| !p.exists())
         .expect("an unused name")
 }
 
-/// How many checkpoints of `run_dir` a resume has set aside as corrupt (`step-N.corrupt…`).
-pub fn set_aside(run_dir: &Path) -> usize {
+/// How many checkpoint folders of `run_dir` a resume or a rollback set aside as corrupt
+/// (`step-N.corrupt…`).
+pub fn count_set_aside(run_dir: &Path) -> usize {
     let Ok(entries) = fs::read_dir(run_dir) else {
         return 0;
     };

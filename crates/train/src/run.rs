@@ -210,18 +210,19 @@ impl Run {
         let dir = self.dir.clone();
         let mut skipped = Vec::new();
         let ck = self.load_agreed(u64::MAX, &mut |w| skipped.push(w))?;
-        // Set aside as `step-N.corrupt`: by this attempt (`skipped`) or an earlier one.
-        let unreadable = checkpoint::set_aside(&dir);
         for w in skipped {
             eprintln!("warning: {w}");
             self.event(0, "checkpoint_skipped", json!({ "reason": w }));
         }
-        // Starting over would throw away a run whose every checkpoint is damaged: ask.
-        if ck.is_none() && unreadable > 0 {
-            bail!(
-                "--resume-from-latest: no checkpoint in {} verifies ({unreadable} set aside as step-N.corrupt); restore one, or move the folder aside to start fresh",
-                dir.display()
-            );
+        // Starting over would throw away a run whose every checkpoint is damaged: refuse.
+        if ck.is_none() {
+            let corrupt = self.agreed_corrupt_count()?;
+            if corrupt > 0 {
+                bail!(
+                    "no checkpoint in {} verifies ({corrupt} set aside as step-N.corrupt): restore a good step-N folder from a backup, or move the run folder aside to start fresh",
+                    dir.display()
+                );
+            }
         }
         let Some(mut ck) = ck else {
             self.say(&format!(
@@ -808,6 +809,19 @@ impl Run {
         Ok(ck)
     }
 
+    /// The checkpoint folders set aside as corrupt, as rank 0 counts them: every rank then
+    /// refuses, or starts, alike.
+    fn agreed_corrupt_count(&self) -> Result<u64> {
+        let mut count = match self.leader() {
+            true => (checkpoint::count_set_aside(&self.dir) as u64)
+                .to_le_bytes()
+                .to_vec(),
+            false => Vec::new(),
+        };
+        self.dp.collectives().broadcast_bytes(&mut count, 0)?;
+        Ok(u64::from_le_bytes(count.try_into().unwrap_or_default()))
+    }
+
     /// Rank 0 writes the run folder; the other ranks only read it (and write their shards).
     fn leader(&self) -> bool {
         self.dp.is_leader()
@@ -883,6 +897,13 @@ fn take_folder(dir: &Path, resume: bool) -> Result<File> {
     if !resume && !checkpoint::list(dir)?.is_empty() {
         bail!(
             "--ckpt-dir {} already holds checkpoints; pass --resume-from-latest to continue that run, or choose a new --ckpt-dir",
+            dir.display()
+        );
+    }
+    // A run whose checkpoints were all found corrupt is not started over in silence.
+    if !resume && checkpoint::count_set_aside(dir) > 0 {
+        bail!(
+            "--ckpt-dir {} holds checkpoints set aside as corrupt (step-N.corrupt): restore a good step-N folder from a backup and resume, or choose a new --ckpt-dir",
             dir.display()
         );
     }
