@@ -721,12 +721,29 @@ fn an_export_replaces_only_an_earlier_export_and_never_the_users_files() {
         .collect();
     assert!(litter.is_empty(), "{litter:?}");
 
-    // An earlier export, and an empty folder, are replaced.
+    // Another tool's manifest.json does not make a folder an export.
+    let site = tmp.path().join("site");
+    std::fs::create_dir(&site).unwrap();
+    std::fs::write(site.join("manifest.json"), r#"{"name": "my web app"}"#).unwrap();
+    expect_one_line_error(&mut export(&site, "--output"), "is not an earlier export");
+    assert!(site.join("manifest.json").is_file());
+
+    // Both destinations are checked before either is written.
     let out = tmp.path().join("out");
+    let mut both = export(&out, "--output");
+    both.arg("--hf").arg(&notes);
+    expect_one_line_error(&mut both, "is not an earlier export");
+    assert!(!out.exists());
+
+    // An earlier export, and an empty folder, are replaced; so is an earlier HF folder.
     std::fs::create_dir(&out).unwrap();
     run_ok(&mut export(&out, "--output"));
     run_ok(&mut export(&out, "--output"));
     assert!(out.join("manifest.json").is_file());
+    let hf = tmp.path().join("hf");
+    run_ok(&mut export(&hf, "--hf"));
+    run_ok(&mut export(&hf, "--hf"));
+    assert!(hf.join("lab_parity.json").is_file());
 }
 
 #[test]

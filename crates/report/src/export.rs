@@ -72,7 +72,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
             opts.run.display()
         );
     };
-    let out = &opts.output;
+    let out = &normalized(&opts.output);
     check_destination(out, MANIFEST)?;
     let (ck_dir, ck_state) = choose_checkpoint(&opts.run, opts.checkpoint)?;
     same_run(&opts.run, &cfg, &ck_dir, &ck_state)?;
@@ -189,10 +189,16 @@ fn copy(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `out` without a trailing `.` (`foo/.` is `foo`): the folder a rename can replace.
+pub fn normalized(out: &Path) -> PathBuf {
+    out.components().collect()
+}
+
 /// What an export may replace: nothing, an empty folder, or an earlier export (it holds
-/// `marker`). Anything else there is the user's (a run folder, notes, the working folder) and
-/// is never moved or deleted.
-pub(crate) fn check_destination(out: &Path, marker: &str) -> Result<()> {
+/// `marker`, lab's manifest or HF parity file). Anything else there is the user's (a run
+/// folder, notes, the working folder) and is never moved or deleted.
+pub fn check_destination(out: &Path, marker: &str) -> Result<()> {
+    let out = &normalized(out);
     if out.file_name().is_none() {
         bail!(
             "export folder {:?} names no folder of its own: give a new folder's path",
@@ -212,13 +218,23 @@ pub(crate) fn check_destination(out: &Path, marker: &str) -> Result<()> {
         .with_context(|| format!("cannot list {}", out.display()))?
         .next()
         .is_none();
-    if !empty && !out.join(marker).is_file() {
+    if !empty && !written_by_lab(&out.join(marker)) {
         bail!(
             "export folder {} exists and is not an earlier export (no {marker}): give a new folder, or move it aside",
             out.display()
         );
     }
     Ok(())
+}
+
+/// Whether `marker` is a JSON file lab wrote: a manifest names lab's version, a parity file
+/// its prompt. Another tool's `manifest.json` does not make its folder an export.
+fn written_by_lab(marker: &Path) -> bool {
+    let Ok(text) = fs::read_to_string(marker) else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .is_ok_and(|v| v["versions"]["lab"].is_string() || v["prompt"].is_string())
 }
 
 /// Moves the finished stage into place; an older export is moved aside until the new one is in.
@@ -280,15 +296,16 @@ fn newest_verified(
             Err(e) => eprintln!("warning: skipping the checkpoint of step {step}: {e:#}"),
         }
     }
-    match total {
-        0 => bail!(
+    match (total, checkpoint::count_set_aside(run)) {
+        (0, 0) => bail!(
             "{} holds no checkpoint: train it first (lab train --ckpt-dir {})",
             run.display(),
             run.display()
         ),
-        n => bail!(
-            "{} holds {n} checkpoint(s) and none verifies (above): it cannot be read",
-            run.display()
+        (n, corrupt) => bail!(
+            "{} holds no checkpoint that verifies ({} corrupt): restore a good step-N folder from a backup",
+            run.display(),
+            n + corrupt
         ),
     }
 }

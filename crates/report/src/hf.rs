@@ -19,6 +19,9 @@ use serde_json::json;
 use crate::export::{replace_dir, CheckpointChoice};
 use crate::run_files::RunFiles;
 
+/// The file an HF export writes last but one: its mark (an earlier export may be replaced).
+pub const PARITY_FILE: &str = "lab_parity.json";
+
 /// The prompt of lab_parity.json.
 pub const PARITY_PROMPT: &str = "First Citizen:\nBefore we proceed any further, hear me speak.";
 /// Greedy tokens generated after it.
@@ -33,7 +36,8 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
             run.display()
         );
     };
-    crate::export::check_destination(out, "lab_parity.json")?;
+    let out = &crate::export::normalized(out);
+    crate::export::check_destination(out, PARITY_FILE)?;
     let (ck, _) = crate::export::choose_checkpoint(run, choice)?;
     let (tensors, _) = weights::load_safetensors(&checkpoint::model_file(&ck))?;
     let data: serde_json::Value = fs::read_to_string(run.join(lab_train::run::DATA))
@@ -71,7 +75,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
             meta,
         )?;
         lab_corpus::hf_tokenizer::write_hf_tokenizer(&tokenizer, &stage, cfg.model.seq_len)?;
-        json("lab_parity.json", &parity(&cfg, &tensors, &tokenizer)?)?;
+        json(PARITY_FILE, &parity(&cfg, &tensors, &tokenizer)?)?;
         Ok(())
     })();
     match written {

@@ -33,6 +33,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let choice = super::checkpoint_choice(&args.checkpoint)?;
+    check_destinations(&args)?;
     if let Some(out) = &args.output {
         let m = lab_report::export(&ExportOptions {
             run: args.run.clone(),
@@ -71,16 +72,31 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Both destinations are checked before either is written: a refused `--hf` must not follow a
+/// finished `--output`.
+fn check_destinations(args: &Args) -> Result<()> {
+    if let Some(out) = &args.output {
+        lab_report::export::check_destination(out, lab_report::manifest::MANIFEST)?;
+    }
+    if let Some(hf) = &args.hf {
+        lab_report::export::check_destination(hf, lab_report::hf::PARITY_FILE)?;
+    }
+    if args.output.is_some() && args.output == args.hf {
+        super::bail_usage!("--output and --hf name the same folder: give each its own");
+    }
+    Ok(())
+}
+
 /// Logs a run to MLflow; a failure is a warning (the run itself is fine).
 pub fn log_mlflow(uri: &str, run: &Path, artifacts: Option<&Path>) {
     let logged = RunFiles::read(run).and_then(|f| lab_report::mlflow::log_run(uri, &f, artifacts));
     match logged {
-        Ok(l) => println!(
+        Ok(l) => lab_fsio::console::line(&format!(
             "mlflow: run {} in experiment {} ({}); view with MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri {uri}",
             l.run_id,
             l.experiment_id,
             l.run_dir.display()
-        ),
+        )),
         Err(e) => eprintln!("warning: --mlflow-uri {uri}: {e:#}"),
     }
 }
