@@ -44,7 +44,7 @@ if [ ! -f "$wheels/extracted" ]; then
 fi
 
 echo "== CUDA C++ of the attention kernels into $out"
-mkdir -p "$out" && rm -f "$out"/*.cu "$out"/*.ptx
+rm -f "$out"/*.cu "$out"/*.ptx
 log="$out/writes_the_cuda_sources.log"
 if ! (cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
   cargo test --release -p lab-kernels --features cuda-source --lib -- \

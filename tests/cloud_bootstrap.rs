@@ -26,11 +26,12 @@ const COMMANDS: &[(&str, &str)] = &[
         r#"for a in "$@"; do case "$a" in -*|install|update) ;; *) touch "$STATE/pkg-$a";; esac; done"#,
     ),
     ("sudo", r#"exec env "$@""#),
+    ("id", r#"[ "$1" = -u ] && cat "$STATE/uid""#),
     ("curl", "exit 7"),
     ("rustc", r#"echo "rustc $(cat "$STATE/rust") (stub)""#),
     (
         "rustup",
-        r#"[ "$1 $2" = "toolchain install" ] && echo 1.93.0 >"$STATE/rust"; true"#,
+        r#"[ "$1 $2" = "toolchain install" ] && echo 99.0.0 >"$STATE/rust"; true"#,
     ),
     ("cargo", "true"),
     (
@@ -45,8 +46,8 @@ esac"#,
 ];
 
 impl Host {
-    /// A host with every package, Rust 1.93, a GPU whose driver supports CUDA 12.8, and the
-    /// toolkit's headers under `CUDA_PATH`.
+    /// A root shell on a host with every package, the Rust the workspace asks for, a GPU
+    /// whose driver supports CUDA 12.8, and the toolkit's headers under `CUDA_PATH`.
     fn ready() -> Host {
         let host = Host {
             dir: tempfile::tempdir().unwrap(),
@@ -73,7 +74,8 @@ impl Host {
         ] {
             host.set(&format!("pkg-{pkg}"), "");
         }
-        host.set("rust", "1.93.0");
+        host.set("rust", &format!("{}.0", rust_version()));
+        host.set("uid", "0");
         host.set("cuda-line", "CUDA Version: 12.8");
         host
     }
@@ -109,6 +111,16 @@ impl Host {
         let calls = std::fs::read_to_string(&calls).unwrap_or_default();
         (out, calls.lines().map(str::to_owned).collect())
     }
+}
+
+/// The workspace's `rust-version`.
+fn rust_version() -> String {
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let line = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .unwrap();
+    line.trim_matches('"').to_string()
 }
 
 fn repo() -> PathBuf {
@@ -199,7 +211,15 @@ fn a_ready_host_is_only_checked_and_gets_a_lab00_command_that_lab_accepts() {
 
 #[test]
 fn a_bare_host_gets_what_it_lacks_once_and_a_cuda_build_for_its_driver() {
+    // As root (RunPod's containers: no sudo) and as a user with sudo (Lambda's `ubuntu`).
+    for (uid, sudo_calls) in [("0", 0), ("1000", 2)] {
+        bare_host_run_twice(uid, sudo_calls);
+    }
+}
+
+fn bare_host_run_twice(uid: &str, sudo_calls: usize) {
     let host = Host::ready();
+    host.set("uid", uid);
     host.unset("pkg-pkg-config");
     host.unset("pkg-curl");
     host.set("rust", "1.80.1");
@@ -207,6 +227,11 @@ fn a_bare_host_gets_what_it_lacks_once_and_a_cuda_build_for_its_driver() {
 
     let (out, calls) = host.bootstrap(&[]);
     succeeded(&out);
+    assert_eq!(
+        calls_to(&calls, "sudo").len(),
+        sudo_calls,
+        "uid {uid}: {calls:?}"
+    );
     let installs: Vec<_> = calls_to(&calls, "apt-get")
         .into_iter()
         .filter(|c| c.contains("install"))

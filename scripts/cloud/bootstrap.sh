@@ -61,6 +61,10 @@ if [ -z "$cuda_version" ]; then
     echo "bootstrap: nvidia-smi prints no \"CUDA Version: X.Y\"; set CUDARC_CUDA_VERSION to the CUDA version the driver supports (12.8 -> 12080)" >&2
     exit 1
   fi
+  case "$CUDARC_CUDA_VERSION" in ''|*[!0-9]*)
+    echo "bootstrap: CUDARC_CUDA_VERSION=$CUDARC_CUDA_VERSION: give it as digits (CUDA 12.8 -> 12080)" >&2
+    exit 1 ;;
+  esac
   cuda_version="$((CUDARC_CUDA_VERSION / 1000)) $((CUDARC_CUDA_VERSION % 1000 / 10))"
 fi
 read -r major minor <<<"$cuda_version"

@@ -254,8 +254,8 @@ kernels() {
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
 
-# The tests whose names start with FILTER in the GPU test binary BINARY (.bin/tests), as a step.
-# Runs the tests of BINARY matching FILTER, one at a time; further arguments go to the harness.
+# The tests whose names contain FILTER in the GPU test binary BINARY (.bin/tests), one at a
+# time, as a step; further arguments go to the test harness (--skip …).
 test_module() {
   local binary="$1" filter="$2" name="${2//::/-}"
   shift 2

@@ -83,12 +83,14 @@ impl Meta {
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("meta.json");
         if !dir.is_dir() {
-            let what = match dir.exists() {
-                true => "is not a folder",
-                false => "does not exist",
-            };
+            if dir.exists() {
+                bail!(
+                    "data dir {} is a file, not a folder: name a prepared data dir",
+                    dir.display()
+                );
+            }
             bail!(
-                "data dir {} {what}: name a prepared one, or prepare it with `lab data prepare --output-dir {}`",
+                "data dir {} does not exist: name a prepared one, or prepare it with `lab data prepare --input FILE --output-dir {}`",
                 dir.display(),
                 dir.display()
             );

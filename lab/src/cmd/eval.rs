@@ -109,6 +109,7 @@ fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Valu
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let backend = super::backend_kind(&args.backend)?;
+    super::checkpoint_choice(&args.checkpoint)?; // a usage error before any device starts
     let json_out = args.json;
     let v = backend.dispatch(args)?;
     if json_out {

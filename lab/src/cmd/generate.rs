@@ -122,6 +122,9 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let backend = super::backend_kind(&args.backend)?;
+    if let Some(c) = &args.checkpoint {
+        super::checkpoint_choice(c)?; // a usage error before any device starts
+    }
     backend.dispatch(args)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -43,13 +43,16 @@ pub fn one_line(message: &str) -> String {
 
 /// `--checkpoint`'s value (latest, best, N or step-N); any other is a [`Usage`] error.
 pub fn checkpoint_choice(value: &str) -> anyhow::Result<lab_report::CheckpointChoice> {
-    value
-        .parse()
-        .map_err(|e: anyhow::Error| anyhow::Error::new(Usage(e.to_string())))
+    parse_flag(value)
 }
 
 /// `--backend`'s value (cpu, cuda, wgpu); any other is a [`Usage`] error.
 pub fn backend_kind(value: &str) -> anyhow::Result<lab_train::backend::BackendKind> {
+    parse_flag(value)
+}
+
+/// A flag's value parsed by its type, whose error names the flag: a [`Usage`] error.
+fn parse_flag<T: std::str::FromStr<Err = anyhow::Error>>(value: &str) -> anyhow::Result<T> {
     value
         .parse()
         .map_err(|e: anyhow::Error| anyhow::Error::new(Usage(e.to_string())))

@@ -202,7 +202,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 fn run_page(args: Args) -> Result<ExitCode> {
     let lab = load(args.spec.as_deref())?;
     let r = &lab.page.run;
-    println!(
+    lab_fsio::console::line(&format!(
         "lab run: {}{}",
         lab.page.name,
         lab.page
@@ -210,7 +210,7 @@ fn run_page(args: Args) -> Result<ExitCode> {
             .as_ref()
             .map(|p| format!(" ({p})"))
             .unwrap_or_default()
-    );
+    ));
     if args.dry_run {
         return dry_run(&lab);
     }
@@ -231,7 +231,7 @@ fn run_page(args: Args) -> Result<ExitCode> {
     }
     stage("3/5 post-mortem", "");
     let pm = lab_report::write_postmortem(&r.run_dir, None)?;
-    println!("  {}", pm.display());
+    lab_fsio::console::line(&format!("  {}", pm.display()));
     stage("4/5 export", &format!("to {}", r.export_dir.display()));
     export(&lab)?;
     // Only now that the evidence is on disk may the machine go; its proof joins the export.
@@ -264,9 +264,12 @@ fn export(lab: &Lab) -> Result<()> {
         budget: None,
     })?;
     for name in m.artifacts.keys() {
-        println!("  {}", r.export_dir.join(name).display());
+        lab_fsio::console::line(&format!("  {}", r.export_dir.join(name).display()));
     }
-    println!("  {}", r.export_dir.join("manifest.json").display());
+    lab_fsio::console::line(&format!(
+        "  {}",
+        r.export_dir.join("manifest.json").display()
+    ));
     Ok(())
 }
 
@@ -292,14 +295,14 @@ fn terminate(lab: &Lab) -> Result<bool> {
 }
 
 fn stage(name: &str, what: &str) {
-    println!(
+    lab_fsio::console::line(&format!(
         "== {name}{}",
         if what.is_empty() {
             String::new()
         } else {
             format!(": {what}")
         }
-    );
+    ));
 }
 
 fn dry_run(lab: &Lab) -> Result<ExitCode> {
@@ -319,8 +322,11 @@ fn dry_run(lab: &Lab) -> Result<ExitCode> {
             (None, Err(e)) => format!("{e:#}"),
         }
     };
-    println!("  1 prepare  {} ({source})", lab.data_dir.display());
-    println!(
+    lab_fsio::console::line(&format!(
+        "  1 prepare  {} ({source})",
+        lab.data_dir.display()
+    ));
+    lab_fsio::console::line(&format!(
         "  2 train    {config} on {} into {}{}, sidecar {} every {} s, {}",
         r.backend,
         r.run_dir.display(),
@@ -334,32 +340,35 @@ fn dry_run(lab: &Lab) -> Result<ExitCode> {
         } else {
             "no termination"
         }
-    );
-    println!(
+    ));
+    lab_fsio::console::line(&format!(
         "  3 post-mortem {}",
         r.run_dir.join("spike-postmortem.md").display()
-    );
-    println!("  4 export   {}", r.export_dir.display());
-    println!(
+    ));
+    lab_fsio::console::line(&format!("  4 export   {}", r.export_dir.display()));
+    lab_fsio::console::line(&format!(
         "  5 DoD      {} ({} checks)",
         lab.dod.name,
         lab.dod.checks.len()
-    );
+    ));
     Ok(ExitCode::SUCCESS)
 }
 
 fn prepare(lab: &Lab) -> Result<()> {
     if lab.page.run.data == "tinyshakespeare" {
         let meta = lab_data::gpt2::ensure_tinyshakespeare(&lab.data_dir)?;
-        println!(
+        lab_fsio::console::line(&format!(
             "  tinyshakespeare: {} train / {} val tokens",
             meta.file("train.bin")?.tokens,
             meta.file("val.bin")?.tokens
-        );
+        ));
         return Ok(());
     }
     if let Some(p) = to_prepare(lab) {
-        println!("  lab data prepare {}", p.command_line(&lab.data_dir));
+        lab_fsio::console::line(&format!(
+            "  lab data prepare {}",
+            p.command_line(&lab.data_dir)
+        ));
         super::data::prepare_into(&p.args, &lab.data_dir).context("[run.prepare] args")?;
     }
     let meta = lab_data::Meta::load(&lab.data_dir).with_context(|| {
@@ -372,11 +381,11 @@ fn prepare(lab: &Lab) -> Result<()> {
     for f in ["train.bin", "val.bin"] {
         lab_data::TokenFile::open(&lab.data_dir, f, &meta)?;
     }
-    println!(
+    lab_fsio::console::line(&format!(
         "  {} ({}): complete",
         lab.data_dir.display(),
         meta.tokenizer
-    );
+    ));
     Ok(())
 }
 
@@ -388,7 +397,7 @@ fn train_stage(lab: &Lab) -> Result<Option<ExitCode>> {
         (s.state == "done" && s.step == s.total_steps) || s.state == "stopped_early"
     };
     if let Some(s) = status.as_ref().filter(finished) {
-        println!("  complete: step {} of {}", s.step, s.total_steps);
+        lab_fsio::console::line(&format!("  complete: step {} of {}", s.step, s.total_steps));
         return Ok(None);
     }
     let resume = !lab_train::checkpoint::list(&r.run_dir)
@@ -482,11 +491,11 @@ fn start_sidecar(lab: &Lab, out: &Path) -> Result<Child> {
     loop {
         let fresh = std::fs::metadata(out).and_then(|m| m.modified()).ok();
         if fresh.is_some() && fresh != before {
-            println!(
+            lab_fsio::console::line(&format!(
                 "  billing sidecar ({}) writing {}",
                 b.provider,
                 out.display()
-            );
+            ));
             return Ok(child);
         }
         if let Some(status) = child.try_wait()? {
