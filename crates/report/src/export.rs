@@ -198,7 +198,6 @@ pub fn normalized(out: &Path) -> PathBuf {
 /// `marker`, lab's manifest or HF parity file). Anything else there is the user's (a run
 /// folder, notes, the working folder) and is never moved or deleted.
 pub fn check_destination(out: &Path, marker: &str) -> Result<()> {
-    let out = &normalized(out);
     if out.file_name().is_none() {
         bail!(
             "export folder {:?} names no folder of its own: give a new folder's path",

@@ -357,8 +357,10 @@ pub fn count_set_aside(run_dir: &Path) -> usize {
         .filter_map(|e| e.ok())
         .filter(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let (step, rest) = name.split_once(".corrupt").unwrap_or((&name, "-"));
-            parse_step(step).is_some() && (rest.is_empty() || rest.starts_with('.'))
+            let Some((step, copy)) = name.split_once(".corrupt") else {
+                return false;
+            };
+            parse_step(step).is_some() && (copy.is_empty() || copy.starts_with('.'))
         })
         .count()
 }

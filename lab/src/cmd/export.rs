@@ -72,12 +72,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Both destinations are checked before either is written: a refused `--hf` must not follow a
-/// finished `--output`.
+/// `--hf`'s destination, checked before `--output` is written (whose own check comes first
+/// in the export): a refused `--hf` must not follow a finished `--output`.
 fn check_destinations(args: &Args) -> Result<()> {
-    if let Some(out) = &args.output {
-        lab_report::export::check_destination(out, lab_report::manifest::MANIFEST)?;
-    }
     if let Some(hf) = &args.hf {
         lab_report::export::check_destination(hf, lab_report::hf::PARITY_FILE)?;
     }

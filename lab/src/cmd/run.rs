@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use lab_budget::BudgetFlags;
 use lab_report::dod::{self, Spec};
 use lab_report::{CheckpointChoice, ExportOptions};
+use lab_train::backend::BackendKind;
 use serde::Deserialize;
 
 use super::train::{self, Ended, SpikeFlags, SpikePolicyArg};
@@ -134,6 +135,8 @@ fn five() -> f64 {
 /// A page with its files resolved: the config (a path, or the embedded default) and the DoD spec.
 struct Lab {
     page: Page,
+    /// The page's `[run] backend`.
+    backend: BackendKind,
     /// `None`: the embedded configs/tiny-cpu.toml.
     config: Option<PathBuf>,
     data_dir: PathBuf,
@@ -144,6 +147,7 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
     let Some(path) = spec else {
         let page: Page = toml::from_str(TINY_PAGE).context("embedded lab page")?;
         return Ok(Lab {
+            backend: page.run.backend.parse()?,
             data_dir: PathBuf::from("runs/data/tinyshakespeare-gpt2"),
             dod: Spec::parse(TINY_DOD)?,
             config: None,
@@ -169,23 +173,19 @@ fn load(spec: Option<&Path>) -> Result<Lab> {
             page.config.display().to_string()
         )
     })?;
-    if page
-        .run
-        .backend
-        .parse::<lab_train::backend::BackendKind>()
-        .is_err()
-    {
+    let Ok(backend) = page.run.backend.parse() else {
         bail!(
             "lab page {}: [run] backend = {:?} is unknown; use cpu, cuda or wgpu",
             path.display(),
             page.run.backend
         );
-    }
+    };
     let data_dir = match page.run.data.as_str() {
         "tinyshakespeare" => PathBuf::from("runs/data/tinyshakespeare-gpt2"),
         d => here.join(d),
     };
     Ok(Lab {
+        backend,
         config: Some(config),
         dod: Spec::load(&here.join(&page.run.dod))?,
         data_dir,
@@ -214,10 +214,7 @@ fn run_page(args: Args) -> Result<ExitCode> {
     if args.dry_run {
         return dry_run(&lab);
     }
-    r.backend
-        .parse::<lab_train::backend::BackendKind>()?
-        .ensure_available()
-        .context("[run] backend")?;
+    lab.backend.ensure_available().context("[run] backend")?;
     stage(
         "1/5 prepare",
         &format!("data in {}", lab.data_dir.display()),
