@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 
 /// The made-up host: its commands, its state and the log of what the script ran.
 struct Host {

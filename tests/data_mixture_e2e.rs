@@ -1,12 +1,10 @@
 //! `[data]` mixtures end to end: a run draws its sources to the configured weights, reports
 //! each source's epochs, resumes bit-identically, and names an unknown source in one line.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use lab_corpus::reader::{read_documents, ReadOptions};
 
 /// 120 MedQuAD answers from each of three sources, prepared with their source as the type.

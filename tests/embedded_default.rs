@@ -2,9 +2,7 @@
 //! no SPEC, from an empty folder, runs the embedded CPU lab end to end (prepare → train with an
 //! injected spike under a metered budget → post-mortem → export → Definition of Done).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[test]
 fn lab_run_with_no_spec_ends_with_a_passing_dod_and_every_artifact() {

@@ -2,12 +2,10 @@
 //! mmlu-medical, perplexity by type, memorization), evaluation during training by document
 //! type, stop rules on a real overfitting run with its best checkpoint, and the projection.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn json_out(cmd: &mut Command) -> Value {

@@ -2,13 +2,11 @@
 //! `lab export --hf` wrote (the source weights and logits bit for bit), a tokenizer swap (rows
 //! copied and composed as recorded), `--freeze-non-embedding-steps`, and one-line errors.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
-use common::*;
 use lab_config::LabConfig;
 use lab_corpus::tokenize::Tokenizer;
 use lab_model::weights::{load_safetensors, load_tensor_map, HostTensor, TensorMap};

@@ -2,13 +2,11 @@
 //! Definition-of-Done checker on good and crafted bad runs, Hugging Face and MLflow layouts,
 //! `lab status`, and a kill -9 at each stage followed by a rerun that finishes.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const EXPORT: &str = "experiments/micro/seed-42";

@@ -4,12 +4,10 @@
 //! `lab supervise`, SIGTERM on every rank, and resuming at another world size.
 #![cfg(feature = "mpi")]
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 use lab_model::weights::load_safetensors;
 
 /// The micro config over 30 steps (two micro-batches of 4 per step), with `[parallel]`

@@ -2,12 +2,10 @@
 //! loss curve within bf16's rounding, keeps fp32 weights and optimizer state in its
 //! checkpoints, resumes bit-exactly, and refuses to resume at the other precision.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn train(cfg: &Path, run: &Path, precision: &str) -> Command {
     let mut c = train_on(cfg, &data_dir(), run);

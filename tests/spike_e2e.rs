@@ -3,12 +3,10 @@
 //! rollbacks and incidents, and the post-mortem's numbers. Steps are counted from 1, as the
 //! logs count them: `--inject-spike-at-step 30` makes step 30 the first injected one.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn train(cfg: &Path, run: &Path) -> Command {

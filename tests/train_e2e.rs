@@ -1,12 +1,10 @@
 //! `lab train` end to end on the real binary: determinism, crash-safe resume, signals, and
 //! one-line errors for user mistakes.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 fn train(cfg: &Path, run: &Path) -> Command {
     train_on(cfg, &data_dir(), run)

@@ -3,7 +3,7 @@
 //! step either), the fail-safe on a stale or malformed budget.json, the dry-run table, and
 //! that no API key ever reaches output or files.
 
-#[path = "../../crates/budget/tests/common/mod.rs"]
+#[path = "../crates/budget/tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};
