@@ -8,21 +8,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use crate::common::data_dir;
 use common::{Reply, Server, PLANTED_KEY};
 use serde_json::Value;
-
-/// tinyshakespeare prepared once for every test of this file.
-fn data_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lab-budget-cli-data-{}", std::process::id()));
-        lab_data::gpt2::ensure_tinyshakespeare(&dir).unwrap();
-        dir
-    })
-}
 
 /// A model that trains in milliseconds per step, plus a `[budget]` section.
 fn write_config(dir: &Path, total_steps: u64, budget: &str) -> PathBuf {
