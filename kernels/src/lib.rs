@@ -8,7 +8,7 @@
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
 //! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]),
 //! RMSNorm forward and backward ([`rms_norm`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in one pass
-//! ([`adamw`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
+//! ([`adamw`]), the sum of squares of many tensors under the gradient norm ([`square_sums`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
 //! on CUDA, [`gemm`]).
 
 #[cfg(feature = "cube")]
@@ -27,3 +27,5 @@ pub mod rms_norm;
 pub mod rope;
 #[cfg(feature = "cube")]
 mod rows;
+#[cfg(feature = "cube")]
+pub mod square_sums;

@@ -11,3 +11,4 @@ mod gemm;
 mod lm_head;
 mod rms_norm;
 mod rope;
+mod square_sums;

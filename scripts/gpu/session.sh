@@ -284,11 +284,13 @@ lease() {
   within 150 step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
   if [ "$device" = cuda ]; then
-    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw::; do
+    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: square_sums::; do
       within 60 test_module kernels "$filter"
     done
     within 60 test_module kernels attention:: --skip attention::tensor_core
-    for filter in cube_loss:: embedding:: rms_norm::; do within 60 test_module ops "$filter"; done
+    for filter in cube_loss:: cube_square_sums:: embedding:: rms_norm::; do
+      within 60 test_module ops "$filter"
+    done
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
     within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16

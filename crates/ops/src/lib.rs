@@ -4,7 +4,8 @@
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
 //! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating as one op
 //! that keeps two tensors instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
-//! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the
+//! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the sum of squares of
+//! many tensors under the gradient norm ([`SumOfSquares`]), the
 //! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]), and
 //! the token embedding with a GPU kernel for its backward ([`embedding`]).
 //!
@@ -43,6 +44,7 @@ mod memory;
 mod projection;
 mod rms_norm;
 mod rope;
+mod square_sums;
 mod swiglu;
 
 pub use adamw::{tensor_ops_update, AdamWStep, AdamWUpdated, FusedAdamW, MomentPair};
@@ -59,6 +61,7 @@ pub use memory::{DeviceBytes, DeviceMemory};
 pub use projection::{project, FusedProjection};
 pub use rms_norm::{rms_norm, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
+pub use square_sums::{tensor_ops_sum_of_squares, SumOfSquares};
 pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};
 
 /// `x` in `dtype`. A no-op when it already is: burn's cast records an autodiff node even

@@ -4,6 +4,7 @@
 mod common;
 mod cube_adamw;
 mod cube_loss;
+mod cube_square_sums;
 mod embedding;
 mod fused_loss;
 mod projection;

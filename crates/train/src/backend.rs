@@ -9,18 +9,20 @@ use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 use lab_config::{ActivationCheckpointing, Precision};
 use lab_model::FusedOps;
-use lab_ops::{DeviceMemory, FusedAdamW};
+use lab_ops::{DeviceMemory, FusedAdamW, SumOfSquares};
 
 /// What the trainer needs of a backend: automatic differentiation over some inner backend,
 /// lab-ops' fused ops on both (the LM-head loss, attention where a kernel exists; the inner
-/// one serves evaluation), the inner one's AdamW update, and a reading of the device's
-/// memory pool (`lab bench`).
+/// one serves evaluation), the inner one's AdamW update and sum of squares (the norms), and a
+/// reading of the device's memory pool (`lab bench`).
 pub trait TrainBackend:
-    AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps + DeviceMemory
+    AutodiffBackend<InnerBackend: FusedOps + FusedAdamW + SumOfSquares> + FusedOps + DeviceMemory
 {
 }
-impl<B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW> + FusedOps + DeviceMemory> TrainBackend
-    for B
+impl<B> TrainBackend for B where
+    B: AutodiffBackend<InnerBackend: FusedOps + FusedAdamW + SumOfSquares>
+        + FusedOps
+        + DeviceMemory
 {
 }
 

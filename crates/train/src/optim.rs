@@ -24,11 +24,12 @@ use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{
     backend::{AutodiffBackend, Backend},
+    ops::FloatTensor,
     ElementConversion, Tensor, TensorPrimitive,
 };
 use lab_config::TrainConfig;
 use lab_model::weights::{PathStack, PendingTensor, TensorMap};
-use lab_ops::{AdamWStep, FusedAdamW};
+use lab_ops::{AdamWStep, FusedAdamW, SumOfSquares};
 
 /// First and second moments of one parameter, flattened, and the updates applied to it.
 struct Moments<B: Backend> {
@@ -180,11 +181,11 @@ enum Squares<'a> {
     Grads(&'a GradientsParams),
 }
 
-/// `Σ ‖x‖²` over every parameter of `model` (or its gradient, where it has one), reduced on the
-/// device with one host sync at the end.
+/// The tensors a norm sums the squares of: every parameter of a model (or its gradient,
+/// where it has one), in visit order.
 struct SumSquares<'a, B: Backend> {
     of: Squares<'a>,
-    total: Option<Tensor<B, 1>>,
+    tensors: Vec<FloatTensor<B>>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for SumSquares<'_, B> {
@@ -193,37 +194,32 @@ impl<B: Backend> ModuleVisitor<B> for SumSquares<'_, B> {
             Squares::Weights => Some(param.val()),
             Squares::Grads(grads) => grads.get::<B, D>(param.id),
         };
-        if let Some(x) = x {
-            // Row sums, then their sum: the same bits whatever the thread count or timing.
-            // Flex sums a tensor of 4M+ elements (an embedding's gradient is 50257 × d) in
-            // parallel chunks combined in the order threads finish; a row and a column of
-            // row sums are each summed by one thread.
-            // In fp32: ZeRO-1 in bf16 holds other ranks' linear weights as bf16 copies.
-            let sq = lab_ops::cast_to(x, burn::tensor::FloatDType::F32)
-                .square()
-                .sum_dim(D - 1)
-                .sum();
-            self.total = Some(match self.total.take() {
-                Some(t) => t + sq,
-                None => sq,
-            });
-        }
+        self.tensors.extend(x.map(|x| x.into_primitive().tensor()));
     }
 }
 
-fn l2_norm<B: Backend, M: Module<B>>(model: &M, of: Squares) -> f64 {
-    let mut v = SumSquares::<B> { of, total: None };
+/// `sqrt(Σ ‖x‖²)`, summed on the device by the backend's [`SumOfSquares`] (on the GPUs one
+/// kernel launch a tensor and one more), with one host sync at the end.
+fn l2_norm<B: SumOfSquares, M: Module<B>>(model: &M, of: Squares) -> f64 {
+    let mut v = SumSquares::<B> {
+        of,
+        tensors: Vec::new(),
+    };
     model.visit(&mut v);
-    v.total
-        .map(|t| t.into_scalar().elem::<f64>().sqrt())
-        .unwrap_or(0.0)
+    if v.tensors.is_empty() {
+        return 0.0;
+    }
+    let total =
+        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::sum_of_squares(v.tensors)));
+    total.into_scalar().elem::<f64>().sqrt()
 }
 
 /// Global L2 norm of the gradient, `sqrt(Σ_p ‖g_p‖²)` (before clipping).
-pub fn grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
-    model: &M,
-    grads: &GradientsParams,
-) -> f64 {
+pub fn grad_norm<AB, M>(model: &M, grads: &GradientsParams) -> f64
+where
+    AB: AutodiffBackend<InnerBackend: SumOfSquares>,
+    M: AutodiffModule<AB>,
+{
     // The inner module keeps the parameter ids the gradients are keyed by.
     l2_norm::<AB::InnerBackend, _>(&model.valid(), Squares::Grads(grads))
 }
@@ -231,7 +227,7 @@ pub fn grad_norm<AB: AutodiffBackend, M: AutodiffModule<AB>>(
 /// Global L2 norm of the weights (logged to watch weight growth). Pass the inner model.
 /// Under ZeRO-1 in bf16, rank 0 reads its bf16 copies of the linear weights other ranks
 /// update (a relative difference of at most 2⁻⁸ per element, far less in the norm).
-pub fn param_norm<B: Backend, M: Module<B>>(model: &M) -> f64 {
+pub fn param_norm<B: SumOfSquares, M: Module<B>>(model: &M) -> f64 {
     l2_norm::<B, _>(model, Squares::Weights)
 }
 

@@ -17,6 +17,7 @@ mod memory;
 mod projection;
 mod rms_norm;
 mod rope;
+mod square_sums;
 
 /// The tensors a Fusion custom operation reads and registers, by id.
 type Handles<B> =

@@ -1,0 +1,95 @@
+//! The sum of squares on a GPU backend through Fusion, as the trainer's norms call it (wgpu,
+//! lavapipe in CI; CUDA when built with only `--features cuda`): parameters of one and two
+//! dimensions and an f16 one in one call, against the fp64 sum of the same values, and the
+//! CPU's tensor-op form on the same f32 tensors.
+//!
+//! Tolerance 1e-6 of the sum: every term is positive, so f32 roundings stay relative to the
+//! sum, and neither form adds more than ~100 terms in a row (the kernels' bound is worked out
+//! in lab-kernels' `tests/square_sums.rs`). A tensor left out or counted twice is off by a
+//! share of the sum far larger.
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use burn::backend::Flex;
+use burn::tensor::{
+    backend::Backend, DType, ElementConversion, Tensor, TensorData, TensorPrimitive,
+};
+use lab_ops::SumOfSquares;
+
+use crate::common;
+use common::{floats, Gpu};
+
+/// `(shape, values)` of each tensor: a norm gain, matrices, and a long row.
+fn parameters() -> Vec<(Vec<usize>, Vec<f32>)> {
+    [vec![192], vec![192, 512], vec![64, 193], vec![1, 70_000]]
+        .into_iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            let n = shape.iter().product();
+            (shape, floats(n, 7 + k as u64, 1.0))
+        })
+        .collect()
+}
+
+fn put<B: Backend>(shape: &[usize], values: &[f32], dtype: DType) -> B::FloatTensorPrimitive {
+    let data = TensorData::new(values.to_vec(), shape.to_vec());
+    let device = Default::default();
+    match *shape {
+        [_] => Tensor::<B, 1>::from_data(data, (&device, dtype))
+            .into_primitive()
+            .tensor(),
+        [_, _] => Tensor::<B, 2>::from_data(data, (&device, dtype))
+            .into_primitive()
+            .tensor(),
+        _ => unreachable!("1 or 2 dims"),
+    }
+}
+
+fn sum<B: SumOfSquares>(xs: Vec<B::FloatTensorPrimitive>) -> f64 {
+    let total = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(B::sum_of_squares(xs)));
+    assert_eq!(total.dims(), [1]);
+    assert_eq!(total.dtype(), DType::F32);
+    total.into_scalar().elem::<f64>()
+}
+
+#[test]
+fn mixed_shapes_and_dtypes_through_fusion_match_the_fp64_sum() {
+    let params = parameters();
+    // The second matrix as f16: what the GPU squares is its f16 rounding.
+    let dtype = |k: usize| if k == 2 { DType::F16 } else { DType::F32 };
+    let stored = |k: usize, v: &[f32]| -> Vec<f64> {
+        let round = |x: f32| match dtype(k) {
+            DType::F16 => burn::tensor::f16::from_f32(x).to_f32(),
+            _ => x,
+        };
+        v.iter().map(|&x| round(x) as f64).collect()
+    };
+    let want: f64 = (0..)
+        .zip(&params)
+        .flat_map(|(k, (_, v))| stored(k, v))
+        .map(|x| x * x)
+        .sum();
+    let xs = (0..)
+        .zip(&params)
+        .map(|(k, (s, v))| put::<Gpu>(s, v, dtype(k)))
+        .collect();
+    let got = sum::<Gpu>(xs);
+    assert!((got - want).abs() <= 1e-6 * want, "{got} vs {want}");
+}
+
+#[test]
+fn f32_parameters_match_the_cpus_tensor_op_form() {
+    let params = parameters();
+    let gpu = sum::<Gpu>(
+        params
+            .iter()
+            .map(|(s, v)| put::<Gpu>(s, v, DType::F32))
+            .collect(),
+    );
+    let cpu = sum::<Flex>(
+        params
+            .iter()
+            .map(|(s, v)| put::<Flex>(s, v, DType::F32))
+            .collect(),
+    );
+    assert!((gpu - cpu).abs() <= 1e-6 * cpu, "{gpu} vs {cpu}");
+}
