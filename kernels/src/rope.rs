@@ -7,8 +7,12 @@
 //! negation, a concatenation, two products and a sum) reads and writes `x`-sized tensors
 //! about six times.
 //!
-//! RoPE's backward is RoPE again with other tables (lab-ops passes `−swap_halves(sin)`), so
-//! this one kernel serves both directions.
+//! RoPE's backward is its transpose: RoPE again with `−swap_halves(sin)` for `sin`,
+//! `dx[i] = dy[i]·cos[t, i] + dy[i+h]·sin[t, i+h]` and `dx[i+h] = dy[i+h]·cos[t, i+h] −
+//! dy[i]·sin[t, i]`. The same kernel reads `sin` that way when launched as [`rope_transposed`]
+//! (a comptime flag), so backward needs no table of its own: building `−swap_halves(sin)`
+//! took three more launches (two slice writes and a negation) for each of q and k per layer.
+//! The negations are exact, so both ways give the same bits.
 //!
 //! `x [B, H, T, hd]` is read through its strides, so the model's `[B, T, H, hd]` projections
 //! with their middle axes swapped, and gradients with strided rows, need no copy; the tables
@@ -29,6 +33,7 @@ fn rope_kernel<F: Float, A: Float>(
     cos: &Tensor<F>,
     sin: &Tensor<F>,
     out: &mut Tensor<F>,
+    #[comptime] transposed: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (heads, seq, half) = (x.shape(1), x.shape(2), x.shape(3) / 2);
@@ -41,8 +46,16 @@ fn rope_kernel<F: Float, A: Float>(
         let at_a = b * x.stride(0) + h * x.stride(1) + t * x.stride(2) + i * x.stride(3);
         let at_b = at_a + half * x.stride(3);
         let (xa, xb) = (A::cast_from(x[at_a]), A::cast_from(x[at_b]));
-        let ya = xa * entry::<F, A>(cos, t, i) - xb * entry::<F, A>(sin, t, i);
-        let yb = xb * entry::<F, A>(cos, t, i + half) + xa * entry::<F, A>(sin, t, i + half);
+        // The sines this pair turns by: `sin`'s, or `−swap_halves(sin)`'s.
+        let mut sa = entry::<F, A>(sin, t, i);
+        let mut sb = entry::<F, A>(sin, t, i + half);
+        if transposed {
+            let first = sa;
+            sa = -sb;
+            sb = -first;
+        }
+        let ya = xa * entry::<F, A>(cos, t, i) - xb * sa;
+        let yb = xb * entry::<F, A>(cos, t, i + half) + xa * sb;
         let o = row * 2 * half + i;
         out[o] = F::cast_from(ya);
         out[o + half] = F::cast_from(yb);
@@ -84,7 +97,19 @@ pub fn rope<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let shape = Shape::from(dims(&x, &cos, &sin).to_vec());
     let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, x.dtype);
-    rope_into(x, cos, sin, out)
+    launch(x, cos, sin, out, false)
+}
+
+/// RoPE's transpose (its backward) of `dy [B, H, T, hd]` by the forward's tables: [`rope`]
+/// by `cos` and `−swap_halves(sin)`, without building that table.
+pub fn rope_transposed<R: CubeRuntime>(
+    dy: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let shape = Shape::from(dims(&dy, &cos, &sin).to_vec());
+    let out = empty_device_contiguous_dtype(dy.client.clone(), dy.device.clone(), shape, dy.dtype);
+    launch(dy, cos, sin, out, true)
 }
 
 /// [`rope`] into an output the caller allocated (tests poison it to see unwritten
@@ -94,6 +119,26 @@ pub fn rope_into<R: CubeRuntime>(
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
     out: CubeTensor<R>,
+) -> CubeTensor<R> {
+    launch(x, cos, sin, out, false)
+}
+
+/// [`rope_transposed`] into an output the caller allocated, as [`rope_into`].
+pub fn rope_transposed_into<R: CubeRuntime>(
+    dy: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    out: CubeTensor<R>,
+) -> CubeTensor<R> {
+    launch(dy, cos, sin, out, true)
+}
+
+fn launch<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    out: CubeTensor<R>,
+    transposed: bool,
 ) -> CubeTensor<R> {
     let [b, h, t, hd] = dims(&x, &cos, &sin);
     assert_eq!(out.meta.shape(), x.meta.shape(), "rope: output shape");
@@ -114,6 +159,7 @@ pub fn rope_into<R: CubeRuntime>(
         cos.into_tensor_arg(),
         sin.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        transposed,
         types,
     );
     out

@@ -6,8 +6,8 @@
 //! `[B, T, H, hd]` with its middle axes swapped (q, k and v as projected), rows strided (a
 //! gradient through the score matmul's transpose), and tables narrowed out of longer ones
 //! (positions after a KV cache). Head widths go down to 2; counts are odd; the tables are
-//! random (not only the model's, whose halves share angles), as RoPE's backward passes
-//! `−swap_halves(sin)`.
+//! random (not only the model's, whose halves share angles). Each case also runs the
+//! transpose (RoPE's backward, `rope_transposed`), whose reference turns by `−swap_halves(sin)`.
 //!
 //! Tolerances, per element, from the terms' sizes `|x[i]·c| + |x[i+h]·s|` (inputs have a
 //! standard deviation of 2, so the two products can be large and cancel):
@@ -130,6 +130,39 @@ fn upload_table(
     whole.narrow(0, offset, t).into_primitive().tensor()
 }
 
+/// `−swap_halves(sin)` of `[rows, hd]` host values: the table RoPE's transpose turns by.
+fn backward_table(sin: &[f32], hd: usize) -> Vec<f32> {
+    let half = hd / 2;
+    let at = |k: usize| k - k % hd + (k % hd + half) % hd;
+    (0..sin.len()).map(|k| -sin[at(k)]).collect()
+}
+
+/// The kernel's output for case `c`: RoPE, or its transpose (`transposed`), by the tables'
+/// windows of `cos_all, sin_all`.
+fn launch(
+    c: &Case,
+    x: &[f32],
+    [cos_all, sin_all]: [&[f32]; 2],
+    dtype: DType,
+    transposed: bool,
+) -> Vec<f32> {
+    let [_, _, t, hd] = c.shape;
+    let rows = cos_all.len() / hd;
+    let run = if transposed {
+        rope::rope_transposed_into
+    } else {
+        rope::rope_into
+    };
+    download(run(
+        upload_x(c, x, dtype),
+        upload_table(cos_all, rows, hd, c.offset, t, dtype),
+        upload_table(sin_all, rows, hd, c.offset, t, dtype),
+        poisoned(&c.shape, dtype),
+    ))
+}
+
+/// RoPE and its transpose against the fp64 reference (the transpose's is RoPE's by
+/// `−swap_halves(sin)`).
 fn check(c: Case, dtype: DType, seed: u64) {
     let [_, _, t, hd] = c.shape;
     let n = c.shape.iter().product();
@@ -140,19 +173,40 @@ fn check(c: Case, dtype: DType, seed: u64) {
         inputs(rows * hd, seed + 2, dtype),
     );
     let window = |all: &[f32]| all[c.offset * hd..(c.offset + t) * hd].to_vec();
-    let (want, terms) = reference(c.shape, &x, &window(&cos_all), &window(&sin_all));
-    let got = download(rope::rope_into(
-        upload_x(&c, &x, dtype),
-        upload_table(&cos_all, rows, hd, c.offset, t, dtype),
-        upload_table(&sin_all, rows, hd, c.offset, t, dtype),
-        poisoned(&c.shape, dtype),
-    ));
-    for (i, ((g, w), terms)) in got.iter().zip(&want).zip(&terms).enumerate() {
-        let (err, bound) = ((*g as f64 - w).abs(), bound(dtype, *w, *terms));
-        assert!(
-            err <= bound,
-            "{c:?} {dtype:?} y[{i}]: got {g}, want {w} (error {err:.3e} > {bound:.3e})"
-        );
+    for transposed in [false, true] {
+        let sin = match transposed {
+            true => backward_table(&window(&sin_all), hd),
+            false => window(&sin_all),
+        };
+        let (want, terms) = reference(c.shape, &x, &window(&cos_all), &sin);
+        let got = launch(&c, &x, [&cos_all, &sin_all], dtype, transposed);
+        for (i, ((g, w), terms)) in got.iter().zip(&want).zip(&terms).enumerate() {
+            let (err, bound) = ((*g as f64 - w).abs(), bound(dtype, *w, *terms));
+            assert!(
+                err <= bound,
+                "{c:?} {dtype:?} transposed {transposed} y[{i}]: got {g}, want {w} (error {err:.3e} > {bound:.3e})"
+            );
+        }
+    }
+}
+
+/// The transpose reads `sin` as `−swap_halves(sin)` with exact negations: the same bits as
+/// RoPE by that table, which backward used to build.
+#[test]
+fn the_transpose_has_the_bits_of_rope_by_the_backward_table() {
+    for (k, c) in CASES.into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F16] {
+            let [_, _, t, hd] = c.shape;
+            let rows = c.offset + t + 2;
+            let seed = 20 * k as u64;
+            let x = inputs(c.shape.iter().product(), seed, dtype);
+            let cos = inputs(rows * hd, seed + 1, dtype);
+            let sin = inputs(rows * hd, seed + 2, dtype);
+            let bits = |v: Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let transposed = launch(&c, &x, [&cos, &sin], dtype, true);
+            let by_table = launch(&c, &x, [&cos, &backward_table(&sin, hd)], dtype, false);
+            assert_eq!(bits(transposed), bits(by_table), "{c:?} {dtype:?}");
+        }
     }
 }
 

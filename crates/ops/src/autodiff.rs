@@ -164,7 +164,7 @@ impl<B: FusedRope> Backward<B, 1> for RopeBackward {
         let (cos, sin) = ops.state;
         let dy = grads.consume::<B>(&ops.node);
         if let [Some(x)] = ops.parents {
-            let dx = B::rope(dy, cos, crate::rope::backward_sin::<B>(sin));
+            let dx = B::rope_transposed(dy, cos, sin);
             grads.register::<B>(x.id, dx);
         }
     }

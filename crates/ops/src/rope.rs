@@ -13,7 +13,9 @@
 //! ops (bf16 on the CPU); `Flex` runs f32 in one pass (below); `CubeBackend` (CUDA, wgpu)
 //! runs lab-kernels' one-pass kernel in f32 arithmetic for every storage type, so its bf16
 //! rounds once where the composition rounds three times, and Fusion passes it through as a
-//! custom op (`cube/rope.rs`); `Autodiff<B>` records the one node (`autodiff.rs`).
+//! custom op (`cube/rope.rs`); `Autodiff<B>` records the one node (`autodiff.rs`), whose
+//! backward is [`FusedRope::rope_transposed`]: by default RoPE with the table
+//! `−swap_halves(sin)` built from tensor ops, on the GPUs the same kernel reading `sin` so.
 //!
 //! Shapes: `x [B, H, T, hd]` (any non-negative strides), `cos, sin [T, hd]` in `x`'s dtype.
 
@@ -33,6 +35,16 @@ pub trait FusedRope: Backend {
     ) -> FloatTensor<Self> {
         composed::<Self>(x, cos, sin)
     }
+
+    /// RoPE's transpose, its backward: [`FusedRope::rope`] of `dy` by `cos` and
+    /// `−swap_halves(sin)` (see the module docs). The GPU kernel reads `sin` that way itself.
+    fn rope_transposed(
+        dy: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::rope(dy, cos, backward_sin::<Self>(sin))
+    }
 }
 
 /// [`rope_tensor_ops`] on raw primitives.
@@ -49,7 +61,7 @@ fn composed<B: Backend>(
 }
 
 /// The table RoPE's backward turns by: `−swap_halves(sin)` of a `[T, hd]` table.
-pub(crate) fn backward_sin<B: Backend>(sin: FloatTensor<B>) -> FloatTensor<B> {
+fn backward_sin<B: Backend>(sin: FloatTensor<B>) -> FloatTensor<B> {
     let sin = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(sin));
     let half = sin.dims()[1] / 2;
     let (a, b) = (sin.clone().narrow(1, 0, half), sin.narrow(1, half, half));

@@ -20,6 +20,14 @@ where
     ) -> Self::FloatTensorPrimitive {
         lab_kernels::rope::rope(x, cos, sin)
     }
+
+    fn rope_transposed(
+        dy: Self::FloatTensorPrimitive,
+        cos: Self::FloatTensorPrimitive,
+        sin: Self::FloatTensorPrimitive,
+    ) -> Self::FloatTensorPrimitive {
+        lab_kernels::rope::rope_transposed(dy, cos, sin)
+    }
 }
 
 impl<B: FusionBackend + FusedRope> FusedRope for Fusion<B> {
@@ -34,5 +42,19 @@ impl<B: FusionBackend + FusedRope> FusedRope for Fusion<B> {
             vec![B::rope(get(0), get(1), get(2))]
         });
         y
+    }
+
+    fn rope_transposed(
+        dy: Self::FloatTensorPrimitive,
+        cos: Self::FloatTensorPrimitive,
+        sin: Self::FloatTensorPrimitive,
+    ) -> Self::FloatTensorPrimitive {
+        let dx = like(&dy);
+        let inputs = vec![dy, cos, sin];
+        let [dx] = custom_op::<B, 1>("lab_rope_transposed", inputs, [dx], |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            vec![B::rope_transposed(get(0), get(1), get(2))]
+        });
+        dx
     }
 }
