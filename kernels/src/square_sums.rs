@@ -1,10 +1,11 @@
-//! `Σ x²` over every element of many tensors, in one launch per tensor and one more: the
-//! global gradient norm's sum of squares.
+//! `Σ x²` over every element of many tensors, in one launch per non-empty tensor and one more:
+//! the global gradient norm's sum of squares.
 //!
 //! Written with burn's tensor ops, each parameter's share of the norm is a cast, a square, two
 //! or three reduction passes and an addition to the running total: about 360 of the ~909
 //! launches of an x1-50m step at one micro-batch (`scripts/launches.sh`), each costing the
-//! host its issue time whatever the kernel's size. Here each tensor is one launch whose cubes
+//! host its issue time whatever the kernel's size. Here each tensor is one launch (a strided one
+//! is copied contiguous first) whose cubes
 //! each write the sum of their units' squares to their own slot of one buffer of partial
 //! sums, and one last launch of a single cube sums that buffer.
 //!
@@ -115,8 +116,8 @@ pub fn supports(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// `Σ x²` over every element of every tensor of `xs` (any shapes, strides and float dtypes, on
-/// one device; at least one tensor), as a new f32 tensor of shape `[1]`.
+/// `Σ x²` over every element of every tensor of `xs` (any shapes and strides; f32, f16 or bf16,
+/// see [`supports`]; on one device; at least one tensor), as a new f32 tensor of shape `[1]`.
 pub fn sum_of_squares<R: CubeRuntime>(xs: Vec<CubeTensor<R>>) -> CubeTensor<R> {
     let first = xs.first().expect("sum_of_squares: no tensors");
     let count = partials_len(xs.iter().map(|x| x.meta.shape().num_elements()));

@@ -4,7 +4,7 @@
 //! The partial sums' buffer and the output are poisoned with NaN, so a slot no cube wrote (or
 //! one the last launch read past) fails. Sizes include 1, non-multiples of the cube's 256
 //! units, an empty tensor, and one with more elements than 1,024 cubes × 256 units (so each
-//! unit sums several elements); one tensor comes as a transposed view.
+//! unit sums two or three elements); one tensor comes as a transposed view.
 //!
 //! Tolerance: every term is positive, so each f32 addition's rounding is relative to the
 //! running sum, which is at most the total. A unit adds `k` squares, then a tree of 8 levels;
@@ -33,7 +33,8 @@ const fn input(shape: [usize; 2], transposed: bool) -> Input {
 }
 
 /// x1-50m's kinds of parameter at small sizes, and the edges: one element, an empty tensor,
-/// a transposed view, and 1,024 × 256 × 2 + 5 elements (every unit of 1,024 cubes sums three).
+/// a transposed view, and 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
+/// unit sums two, and cube 0's three).
 const INPUTS: [Input; 6] = [
     input([1, 1], false),
     input([7, 37], false),
@@ -112,7 +113,9 @@ fn bf16_matches_the_fp64_sum() {
     check(&INPUTS, 3, DType::BF16);
 }
 
-/// Every slot has one writer and every sum a fixed order: the same inputs give the same bits.
+/// Every slot has one writer and every sum a fixed order: the same inputs give the same bits
+/// (lavapipe runs cubes in a steady order, so this guards the order of the sums more than a
+/// race).
 #[test]
 fn results_repeat_bit_for_bit() {
     let host = host_values(&INPUTS, 4, DType::F32);

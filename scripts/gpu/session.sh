@@ -30,8 +30,9 @@
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; lab as it trains by default (the split, to set against the H100's
-#          557 ms); the other kernel tests; 200 bf16 steps with both paths on. Needs .bin/lab
-#          and .bin/tests (scripts/gpu/build.sh).
+#          557 ms); the other kernel tests; 200 bf16 steps with both paths on; a bench with
+#          each of cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests
+#          (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
 #          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
 #          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on
@@ -42,7 +43,8 @@
 # curves:  tinyshakespeare prepared on the host; --steps (200) in bf16, then in fp32; both
 #          curves on one chart and as CSV.
 # memory:  20 steps with selective checkpointing; 10 with the micro-batch --fit-micro-batch
-#          picks.
+#          picks; lab bench with each of cubecl's pool layouts (LAB_GPU_POOLS=sliced,
+#          exclusive): the pool's peak against the live tensors.
 # compare: scripts/gpu/bench.sh: lab against PyTorch eager and torch.compile, one table.
 # kernels: every test binary in .bin/tests/ (or .bin/tests/*.xz), one step per test file
 #          (module) with 400 s each (a fresh host compiles each kernel with NVRTC first, ~1 s
@@ -219,6 +221,17 @@ curves() {
 memory() {
   run selective 20 --precision bf16 --activation-checkpointing selective
   if [ "$device" = cuda ]; then run fit 10 --precision bf16 --fit-micro-batch; fi
+  pools
+}
+
+# cubecl's two layouts of its memory pools (LAB_GPU_POOLS): the pool's peak against the live
+# tensors, NVML's reading and tokens/s, each in one bench.
+pools() {
+  local layout
+  for layout in sliced exclusive; do
+    step "pools-$layout" env LAB_GPU_POOLS="$layout" "$lab" bench --backend "$backend" \
+      --config "$(short_config)" --precision bf16 --steps 5 --warmup 2
+  done
 }
 
 compare() {
@@ -294,6 +307,7 @@ lease() {
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
     within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
+    within 90 pools
   fi
 }
 

@@ -4,8 +4,8 @@
 //! The default is the tensor-op form the trainer always used (any backend gets it by an empty
 //! `impl`; the CPU keeps its bits). On the GPU backends each parameter's share is a cast, a
 //! square, two or three reduction passes and an addition, each its own launch: ~360 of an
-//! x1-50m step's ~909. There lab-kernels' two kernels do it in one launch per tensor and one
-//! more (`cube/square_sums.rs`).
+//! x1-50m step's ~909. There lab-kernels' two kernels do it in one launch per non-empty tensor
+//! and one more (`cube/square_sums.rs`).
 
 use burn::tensor::{
     backend::Backend, ops::FloatTensor, FloatDType, Shape, Tensor, TensorMetadata, TensorPrimitive,
@@ -60,9 +60,13 @@ mod tests {
 
     use super::*;
 
-    /// The form the trainer used before this op, on tensors of their own rank: what the CPU's
-    /// norms must keep, bit for bit.
-    fn per_rank_form(xs: &[(Tensor<Flex, 1>, Tensor<Flex, 2>, Tensor<Flex, 3>)]) -> f32 {
+    /// A 1-D, a 2-D and a 3-D tensor, as a model's parameters come.
+    type Ranks = (Tensor<Flex, 1>, Tensor<Flex, 2>, Tensor<Flex, 3>);
+
+    /// The form the trainer used before this op, on tensors of their own rank (cast to f32
+    /// first): what the CPU's norms must keep, bit for bit.
+    fn per_rank_form(xs: &[Ranks]) -> f32 {
+        let f32 = FloatDType::F32;
         let mut total: Option<Tensor<Flex, 1>> = None;
         let mut add = |sq: Tensor<Flex, 1>| {
             total = Some(match total.take() {
@@ -71,18 +75,44 @@ mod tests {
             })
         };
         for (a, b, c) in xs {
-            add(a.clone().square().sum_dim(0).sum());
-            add(b.clone().square().sum_dim(1).sum());
-            add(c.clone().square().sum_dim(2).sum());
+            add(cast_to(a.clone(), f32).square().sum_dim(0).sum());
+            add(cast_to(b.clone(), f32).square().sum_dim(1).sum());
+            add(cast_to(c.clone(), f32).square().sum_dim(2).sum());
         }
         total.unwrap().into_scalar()
+    }
+
+    fn op_form(xs: &[Ranks]) -> f32 {
+        let flat = xs
+            .iter()
+            .flat_map(|(a, b, c)| {
+                [
+                    a.clone().into_primitive().tensor(),
+                    b.clone().into_primitive().tensor(),
+                    c.clone().into_primitive().tensor(),
+                ]
+            })
+            .collect();
+        let sum = Flex::sum_of_squares(flat);
+        Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(sum)).into_scalar()
+    }
+
+    fn normal<const D: usize>(shape: [usize; D]) -> Tensor<Flex, D> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    }
+
+    /// One tensor of 4.6M elements, past the size Flex sums in parallel chunks.
+    #[test]
+    fn flex_keeps_the_per_rank_forms_bits_on_a_large_tensor() {
+        let xs = [(normal([3]), normal([5, 7]), normal([2, 2100, 1100]))];
+        assert_eq!(op_form(&xs).to_bits(), per_rank_form(&xs).to_bits());
     }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-        /// Flex's default keeps the bits of the per-rank form, at sizes past Flex's parallel
-        /// chunks (a 1,100 × 4,000 matrix) and below.
+        /// Flex's default keeps the bits of the per-rank form: matrices read through a
+        /// transposed view, 3-D tensors in bf16 (ZeRO-1's copies are bf16), any sizes.
         #[test]
         fn flex_keeps_the_per_rank_forms_bits(
             n in 1usize..3000,
@@ -90,33 +120,21 @@ mod tests {
             cols in 1usize..4000,
             depth in 1usize..4,
             count in 1usize..3,
+            transposed in any::<bool>(),
+            bf16 in any::<bool>(),
         ) {
-            let device = Default::default();
-            let normal = Distribution::Normal(0.0, 1.0);
-            let xs: Vec<_> = (0..count)
+            let xs: Vec<Ranks> = (0..count)
                 .map(|_| {
-                    (
-                        Tensor::<Flex, 1>::random([n], normal, &device),
-                        Tensor::<Flex, 2>::random([rows, cols], normal, &device),
-                        Tensor::<Flex, 3>::random([depth, rows, cols / 4 + 1], normal, &device),
-                    )
+                    let b = match transposed {
+                        true => normal([cols, rows]).transpose(),
+                        false => normal([rows, cols]),
+                    };
+                    let c = normal([depth, rows, cols / 4 + 1]);
+                    let c = if bf16 { c.cast(FloatDType::BF16) } else { c };
+                    (normal([n]), b, c)
                 })
                 .collect();
-            let flat: Vec<FloatTensor<Flex>> = xs
-                .iter()
-                .flat_map(|(a, b, c)| {
-                    [
-                        a.clone().into_primitive().tensor(),
-                        b.clone().into_primitive().tensor(),
-                        c.clone().into_primitive().tensor(),
-                    ]
-                })
-                .collect();
-            let got = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(
-                Flex::sum_of_squares(flat),
-            ))
-            .into_scalar();
-            prop_assert_eq!(got.to_bits(), per_rank_form(&xs).to_bits());
+            prop_assert_eq!(op_form(&xs).to_bits(), per_rank_form(&xs).to_bits());
         }
     }
 }

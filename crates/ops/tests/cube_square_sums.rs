@@ -3,10 +3,16 @@
 //! dimensions and an f16 one in one call, against the fp64 sum of the same values, and the
 //! CPU's tensor-op form on the same f32 tensors.
 //!
-//! Tolerance 1e-6 of the sum: every term is positive, so f32 roundings stay relative to the
-//! sum, and neither form adds more than ~100 terms in a row (the kernels' bound is worked out
-//! in lab-kernels' `tests/square_sums.rs`). A tensor left out or counted twice is off by a
-//! share of the sum far larger.
+//! Tolerances, relative to the sum. Every term is positive, so each f32 rounding is relative
+//! to the running sum, at most the total (the kernels' bound is worked out in lab-kernels'
+//! `tests/square_sums.rs`):
+//! - against fp64, 1.5e-6: here each unit squares and adds one element, its cube sums a tree of
+//!   8 levels, and the last cube adds 3 of the 708 partials per unit and another tree: 21
+//!   roundings of 2⁻²⁴, 1.25e-6.
+//! - against the CPU, 1.5e-4: Flex sums the 70,000-element row in 8 accumulators × its SIMD
+//!   lanes, ~1,100 terms each with AVX2 and ~2,200 with SSE (2,200 · 2⁻²⁴ = 1.3e-4).
+//!
+//! The smallest tensor (192 elements) is 1e-3 of the sum: one left out or counted twice fails.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::backend::Flex;
@@ -73,7 +79,7 @@ fn mixed_shapes_and_dtypes_through_fusion_match_the_fp64_sum() {
         .map(|(k, (s, v))| put::<Gpu>(s, v, dtype(k)))
         .collect();
     let got = sum::<Gpu>(xs);
-    assert!((got - want).abs() <= 1e-6 * want, "{got} vs {want}");
+    assert!((got - want).abs() <= 1.5e-6 * want, "{got} vs {want}");
 }
 
 #[test]
@@ -91,5 +97,5 @@ fn f32_parameters_match_the_cpus_tensor_op_form() {
             .map(|(s, v)| put::<Flex>(s, v, DType::F32))
             .collect(),
     );
-    assert!((gpu - cpu).abs() <= 1e-6 * cpu, "{gpu} vs {cpu}");
+    assert!((gpu - cpu).abs() <= 1.5e-4 * cpu, "{gpu} vs {cpu}");
 }

@@ -74,9 +74,9 @@ impl BackendKind {
         match self {
             Self::Cpu => Ok(()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => cuda_available().and_then(|()| matmul_choice_valid()),
+            Self::Cuda => cuda_available().and_then(|()| gpu_settings_valid()),
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => matmul_choice_valid(),
+            Self::Wgpu => gpu_settings_valid(),
             #[allow(unreachable_patterns)]
             other => bail!(
                 "--backend {} needs a lab built with `--features {}`",
@@ -100,9 +100,15 @@ impl BackendKind {
         match self {
             Self::Cpu => self.run_on::<Cpu<C>, W>(work, Default::default()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => self.run_on::<Cuda<C>, W>(work, cuda_device()?),
+            Self::Cuda => {
+                crate::gpu_pools::set_cuda_pools()?;
+                self.run_on::<Cuda<C>, W>(work, cuda_device()?)
+            }
             #[cfg(feature = "wgpu")]
-            Self::Wgpu => self.run_on::<Wgpu<C>, W>(work, Default::default()),
+            Self::Wgpu => {
+                crate::gpu_pools::set_wgpu_pools()?;
+                self.run_on::<Wgpu<C>, W>(work, Default::default())
+            }
             #[allow(unreachable_patterns)]
             _ => unreachable!("ensure_available refused it"),
         }
@@ -157,11 +163,13 @@ pub fn nvml_probe(launch: &lab_dist::Launch) -> Result<lab_health::nvml::NvmlPro
     lab_health::nvml::NvmlProbe::open(&gpu)
 }
 
-/// `LAB_MATMUL` (what the GPU backends' projections run on) is one of its values: an unknown
-/// one stops the run with one line instead of falling back silently.
+/// `LAB_MATMUL` (what the GPU backends' projections run on) and `LAB_GPU_POOLS` (how their
+/// memory pools hold memory) are each one of their values: an unknown one stops the run with
+/// one line instead of falling back silently.
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-fn matmul_choice_valid() -> Result<()> {
+fn gpu_settings_valid() -> Result<()> {
     lab_ops::MatmulChoice::from_env().map_err(anyhow::Error::msg)?;
+    crate::gpu_pools::GpuPools::from_env()?;
     Ok(())
 }
 

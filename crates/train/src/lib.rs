@@ -10,6 +10,7 @@ pub mod device;
 pub mod eval;
 pub mod forensics;
 pub mod freeze;
+pub mod gpu_pools;
 pub mod health;
 pub mod hf_init;
 pub mod inject;

@@ -346,9 +346,14 @@ mod tests {
 
     /// On the GPU backend (lavapipe in CI), the gradient norm of a real step's gradients, as
     /// the trainer takes it (lab-ops' `SumOfSquares` through Fusion), against the fp64 norm of
-    /// the same gradients read back to the host, and the weight norm likewise. burn's
-    /// tensor-op form through Fusion, which the trainer ran before, misses by 1.3e-5 here
-    /// (5.912841 against 5.912915 on lavapipe).
+    /// the same gradients read back to the host, and the weight norm likewise.
+    ///
+    /// Tolerance 2e-6 of the norm. Every term is positive, so each f32 rounding is relative
+    /// to the sum: a unit adds at most 25 squares (the 6.4M-element embedding and LM head over 1,024 cubes
+    /// of 256 units), a tree of 8 levels, then the last cube adds ~21 partials a unit and
+    /// another tree of 8: under 64 roundings of 2⁻²⁴, 3.8e-6 of the sum and half that of its
+    /// square root. burn's tensor-op form through Fusion, which the trainer ran before, misses
+    /// by 1.3e-5 here (5.912841 against 5.912915 on lavapipe).
     #[cfg(feature = "wgpu")]
     #[test]
     fn the_gpus_norms_match_the_fp64_norms_of_the_read_back_tensors() {
@@ -399,14 +404,14 @@ mod tests {
         inner.visit(&mut host);
         let (got, want) = (grad_norm(&state.model, &grads), host.1.sqrt());
         assert!(
-            (got / want - 1.0).abs() < 1e-6,
+            (got / want - 1.0).abs() < 2e-6,
             "gradient norm {got} vs {want}"
         );
         let mut host = Host(None, 0.0, std::marker::PhantomData);
         inner.visit(&mut host);
         let (got, want) = (param_norm(&inner), host.1.sqrt());
         assert!(
-            (got / want - 1.0).abs() < 1e-6,
+            (got / want - 1.0).abs() < 2e-6,
             "weight norm {got} vs {want}"
         );
     }

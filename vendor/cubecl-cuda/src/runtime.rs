@@ -44,9 +44,21 @@ pub struct RuntimeOptions {
 #[derive(Debug, Clone)]
 pub struct CudaRuntime;
 
+/// lab's patch: the memory layout every CUDA device's pools start with, when set before the
+/// first device starts (otherwise cubecl's default, `MemoryConfiguration::SubSlices`).
+static MEMORY_CONFIGURATION: std::sync::OnceLock<MemoryConfiguration> = std::sync::OnceLock::new();
+
+/// lab's patch: sets the memory layout of the CUDA devices that start after this call, once per
+/// process. Returns the configuration back when one was already set.
+pub fn set_memory_configuration(config: MemoryConfiguration) -> Result<(), MemoryConfiguration> {
+    MEMORY_CONFIGURATION.set(config)
+}
+
 impl DeviceService for CudaServer {
     fn init(device_id: cubecl_common::device::DeviceId) -> Self {
-        let options = RuntimeOptions::default();
+        let options = RuntimeOptions {
+            memory_config: MEMORY_CONFIGURATION.get().cloned().unwrap_or_default(),
+        };
         let device = CudaDevice::from_id(device_id);
 
         // To get the supported WMMA features, and memory properties, we have to initialize the server immediately.

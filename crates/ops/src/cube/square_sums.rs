@@ -1,5 +1,5 @@
-//! The sum of squares on `CubeBackend` (lab-kernels' kernels: one launch per tensor and one
-//! more) and through Fusion.
+//! The sum of squares on `CubeBackend` (lab-kernels' kernels: one launch per non-empty tensor
+//! and one more; burn's tensor ops for a dtype they do not take) and through Fusion.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
@@ -27,6 +27,7 @@ where
 
 impl<B: FusionBackend + SumOfSquares> SumOfSquares for Fusion<B> {
     fn sum_of_squares(xs: Vec<Self::FloatTensorPrimitive>) -> Self::FloatTensorPrimitive {
+        assert!(!xs.is_empty(), "sum_of_squares: no tensors");
         let total = (DType::F32, Shape::new([1]));
         let [sum] = custom_op::<B, 1>("lab_sum_of_squares", xs, [total], |h, t| {
             let xs = t.iter().map(|t| h.get_float_tensor::<B>(t)).collect();
