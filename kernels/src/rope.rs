@@ -95,8 +95,7 @@ pub fn rope<R: CubeRuntime>(
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let shape = Shape::from(dims(&x, &cos, &sin).to_vec());
-    let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, x.dtype);
+    let out = output_for(&x, &cos, &sin);
     launch(x, cos, sin, out, false)
 }
 
@@ -107,9 +106,18 @@ pub fn rope_transposed<R: CubeRuntime>(
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let shape = Shape::from(dims(&dy, &cos, &sin).to_vec());
-    let out = empty_device_contiguous_dtype(dy.client.clone(), dy.device.clone(), shape, dy.dtype);
+    let out = output_for(&dy, &cos, &sin);
     launch(dy, cos, sin, out, true)
+}
+
+/// A new contiguous tensor shaped and typed as `x`, checked against the tables.
+fn output_for<R: CubeRuntime>(
+    x: &CubeTensor<R>,
+    cos: &CubeTensor<R>,
+    sin: &CubeTensor<R>,
+) -> CubeTensor<R> {
+    let shape = Shape::from(dims(x, cos, sin).to_vec());
+    empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, x.dtype)
 }
 
 /// [`rope`] into an output the caller allocated (tests poison it to see unwritten

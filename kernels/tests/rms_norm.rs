@@ -19,12 +19,12 @@
 //! Inputs are rounded to the storage type before the reference sees them.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, DType};
 use lab_kernels::rms_norm;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, upload, values, Prim, B};
+use common::{device, download, poisoned, upload, upload_transposed, values, Prim, B};
 
 const EPS: f64 = 1e-5;
 
@@ -101,13 +101,10 @@ fn reference(d: usize, i: &Inputs) -> [Exact; 3] {
 
 /// `[N, d]` values on the device, as a transposed view when the case says so.
 fn upload_rows(c: &Case, v: &[f32], dtype: DType) -> Prim {
-    let [n, d] = c.shape;
-    if !c.transposed {
-        return upload(v, &[n, d], dtype);
+    match c.transposed {
+        true => upload_transposed(v, c.shape, dtype),
+        false => upload(v, &c.shape, dtype),
     }
-    let stored: Vec<f32> = (0..d * n).map(|k| v[(k % n) * d + k / n]).collect();
-    let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(&stored, &[d, n], dtype)));
-    t.transpose().into_primitive().tensor()
 }
 
 fn tolerance(dtype: DType) -> f64 {

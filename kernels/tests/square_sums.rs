@@ -14,12 +14,12 @@
 //! squared in f32, so f16 storage adds nothing. A missing tensor or element is off by far more.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
+use burn::tensor::{backend::Backend, DType};
 use lab_kernels::square_sums::{self, cubes_for, partials_len};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, upload, values, Prim, B};
+use common::{device, download, poisoned, upload, upload_transposed, values, Prim, B};
 
 /// One input: its shape, and whether it is stored transposed and read through a view.
 #[derive(Clone, Copy, Debug)]
@@ -45,13 +45,10 @@ const INPUTS: [Input; 6] = [
 ];
 
 fn device_input(i: &Input, v: &[f32], dtype: DType) -> Prim {
-    let [r, c] = i.shape;
-    if !i.transposed {
-        return upload(v, &[r, c], dtype);
+    match i.transposed {
+        true => upload_transposed(v, i.shape, dtype),
+        false => upload(v, &i.shape, dtype),
     }
-    let stored: Vec<f32> = (0..r * c).map(|k| v[(k % r) * c + k / r]).collect();
-    let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(&stored, &[c, r], dtype)));
-    t.transpose().into_primitive().tensor()
 }
 
 /// Each input's values (rounded to `dtype`), seeded by `seed`.

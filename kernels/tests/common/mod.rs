@@ -59,6 +59,20 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
     reshaped(t, shape)
 }
 
+/// `data` (`rows × cols`, row-major) on the device stored `[cols, rows]` and read through a
+/// transposed view: strided rows, as a gradient through a matmul's transpose arrives.
+pub fn upload_transposed(data: &[f32], [rows, cols]: [usize; 2], dtype: DType) -> Prim {
+    let stored: Vec<f32> = (0..rows * cols)
+        .map(|k| data[(k % rows) * cols + k / rows])
+        .collect();
+    let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(
+        &stored,
+        &[cols, rows],
+        dtype,
+    )));
+    t.transpose().into_primitive().tensor()
+}
+
 /// `data` (`rows × cols`, row-major) on the device as a padded view: each row followed by
 /// `pad` NaN columns, as CUDA pads a matmul's output and the loss pads its vocabulary (a view
 /// from `leading_columns`, for any `pad`). Returns (the `[rows, cols]` view, the whole `[rows, cols + pad]` buffer).
