@@ -45,23 +45,23 @@ ckpt_every = {total_steps}
     path
 }
 
-fn lab() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_lab"));
+/// `c` without the providers' API keys of the environment the tests run in.
+fn keyless(mut c: Command) -> Command {
     c.env_remove("LAMBDA_API_KEY").env_remove("RUNPOD_API_KEY");
     c
 }
 
+fn lab() -> Command {
+    keyless(crate::common::lab())
+}
+
+/// `lab train` of `config` on the prepared corpus into `run`, without API keys.
+fn train_cmd(config: &Path, run: &Path) -> Command {
+    keyless(crate::common::train_on(config, &data_dir(), run))
+}
+
 fn train(config: &Path, run: &Path, extra: &[&str]) -> Output {
-    let mut c = lab();
-    c.arg("train")
-        .arg("--config")
-        .arg(config)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(run)
-        .args(extra);
-    let out = c.output().unwrap();
+    let out = train_cmd(config, run).args(extra).output().unwrap();
     eprintln!(
         "--- stdout\n{}--- stderr\n{}",
         String::from_utf8_lossy(&out.stdout),
@@ -124,14 +124,7 @@ fn alert_threshold_reports_once_and_the_run_completes() {
         20,
         "cap_usd = 1000\nalert_usd = 1\nprior_spend_usd = 2\nrate_usd_per_hr = 3.6\ncheck_interval_s = 0.01\nwebhook_url_env = \"LAB_TEST_WEBHOOK\"",
     );
-    let out = lab()
-        .arg("train")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(&run)
+    let out = train_cmd(&cfg, &run)
         .env(
             "LAB_TEST_WEBHOOK",
             format!("{}/services/T0/B0/hook-secret", hook.url()),
@@ -188,13 +181,7 @@ fn spike_rollback_and_stop_alerts_reach_the_budget_webhook() {
         .replace("peak_lr = 1e-3", "peak_lr = 2e-2");
     std::fs::write(&cfg, fast).unwrap();
     // Eleven spike batches, each rolled back and skipped: one rollback more than allowed.
-    let out = lab()
-        .args(["train", "--config"])
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(&run)
+    let out = train_cmd(&cfg, &run)
         .args(["--inject-spike-at-step", "30", "--spike-batches", "11"])
         .args(["--spike-policy", "rollback"])
         .env(
@@ -255,14 +242,7 @@ fn terminate_on_exit_ends_the_instance_and_writes_the_proof() {
             server.url()
         ),
     );
-    let out = lab()
-        .arg("train")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(&run)
+    let out = train_cmd(&cfg, &run)
         .args([
             "--budget-curr-cost-uri",
             budget.to_str().unwrap(),
@@ -476,13 +456,7 @@ fn malformed_budget_json_mid_run_stops_after_the_grace_period() {
         1_000_000,
         "cap_usd = 1e9\npoll_interval_s = 3600\ncheck_interval_s = 0.05\ngrace_s = 1.0",
     );
-    let child: Child = lab()
-        .args(["train", "--config"])
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(&run)
+    let child: Child = train_cmd(&cfg, &run)
         .args(["--budget-curr-cost-uri", budget.to_str().unwrap()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -745,14 +719,8 @@ fn gpu_health_readings_reach_the_metrics_and_their_alerts_the_webhook() {
     let telemetry = dir.path().join("gpu.jsonl");
     std::fs::write(&telemetry, readings).unwrap();
     let train = |telemetry: &Path| {
-        let mut c = lab();
-        c.args(["train", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(data_dir())
-            .arg("--ckpt-dir")
-            .arg(&run)
-            .args(["--log-every", "1", "--inject-gpu-telemetry"])
+        let mut c = train_cmd(&cfg, &run);
+        c.args(["--log-every", "1", "--inject-gpu-telemetry"])
             .arg(telemetry)
             .env(
                 "LAB_TEST_WEBHOOK",

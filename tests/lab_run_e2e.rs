@@ -453,13 +453,7 @@ fn status_reads_a_run_in_progress_and_a_finished_one() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = micro_config(tmp.path());
     let run = tmp.path().join("run");
-    let mut child = lab()
-        .args(["train", "--config"])
-        .arg(&cfg)
-        .arg("--data-dir")
-        .arg(data_dir())
-        .arg("--ckpt-dir")
-        .arg(&run)
+    let mut child = train_on(&cfg, &data_dir(), &run)
         .args(["--total-steps", "100000", "--log-every", "1"])
         .stdout(Stdio::null())
         .spawn()
@@ -486,16 +480,7 @@ fn status_reads_a_run_in_progress_and_a_finished_one() {
     assert_eq!(s["state"], "stopped (process gone)");
 
     let done = tmp.path().join("done");
-    run_ok(
-        lab()
-            .args(["train", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(data_dir())
-            .arg("--ckpt-dir")
-            .arg(&done)
-            .args(["--inject-spike-at-step", "30"]),
-    );
+    run_ok(train_on(&cfg, &data_dir(), &done).args(["--inject-spike-at-step", "30"]));
     let s: Value = serde_json::from_slice(
         &run_ok(lab().args(["status", "--json", "--run"]).arg(&done)).stdout,
     )

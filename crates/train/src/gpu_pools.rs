@@ -23,15 +23,17 @@ pub enum GpuPools {
 }
 
 impl GpuPools {
-    /// The layout `LAB_GPU_POOLS` names (unset or empty: cubecl's default).
-    pub fn from_env() -> Result<Self> {
+    /// The layout `LAB_GPU_POOLS` names, or `None` when it is unset (the backend starts the
+    /// device itself, in cubecl's default).
+    pub fn from_env() -> Result<Option<Self>> {
         match std::env::var("LAB_GPU_POOLS") {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(Self::Sliced),
+            Ok(v) => Self::parse(&v).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
             Err(e) => bail!("LAB_GPU_POOLS: {e}; use sliced or exclusive"),
         }
     }
 
+    /// A value of `LAB_GPU_POOLS` (empty: cubecl's default).
     pub fn parse(value: &str) -> Result<Self> {
         Ok(match value {
             "" | "sliced" => Self::Sliced,
@@ -55,8 +57,9 @@ impl GpuPools {
 /// call decides; later ones (the device has started by then) change nothing.
 #[cfg(feature = "cuda")]
 pub fn set_cuda_pools() -> Result<()> {
-    let pools = GpuPools::from_env()?;
-    let _ = burn::cubecl::cuda::set_memory_configuration(pools.memory_configuration());
+    if let Some(pools) = GpuPools::from_env()? {
+        let _ = burn::cubecl::cuda::set_memory_configuration(pools.memory_configuration());
+    }
     Ok(())
 }
 
@@ -67,8 +70,7 @@ pub fn set_cuda_pools() -> Result<()> {
 pub fn set_wgpu_pools() -> Result<()> {
     use burn::backend::wgpu::{graphics::AutoGraphicsApi, init_setup, RuntimeOptions};
     static STARTED: std::sync::Once = std::sync::Once::new();
-    let pools = GpuPools::from_env()?;
-    if std::env::var_os("LAB_GPU_POOLS").is_some() {
+    if let Some(pools) = GpuPools::from_env()? {
         STARTED.call_once(|| {
             let options = RuntimeOptions {
                 memory_config: pools.memory_configuration(),

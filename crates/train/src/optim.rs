@@ -379,37 +379,28 @@ mod tests {
         };
         let (grads, _) = crate::step::forward_backward(&state.model, &[batch], &device, None);
 
-        /// `Σ x²` in fp64 of every parameter's tensor (or gradient) read back to the host.
-        struct Host<'a, B: Backend>(
-            Option<&'a GradientsParams>,
-            f64,
-            std::marker::PhantomData<B>,
-        );
-        impl<B: Backend> ModuleVisitor<B> for Host<'_, B> {
-            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-                let x = match self.0 {
-                    Some(grads) => grads.get::<B, D>(p.id),
-                    None => Some(p.val()),
-                };
-                let data = x.map(|x| x.into_data().convert::<f32>().to_vec::<f32>().unwrap());
-                self.1 += data
-                    .iter()
-                    .flatten()
-                    .map(|&v| v as f64 * v as f64)
-                    .sum::<f64>();
-            }
+        /// `sqrt(Σ x²)` in fp64 over the tensors a norm takes (the same visitor), read back.
+        fn host_norm<B: Backend>(model: &impl Module<B>, of: Squares) -> f64 {
+            let mut v = SumSquares::<B> {
+                of,
+                tensors: Vec::new(),
+            };
+            model.visit(&mut v);
+            let read = |x| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x)).into_data();
+            let squares = v.tensors.into_iter().flat_map(|x| {
+                let data = read(x).convert::<f32>().to_vec::<f32>().unwrap();
+                data.into_iter().map(|v| v as f64 * v as f64)
+            });
+            squares.sum::<f64>().sqrt()
         }
         let inner = state.model.valid();
-        let mut host = Host(Some(&grads), 0.0, std::marker::PhantomData);
-        inner.visit(&mut host);
-        let (got, want) = (grad_norm(&state.model, &grads), host.1.sqrt());
+        let want = host_norm(&inner, Squares::Grads(&grads));
+        let got = grad_norm(&state.model, &grads);
         assert!(
             (got / want - 1.0).abs() < 2e-6,
             "gradient norm {got} vs {want}"
         );
-        let mut host = Host(None, 0.0, std::marker::PhantomData);
-        inner.visit(&mut host);
-        let (got, want) = (param_norm(&inner), host.1.sqrt());
+        let (got, want) = (param_norm(&inner), host_norm(&inner, Squares::Weights));
         assert!(
             (got / want - 1.0).abs() < 2e-6,
             "weight norm {got} vs {want}"
