@@ -123,7 +123,11 @@ fn results_repeat_bit_for_bit() {
 /// Only empty tensors: the sum over nothing is zero, written over the poisoned output.
 #[test]
 fn empty_tensors_sum_to_zero() {
-    let inputs = [input([0, 3], false), input([4, 0], true)];
+    let inputs = [
+        input([0, 3], false),
+        input([4, 0], true),
+        input([0, 3], true),
+    ];
     let host = host_values(&inputs, 5, DType::F32);
     assert_eq!(run(&inputs, &host, DType::F32), 0.0);
 }

@@ -49,14 +49,25 @@ pub fn rounded(x: f32, dtype: DType) -> f32 {
 
 /// `data` on the device as a contiguous tensor of `shape` (1 to 4 dims) in `dtype`.
 pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
-    let n = data.len();
-    let t = Tensor::<B, 1>::from_data(TensorData::new(data.to_vec(), [n]), &device());
-    let t = if dtype == DType::F32 {
-        t
-    } else {
-        t.cast(dtype)
-    };
-    reshaped(t, shape)
+    let data = TensorData::new(data.to_vec(), shape.to_vec());
+    fn on_device<const D: usize>(data: TensorData, dtype: DType) -> Prim {
+        let t = Tensor::<B, D>::from_data(data, &device());
+        let t = if dtype == DType::F32 {
+            t
+        } else {
+            t.cast(dtype)
+        };
+        t.into_primitive().tensor()
+    }
+    // Built in its shape, not reshaped: burn reads a 0 in a reshape as "keep this axis",
+    // so an empty tensor's `[cols, 0]` would not be a shape there.
+    match shape.len() {
+        1 => on_device::<1>(data, dtype),
+        2 => on_device::<2>(data, dtype),
+        3 => on_device::<3>(data, dtype),
+        4 => on_device::<4>(data, dtype),
+        _ => panic!("upload: 1 to 4 dims, got {shape:?}"),
+    }
 }
 
 /// `data` (`rows × cols`, row-major) on the device stored `[cols, rows]` and read through a
@@ -97,16 +108,6 @@ pub fn assert_padding_untouched(whole: Prim, cols: usize) {
 /// A tensor of `shape` filled with NaN in `dtype`: what the kernels must overwrite.
 pub fn poisoned(shape: &[usize], dtype: DType) -> Prim {
     upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
-}
-
-fn reshaped(t: Tensor<B, 1>, shape: &[usize]) -> Prim {
-    match *shape {
-        [a] => t.reshape([a]).into_primitive().tensor(),
-        [a, b] => t.reshape([a, b]).into_primitive().tensor(),
-        [a, b, c] => t.reshape([a, b, c]).into_primitive().tensor(),
-        [a, b, c, d] => t.reshape([a, b, c, d]).into_primitive().tensor(),
-        _ => panic!("upload: 1 to 4 dims, got {shape:?}"),
-    }
 }
 
 /// The tensor's elements as f32 on the host, after every launched kernel has finished.
