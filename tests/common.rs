@@ -235,3 +235,11 @@ pub fn sigterm_after_rows(cmd: &mut Command, run: &Path, rows: usize) -> Option<
     assert!(kill.success());
     child.wait().unwrap().code()
 }
+
+/// Damages `file` the way a bad disk or a cut-off copy would: one byte in its middle flipped.
+pub fn flip_a_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(file, bytes).unwrap();
+}

@@ -476,6 +476,37 @@ fn a_zero_1_resume_restores_every_ranks_update_counts() {
     );
 }
 
+/// A resume where one rank's optimizer shard of the newest checkpoint is damaged: every rank
+/// must fall back to the same older checkpoint (rank 0 verifies all shards and names it), not
+/// rank 1 alone, which would join a job at another step. The job then ends as if whole.
+#[test]
+fn a_zero_1_resume_past_a_damaged_shard_falls_back_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), 30, "[parallel]\nzero = 1\n");
+    let (clean, damaged) = (dir.path().join("clean"), dir.path().join("damaged"));
+    run_ok(&mut train_with(mpirun(2), &cfg, &clean));
+    fork_at(&clean, &damaged, 30);
+    let shard = lab_train::checkpoint::shard_name(1, 2);
+    flip_a_byte(&damaged.join("step-00000030").join(&shard));
+
+    let out = run_ok(train_with(mpirun(2), &cfg, &damaged).arg("--resume-from-latest"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Said once (by rank 0), naming the shard; the folder is kept aside for inspection.
+    assert_eq!(stderr.matches("skipping checkpoint").count(), 1, "{stderr}");
+    assert!(stderr.contains(&shard), "{stderr}");
+    assert!(damaged.join("step-00000030.corrupt").is_dir());
+    let resumed = events(&damaged, "resume");
+    assert_eq!(
+        resumed.last().unwrap()["from"],
+        "step-00000020",
+        "{resumed:?}"
+    );
+    assert_eq!(
+        sha256(&final_weights(&damaged, 30)),
+        sha256(&final_weights(&clean, 30))
+    );
+}
+
 /// Ctrl-C on the supervisor reaches the job once: it writes its emergency checkpoint and exits
 /// 130, and the supervisor does not restart it.
 #[test]

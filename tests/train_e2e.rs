@@ -293,13 +293,6 @@ fn resume_skips_a_corrupt_newest_checkpoint_with_a_warning() {
     assert_eq!(std::fs::read(run.join("metrics.jsonl")).unwrap(), metrics);
 }
 
-fn flip_a_byte(file: &Path) {
-    let mut bytes = std::fs::read(file).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0xff;
-    std::fs::write(file, bytes).unwrap();
-}
-
 #[test]
 fn a_closed_stdout_does_not_stop_training() {
     let tmp = tempfile::tempdir().unwrap();
