@@ -99,3 +99,30 @@ fn f32_parameters_match_the_cpus_tensor_op_form() {
     );
     assert!((gpu - cpu).abs() <= 1.5e-4 * cpu, "{gpu} vs {cpu}");
 }
+
+/// A dtype the kernels do not take (f64) among f32 tensors: the whole call takes burn's tensor
+/// ops instead (each tensor's squares summed in f32), still one f32 total. Without that
+/// fallback the kernels refuse f64 and the call panics. Tolerance: burn's reductions are not
+/// lab's fixed tree; 1e-4 of the sum is 10 × the 1.3e-5 they were seen to lose on a real
+/// step's gradients, and 100 × below the smallest tensor's share.
+#[test]
+fn a_dtype_the_kernels_do_not_take_falls_back_to_tensor_ops() {
+    let device = Default::default();
+    assert!(
+        Gpu::supports_dtype(&device, DType::F64),
+        "this device has no f64: the test needs one"
+    );
+    let params = parameters();
+    let want: f64 = params
+        .iter()
+        .flat_map(|(_, v)| v)
+        .map(|&x| (x as f64).powi(2))
+        .sum();
+    let dtype = |k: usize| if k == 1 { DType::F64 } else { DType::F32 };
+    let xs = (0..)
+        .zip(&params)
+        .map(|(k, (s, v))| put::<Gpu>(s, v, dtype(k)))
+        .collect();
+    let got = sum::<Gpu>(xs);
+    assert!((got - want).abs() <= 1e-4 * want, "{got} vs {want}");
+}
