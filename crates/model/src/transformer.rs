@@ -1,14 +1,15 @@
 //! The whole model: token embedding → n_layer × (attention, feed-forward) blocks with pre-norm
 //! residuals → final RMSNorm → LM head.
 
-use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, Bool, FloatDType, Int, Tensor};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::tensor::{backend::Backend, Bool, DType, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
 use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedProjection, FusedSwiglu};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
-use crate::layers::{Linear, RmsNorm, Rope};
+use crate::layers::{is_linear_weight, Linear, RmsNorm, Rope};
+use crate::weights::PathStack;
 
 /// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`.
 #[derive(Module, Debug)]
@@ -170,6 +171,23 @@ impl<B: Backend> Llama<B> {
         self.compute
     }
 
+    /// This model for one training step: its fp32 linear weights cast to the compute dtype
+    /// once, as new leaves with the same ids (and the same wish for a gradient). Each
+    /// micro-batch's forward would otherwise cast every linear weight again. The leaves'
+    /// gradients come in the compute dtype; widened to fp32 before micro-batches are summed,
+    /// they are what the cast's backward returned, bit for bit. Other parameters, weights
+    /// already in the compute dtype (ZeRO-1's bf16 copies) and fp32 models are left as they are.
+    pub fn with_linear_weights_cast(self) -> Self {
+        if self.compute == FloatDType::F32 {
+            return self;
+        }
+        let mut cast = CastLinearWeights {
+            path: PathStack::default(),
+            dtype: self.compute,
+        };
+        self.map(&mut cast)
+    }
+
     /// How attention runs over `t` tokens: the fused `kernel` where there is one, else the
     /// tensor ops with a causal mask built once and shared by every layer.
     pub fn attend_path(
@@ -218,6 +236,34 @@ impl<B: Backend> Llama<B> {
 }
 
 /// The forward passes: the embedding, RoPE and SwiGLU's gating are lab-ops' ops.
+/// Casts the fp32 linear weights ([`is_linear_weight`]) to `dtype` as new leaves.
+struct CastLinearWeights {
+    path: PathStack,
+    dtype: FloatDType,
+}
+
+impl<B: Backend> ModuleMapper<B> for CastLinearWeights {
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.exit();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let tensor = if tensor.dtype() == DType::F32 && is_linear_weight(&self.path.path()) {
+            let wants_grad = tensor.is_require_grad();
+            // Untracked, then tracked again: the copy is a new leaf of each micro-batch's
+            // graph, not a step in it.
+            let held = tensor.set_require_grad(false);
+            held.cast(self.dtype).set_require_grad(wants_grad)
+        } else {
+            tensor
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
 impl<B: FusedLayers> Llama<B> {
     /// `tokens: [B, T]` → their embeddings as `[B·T, d_model]` rows.
     pub fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {

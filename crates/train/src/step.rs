@@ -47,6 +47,9 @@ pub fn forward_backward<B: TrainBackend>(
     mut readings: Option<&mut PhaseReadings>,
 ) -> (GradientsParams, f64) {
     let n = micro.len() as f64;
+    // In bf16, the linear weights cast once for all micro-batches; their gradients are
+    // widened back to fp32 by `widened`.
+    let model = &model.clone().with_linear_weights_cast();
     let mut accum = GradientsAccumulator::<Llama<B>>::new();
     let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
     for (i, batch) in micro.iter().enumerate() {
@@ -82,9 +85,10 @@ pub fn forward_backward<B: TrainBackend>(
     (accum.grads(), loss / n)
 }
 
-/// The gradients of bf16 parameters (ZeRO-1's copies of the weights other ranks update)
-/// widened to fp32, as the cast in front of an fp32 master widens them, so the micro-batches
-/// add up in fp32 either way. Other gradients are left alone.
+/// The gradients of bf16 parameters (the step's casts of the linear weights, and ZeRO-1's
+/// copies of the weights other ranks update) widened to fp32, as the cast in front of an fp32
+/// master widens them, so the micro-batches add up in fp32 either way. Other gradients are
+/// left alone.
 fn widened<B: TrainBackend>(model: &Llama<B>, mut grads: GradientsParams) -> GradientsParams {
     struct V<'a>(&'a mut GradientsParams);
     impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
@@ -118,4 +122,135 @@ pub fn to_tensors<B: Backend>(
 /// included) over the device's peak at the precision the run computes in.
 pub fn mfu(cfg: &LabConfig, tokens_per_s: f64) -> f64 {
     tokens_per_s * cfg.model.train_flops_per_token() / cfg.hardware.peak_flops(cfg.train.precision)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::ParamId;
+
+    use super::*;
+
+    type B = burn::backend::Autodiff<burn::backend::Flex>;
+
+    /// A tiny bf16 model, untied so the LM head is a linear weight too.
+    fn model() -> Llama<B> {
+        let cfg = LabConfig::from_toml(
+            "name='t'\n[model]\nvocab_size=40\nn_layer=2\nd_model=16\nn_head=4\nn_kv_head=2\nd_ff=32\nseq_len=6\n\
+             [train]\nmicro_batch=2\ntotal_steps=4\nwarmup_steps=0\npeak_lr=1e-2\nmin_lr=1e-3\nprecision='bf16'\n",
+        )
+        .unwrap();
+        assert!(!cfg.model.tie_embeddings);
+        Llama::new(&cfg.model, 3, &Default::default()).with_precision(cfg.train.precision)
+    }
+
+    fn batches() -> Vec<Batch> {
+        (0..3u32)
+            .map(|k| Batch {
+                inputs: (0..12).map(|i| (i * 7 + k * 5) % 40).collect(),
+                targets: (0..12).map(|i| (i * 11 + k * 3 + 1) % 40).collect(),
+                rows: 2,
+                seq_len: 6,
+            })
+            .collect()
+    }
+
+    /// Each parameter's id, dtype and whether it wants a gradient, by path.
+    fn params(model: &Llama<B>) -> Vec<(String, ParamId, DType, bool)> {
+        struct V(
+            lab_model::weights::PathStack,
+            Vec<(String, ParamId, DType, bool)>,
+        );
+        impl ModuleVisitor<B> for V {
+            fn enter_module(&mut self, name: &str, _: &str) {
+                self.0.enter(name);
+            }
+            fn exit_module(&mut self, _: &str, _: &str) {
+                self.0.exit();
+            }
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                let t = p.val();
+                self.1
+                    .push((self.0.path(), p.id, t.dtype(), t.is_require_grad()));
+            }
+        }
+        let mut v = V(Default::default(), Vec::new());
+        model.visit(&mut v);
+        v.1
+    }
+
+    /// The step's copy holds the linear weights (q, k, v, o, the feed-forward's and the LM
+    /// head's) in bf16 as leaves with their ids; the embedding and the norm gains stay fp32.
+    #[test]
+    fn a_steps_copy_casts_the_linear_weights_and_nothing_else() {
+        let model = model();
+        let before = params(&model);
+        let after = params(&model.with_linear_weights_cast());
+        assert_eq!(before.len(), after.len());
+        let mut cast = 0;
+        for ((path, id, dtype, grad), (path2, id2, dtype2, grad2)) in before.iter().zip(&after) {
+            assert_eq!((path, id, dtype, grad), (path2, id2, &DType::F32, grad2));
+            let linear = lab_model::layers::is_linear_weight(path);
+            assert_eq!(
+                *dtype2,
+                if linear { DType::BF16 } else { DType::F32 },
+                "{path}"
+            );
+            assert!(grad2, "{path} must stay a leaf that wants a gradient");
+            cast += linear as usize;
+        }
+        assert_eq!(cast, 2 * 7 + 1, "7 linear weights a layer and the LM head");
+    }
+
+    /// What the step summed before the copy: each micro-batch's forward casting every fp32
+    /// weight at its use, the cast's backward returning fp32 gradients.
+    fn cast_at_each_use(model: &Llama<B>, micro: &[Batch]) -> (GradientsParams, f64) {
+        let (n, device) = (micro.len() as f64, Default::default());
+        let mut accum = GradientsAccumulator::<Llama<B>>::new();
+        let mut losses = Vec::new();
+        for batch in micro {
+            let (x, y) = to_tensors::<B>(batch, &device);
+            let l = model.loss(x, y);
+            losses.push(l.clone().inner());
+            let grads = (l / n).backward();
+            accum.accumulate(model, GradientsParams::from_grads(grads, model));
+        }
+        // Summed as `forward_backward` sums them: in the backend, in order.
+        let sum = losses.into_iter().reduce(|a, b| a + b).unwrap();
+        (accum.grads(), sum.into_scalar().elem::<f64>() / n)
+    }
+
+    /// Casting once a step sums the same bits as casting at each use: the same bf16 weights
+    /// go into every product, and the same bf16 gradients come back widened to fp32.
+    #[test]
+    fn casting_once_a_step_sums_the_bits_of_casting_at_each_use() {
+        let (model, micro) = (model(), batches());
+        let device = Default::default();
+        let (mut got, got_loss) = forward_backward(&model, &micro, &device, None);
+        let (mut want, want_loss) = cast_at_each_use(&model, &micro);
+        assert_eq!(got_loss.to_bits(), want_loss.to_bits());
+        struct Same<'a>(&'a mut GradientsParams, &'a mut GradientsParams, usize);
+        impl ModuleVisitor<B> for Same<'_> {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                type Inner = <B as burn::tensor::backend::AutodiffBackend>::InnerBackend;
+                let (a, b) = (
+                    self.0.remove::<Inner, D>(p.id).expect("a gradient"),
+                    self.1.remove::<Inner, D>(p.id).expect("a gradient"),
+                );
+                assert_eq!(a.dtype(), DType::F32);
+                let bits = |t: Tensor<Inner, D>| -> Vec<u32> {
+                    t.into_data()
+                        .to_vec::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect()
+                };
+                assert_eq!(bits(a), bits(b), "parameter {}", self.2);
+                self.2 += 1;
+            }
+        }
+        let mut same = Same(&mut got, &mut want, 0);
+        model.visit(&mut same);
+        assert_eq!(same.2, 2 * 9 + 3, "every parameter compared");
+    }
 }
