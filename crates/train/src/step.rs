@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, ElementConversion, FloatDType, Int, Tensor, TensorData};
+use burn::tensor::{ElementConversion, FloatDType, Int, Tensor, TensorData};
 use lab_config::LabConfig;
 use lab_data::Batch;
 use lab_model::Llama;
@@ -47,10 +47,10 @@ pub fn forward_backward<B: TrainBackend>(
     mut readings: Option<&mut PhaseReadings>,
 ) -> (GradientsParams, f64) {
     let n = micro.len() as f64;
-    // In bf16, the linear weights cast once for all micro-batches; their gradients are
-    // widened back to fp32 by `widened`.
+    // In bf16, the linear weights cast once for all micro-batches; `add_widened` widens
+    // their gradients back to fp32.
     let model = &model.clone().with_linear_weights_cast();
-    let mut accum = GradientsAccumulator::<Llama<B>>::new();
+    let mut total = GradientsParams::new();
     let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
     for (i, batch) in micro.iter().enumerate() {
         let (x, y) = to_tensors::<B>(batch, device);
@@ -70,8 +70,7 @@ pub fn forward_backward<B: TrainBackend>(
             None => value,
         });
         let grads = (loss / n).backward();
-        let grads = widened(model, GradientsParams::from_grads(grads, model));
-        accum.accumulate(model, grads);
+        add_widened(model, GradientsParams::from_grads(grads, model), &mut total);
         if let Some(r) = readings.as_deref_mut() {
             B::sync(device).ok();
             r.forward_s += (t1 - t0).as_secs_f64();
@@ -82,27 +81,34 @@ pub fn forward_backward<B: TrainBackend>(
         .expect("a step has at least one micro-batch")
         .into_scalar()
         .elem();
-    (accum.grads(), loss / n)
+    (total, loss / n)
 }
 
-/// The gradients of bf16 parameters (the step's casts of the linear weights, and ZeRO-1's
-/// copies of the weights other ranks update) widened to fp32, as the cast in front of an fp32
-/// master widens them, so the micro-batches add up in fp32 either way. Other gradients are
-/// left alone.
-fn widened<B: TrainBackend>(model: &Llama<B>, mut grads: GradientsParams) -> GradientsParams {
-    struct V<'a>(&'a mut GradientsParams);
+/// Adds one micro-batch's gradients to `total`, each widened to fp32 first where it is not
+/// (the step's bf16 casts of the linear weights, ZeRO-1's bf16 copies of the weights other
+/// ranks update), as the cast in front of an fp32 master widens it: the micro-batches add up
+/// in fp32 either way. Each parameter's widening and addition are issued together, so a
+/// fusing backend can run them as one kernel.
+fn add_widened<B: TrainBackend>(
+    model: &Llama<B>,
+    mut grads: GradientsParams,
+    total: &mut GradientsParams,
+) {
+    struct V<'a>(&'a mut GradientsParams, &'a mut GradientsParams);
     impl<B: AutodiffBackend> ModuleVisitor<B> for V<'_> {
         fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
-            if p.val().dtype() == DType::F32 {
+            let Some(g) = self.0.remove::<B::InnerBackend, D>(p.id) else {
                 return;
-            }
-            if let Some(g) = self.0.remove::<B::InnerBackend, D>(p.id) {
-                self.0.register(p.id, g.cast(FloatDType::F32));
-            }
+            };
+            let g = lab_ops::cast_to(g, FloatDType::F32);
+            let sum = match self.1.remove::<B::InnerBackend, D>(p.id) {
+                Some(sum) => sum + g,
+                None => g,
+            };
+            self.1.register(p.id, sum);
         }
     }
-    model.visit(&mut V(&mut grads));
-    grads
+    model.visit(&mut V(&mut grads, total));
 }
 
 /// Token ids as `[rows, seq_len]` int tensors.
@@ -127,6 +133,8 @@ pub fn mfu(cfg: &LabConfig, tokens_per_s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use burn::module::ParamId;
+    use burn::optim::GradientsAccumulator;
+    use burn::tensor::DType;
 
     use super::*;
 
