@@ -29,9 +29,9 @@ impl<B: Backend> Linear<B> {
 }
 
 impl<B: FusedProjection> Linear<B> {
-    /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype: under mixed precision the
-    /// fp32 master weight is cast to bf16 here, and its gradient comes back fp32 through the
-    /// cast. The product is lab-ops' projection op: burn's matmul unless `LAB_MATMUL` sends
+    /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype: a weight of another dtype is
+    /// cast here (evaluation's fp32 masters; training casts them once a step instead, in
+    /// `Llama::step_copy`). The product is lab-ops' projection op: burn's matmul unless `LAB_MATMUL` sends
     /// it to a GPU's vendor BLAS.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let dtype = x.dtype().into();

@@ -1,7 +1,7 @@
 //! The whole model: token embedding → n_layer × (attention, feed-forward) blocks with pre-norm
 //! residuals → final RMSNorm → LM head.
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, Bool, DType, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
 use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedProjection, FusedSwiglu};
@@ -171,21 +171,24 @@ impl<B: Backend> Llama<B> {
         self.compute
     }
 
-    /// This model for one training step: its fp32 linear weights cast to the compute dtype
-    /// once, as new leaves with the same ids (and the same wish for a gradient). Each
-    /// micro-batch's forward would otherwise cast every linear weight again. The leaves'
-    /// gradients come in the compute dtype; widened to fp32 before micro-batches are summed,
-    /// they are what the cast's backward returned, bit for bit. Other parameters, weights
-    /// already in the compute dtype (ZeRO-1's bf16 copies) and fp32 models are left as they are.
-    pub fn with_linear_weights_cast(self) -> Self {
+    /// The model one training step runs: its fp32 linear weights cast to the compute dtype
+    /// once, as new leaves with the same ids (and the same wish for a gradient), so each
+    /// micro-batch's forward does not cast every linear weight again. The leaves' gradients come
+    /// in the compute dtype; widened to fp32 before micro-batches are summed, they are what the
+    /// cast's backward returned, bit for bit. Other parameters, weights already in the compute
+    /// dtype (ZeRO-1's bf16 copies) and fp32 models are this model's own tensors.
+    pub fn step_copy(&self) -> Self {
+        // Weights not drawn yet are drawn here, in this model: a copy would draw its own, and
+        // this model would draw them again when the optimizer reads them.
+        self.visit(&mut DrawWeights);
+        let copy = self.clone();
         if self.compute == FloatDType::F32 {
-            return self;
+            return copy;
         }
-        let mut cast = CastLinearWeights {
+        copy.map(&mut CastLinearWeights {
             path: PathStack::default(),
             dtype: self.compute,
-        };
-        self.map(&mut cast)
+        })
     }
 
     /// How attention runs over `t` tokens: the fused `kernel` where there is one, else the
@@ -235,7 +238,15 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-/// The forward passes: the embedding, RoPE and SwiGLU's gating are lab-ops' ops.
+/// Draws every lazily made weight (a resume loads them instead, so none is drawn early).
+struct DrawWeights;
+
+impl<B: Backend> ModuleVisitor<B> for DrawWeights {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+        p.val();
+    }
+}
+
 /// Casts the fp32 linear weights ([`is_linear_weight`]) to `dtype` as new leaves.
 struct CastLinearWeights {
     path: PathStack,
@@ -264,6 +275,7 @@ impl<B: Backend> ModuleMapper<B> for CastLinearWeights {
     }
 }
 
+/// The forward passes: the embedding, RoPE and SwiGLU's gating are lab-ops' ops.
 impl<B: FusedLayers> Llama<B> {
     /// `tokens: [B, T]` → their embeddings as `[B·T, d_model]` rows.
     pub fn embed_tokens(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 2> {

@@ -375,10 +375,13 @@ fn time_classes<B: TrainBackend>(
 ) -> Vec<(op_split::OpClass, f64)> {
     let (ids, targets) = crate::step::to_tensors::<B>(batch, device);
     let targets = targets.reshape([batch.rows * batch.seq_len]);
-    op_split::probes(model, cfg, ids, targets, device)
+    // The weights as a training step holds them (bf16 casts made once a step).
+    let model = model.step_copy();
+    let times = op_split::probes(&model, cfg, ids, targets, device)
         .iter()
         .map(|p| (p.class, op_split::time(p, reps, device)))
-        .collect()
+        .collect();
+    times
 }
 
 /// `lab bench --generate N`: decoding N tokens with the KV cache against recomputing the whole

@@ -48,14 +48,18 @@ pub fn forward_backward<B: TrainBackend>(
 ) -> (GradientsParams, f64) {
     let n = micro.len() as f64;
     // In bf16, the linear weights cast once for all micro-batches; `add_widened` widens
-    // their gradients back to fp32.
-    let model = &model.clone().with_linear_weights_cast();
+    // their gradients back to fp32. The copy goes with the last backward, before the last
+    // sum is made.
+    let mut copy = Some(model.step_copy());
     let mut total = GradientsParams::new();
     let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
     for (i, batch) in micro.iter().enumerate() {
+        let step_model = copy
+            .as_ref()
+            .expect("the copy lives until the last backward");
         let (x, y) = to_tensors::<B>(batch, device);
         let t0 = Instant::now();
-        let loss = model.loss(x, y);
+        let loss = step_model.loss(x, y);
         if readings.is_some() {
             B::sync(device).ok();
         }
@@ -69,8 +73,11 @@ pub fn forward_backward<B: TrainBackend>(
             Some(sum) => sum + value,
             None => value,
         });
-        let grads = (loss / n).backward();
-        add_widened(model, GradientsParams::from_grads(grads, model), &mut total);
+        let grads = GradientsParams::from_grads((loss / n).backward(), step_model);
+        if i + 1 == micro.len() {
+            copy = None;
+        }
+        add_widened(model, grads, &mut total);
         if let Some(r) = readings.as_deref_mut() {
             B::sync(device).ok();
             r.forward_s += (t1 - t0).as_secs_f64();
@@ -192,7 +199,7 @@ mod tests {
     fn a_steps_copy_casts_the_linear_weights_and_nothing_else() {
         let model = model();
         let before = params(&model);
-        let after = params(&model.with_linear_weights_cast());
+        let after = params(&model.step_copy());
         assert_eq!(before.len(), after.len());
         let mut cast = 0;
         for ((path, id, dtype, grad), (path2, id2, dtype2, grad2)) in before.iter().zip(&after) {
@@ -207,6 +214,28 @@ mod tests {
             cast += linear as usize;
         }
         assert_eq!(cast, 2 * 7 + 1, "7 linear weights a layer and the LM head");
+        assert_eq!(params(&model), before, "the model itself is left as it was");
+    }
+
+    /// A fresh model's weights are drawn lazily; the copy has them drawn in the model, which
+    /// the optimizer then reads, not in the copy alone (the model would draw them again).
+    #[test]
+    fn a_fresh_models_weights_are_drawn_in_the_model_itself() {
+        struct Drawn(Vec<bool>);
+        impl ModuleVisitor<B> for Drawn {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
+                self.0.push(p.is_initialized());
+            }
+        }
+        let drawn = |m: &Llama<B>| {
+            let mut v = Drawn(Vec::new());
+            m.visit(&mut v);
+            v.0
+        };
+        let model = model();
+        assert!(drawn(&model).contains(&false), "init draws lazily");
+        let _copy = model.step_copy();
+        assert!(drawn(&model).iter().all(|&d| d));
     }
 
     /// What the step summed before the copy: each micro-batch's forward casting every fp32
