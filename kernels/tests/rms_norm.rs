@@ -24,16 +24,12 @@ use lab_kernels::rms_norm;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, upload, upload_transposed, values, Prim, B};
+use common::{device, download, matrix as case, poisoned, upload, values, Matrix, B};
 
 const EPS: f64 = 1e-5;
 
-#[derive(Clone, Copy, Debug)]
-struct Case {
-    shape: [usize; 2],
-    /// `x` and `dy` stored `[d, N]` and read through a transposed view.
-    transposed: bool,
-}
+/// `x` and `dy` as `[N, d]`, transposed or not (stored `[d, N]`, read through a view).
+type Case = Matrix;
 
 struct Inputs {
     x: Vec<f32>,
@@ -99,14 +95,6 @@ fn reference(d: usize, i: &Inputs) -> [Exact; 3] {
     [y, dx, dg]
 }
 
-/// `[N, d]` values on the device, as a transposed view when the case says so.
-fn upload_rows(c: &Case, v: &[f32], dtype: DType) -> Prim {
-    match c.transposed {
-        true => upload_transposed(v, c.shape, dtype),
-        false => upload(v, &c.shape, dtype),
-    }
-}
-
 fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 2e-5,
@@ -119,10 +107,10 @@ fn tolerance(dtype: DType) -> f64 {
 fn run(c: &Case, i: &Inputs, dtype: DType) -> [Vec<f32>; 3] {
     let [n, d] = c.shape;
     let gain = || upload(&i.gain, &[d], dtype);
-    let x = || upload_rows(c, &i.x, dtype);
+    let x = || c.upload(&i.x, dtype);
     let y = rms_norm::forward_into(x(), gain(), EPS, poisoned(&[n, d], dtype));
     let outputs = (poisoned(&[n, d], dtype), poisoned(&[d], dtype));
-    let dy = upload_rows(c, &i.dy, dtype);
+    let dy = c.upload(&i.dy, dtype);
     let (dx, dg) = rms_norm::backward_into(x(), gain(), EPS, dy, outputs);
     [download(y), download(dx), download(dg)]
 }
@@ -144,10 +132,6 @@ fn check(c: Case, dtype: DType, seed: u64) {
             );
         }
     }
-}
-
-const fn case(shape: [usize; 2], transposed: bool) -> Case {
-    Case { shape, transposed }
 }
 
 const CASES: [Case; 5] = [

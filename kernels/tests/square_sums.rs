@@ -19,18 +19,10 @@ use lab_kernels::square_sums::{self, cubes_for, partials_len};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, upload, upload_transposed, values, Prim, B};
+use common::{device, download, matrix as input, poisoned, values, Matrix, Prim, B};
 
 /// One input: its shape, and whether it is stored transposed and read through a view.
-#[derive(Clone, Copy, Debug)]
-struct Input {
-    shape: [usize; 2],
-    transposed: bool,
-}
-
-const fn input(shape: [usize; 2], transposed: bool) -> Input {
-    Input { shape, transposed }
-}
+type Input = Matrix;
 
 /// x1-50m's kinds of parameter at small sizes, and the edges: one element, an empty tensor,
 /// a transposed view, and 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
@@ -43,13 +35,6 @@ const INPUTS: [Input; 6] = [
     input([1, 257], false),
     input([2 * 1024 + 1, 256], false),
 ];
-
-fn device_input(i: &Input, v: &[f32], dtype: DType) -> Prim {
-    match i.transposed {
-        true => upload_transposed(v, i.shape, dtype),
-        false => upload(v, &i.shape, dtype),
-    }
-}
 
 /// Each input's values (rounded to `dtype`), seeded by `seed`.
 fn host_values(inputs: &[Input], seed: u64, dtype: DType) -> Vec<Vec<f32>> {
@@ -66,7 +51,7 @@ fn run(inputs: &[Input], host: &[Vec<f32>], dtype: DType) -> f32 {
     let xs: Vec<Prim> = inputs
         .iter()
         .zip(host)
-        .map(|(i, v)| device_input(i, v, dtype))
+        .map(|(i, v)| i.upload(v, dtype))
         .collect();
     let count = partials_len(host.iter().map(Vec::len));
     let partials = poisoned(&[count.max(1)], DType::F32);

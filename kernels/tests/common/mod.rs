@@ -70,18 +70,35 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
     }
 }
 
-/// `data` (`rows × cols`, row-major) on the device stored `[cols, rows]` and read through a
+/// A `[rows, cols]` input's shape, and whether it is stored `[cols, rows]` and read through a
 /// transposed view: strided rows, as a gradient through a matmul's transpose arrives.
-pub fn upload_transposed(data: &[f32], [rows, cols]: [usize; 2], dtype: DType) -> Prim {
-    let stored: Vec<f32> = (0..rows * cols)
-        .map(|k| data[(k % rows) * cols + k / rows])
-        .collect();
-    let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(
-        &stored,
-        &[cols, rows],
-        dtype,
-    )));
-    t.transpose().into_primitive().tensor()
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix {
+    pub shape: [usize; 2],
+    pub transposed: bool,
+}
+
+pub const fn matrix(shape: [usize; 2], transposed: bool) -> Matrix {
+    Matrix { shape, transposed }
+}
+
+impl Matrix {
+    /// `data` (`rows × cols`, row-major) on the device in this layout.
+    pub fn upload(&self, data: &[f32], dtype: DType) -> Prim {
+        let [rows, cols] = self.shape;
+        if !self.transposed {
+            return upload(data, &self.shape, dtype);
+        }
+        let stored: Vec<f32> = (0..rows * cols)
+            .map(|k| data[(k % rows) * cols + k / rows])
+            .collect();
+        let t = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(
+            &stored,
+            &[cols, rows],
+            dtype,
+        )));
+        t.transpose().into_primitive().tensor()
+    }
 }
 
 /// `data` (`rows × cols`, row-major) on the device as a padded view: each row followed by
