@@ -1,15 +1,15 @@
 //! The whole model: token embedding → n_layer × (attention, feed-forward) blocks with pre-norm
 //! residuals → final RMSNorm → LM head.
 
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::{backend::Backend, Bool, DType, FloatDType, Int, Tensor};
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{backend::Backend, Bool, FloatDType, Int, Tensor};
 use lab_config::{LmHeadLoss, ModelConfig, Precision};
 use lab_ops::{cast_to, AttentionFn, FusedLayers, FusedOps, FusedProjection, FusedSwiglu};
 
 use crate::attention::{Attend, Attention, LayerCache};
 use crate::init;
 use crate::layers::{is_linear_weight, Linear, RmsNorm, Rope};
-use crate::weights::PathStack;
+use crate::weights::replace_params;
 
 /// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`.
 #[derive(Module, Debug)]
@@ -175,20 +175,19 @@ impl<B: Backend> Llama<B> {
     /// once, as new leaves with the same ids (and the same wish for a gradient), so each
     /// micro-batch's forward does not cast every linear weight again. The leaves' gradients come
     /// in the compute dtype; widened to fp32 before micro-batches are summed, they are what the
-    /// cast's backward returned, bit for bit. Other parameters, weights already in the compute
-    /// dtype (ZeRO-1's bf16 copies) and fp32 models are this model's own tensors.
+    /// cast's backward returned, bit for bit. Linear weights already in the compute dtype
+    /// (ZeRO-1's bf16 copies) become new leaves of the same values; other parameters, and
+    /// every parameter of an fp32 model, are this model's own tensors.
     pub fn step_copy(&self) -> Self {
         // Weights not drawn yet are drawn here, in this model: a copy would draw its own, and
         // this model would draw them again when the optimizer reads them.
         self.visit(&mut DrawWeights);
-        let copy = self.clone();
-        if self.compute == FloatDType::F32 {
+        let (copy, dtype) = (self.clone(), self.compute);
+        if dtype == FloatDType::F32 {
             return copy;
         }
-        copy.map(&mut CastLinearWeights {
-            path: PathStack::default(),
-            dtype: self.compute,
-        })
+        let linear = |_, path: &str| is_linear_weight(path);
+        replace_params(copy, linear, |_, w| Ok(cast_to(w, dtype))).expect("a cast cannot fail")
     }
 
     /// How attention runs over `t` tokens: the fused `kernel` where there is one, else the
@@ -244,34 +243,6 @@ struct DrawWeights;
 impl<B: Backend> ModuleVisitor<B> for DrawWeights {
     fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<B, D>>) {
         p.val();
-    }
-}
-
-/// Casts the fp32 linear weights ([`is_linear_weight`]) to `dtype` as new leaves.
-struct CastLinearWeights {
-    path: PathStack,
-    dtype: FloatDType,
-}
-
-impl<B: Backend> ModuleMapper<B> for CastLinearWeights {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.enter(name);
-    }
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.exit();
-    }
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let (id, tensor, mapper) = param.consume();
-        let tensor = if tensor.dtype() == DType::F32 && is_linear_weight(&self.path.path()) {
-            let wants_grad = tensor.is_require_grad();
-            // Untracked, then tracked again: the copy is a new leaf of each micro-batch's
-            // graph, not a step in it.
-            let held = tensor.set_require_grad(false);
-            held.cast(self.dtype).set_require_grad(wants_grad)
-        } else {
-            tensor
-        };
-        Param::from_mapped_value(id, tensor, mapper)
     }
 }
 

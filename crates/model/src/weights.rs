@@ -117,6 +117,67 @@ impl<B: Backend> ModuleMapper<B> for Replace {
     }
 }
 
+/// `module` with the parameters `pick` selects (by visit index and path) replaced by what
+/// `with` makes of their values, flattened; each keeps its shape, id, and whether it wants a
+/// gradient, as a new leaf (not a step in the autodiff graph). The first error stops the
+/// replacing and is returned.
+pub fn replace_params<B: Backend, M: Module<B>>(
+    module: M,
+    pick: impl Fn(usize, &str) -> bool,
+    with: impl FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
+) -> Result<M> {
+    let mut mapper = ReplaceParams {
+        pick,
+        with,
+        path: PathStack::default(),
+        at: 0,
+        error: None,
+    };
+    let module = module.map(&mut mapper);
+    mapper.error.map_or(Ok(module), Err)
+}
+
+struct ReplaceParams<P, W> {
+    pick: P,
+    with: W,
+    path: PathStack,
+    at: usize,
+    error: Option<anyhow::Error>,
+}
+
+impl<B, P, W> ModuleMapper<B> for ReplaceParams<P, W>
+where
+    B: Backend,
+    P: Fn(usize, &str) -> bool,
+    W: FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
+{
+    fn enter_module(&mut self, name: &str, _: &str) {
+        self.path.enter(name);
+    }
+    fn exit_module(&mut self, _: &str, _: &str) {
+        self.path.exit();
+    }
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let i = self.at;
+        self.at += 1;
+        if self.error.is_some() || !(self.pick)(i, &self.path.path()) {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let (dims, wants_grad) = (tensor.dims(), tensor.is_require_grad());
+        // Untracked: the replacement is a new leaf, not a step in the autodiff graph.
+        let held = tensor.clone().set_require_grad(false).reshape([-1]);
+        let tensor = match (self.with)(i, held) {
+            Ok(new) => new.reshape(dims).set_require_grad(wants_grad),
+            Err(e) => {
+                self.error = Some(e);
+                tensor
+            }
+        };
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
 /// Replaces every float parameter of `module` with the tensor of the same path in `source`
 /// (parameter ids are kept). Every parameter must be present with its shape, and nothing else.
 pub fn load_tensor_map<B: Backend, M: Module<B>>(module: M, source: &TensorMap) -> Result<M> {

@@ -377,11 +377,11 @@ fn time_classes<B: TrainBackend>(
     let targets = targets.reshape([batch.rows * batch.seq_len]);
     // The weights as a training step holds them (bf16 casts made once a step).
     let model = model.step_copy();
-    let times = op_split::probes(&model, cfg, ids, targets, device)
+    let probes = op_split::probes(&model, cfg, ids, targets, device);
+    probes
         .iter()
         .map(|p| (p.class, op_split::time(p, reps, device)))
-        .collect();
-    times
+        .collect()
 }
 
 /// `lab bench --generate N`: decoding N tokens with the KV cache against recomputing the whole

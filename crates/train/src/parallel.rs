@@ -23,13 +23,13 @@ use std::ops::Range;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{backend::Backend, DType, FloatDType, Tensor, TensorData};
 use lab_config::{LabConfig, Precision};
 use lab_data::Batch;
 use lab_dist::{Collectives, Engine, Launch, Reduce, Shards, Single, Timeout};
-use lab_model::weights::PathStack;
+use lab_model::weights::{replace_params, PathStack};
 use lab_model::Llama;
 use lab_run::hardware::Cluster;
 
@@ -179,7 +179,7 @@ impl DataParallel {
         }
         let me = self.rank();
         let to_bf16 = |_, master: Tensor<B, 1>| Ok(master.cast(FloatDType::BF16));
-        replace_params(model, |i| self.bf16_copy(i, me), to_bf16).expect("a cast cannot fail")
+        replace_params(model, |i, _| self.bf16_copy(i, me), to_bf16).expect("a cast cannot fail")
     }
 
     /// Each rank's bytes of model weights, in rank order (the `data_parallel` event: ZeRO-1
@@ -227,7 +227,7 @@ impl DataParallel {
                 _ => held,
             })
         };
-        let model = replace_params(model, |i| self.bf16_copy(i, 0), from_owner)
+        let model = replace_params(model, |i, _| self.bf16_copy(i, 0), from_owner)
             .context("gathering the fp32 master weights for a checkpoint")?;
         Ok(self.is_leader().then_some(model))
     }
@@ -395,7 +395,7 @@ impl DataParallel {
                 false => Tensor::from_data(TensorData::new(words.to_vec(), [n]), &device),
             })
         };
-        let model = replace_params(model, |i| gathered.owner[i] != me, theirs)?;
+        let model = replace_params(model, |i, _| gathered.owner[i] != me, theirs)?;
         self.comm_s
             .set(self.comm_s.get() + started.elapsed().as_secs_f64());
         Ok(model)
@@ -649,58 +649,6 @@ fn unpack_bf16(words: &[f32], n: usize) -> Vec<burn::tensor::bf16> {
         .take(n)
         .map(burn::tensor::bf16::from_bits)
         .collect()
-}
-
-/// `model` with the parameters `pick` selects (by visit index) replaced by what `with` makes
-/// of their values, flattened; each keeps its shape, id, and whether it wants a gradient. The
-/// first error stops the replacing and is returned.
-fn replace_params<B: Backend, M: Module<B>>(
-    model: M,
-    pick: impl Fn(usize) -> bool,
-    with: impl FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
-) -> Result<M> {
-    let mut mapper = ReplaceParams {
-        pick,
-        with,
-        at: 0,
-        error: None,
-    };
-    let model = model.map(&mut mapper);
-    mapper.error.map_or(Ok(model), Err)
-}
-
-struct ReplaceParams<P, W> {
-    pick: P,
-    with: W,
-    at: usize,
-    error: Option<anyhow::Error>,
-}
-
-impl<B, P, W> ModuleMapper<B> for ReplaceParams<P, W>
-where
-    B: Backend,
-    P: Fn(usize) -> bool,
-    W: FnMut(usize, Tensor<B, 1>) -> Result<Tensor<B, 1>>,
-{
-    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let i = self.at;
-        self.at += 1;
-        if self.error.is_some() || !(self.pick)(i) {
-            return param;
-        }
-        let (id, tensor, mapper): (ParamId, _, _) = param.consume();
-        let (dims, wants_grad) = (tensor.dims(), tensor.is_require_grad());
-        // Untracked: the replacement is a new leaf, not a step in the autodiff graph.
-        let held = tensor.clone().set_require_grad(false).reshape([-1]);
-        let tensor = match (self.with)(i, held) {
-            Ok(new) => new.reshape(dims).set_require_grad(wants_grad),
-            Err(e) => {
-                self.error = Some(e);
-                tensor
-            }
-        };
-        Param::from_mapped_value(id, tensor, mapper)
-    }
 }
 
 #[cfg(test)]
