@@ -29,12 +29,40 @@ constexpr unsigned rows = 64;  // 16 rows per warp, 4 warps a block (tensor_core
 
 struct Case {
     unsigned batch, heads, kv_heads, seq;
+    // Every [B, heads, T, hd] tensor stored [B, T, heads, hd] and read through its strides, as
+    // the model passes its projections (the middle axes swapped); contiguous otherwise.
+    bool swapped;
 };
 
-// A tensor argument: a contiguous buffer and its shape, as cubecl's metadata describes it.
+// A tensor argument: its shape and strides, as cubecl's metadata describes it (row-major
+// strides when none are given).
 struct Arg {
     std::vector<unsigned> shape;
+    std::vector<unsigned> strides;
 };
+
+// A [B, heads, T, hd] argument, in the case's layout.
+Arg heads_arg(const Case& c, unsigned heads) {
+    if (!c.swapped) return {{c.batch, heads, c.seq, hd}, {}};
+    return {{c.batch, heads, c.seq, hd}, {c.seq * heads * hd, hd, heads * hd, 1}};
+}
+
+// Logical [B, heads, T, hd] values stored in the case's layout, and back.
+template <class V>
+V stored(const Case& c, unsigned heads, const V& x, bool back = false) {
+    if (!c.swapped) return x;
+    V out(x.size());
+    for (unsigned b = 0; b < c.batch; ++b)
+        for (unsigned h = 0; h < heads; ++h)
+            for (unsigned t = 0; t < c.seq; ++t)
+                for (unsigned d = 0; d < hd; ++d) {
+                    size_t logical = ((size_t(b) * heads + h) * c.seq + t) * hd + d;
+                    size_t physical = ((size_t(b) * c.seq + t) * heads + h) * hd + d;
+                    if (back) out[logical] = x[physical];
+                    else out[physical] = x[logical];
+                }
+    return out;
+}
 
 // cubecl's kernel info (codegen/metadata.rs), passed by value as a `__grid_constant__`: the
 // scale, then per buffer its length, logical length, rank, shape offset and stride offset into
@@ -60,6 +88,7 @@ Metadata<Info> metadata(float scale, const std::vector<Arg>& args) {
         m.dynamic.insert(m.dynamic.end(), a.shape.begin(), a.shape.end());
         std::vector<uint32_t> s(a.shape.size(), 1);
         for (size_t d = a.shape.size() - 1; d > 0; --d) s[d - 1] = s[d] * a.shape[d];
+        if (!a.strides.empty()) s.assign(a.strides.begin(), a.strides.end());
         strides.insert(strides.end(), s.begin(), s.end());
     }
     uint32_t shapes = uint32_t(m.dynamic.size());
@@ -160,32 +189,40 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     float scale = 1.0f / sqrtf(float(hd));
     std::vector<T> out(nq, T(NAN)), dq(nq, T(NAN)), dk(nk, T(NAN)), dv(nk, T(NAN));
     std::vector<float> lse(nrow, NAN), delta(nrow);
-    Arg aq{{c.batch, c.heads, c.seq, hd}}, akv{{c.batch, c.kv_heads, c.seq, hd}}, arow{{c.batch, c.heads, c.seq}};
+    Arg aq = heads_arg(c, c.heads), akv = heads_arg(c, c.kv_heads), arow{{c.batch, c.heads, c.seq}, {}};
+    // The kernels see the case's layout; the reference and the checks see logical values.
+    auto sq = stored(c, c.heads, q), sk = stored(c, c.kv_heads, k), sv = stored(c, c.kv_heads, v);
+    auto s_do = stored(c, c.heads, d_out);
     emu::dim3 block{32, 4, 1};
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
 
     auto fwd = metadata<info_forward>(scale, {aq, akv, akv, aq, arow});
-    emu::launch(FORWARD, grid, block, q.data(), k.data(), v.data(), out.data(), lse.data(),
+    emu::launch(FORWARD, grid, block, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
+    out = stored(c, c.heads, out, true);
     for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
         float s = 0;
         for (unsigned d = 0; d < hd; ++d) s += float(d_out[r * hd + d]) * float(out[r * hd + d]);
         delta[r] = s;
     }
     auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, aq, arow, arow, aq});
-    emu::launch(GRAD_Q, grid, block, q.data(), k.data(), v.data(), d_out.data(), lse.data(),
+    emu::launch(GRAD_Q, grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
     auto gkv = metadata<info_grad_kv>(scale, {aq, akv, akv, aq, arow, arow, akv, akv});
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
-    emu::launch(GRAD_KV, kv_grid, block, q.data(), k.data(), v.data(), d_out.data(), lse.data(),
+    emu::launch(GRAD_KV, kv_grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dk.data(), dv.data(), gkv.dynamic.data(), gkv.info);
+    dq = stored(c, c.heads, dq, true);
+    dk = stored(c, c.kv_heads, dk, true);
+    dv = stored(c, c.kv_heads, dv, true);
 
     Reference want = reference(c, q, k, v, d_out, scale);
     double errors[] = {error(out, want.out), error(lse, want.lse), error(dq, want.dq),
                        error(dk, want.dk), error(dv, want.dv)};
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     bool ok = true;
-    std::printf("%-5s hd %2u  B %u H %u KV %u T %3u:", QUOTE(SUFFIX), hd, c.batch, c.heads, c.kv_heads, c.seq);
+    std::printf("%-5s hd %2u  B %u H %u KV %u T %3u %s:", QUOTE(SUFFIX), hd, c.batch, c.heads,
+                c.kv_heads, c.seq, c.swapped ? "swapped   " : "contiguous");
     for (int i = 0; i < 5; ++i) {
         bool pass = errors[i] <= tolerance;
         ok &= pass;
@@ -198,8 +235,11 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
 int main() {
     // The kernel tests' tolerances (kernels/tests/attention.rs): f16 4e-3, bf16 3e-2.
     double tolerance = std::is_same_v<T, __half> ? 4e-3 : 3e-2;
-    // One tile, a partial last tile, several tiles; GQA groups of 1 to 3; a single row.
-    Case cases[] = {{1, 2, 1, 1}, {1, 2, 2, 64}, {2, 4, 2, 37}, {2, 4, 2, 130}, {1, 6, 2, 200}};
+    // One tile, a partial last tile, several tiles; GQA groups of 1 to 3; a single row; the
+    // model's layout (heads swapped) with a partial tile and with several.
+    Case cases[] = {{1, 2, 1, 1, false},   {1, 2, 2, 64, false}, {2, 4, 2, 37, false},
+                    {2, 4, 2, 130, false}, {1, 6, 2, 200, false}, {2, 4, 2, 37, true},
+                    {1, 6, 2, 130, true}};
     bool ok = true;
     uint64_t seed = 11;
     for (const Case& c : cases) ok &= check(c, seed += 10, tolerance);

@@ -4,6 +4,11 @@
 //! reads key/value head `h / group` in place (no repeated K/V). Scores are `scale · q·k`,
 //! causal (key `j` is visible to query `i` when `j ≤ i`).
 //!
+//! Every tensor is read and written at its own strides, its rows (the head width) at unit
+//! stride, and the outputs take the layout of the inputs they belong to ([`crate::layout`]):
+//! the model's `[B, T, H, hd]` projections, read as `[B, H, T, hd]` through a swap of the
+//! middle axes, need no copy in, and the output and gradients need none on the way out.
+//!
 //! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive query rows of one
 //! head, one unit per row. Key/value rows come through shared memory `block` at a time; each
 //! unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
@@ -42,6 +47,8 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
+use crate::layout::{empty_in_layout_of, unit_stride_rows};
+
 #[cfg(all(test, feature = "cuda-source"))]
 mod cuda_source;
 pub mod tensor_cores;
@@ -72,10 +79,11 @@ fn forward_kernel<F: Float, A: Float>(
     let u = UNIT_POS_X as usize;
     let i = row0 + u;
     let live = i < seq;
-    let row = (b * heads + h) * seq + i;
-    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
 
-    let qi = row_of::<F, A>(q, row, live, A::cast_from(scale), head_dim, unroll);
+    let q_at = row_at(q, b, h, i);
+    let qi = row_of::<F, A>(q, q_at, live, A::cast_from(scale), head_dim, unroll);
     let mut acc = zeros::<A>(head_dim, unroll);
     let mut k_tile = SharedMemory::<A>::new(block * head_dim);
     let mut v_tile = SharedMemory::<A>::new(block * head_dim);
@@ -89,8 +97,8 @@ fn forward_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim, block, unroll);
-        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(k, &mut k_tile, k_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(v, &mut v_tile, v_base, start, seq, head_dim, block, unroll);
         sync_cube();
         if live {
             for jj in 0..block {
@@ -119,17 +127,25 @@ fn forward_kernel<F: Float, A: Float>(
         start += block;
     }
     if live {
+        let o = row_at(out, b, h, i);
         #[unroll(unroll)]
         for d in 0..head_dim {
-            out[row * head_dim + d] = F::cast_from(acc[d] / l);
+            out[o + d] = F::cast_from(acc[d] / l);
         }
-        lse[row] = m + l.ln();
+        lse[(b * heads + h) * seq + i] = m + l.ln();
     }
 }
 
-/// The cube copies rows `start .. start + block` (zeros past the end) of the head at `base`
-/// into `tile`, widened to `A`. The cube has `block` units; consecutive units read
-/// consecutive elements, so each load is one contiguous stretch of memory.
+/// Where row `i` of head `head` of sequence `b` starts in `t`, read from its strides (the
+/// head width's axis has unit stride: [`crate::layout::unit_stride_rows`]).
+#[cube]
+fn row_at<F: Float>(t: &Tensor<F>, b: usize, head: usize, i: usize) -> usize {
+    b * t.stride(0) + head * t.stride(1) + i * t.stride(2)
+}
+
+/// The cube copies rows `start .. start + block` (zeros past the end) of the head whose
+/// row 0 is at `base` into `tile`, widened to `A`; rows are `src.stride(2)` apart. The cube
+/// has `block` units; consecutive units read consecutive elements of a row.
 #[cube]
 fn load_rows<F: Float, A: Float>(
     src: &Tensor<F>,
@@ -141,24 +157,26 @@ fn load_rows<F: Float, A: Float>(
     #[comptime] block: usize,
     #[comptime] unroll: bool,
 ) {
-    let first = base + start * head_dim;
+    let row_stride = src.stride(2);
     #[unroll(unroll)]
     for step in 0..head_dim {
         let e = step * block + UNIT_POS_X as usize;
+        let r = start + e / head_dim;
         let mut x = A::new(0.0);
-        if start + e / head_dim < seq {
-            x = A::cast_from(src[first + e]);
+        if r < seq {
+            x = A::cast_from(src[base + r * row_stride + e % head_dim]);
         }
         tile[e] = x;
     }
 }
 
-/// Row `row` of `src` widened to `A` and multiplied by `scale` (zeros for a unit past the
-/// end, which computes nothing but must still reach every barrier).
+/// The row of `src` that starts at `at` ([`row_at`]), widened to `A` and multiplied by
+/// `scale` (zeros for a unit past the end, which computes nothing but must still reach
+/// every barrier).
 #[cube]
 fn row_of<F: Float, A: Float>(
     src: &Tensor<F>,
-    row: usize,
+    at: usize,
     live: bool,
     scale: A,
     #[comptime] head_dim: usize,
@@ -168,7 +186,7 @@ fn row_of<F: Float, A: Float>(
     if live {
         #[unroll(unroll)]
         for d in 0..head_dim {
-            x[d] = A::cast_from(src[row * head_dim + d]) * scale;
+            x[d] = A::cast_from(src[at + d]) * scale;
         }
     }
     x
@@ -195,15 +213,16 @@ fn delta_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads) = (delta.shape(2), delta.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
-    let row = (CUBE_POS_Z as usize * heads + CUBE_POS_Y as usize) * seq + i;
     if i < seq {
+        let (o, g) = (row_at(out, b, h, i), row_at(d_out, b, h, i));
         let mut s = A::new(0.0);
         #[unroll(unroll)]
         for d in 0..head_dim {
-            s += A::cast_from(d_out[row * head_dim + d]) * A::cast_from(out[row * head_dim + d]);
+            s += A::cast_from(d_out[g + d]) * A::cast_from(out[o + d]);
         }
-        delta[row] = s;
+        delta[(b * heads + h) * seq + i] = s;
     }
 }
 
@@ -228,11 +247,19 @@ fn grad_q_kernel<F: Float, A: Float>(
     let i = row0 + UNIT_POS_X as usize;
     let live = i < seq;
     let row = (b * heads + h) * seq + i;
-    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
     let scale = A::cast_from(scale);
 
-    let qi = row_of::<F, A>(q, row, live, scale, head_dim, unroll);
-    let doi = row_of::<F, A>(d_out, row, live, A::new(1.0), head_dim, unroll);
+    let qi = row_of::<F, A>(q, row_at(q, b, h, i), live, scale, head_dim, unroll);
+    let doi = row_of::<F, A>(
+        d_out,
+        row_at(d_out, b, h, i),
+        live,
+        A::new(1.0),
+        head_dim,
+        unroll,
+    );
     let mut dq = zeros::<A>(head_dim, unroll);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
@@ -249,8 +276,8 @@ fn grad_q_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, kv_base, start, seq, head_dim, block, unroll);
-        load_rows::<F, A>(v, &mut v_tile, kv_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(k, &mut k_tile, k_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(v, &mut v_tile, v_base, start, seq, head_dim, block, unroll);
         sync_cube();
         if live {
             for jj in 0..block {
@@ -274,9 +301,10 @@ fn grad_q_kernel<F: Float, A: Float>(
         start += block;
     }
     if live {
+        let o = row_at(d_q, b, h, i);
         #[unroll(unroll)]
         for d in 0..head_dim {
-            d_q[row * head_dim + d] = F::cast_from(dq[d] * scale);
+            d_q[o + d] = F::cast_from(dq[d] * scale);
         }
     }
 }
@@ -304,11 +332,10 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let u = UNIT_POS_X as usize;
     let j = row0 + u;
     let live = j < seq;
-    let kv_row = (b * kv_heads + kvh) * seq + j;
     let scale = A::cast_from(scale);
 
-    let kj = row_of::<F, A>(k, kv_row, live, scale, head_dim, unroll);
-    let vj = row_of::<F, A>(v, kv_row, live, A::new(1.0), head_dim, unroll);
+    let kj = row_of::<F, A>(k, row_at(k, b, kvh, j), live, scale, head_dim, unroll);
+    let vj = row_of::<F, A>(v, row_at(v, b, kvh, j), live, A::new(1.0), head_dim, unroll);
     let mut dk = zeros::<A>(head_dim, unroll);
     let mut dv = zeros::<A>(head_dim, unroll);
     let mut q_tile = SharedMemory::<A>::new(block * head_dim);
@@ -317,24 +344,17 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let mut delta_tile = SharedMemory::<A>::new(block);
 
     for g in 0..group {
-        let head_rows = (b * heads + kvh * group + g) * seq;
+        let head = kvh * group + g;
+        let head_rows = (b * heads + head) * seq;
+        let (q_base, do_base) = (row_at(q, b, head, 0), row_at(d_out, b, head, 0));
         // Queries from the block's first key row to the end.
         let mut start = row0;
         while start < seq {
-            load_rows::<F, A>(
-                q,
-                &mut q_tile,
-                head_rows * head_dim,
-                start,
-                seq,
-                head_dim,
-                block,
-                unroll,
-            );
+            load_rows::<F, A>(q, &mut q_tile, q_base, start, seq, head_dim, block, unroll);
             load_rows::<F, A>(
                 d_out,
                 &mut do_tile,
-                head_rows * head_dim,
+                do_base,
                 start,
                 seq,
                 head_dim,
@@ -377,10 +397,11 @@ fn grad_kv_kernel<F: Float, A: Float>(
         }
     }
     if live {
+        let (ok, ov) = (row_at(d_k, b, kvh, j), row_at(d_v, b, kvh, j));
         #[unroll(unroll)]
         for d in 0..head_dim {
-            d_k[kv_row * head_dim + d] = F::cast_from(dk[d] * scale);
-            d_v[kv_row * head_dim + d] = F::cast_from(dv[d]);
+            d_k[ok + d] = F::cast_from(dk[d] * scale);
+            d_v[ov + d] = F::cast_from(dv[d]);
         }
     }
 }
@@ -430,17 +451,29 @@ impl Dims {
     }
 }
 
-/// The forward's outputs: `out [B, H, T, hd]` in the inputs' dtype, `lse [B, H, T]` f32.
+/// The forward's outputs: `out [B, H, T, hd]` in the inputs' dtype (any layout whose rows
+/// have unit stride), `lse [B, H, T]` f32, contiguous.
 pub struct Forward<R: CubeRuntime> {
     pub out: CubeTensor<R>,
     pub lse: CubeTensor<R>,
 }
 
-/// The backward's outputs, shaped and typed as `q`, `k`, `v`.
+/// The backward's outputs, shaped and typed as `q`, `k`, `v` (any layout whose rows have
+/// unit stride).
 pub struct Grads<R: CubeRuntime> {
     pub q: CubeTensor<R>,
     pub k: CubeTensor<R>,
     pub v: CubeTensor<R>,
+}
+
+/// Panics (a caller's bug) unless the kernels can write `t` element by element at its
+/// strides: no two elements share memory, and rows have unit stride.
+fn assert_writable_rows<R: CubeRuntime>(name: &str, t: &CubeTensor<R>) {
+    assert!(
+        t.is_nonoverlapping() && t.meta.strides().last() == Some(&1),
+        "attention: {name} must be non-overlapping with unit-stride rows, not strides {:?}",
+        t.meta.strides()
+    );
 }
 
 fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Vec<usize>, dtype: DType) -> CubeTensor<R> {
@@ -452,7 +485,8 @@ fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: Vec<usize>, dtype: DType) 
     )
 }
 
-/// Causal GQA attention `softmax(scale · q kᵀ + causal) v` and its per-row log-sum-exp.
+/// Causal GQA attention `softmax(scale · q kᵀ + causal) v` and its per-row log-sum-exp;
+/// the output in `q`'s layout.
 pub fn forward<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -460,7 +494,7 @@ pub fn forward<R: CubeRuntime>(
     scale: f32,
 ) -> Forward<R> {
     let d = Dims::of(&q, &k, &v);
-    let out = empty(&q, vec![d.batch, d.heads, d.seq, d.head_dim], q.dtype);
+    let out = empty_in_layout_of(&q, q.dtype);
     let lse = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
     let variant = Variant::of(&q);
     forward_into(q, k, v, Forward { out, lse }, scale, variant)
@@ -527,7 +561,8 @@ pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize) -> bool {
 }
 
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
-/// elements). They must be contiguous and shaped as [`forward`]'s.
+/// elements), shaped as [`forward`]'s: `out` in any layout of unit-stride rows, `lse`
+/// contiguous.
 pub fn forward_into<R: CubeRuntime>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
@@ -537,7 +572,9 @@ pub fn forward_into<R: CubeRuntime>(
     variant: Variant,
 ) -> Forward<R> {
     let d = Dims::of(&q, &k, &v);
-    let (q, k, v) = (into_contiguous(q), into_contiguous(k), into_contiguous(v));
+    assert_writable_rows("out", &outputs.out);
+    assert!(outputs.lse.is_contiguous(), "attention: lse is contiguous");
+    let [q, k, v] = [q, k, v].map(unit_stride_rows);
     let client = q.client.clone();
     let dtype = q.dtype;
     if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
@@ -564,7 +601,7 @@ pub fn forward_into<R: CubeRuntime>(
 }
 
 /// Gradients of [`forward`] for the upstream gradient `d_out` (shaped as `out`), from the
-/// forward's `out` and `lse`.
+/// forward's `out` and `lse`; each in the layout of its input.
 #[allow(clippy::too_many_arguments)]
 pub fn backward<R: CubeRuntime>(
     q: CubeTensor<R>,
@@ -576,15 +613,16 @@ pub fn backward<R: CubeRuntime>(
     scale: f32,
 ) -> Grads<R> {
     let grads = Grads {
-        q: empty(&q, q.meta.shape().to_vec(), q.dtype),
-        k: empty(&k, k.meta.shape().to_vec(), k.dtype),
-        v: empty(&v, v.meta.shape().to_vec(), v.dtype),
+        q: empty_in_layout_of(&q, q.dtype),
+        k: empty_in_layout_of(&k, k.dtype),
+        v: empty_in_layout_of(&v, v.dtype),
     };
     let variant = Variant::of(&q);
     backward_into(q, k, v, out, lse, d_out, grads, scale, variant)
 }
 
-/// [`backward`] into gradients the caller allocated (contiguous, shaped as `q`, `k`, `v`).
+/// [`backward`] into gradients the caller allocated (shaped as `q`, `k`, `v`, in any layout
+/// of unit-stride rows).
 #[allow(clippy::too_many_arguments)]
 pub fn backward_into<R: CubeRuntime>(
     q: CubeTensor<R>,
@@ -599,7 +637,11 @@ pub fn backward_into<R: CubeRuntime>(
 ) -> Grads<R> {
     let unroll = variant.unroll;
     let d = Dims::of(&q, &k, &v);
-    let [q, k, v, out, lse, d_out] = [q, k, v, out, lse, d_out].map(into_contiguous);
+    for (name, g) in [("dq", &grads.q), ("dk", &grads.k), ("dv", &grads.v)] {
+        assert_writable_rows(name, g);
+    }
+    let [q, k, v, out, d_out] = [q, k, v, out, d_out].map(unit_stride_rows);
+    let lse = into_contiguous(lse);
     let block = block_rows(d.head_dim);
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];

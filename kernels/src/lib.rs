@@ -20,6 +20,8 @@ pub mod embedding;
 // The BLAS call's plan is host arithmetic, built and tested without a GPU runtime.
 pub mod gemm;
 #[cfg(feature = "cube")]
+pub mod layout;
+#[cfg(feature = "cube")]
 pub mod lm_head;
 #[cfg(feature = "cube")]
 pub mod rms_norm;

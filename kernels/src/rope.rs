@@ -17,12 +17,16 @@
 //! `x [B, H, T, hd]` is read through its strides, so the model's `[B, T, H, hd]` projections
 //! with their middle axes swapped, and gradients with strided rows, need no copy; the tables
 //! `cos, sin [T, hd]` too (a narrowed window of longer tables, as decoding after a KV cache
-//! passes). The output is contiguous. Arithmetic is f32 whatever the storage type (f32, f16,
+//! passes). The output takes `x`'s layout ([`crate::layout`]): for the model's swapped view, a
+//! tensor whose middle axes swapped back are contiguous again, so the attention reads it and
+//! the gradient leaves through the projections with no copy. Arithmetic is f32 whatever the storage type (f32, f16,
 //! bf16): one rounding per output element, where the composition in bf16 rounds three times.
 
-use burn::tensor::{DType, Shape};
-use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
+use burn::tensor::DType;
+use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
+
+use crate::layout::empty_in_layout_of;
 
 /// Units per cube.
 const UNITS: u32 = 256;
@@ -56,7 +60,7 @@ fn rope_kernel<F: Float, A: Float>(
         }
         let ya = xa * entry::<F, A>(cos, t, i) - xb * sa;
         let yb = xb * entry::<F, A>(cos, t, i + half) + xa * sb;
-        let o = row * 2 * half + i;
+        let o = b * out.stride(0) + h * out.stride(1) + t * out.stride(2) + i;
         out[o] = F::cast_from(ya);
         out[o + half] = F::cast_from(yb);
     }
@@ -89,7 +93,7 @@ fn dims<R: CubeRuntime>(x: &CubeTensor<R>, cos: &CubeTensor<R>, sin: &CubeTensor
 }
 
 /// RoPE of `x [B, H, T, hd]` (any strides) by `cos, sin [T, hd]` in `x`'s dtype (any
-/// strides): a new contiguous tensor (see the module docs).
+/// strides): a new tensor in `x`'s layout (see the module docs).
 pub fn rope<R: CubeRuntime>(
     x: CubeTensor<R>,
     cos: CubeTensor<R>,
@@ -110,18 +114,18 @@ pub fn rope_transposed<R: CubeRuntime>(
     launch(dy, cos, sin, out, true)
 }
 
-/// A new contiguous tensor shaped and typed as `x`, checked against the tables.
+/// A new tensor shaped, typed and laid out as `x`, checked against the tables.
 fn output_for<R: CubeRuntime>(
     x: &CubeTensor<R>,
     cos: &CubeTensor<R>,
     sin: &CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let shape = Shape::from(dims(x, cos, sin).to_vec());
-    empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), shape, x.dtype)
+    dims(x, cos, sin);
+    empty_in_layout_of(x, x.dtype)
 }
 
 /// [`rope`] into an output the caller allocated (tests poison it to see unwritten
-/// elements): contiguous, shaped and typed as `x`.
+/// elements): shaped and typed as `x`, in any layout whose head rows have unit stride.
 pub fn rope_into<R: CubeRuntime>(
     x: CubeTensor<R>,
     cos: CubeTensor<R>,
@@ -150,7 +154,11 @@ fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let [b, h, t, hd] = dims(&x, &cos, &sin);
     assert_eq!(out.meta.shape(), x.meta.shape(), "rope: output shape");
-    assert!(out.is_contiguous(), "rope: the output is contiguous");
+    assert!(
+        out.is_nonoverlapping() && out.meta.strides()[3] == 1,
+        "rope: the output is non-overlapping with unit-stride head rows, not strides {:?}",
+        out.meta.strides()
+    );
     assert_eq!(out.dtype, x.dtype, "rope: output dtype");
     let pairs = b * h * t * hd / 2;
     if pairs == 0 {

@@ -5,7 +5,10 @@
 //!
 //! Outputs are poisoned with NaN before each launch, so an element a kernel forgot to write
 //! fails the comparison. Shapes include sequence lengths that are not multiples of the
-//! kernels' row block, a row block of 21, single rows, and GQA groups of 1, 2 and 3.
+//! kernels' row block, a row block of 21, single rows, and GQA groups of 1, 2 and 3. Tensors
+//! come contiguous and in the model's layout (`[B, T, heads, hd]` with the middle axes
+//! swapped), each input and the outputs on their own, so a kernel that reads one tensor at
+//! another's strides fails.
 //!
 //! Tolerances, as a fraction of the largest reference magnitude (at least 1):
 //! - f32: 2e-5. Every sum runs in f32 over at most T·hd = 4,800 terms of O(1) values; the
@@ -28,7 +31,7 @@ use lab_kernels::attention::{self, Forward, Grads, Variant};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{assert_close, device, download, poisoned, upload, values, B};
+use common::{assert_close, device, download, upload, values, Layout, B};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -123,7 +126,41 @@ fn check(c: Case, dtype: DType, seed: u64) {
     check_variant(c, dtype, seed, default_variant(dtype));
 }
 
+/// How each tensor of a call is laid out: the inputs `q, k, v, dO` and the outputs (`out`,
+/// `dq`, `dk`, `dv`), which must have unit-stride rows.
+#[derive(Clone, Copy, Debug)]
+struct Layouts {
+    q: Layout,
+    k: Layout,
+    v: Layout,
+    d_out: Layout,
+    outputs: Layout,
+}
+
+const CONTIGUOUS: Layouts = Layouts::all(Layout::Contiguous);
+
+impl Layouts {
+    /// `[q, k, v, dO, outputs]`.
+    const fn of([q, k, v, d_out, outputs]: [Layout; 5]) -> Self {
+        Layouts {
+            q,
+            k,
+            v,
+            d_out,
+            outputs,
+        }
+    }
+
+    const fn all(layout: Layout) -> Self {
+        Layouts::of([layout; 5])
+    }
+}
+
 fn check_variant(c: Case, dtype: DType, seed: u64, variant: Variant) {
+    check_in(c, dtype, seed, variant, CONTIGUOUS);
+}
+
+fn check_in(c: Case, dtype: DType, seed: u64, variant: Variant, layouts: Layouts) {
     let tol = match dtype {
         DType::F32 => 2e-5,
         DType::BF16 => 3e-2,
@@ -139,14 +176,15 @@ fn check_variant(c: Case, dtype: DType, seed: u64, variant: Variant) {
     let dout = values(nq, seed + 3, dtype);
     let want = reference(&c, &q, &k, &v, &dout);
 
-    let up = |x: &[f32], s: [usize; 4]| upload(x, &s, dtype);
+    let l = layouts;
+    let (qs, kvs) = (c.q_shape(), c.kv_shape());
     let fwd = attention::forward_into(
-        up(&q, c.q_shape()),
-        up(&k, c.kv_shape()),
-        up(&v, c.kv_shape()),
+        l.q.upload(&q, qs, dtype),
+        l.k.upload(&k, kvs, dtype),
+        l.v.upload(&v, kvs, dtype),
         Forward {
-            out: poisoned(&c.q_shape(), dtype),
-            lse: poisoned(&[c.batch, c.heads, c.seq], DType::F32),
+            out: l.outputs.poisoned(qs, dtype),
+            lse: common::poisoned(&[c.batch, c.heads, c.seq], DType::F32),
         },
         c.scale(),
         variant,
@@ -156,16 +194,16 @@ fn check_variant(c: Case, dtype: DType, seed: u64, variant: Variant) {
     assert_close("lse", &download(fwd.lse.clone()), &want.lse, tol);
 
     let grads = attention::backward_into(
-        up(&q, c.q_shape()),
-        up(&k, c.kv_shape()),
-        up(&v, c.kv_shape()),
+        l.q.upload(&q, qs, dtype),
+        l.k.upload(&k, kvs, dtype),
+        l.v.upload(&v, kvs, dtype),
         fwd.out,
         fwd.lse,
-        up(&dout, c.q_shape()),
+        l.d_out.upload(&dout, qs, dtype),
         Grads {
-            q: poisoned(&c.q_shape(), dtype),
-            k: poisoned(&c.kv_shape(), dtype),
-            v: poisoned(&c.kv_shape(), dtype),
+            q: l.outputs.poisoned(qs, dtype),
+            k: l.outputs.poisoned(kvs, dtype),
+            v: l.outputs.poisoned(kvs, dtype),
         },
         c.scale(),
         variant,
@@ -218,6 +256,84 @@ const CASES: [Case; 5] = [
 fn f32_matches_the_fp64_reference() {
     for (n, c) in CASES.into_iter().enumerate() {
         check(c, DType::F32, 10 * n as u64 + 1);
+    }
+}
+
+/// Every tensor in the model's layout, `[B, T, heads, hd]` read through a swap of the middle
+/// axes, as the projections and RoPE give them and the output projection takes them back.
+#[test]
+fn the_models_layout_matches_the_fp64_reference() {
+    let swapped = Layouts::all(Layout::HeadsSwapped);
+    for (n, c) in CASES.into_iter().enumerate() {
+        check_in(
+            c,
+            DType::F32,
+            10 * n as u64 + 2,
+            default_variant(DType::F32),
+            swapped,
+        );
+    }
+    for (n, c) in CASES[1..3].iter().enumerate() {
+        check_in(
+            *c,
+            DType::F16,
+            10 * n as u64 + 4,
+            default_variant(DType::F16),
+            swapped,
+        );
+    }
+}
+
+/// Each tensor in a layout of its own, so that reading one at another's strides fails.
+#[test]
+fn mixed_layouts_match_the_fp64_reference() {
+    use Layout::{Contiguous as C, HeadsSwapped as S, RowsStrided as R};
+    let variant = default_variant(DType::F32);
+    for (n, layouts) in [[S, C, R, C, S], [C, S, C, S, C], [R, C, S, R, S]]
+        .into_iter()
+        .enumerate()
+    {
+        check_in(
+            CASES[1],
+            DType::F32,
+            n as u64 + 40,
+            variant,
+            Layouts::of(layouts),
+        );
+    }
+}
+
+/// The allocating calls put each output in its input's layout: in the model's layout, the
+/// output and the gradients swapped back are contiguous (the merge of heads and RoPE's
+/// backward read them with no copy); contiguous inputs give contiguous outputs.
+#[test]
+fn the_outputs_take_their_inputs_layout() {
+    let c = CASES[1];
+    let (qs, kvs) = (c.q_shape(), c.kv_shape());
+    for layout in [Layout::Contiguous, Layout::HeadsSwapped] {
+        let input = |shape: [usize; 4], seed| {
+            layout.upload(
+                &values(shape.iter().product(), seed, DType::F32),
+                shape,
+                DType::F32,
+            )
+        };
+        let (q, k, v) = (input(qs, 1), input(kvs, 2), input(kvs, 3));
+        let fwd = attention::forward(q.clone(), k.clone(), v.clone(), c.scale());
+        let d_out = input(qs, 4);
+        let grads = attention::backward(q, k, v, fwd.out.clone(), fwd.lse, d_out, c.scale());
+        for (name, t) in [
+            ("out", &fwd.out),
+            ("dq", &grads.q),
+            ("dk", &grads.k),
+            ("dv", &grads.v),
+        ] {
+            assert!(
+                layout.holds(t),
+                "{layout:?}: {name} has strides {:?}",
+                t.meta.strides()
+            );
+        }
     }
 }
 
@@ -284,7 +400,7 @@ const TILED_CASES: [Case; 3] = [
 ];
 
 /// The tensor-core forward and backward at f16 and bf16, whatever the default (CUDA builds
-/// only: lavapipe has no tensor cores). Calls that do not fit them (hd 8 and 96 in `CASES`)
+/// only: lavapipe has no tensor cores), contiguous and in the model's layout. Calls that do not fit them (hd 8 and 96 in `CASES`)
 /// take the f32 kernels.
 #[cfg(not(feature = "wgpu"))]
 #[test]
@@ -301,19 +417,32 @@ fn tensor_core_kernels_match_the_fp64_reference() {
         for (m, c) in CASES.into_iter().chain(TILED_CASES).enumerate() {
             check_variant(c, dtype, 10 * m as u64 + n as u64 + 8, on);
         }
+        let swapped = Layouts::all(Layout::HeadsSwapped);
+        for (m, c) in TILED_CASES.into_iter().enumerate() {
+            check_in(c, dtype, 10 * m as u64 + n as u64 + 9, on, swapped);
+        }
     }
+}
+
+/// Any of the layouts for an input (rows strided are copied first); the outputs in one the
+/// kernels write (unit-stride rows).
+fn layouts() -> impl Strategy<Value = Layouts> {
+    let input = || prop::sample::select(Layout::ALL.to_vec());
+    let output = prop::sample::select(vec![Layout::Contiguous, Layout::HeadsSwapped]);
+    (input(), input(), input(), input(), output)
+        .prop_map(|(q, k, v, d_out, outputs)| Layouts::of([q, k, v, d_out, outputs]))
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
-    /// Random batch, group and length (the kernels compile once per head width).
+    /// Random batch, group, length and layouts (the kernels compile once per head width).
     #[test]
-    fn random_shapes_match_the_reference(
+    fn random_shapes_and_layouts_match_the_reference(
         batch in 1usize..3, kv_heads in 1usize..3, group in 1usize..4, seq in 1usize..50,
-        seed in 0u64..1000,
+        seed in 0u64..1000, layouts in layouts(),
     ) {
         let c = Case { batch, heads: kv_heads * group, kv_heads, seq, head_dim: 16 };
-        check(c, DType::F32, seed);
+        check_in(c, DType::F32, seed, default_variant(DType::F32), layouts);
     }
 }
 

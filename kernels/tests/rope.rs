@@ -25,17 +25,7 @@ use lab_kernels::rope;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, upload, values, Prim, B};
-
-/// How `x` is laid out in memory (its logical shape is always `[B, H, T, hd]`).
-#[derive(Clone, Copy, Debug)]
-enum Layout {
-    Contiguous,
-    /// Stored `[B, T, H, hd]`, the middle axes swapped.
-    HeadsSwapped,
-    /// Stored `[B, H, hd, T]`, the last axes swapped: rows are strided.
-    RowsStrided,
-}
+use common::{device, download, upload, values, Layout, Prim, B};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -89,31 +79,16 @@ fn bound(dtype: DType, y: f64, terms: f64) -> f64 {
 
 /// Logical `[B, H, T, hd]` values in the case's layout on the device.
 fn upload_x(c: &Case, x: &[f32], dtype: DType) -> Prim {
-    let [b, h, t, hd] = c.shape;
-    let at = |bi, hi, ti, di| x[((bi * h + hi) * t + ti) * hd + di];
-    let stored = |dims: [usize; 4], f: &dyn Fn([usize; 4]) -> f32| {
-        let mut v = Vec::with_capacity(x.len());
-        for i0 in 0..dims[0] {
-            for i1 in 0..dims[1] {
-                for i2 in 0..dims[2] {
-                    for i3 in 0..dims[3] {
-                        v.push(f([i0, i1, i2, i3]));
-                    }
-                }
-            }
-        }
-        Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(upload(&v, &dims, dtype)))
-    };
-    let x = match c.layout {
-        Layout::Contiguous => stored([b, h, t, hd], &|[i, j, k, l]| at(i, j, k, l)),
-        Layout::HeadsSwapped => {
-            stored([b, t, h, hd], &|[i, k, j, l]| at(i, j, k, l)).swap_dims(1, 2)
-        }
-        Layout::RowsStrided => {
-            stored([b, h, hd, t], &|[i, j, l, k]| at(i, j, k, l)).swap_dims(2, 3)
-        }
-    };
-    x.into_primitive().tensor()
+    c.layout.upload(x, c.shape, dtype)
+}
+
+/// Where the kernel writes case `c`'s output: in `x`'s layout where the kernel can write it
+/// (rows of unit stride), contiguous otherwise, as [`rope::rope`] allocates it.
+fn output_layout(c: &Case) -> Layout {
+    match c.layout {
+        Layout::RowsStrided => Layout::Contiguous,
+        layout => layout,
+    }
 }
 
 /// Rows `offset .. offset + t` of a longer `[rows, hd]` table on the device (a view).
@@ -157,7 +132,7 @@ fn launch(
         upload_x(c, x, dtype),
         upload_table(cos_all, rows, hd, c.offset, t, dtype),
         upload_table(sin_all, rows, hd, c.offset, t, dtype),
-        poisoned(&c.shape, dtype),
+        output_layout(c).poisoned(c.shape, dtype),
     ))
 }
 
@@ -250,6 +225,30 @@ fn f16_matches_the_fp64_reference() {
 fn bf16_matches_the_fp64_reference() {
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::BF16, 10 * k as u64 + 7);
+    }
+}
+
+/// The output of [`rope::rope`] and [`rope::rope_transposed`] takes `x`'s layout where its
+/// rows have unit stride: the model's swapped heads come out as the same view, so swapping
+/// the axes back is free.
+#[test]
+fn the_output_takes_the_inputs_layout() {
+    for c in CASES {
+        let [_, _, t, hd] = c.shape;
+        let (cos, sin) = (inputs(t * hd, 1, DType::F32), inputs(t * hd, 2, DType::F32));
+        let x = inputs(c.shape.iter().product(), 3, DType::F32);
+        for run in [rope::rope, rope::rope_transposed] {
+            let y = run(
+                upload_x(&c, &x, DType::F32),
+                upload(&cos, &[t, hd], DType::F32),
+                upload(&sin, &[t, hd], DType::F32),
+            );
+            assert!(
+                output_layout(&c).holds(&y),
+                "{c:?}: strides {:?}",
+                y.meta.strides()
+            );
+        }
     }
 }
 

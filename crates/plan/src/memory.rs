@@ -140,7 +140,7 @@ pub enum AttentionKind {
 ///
 /// Korthikanti et al.'s count for this block would be 4h + 2·d_attn + 2·kv + 3·d_ff elements:
 /// lab keeps about 1.2× that without checkpointing (x1-50m in bf16), because the residual
-/// stream and the norms' inputs stay fp32 and the heads are merged by a copy.
+/// stream and the norms' inputs stay fp32 (and on the CPU the heads are merged by a copy).
 /// crates/plan/tests/activation_memory.rs measures the `Scores` counts on the CPU with a
 /// counting allocator at fp32 and bf16; crates/model/tests/gpu_memory.rs the `Flash` counts
 /// (the kernel keeps its output and log-sum-exp) in a GPU backend's pool: at fp32 on lavapipe
@@ -174,8 +174,9 @@ pub fn block_bytes_per_token(
         // (the down projection's input).
         let ffn = 3.0 * ff * c;
         let attend = match attention {
-            // The kernel's output.
-            AttentionKind::Flash => a * c,
+            // Nothing more: the kernel writes its output in the projections' layout, so the
+            // merged heads above are that output itself, not a copy of it.
+            AttentionKind::Flash => 0.0,
             // Shifted scores and their exp in fp32, the probabilities in the compute dtype.
             AttentionKind::Scores => heads * t * (2.0 * f32 + c),
         };
@@ -373,14 +374,13 @@ mod tests {
         assert!((states - 16.0 * n / 256.0).abs() / states < 1e-9);
         // Per token per layer, bf16 with flash attention (h = d_attn = 4,096, kv 1,024, ff
         // 11,008, 32 heads): two norms' fp32 input plus bf16 output 2 × (4h + 2h); q, k, v and
-        // the merged heads 2 × (2·4,096 + 2·1,024); SwiGLU's three 2 × 3·ff; the kernel's
-        // output 2h; the log-sum-exp per head at 4 bytes.
+        // the merged heads (the kernel's output itself) 2 × (2·4,096 + 2·1,024); SwiGLU's three
+        // 2 × 3·ff; the log-sum-exp per head at 4 bytes.
         let per_token_layer = 2.0 * (4.0 * 4096.0 + 2.0 * 4096.0)
             + 2.0 * (2.0 * 4096.0 + 2.0 * 1024.0)
             + 2.0 * 3.0 * 11008.0
-            + 2.0 * 4096.0
             + 4.0 * 32.0;
-        assert_eq!(per_token_layer, 144_000.0);
+        assert_eq!(per_token_layer, 135_808.0);
         // Selective: the branch outputs in fp32 and the norms' bf16 outputs 2·4h + 2·2h; q and
         // k after RoPE and as the score matmul reads them, v and the attention output
         // 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same log-sum-exp.

@@ -195,7 +195,8 @@ fn emulate(dir: &Path, storage: &str, suffix: &str, hd: usize) -> String {
 
 /// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
 /// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, on one
-/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, within the kernel
+/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
+/// the model's layout (heads swapped, read and written at their strides), within the kernel
 /// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {

@@ -29,7 +29,7 @@ use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::ir::features::MmaConfig;
 use cubecl::prelude::*;
 
-use super::{Dims, Forward, Grads};
+use super::{row_at, Dims, Forward, Grads};
 
 /// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows.
 pub const PLANES: usize = 4;
@@ -116,7 +116,8 @@ fn cube_dim() -> CubeDim {
     CubeDim::new_2d(32, PLANES as u32)
 }
 
-/// Launches the forward into `outputs` (contiguous inputs, a head width that [`fits`]).
+/// Launches the forward into `outputs` (inputs with unit-stride rows, a head width that
+/// [`fits`]).
 pub(super) fn launch_forward<R: CubeRuntime>(
     [q, k, v]: [CubeTensor<R>; 3],
     outputs: &Forward<R>,
@@ -140,7 +141,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
     );
 }
 
-/// Launches `dQ` and `dK/dV` into `grads` from contiguous `q, k, v, dO`, the forward's
+/// Launches `dQ` and `dK/dV` into `grads` from `q, k, v, dO` with unit-stride rows, the forward's
 /// `lse` and the rows' `D = dO·O`.
 pub(super) fn launch_backward<R: CubeRuntime>(
     [q, k, v, d_out, lse, delta]: [CubeTensor<R>; 6],
@@ -201,13 +202,14 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
-    let q_base = (b * heads + h) * seq * head_dim;
-    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
     let mut k_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut v_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
 
+    let q_base = row_at(q, b, h, 0);
     let q_frags = plane_rows::<F>(q, &mut k_tile, q_base, row0, seq, head_dim, planes);
     let o_frags = accumulators::<A>(head_dim);
     let mut m = A::min_value();
@@ -215,8 +217,8 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
-        load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
+        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes);
+        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes);
         sync_cube();
         bounce.product(&q_frags, &k_tile, head_dim, planes);
 
@@ -259,8 +261,9 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     }
 
     let one_over_l = A::new(1.0) / l;
+    let out_base = row_at(out, b, h, 0);
     bounce.write_rows(
-        &o_frags, out, q_base, &lanes, seq, one_over_l, head_dim, planes,
+        &o_frags, out, out_base, &lanes, seq, one_over_l, head_dim, planes,
     );
     if lanes.i < seq && lanes.parity == 0 {
         lse[(b * heads + h) * seq + lanes.i] = m + l.ln();
@@ -286,16 +289,17 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
-    let q_base = (b * heads + h) * seq * head_dim;
-    let kv_base = (b * kv_heads + h / (heads / kv_heads)) * seq * head_dim;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
     let mut k_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut v_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
 
+    let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
     let q_frags = plane_rows::<F>(q, &mut k_tile, q_base, row0, seq, head_dim, planes);
-    let do_frags = plane_rows::<F>(d_out, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let do_frags = plane_rows::<F>(d_out, &mut k_tile, do_base, row0, seq, head_dim, planes);
     let dq_frags = accumulators::<A>(head_dim);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
@@ -307,8 +311,8 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(k, &mut k_tile, kv_base, start, seq, head_dim, planes);
-        load_tile::<F>(v, &mut v_tile, kv_base, start, seq, head_dim, planes);
+        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes);
+        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes);
         sync_cube();
         let first = start + lanes.parity;
         let at = bounce.value_at(&lanes, head_dim, planes);
@@ -338,7 +342,10 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         sync_cube();
         start += rows;
     }
-    bounce.write_rows(&dq_frags, d_q, q_base, &lanes, seq, scale, head_dim, planes);
+    let dq_base = row_at(d_q, b, h, 0);
+    bounce.write_rows(
+        &dq_frags, d_q, dq_base, &lanes, seq, scale, head_dim, planes,
+    );
 }
 
 #[cube(launch)]
@@ -362,7 +369,7 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let group = heads / kv_heads;
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
-    let kv_base = (b * kv_heads + kvh) * seq * head_dim;
+    let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
     let mut q_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut do_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut lse_tile = SharedMemory::<A>::new(rows);
@@ -372,33 +379,19 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
 
-    let k_frags = plane_rows::<F>(k, &mut q_tile, kv_base, row0, seq, head_dim, planes);
-    let v_frags = plane_rows::<F>(v, &mut q_tile, kv_base, row0, seq, head_dim, planes);
+    let k_frags = plane_rows::<F>(k, &mut q_tile, k_base, row0, seq, head_dim, planes);
+    let v_frags = plane_rows::<F>(v, &mut q_tile, v_base, row0, seq, head_dim, planes);
     let dk_frags = accumulators::<A>(head_dim);
     let dv_frags = accumulators::<A>(head_dim);
 
     for g in 0..group {
-        let head_rows = (b * heads + kvh * group + g) * seq;
+        let head = kvh * group + g;
+        let head_rows = (b * heads + head) * seq;
+        let (q_base, do_base) = (row_at(q, b, head, 0), row_at(d_out, b, head, 0));
         let mut start = row0;
         while start < seq {
-            load_tile::<F>(
-                q,
-                &mut q_tile,
-                head_rows * head_dim,
-                start,
-                seq,
-                head_dim,
-                planes,
-            );
-            load_tile::<F>(
-                d_out,
-                &mut do_tile,
-                head_rows * head_dim,
-                start,
-                seq,
-                head_dim,
-                planes,
-            );
+            load_tile::<F>(q, &mut q_tile, q_base, start, seq, head_dim, planes);
+            load_tile::<F>(d_out, &mut do_tile, do_base, start, seq, head_dim, planes);
             if UNIT_POS < rows as u32 {
                 let i = start + UNIT_POS as usize;
                 let mut lse_i = A::new(0.0);
@@ -443,13 +436,14 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             start += rows;
         }
     }
+    let (dk_base, dv_base) = (row_at(d_k, b, kvh, 0), row_at(d_v, b, kvh, 0));
     bounce.write_rows(
-        &dk_frags, d_k, kv_base, &lanes, seq, scale, head_dim, planes,
+        &dk_frags, d_k, dk_base, &lanes, seq, scale, head_dim, planes,
     );
     bounce.write_rows(
         &dv_frags,
         d_v,
-        kv_base,
+        dv_base,
         &lanes,
         seq,
         A::new(1.0),
@@ -665,8 +659,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
         }
     }
 
-    /// Writes the accumulators' rows inside the sequence, times `factor`, to the `[rows, hd]`
-    /// tensor rows at `base`.
+    /// Writes the accumulators' rows inside the sequence, times `factor`, to the rows of the
+    /// head whose row 0 is at `base` in `dst` (rows `dst.stride(2)` apart).
     #[allow(clippy::too_many_arguments)]
     fn write_rows(
         &mut self,
@@ -683,7 +677,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
         self.store(acc, head_dim, planes);
         if lanes.i < seq {
             let at = self.value_at(lanes, head_dim, planes);
-            let to = base + lanes.i * head_dim + lanes.parity;
+            let to = base + lanes.i * dst.stride(2) + lanes.parity;
             for c in 0..lane_cols {
                 dst[to + 2 * c] = F::cast_from(self.values[at + 2 * c] * factor);
             }
@@ -692,8 +686,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
     }
 }
 
-/// The plane's 16 rows of the `[64, hd]` block at `row0` of the head at `base`, as `A`
-/// operands (one per 16 columns), staged through `tile`.
+/// The plane's 16 rows of the `[64, hd]` block at `row0` of the head whose row 0 is at `base`,
+/// as `A` operands (one per 16 columns), staged through `tile`.
 #[cube]
 fn plane_rows<F: Float>(
     src: &Tensor<F>,
@@ -766,8 +760,9 @@ fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Sequence<Matrix<A>> {
     acc
 }
 
-/// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head at `base` into
-/// `tile`; consecutive units copy consecutive elements.
+/// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head whose row 0 is at
+/// `base` into `tile` (rows `src.stride(2)` apart); consecutive units copy consecutive
+/// elements of a row.
 #[cube]
 fn load_tile<F: Float>(
     src: &Tensor<F>,
@@ -780,14 +775,15 @@ fn load_tile<F: Float>(
 ) {
     let units = comptime!(32 * planes);
     let steps = comptime!(head_dim / 2);
-    let first = base + start * head_dim;
+    let row_stride = src.stride(2);
     let unit = UNIT_POS as usize;
     #[unroll]
     for step in 0..steps {
         let e = step * units + unit;
+        let r = start + e / head_dim;
         let mut x = F::new(0.0);
-        if start + e / head_dim < seq {
-            x = src[first + e];
+        if r < seq {
+            x = src[base + r * row_stride + e % head_dim];
         }
         tile[e] = x;
     }

@@ -101,6 +101,92 @@ impl Matrix {
     }
 }
 
+/// How a test lays out a logical `[B, H, T, hd]` tensor (attention's and RoPE's heads) on
+/// the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Contiguous,
+    /// Stored `[B, T, H, hd]`, the middle axes swapped: the model's projections as the
+    /// attention reads them.
+    HeadsSwapped,
+    /// Stored `[B, H, hd, T]`, the last axes swapped: rows are strided.
+    RowsStrided,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 3] = [
+        Layout::Contiguous,
+        Layout::HeadsSwapped,
+        Layout::RowsStrided,
+    ];
+
+    /// The axes of `[B, H, T, hd]` in the order they are stored.
+    fn stored_axes(self) -> [usize; 4] {
+        match self {
+            Layout::Contiguous => [0, 1, 2, 3],
+            Layout::HeadsSwapped => [0, 2, 1, 3],
+            Layout::RowsStrided => [0, 1, 3, 2],
+        }
+    }
+
+    /// `data` (row-major in the logical `shape`) on the device in this layout.
+    pub fn upload(self, data: &[f32], shape: [usize; 4], dtype: DType) -> Prim {
+        let axes = self.stored_axes();
+        let stored_shape = axes.map(|a| shape[a]);
+        let logical = row_major_strides(shape);
+        let mut stored = Vec::with_capacity(data.len());
+        for i0 in 0..stored_shape[0] {
+            for i1 in 0..stored_shape[1] {
+                for i2 in 0..stored_shape[2] {
+                    for i3 in 0..stored_shape[3] {
+                        let at: usize = [i0, i1, i2, i3]
+                            .iter()
+                            .zip(axes)
+                            .map(|(i, a)| i * logical[a])
+                            .sum();
+                        stored.push(data[at]);
+                    }
+                }
+            }
+        }
+        let t = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(upload(
+            &stored,
+            &stored_shape,
+            dtype,
+        )));
+        // Each of these orders is its own inverse.
+        t.permute(axes).into_primitive().tensor()
+    }
+
+    /// A tensor of `shape` in this layout filled with NaN: what the kernels must overwrite.
+    pub fn poisoned(self, shape: [usize; 4], dtype: DType) -> Prim {
+        self.upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
+    }
+
+    /// Whether `t` is laid out as this layout stores it (axes of size 1 aside, whose
+    /// strides mean nothing).
+    pub fn holds(self, t: &Prim) -> bool {
+        let s = t.meta.shape();
+        let shape = [s[0], s[1], s[2], s[3]];
+        let axes = self.stored_axes();
+        let stored = row_major_strides(axes.map(|a| shape[a]));
+        let mut want = [0; 4];
+        for (i, a) in axes.into_iter().enumerate() {
+            want[a] = stored[i];
+        }
+        (0..4).all(|a| shape[a] == 1 || t.meta.strides()[a] == want[a])
+    }
+}
+
+fn row_major_strides(shape: [usize; 4]) -> [usize; 4] {
+    [
+        shape[1] * shape[2] * shape[3],
+        shape[2] * shape[3],
+        shape[3],
+        1,
+    ]
+}
+
 /// `data` (`rows × cols`, row-major) on the device as a padded view: each row followed by
 /// `pad` NaN columns, as CUDA pads a matmul's output and the loss pads its vocabulary (a view
 /// from `leading_columns`, for any `pad`). Returns (the `[rows, cols]` view, the whole `[rows, cols + pad]` buffer).
