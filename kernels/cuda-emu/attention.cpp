@@ -27,12 +27,21 @@ using T = STORAGE;
 constexpr unsigned hd = HEAD_DIM;
 constexpr unsigned rows = 64;  // 16 rows per warp, 4 warps a block (tensor_cores::PLANES)
 
+// Which tensors a case stores [B, T, heads, hd] and passes as [B, heads, T, hd] views (the
+// middle axes swapped, as the model passes its projections); the others are contiguous.
+enum Swapped { swap_none, swap_all, swap_qkv };
+
 struct Case {
     unsigned batch, heads, kv_heads, seq;
-    // Every [B, heads, T, hd] tensor stored [B, T, heads, hd] and read through its strides, as
-    // the model passes its projections (the middle axes swapped); contiguous otherwise.
-    bool swapped;
+    Swapped swapped;
 };
+
+// The two groups of tensors a case may lay out differently: q, k, v; and dO with the outputs.
+enum Group { group_qkv, group_rest };
+
+bool is_swapped(const Case& c, Group g) {
+    return c.swapped == swap_all || (c.swapped == swap_qkv && g == group_qkv);
+}
 
 // A tensor argument: its shape and strides, as cubecl's metadata describes it (row-major
 // strides when none are given).
@@ -41,16 +50,16 @@ struct Arg {
     std::vector<unsigned> strides;
 };
 
-// A [B, heads, T, hd] argument, in the case's layout.
-Arg heads_arg(const Case& c, unsigned heads) {
-    if (!c.swapped) return {{c.batch, heads, c.seq, hd}, {}};
+// A [B, heads, T, hd] argument of group `g`, in the case's layout.
+Arg heads_arg(const Case& c, Group g, unsigned heads) {
+    if (!is_swapped(c, g)) return {{c.batch, heads, c.seq, hd}, {}};
     return {{c.batch, heads, c.seq, hd}, {c.seq * heads * hd, hd, heads * hd, 1}};
 }
 
-// Logical [B, heads, T, hd] values stored in the case's layout, and back.
+// Logical [B, heads, T, hd] values of group `g` stored in the case's layout, and back.
 template <class V>
-V stored(const Case& c, unsigned heads, const V& x, bool back = false) {
-    if (!c.swapped) return x;
+V stored(const Case& c, Group g, unsigned heads, const V& x, bool back = false) {
+    if (!is_swapped(c, g)) return x;
     V out(x.size());
     for (unsigned b = 0; b < c.batch; ++b)
         for (unsigned h = 0; h < heads; ++h)
@@ -189,32 +198,34 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     float scale = 1.0f / sqrtf(float(hd));
     std::vector<T> out(nq, T(NAN)), dq(nq, T(NAN)), dk(nk, T(NAN)), dv(nk, T(NAN));
     std::vector<float> lse(nrow, NAN), delta(nrow);
-    Arg aq = heads_arg(c, c.heads), akv = heads_arg(c, c.kv_heads), arow{{c.batch, c.heads, c.seq}, {}};
-    // The kernels see the case's layout; the reference and the checks see logical values.
-    auto sq = stored(c, c.heads, q), sk = stored(c, c.kv_heads, k), sv = stored(c, c.kv_heads, v);
-    auto s_do = stored(c, c.heads, d_out);
+    // The kernels see the case's layouts; the reference and the checks see logical values.
+    Arg aq = heads_arg(c, group_qkv, c.heads), akv = heads_arg(c, group_qkv, c.kv_heads);
+    Arg arq = heads_arg(c, group_rest, c.heads), arkv = heads_arg(c, group_rest, c.kv_heads);
+    Arg arow{{c.batch, c.heads, c.seq}, {}};
+    auto sq = stored(c, group_qkv, c.heads, q), sk = stored(c, group_qkv, c.kv_heads, k);
+    auto sv = stored(c, group_qkv, c.kv_heads, v), s_do = stored(c, group_rest, c.heads, d_out);
     emu::dim3 block{32, 4, 1};
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
 
-    auto fwd = metadata<info_forward>(scale, {aq, akv, akv, aq, arow});
+    auto fwd = metadata<info_forward>(scale, {aq, akv, akv, arq, arow});
     emu::launch(FORWARD, grid, block, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
-    out = stored(c, c.heads, out, true);
+    out = stored(c, group_rest, c.heads, out, true);
     for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
         float s = 0;
         for (unsigned d = 0; d < hd; ++d) s += float(d_out[r * hd + d]) * float(out[r * hd + d]);
         delta[r] = s;
     }
-    auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, aq, arow, arow, aq});
+    auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, arq, arow, arow, arq});
     emu::launch(GRAD_Q, grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
-    auto gkv = metadata<info_grad_kv>(scale, {aq, akv, akv, aq, arow, arow, akv, akv});
+    auto gkv = metadata<info_grad_kv>(scale, {aq, akv, akv, arq, arow, arow, arkv, arkv});
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
     emu::launch(GRAD_KV, kv_grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dk.data(), dv.data(), gkv.dynamic.data(), gkv.info);
-    dq = stored(c, c.heads, dq, true);
-    dk = stored(c, c.kv_heads, dk, true);
-    dv = stored(c, c.kv_heads, dv, true);
+    dq = stored(c, group_rest, c.heads, dq, true);
+    dk = stored(c, group_rest, c.kv_heads, dk, true);
+    dv = stored(c, group_rest, c.kv_heads, dv, true);
 
     Reference want = reference(c, q, k, v, d_out, scale);
     double errors[] = {error(out, want.out), error(lse, want.lse), error(dq, want.dq),
@@ -222,7 +233,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     bool ok = true;
     std::printf("%-5s hd %2u  B %u H %u KV %u T %3u %s:", QUOTE(SUFFIX), hd, c.batch, c.heads,
-                c.kv_heads, c.seq, c.swapped ? "swapped   " : "contiguous");
+                c.kv_heads, c.seq, c.swapped == swap_all ? "swapped   " : c.swapped == swap_qkv ? "qkv swapped" : "contiguous");
     for (int i = 0; i < 5; ++i) {
         bool pass = errors[i] <= tolerance;
         ok &= pass;
@@ -236,10 +247,11 @@ int main() {
     // The kernel tests' tolerances (kernels/tests/attention.rs): f16 4e-3, bf16 3e-2.
     double tolerance = std::is_same_v<T, __half> ? 4e-3 : 3e-2;
     // One tile, a partial last tile, several tiles; GQA groups of 1 to 3; a single row; the
-    // model's layout (heads swapped) with a partial tile and with several.
-    Case cases[] = {{1, 2, 1, 1, false},   {1, 2, 2, 64, false}, {2, 4, 2, 37, false},
-                    {2, 4, 2, 130, false}, {1, 6, 2, 200, false}, {2, 4, 2, 37, true},
-                    {1, 6, 2, 130, true}};
+    // model's layout (heads swapped) with a partial tile and with several; q, k, v swapped and
+    // the rest contiguous, so that no tensor is read or written at another's strides.
+    Case cases[] = {{1, 2, 1, 1, swap_none},  {1, 2, 2, 64, swap_none},  {2, 4, 2, 37, swap_none},
+                    {2, 4, 2, 130, swap_none}, {1, 6, 2, 200, swap_none}, {2, 4, 2, 37, swap_all},
+                    {1, 6, 2, 130, swap_all},  {2, 4, 2, 37, swap_qkv}};
     bool ok = true;
     uint64_t seed = 11;
     for (const Case& c : cases) ok &= check(c, seed += 10, tolerance);

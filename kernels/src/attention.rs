@@ -449,6 +449,12 @@ impl Dims {
             head_dim: hd,
         }
     }
+
+    /// Whether the call has no rows (an empty tensor's strides may be 0, so its layout
+    /// cannot be checked; there is nothing to launch).
+    pub fn is_empty(&self) -> bool {
+        self.batch * self.heads * self.seq * self.head_dim == 0
+    }
 }
 
 /// The forward's outputs: `out [B, H, T, hd]` in the inputs' dtype (any layout whose rows
@@ -572,6 +578,9 @@ pub fn forward_into<R: CubeRuntime>(
     variant: Variant,
 ) -> Forward<R> {
     let d = Dims::of(&q, &k, &v);
+    if d.is_empty() {
+        return outputs;
+    }
     assert_writable_rows("out", &outputs.out);
     assert!(outputs.lse.is_contiguous(), "attention: lse is contiguous");
     let [q, k, v] = [q, k, v].map(unit_stride_rows);
@@ -637,6 +646,9 @@ pub fn backward_into<R: CubeRuntime>(
 ) -> Grads<R> {
     let unroll = variant.unroll;
     let d = Dims::of(&q, &k, &v);
+    if d.is_empty() {
+        return grads;
+    }
     for (name, g) in [("dq", &grads.q), ("dk", &grads.k), ("dv", &grads.v)] {
         assert_writable_rows(name, g);
     }

@@ -7,8 +7,8 @@
 //! fails the comparison. Shapes include sequence lengths that are not multiples of the
 //! kernels' row block, a row block of 21, single rows, and GQA groups of 1, 2 and 3. Tensors
 //! come contiguous and in the model's layout (`[B, T, heads, hd]` with the middle axes
-//! swapped), each input and the outputs on their own, so a kernel that reads one tensor at
-//! another's strides fails.
+//! swapped), and each input and the outputs in a layout of its own (padded rows among them),
+//! so a kernel that reads one tensor at another's strides fails.
 //!
 //! Tolerances, as a fraction of the largest reference magnitude (at least 1):
 //! - f32: 2e-5. Every sum runs in f32 over at most T·hd = 4,800 terms of O(1) values; the
@@ -287,20 +287,40 @@ fn the_models_layout_matches_the_fp64_reference() {
 /// Each tensor in a layout of its own, so that reading one at another's strides fails.
 #[test]
 fn mixed_layouts_match_the_fp64_reference() {
-    use Layout::{Contiguous as C, HeadsSwapped as S, RowsStrided as R};
-    let variant = default_variant(DType::F32);
-    for (n, layouts) in [[S, C, R, C, S], [C, S, C, S, C], [R, C, S, R, S]]
-        .into_iter()
-        .enumerate()
-    {
-        check_in(
-            CASES[1],
-            DType::F32,
-            n as u64 + 40,
-            variant,
-            Layouts::of(layouts),
-        );
+    check_mixed(DType::F32, default_variant(DType::F32));
+}
+
+/// `q, k, v, dO` and the outputs in layouts of their own, padded rows among them.
+const MIXED: [[Layout; 5]; 4] = {
+    use Layout::{Contiguous as C, HeadsSwapped as S, Padded as P, RowsStrided as R};
+    [
+        [S, C, R, C, S],
+        [C, S, C, S, C],
+        [R, C, S, R, S],
+        [P, S, P, C, P],
+    ]
+};
+
+fn check_mixed(dtype: DType, variant: Variant) {
+    for (n, layouts) in MIXED.into_iter().enumerate() {
+        let seed = n as u64 + 40;
+        check_in(CASES[1], dtype, seed, variant, Layouts::of(layouts));
     }
+}
+
+/// No rows launch nothing: the outputs come back as they were given (an empty tensor's
+/// strides may be 0, so its layout is not checked).
+#[test]
+fn an_empty_sequence_gives_empty_outputs() {
+    let c = Case { seq: 0, ..CASES[1] };
+    let (qs, kvs) = (c.q_shape(), c.kv_shape());
+    let empty = |shape: [usize; 4]| Layout::HeadsSwapped.upload(&[], shape, DType::F32);
+    let fwd = attention::forward(empty(qs), empty(kvs), empty(kvs), c.scale());
+    assert_eq!(fwd.out.meta.shape().as_slice(), qs);
+    let (out, lse) = (fwd.out, fwd.lse);
+    let g = attention::backward(empty(qs), empty(kvs), empty(kvs), out, lse, empty(qs), 1.0);
+    assert_eq!(g.q.meta.shape().as_slice(), qs);
+    assert_eq!(g.k.meta.shape().as_slice(), kvs);
 }
 
 /// The allocating calls put each output in its input's layout: in the model's layout, the
@@ -400,7 +420,7 @@ const TILED_CASES: [Case; 3] = [
 ];
 
 /// The tensor-core forward and backward at f16 and bf16, whatever the default (CUDA builds
-/// only: lavapipe has no tensor cores), contiguous and in the model's layout. Calls that do not fit them (hd 8 and 96 in `CASES`)
+/// only: lavapipe has no tensor cores), contiguous, in the model's layout and mixed. Calls that do not fit them (hd 8 and 96 in `CASES`)
 /// take the f32 kernels.
 #[cfg(not(feature = "wgpu"))]
 #[test]
@@ -421,14 +441,19 @@ fn tensor_core_kernels_match_the_fp64_reference() {
         for (m, c) in TILED_CASES.into_iter().enumerate() {
             check_in(c, dtype, 10 * m as u64 + n as u64 + 9, on, swapped);
         }
+        check_mixed(dtype, on);
     }
 }
 
 /// Any of the layouts for an input (rows strided are copied first); the outputs in one the
-/// kernels write (unit-stride rows).
+/// kernels write (unit-stride rows, gaps between them or not).
 fn layouts() -> impl Strategy<Value = Layouts> {
     let input = || prop::sample::select(Layout::ALL.to_vec());
-    let output = prop::sample::select(vec![Layout::Contiguous, Layout::HeadsSwapped]);
+    let output = prop::sample::select(vec![
+        Layout::Contiguous,
+        Layout::HeadsSwapped,
+        Layout::Padded,
+    ]);
     (input(), input(), input(), input(), output)
         .prop_map(|(q, k, v, d_out, outputs)| Layouts::of([q, k, v, d_out, outputs]))
 }

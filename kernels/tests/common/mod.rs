@@ -111,40 +111,56 @@ pub enum Layout {
     HeadsSwapped,
     /// Stored `[B, H, hd, T]`, the last axes swapped: rows are strided.
     RowsStrided,
+    /// Stored `[B, H, T, hd + PAD]` with NaN in the padding, read through a view of `hd` columns:
+    /// every row starts `hd + PAD` elements after the last, as in a padded matmul output.
+    Padded,
 }
 
+/// The padding columns of [`Layout::Padded`].
+const PAD: usize = 3;
+
 impl Layout {
-    pub const ALL: [Layout; 3] = [
+    pub const ALL: [Layout; 4] = [
         Layout::Contiguous,
         Layout::HeadsSwapped,
         Layout::RowsStrided,
+        Layout::Padded,
     ];
 
     /// The axes of `[B, H, T, hd]` in the order they are stored.
     fn stored_axes(self) -> [usize; 4] {
         match self {
-            Layout::Contiguous => [0, 1, 2, 3],
+            Layout::Contiguous | Layout::Padded => [0, 1, 2, 3],
             Layout::HeadsSwapped => [0, 2, 1, 3],
             Layout::RowsStrided => [0, 1, 3, 2],
         }
     }
 
+    /// The shape of the buffer behind a tensor of the logical `shape`.
+    fn stored_shape(self, shape: [usize; 4]) -> [usize; 4] {
+        let mut stored = self.stored_axes().map(|a| shape[a]);
+        if self == Layout::Padded {
+            stored[3] += PAD;
+        }
+        stored
+    }
+
     /// `data` (row-major in the logical `shape`) on the device in this layout.
     pub fn upload(self, data: &[f32], shape: [usize; 4], dtype: DType) -> Prim {
         let axes = self.stored_axes();
-        let stored_shape = axes.map(|a| shape[a]);
+        let stored_shape = self.stored_shape(shape);
         let logical = row_major_strides(shape);
-        let mut stored = Vec::with_capacity(data.len());
+        let mut stored = Vec::with_capacity(stored_shape.iter().product());
         for i0 in 0..stored_shape[0] {
             for i1 in 0..stored_shape[1] {
                 for i2 in 0..stored_shape[2] {
                     for i3 in 0..stored_shape[3] {
-                        let at: usize = [i0, i1, i2, i3]
-                            .iter()
-                            .zip(axes)
-                            .map(|(i, a)| i * logical[a])
-                            .sum();
-                        stored.push(data[at]);
+                        let index = [i0, i1, i2, i3];
+                        let at = index.iter().zip(axes).map(|(i, a)| i * logical[a]);
+                        stored.push(match i3 < shape[axes[3]] {
+                            true => data[at.sum::<usize>()],
+                            false => f32::NAN, // padding
+                        });
                     }
                 }
             }
@@ -155,7 +171,15 @@ impl Layout {
             dtype,
         )));
         // Each of these orders is its own inverse.
-        t.permute(axes).into_primitive().tensor()
+        let mut t: Prim = t.permute(axes).into_primitive().tensor();
+        // The padding out of sight: a view with the buffer's strides (burn's `narrow` copies).
+        t.meta.shape_mut()[3] = shape[3];
+        assert!(
+            self.holds(&t),
+            "{self:?}: uploaded with strides {:?}",
+            t.meta.strides()
+        );
+        t
     }
 
     /// A tensor of `shape` in this layout filled with NaN: what the kernels must overwrite.
@@ -163,18 +187,19 @@ impl Layout {
         self.upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
     }
 
-    /// Whether `t` is laid out as this layout stores it (axes of size 1 aside, whose
-    /// strides mean nothing).
+    /// Whether `t` is laid out as this layout stores it (axes of size 1 aside, and empty
+    /// tensors, whose strides mean nothing).
     pub fn holds(self, t: &Prim) -> bool {
         let s = t.meta.shape();
         let shape = [s[0], s[1], s[2], s[3]];
         let axes = self.stored_axes();
-        let stored = row_major_strides(axes.map(|a| shape[a]));
+        let stored = row_major_strides(self.stored_shape(shape));
         let mut want = [0; 4];
         for (i, a) in axes.into_iter().enumerate() {
             want[a] = stored[i];
         }
-        (0..4).all(|a| shape[a] == 1 || t.meta.strides()[a] == want[a])
+        let empty = shape.contains(&0);
+        empty || (0..4).all(|a| shape[a] == 1 || t.meta.strides()[a] == want[a])
     }
 }
 
