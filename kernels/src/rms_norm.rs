@@ -18,7 +18,10 @@
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16), as autocast keeps the norm's
 //! statistics in fp32; every sum is in a fixed order, so results repeat bit for bit. `x` and
 //! `dy` are read through their strides (no copy for a transposed gradient); outputs are
-//! contiguous.
+//! contiguous. The output may be stored in another dtype than `x` (the compute dtype the
+//! projections read, bf16, where `x` is the fp32 residual stream): the cast that would follow
+//! is fused into the norm, with the same bits (the f32 result rounded once), and backward reads
+//! `dy` in that dtype, widened exactly as the cast's backward would.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{
@@ -73,15 +76,17 @@ fn root_mean_square<A: Float>(sum_squares: A, inv_d: f32, eps: f32) -> A {
     (sum_squares * A::cast_from(inv_d) + A::cast_from(eps)).sqrt()
 }
 
+/// `G` is the output's storage type: the compute dtype the projections read (a cast fused into
+/// the norm), or `F`.
 #[cube(launch)]
-fn forward_kernel<F: Float, A: Float>(
+fn forward_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
-    y: &mut Tensor<F>,
+    y: &mut Tensor<G>,
     inv_d: f32,
     eps: f32,
     #[comptime] units: usize,
-    #[define(F, A)] _dtypes: [StorageType; 2],
+    #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
     let row = cube_row();
@@ -101,24 +106,25 @@ fn forward_kernel<F: Float, A: Float>(
         while j < d {
             // The composition's order: `x / r`, then the gain.
             let q = A::cast_from(x[base + j * col]) / r;
-            y[row * d + j] = F::cast_from(q * A::cast_from(gain[j * gain.stride(0)]));
+            y[row * d + j] = G::cast_from(q * A::cast_from(gain[j * gain.stride(0)]));
             j += units;
         }
     }
 }
 
+/// `dy` is stored as `G`, the output's type; `dx` as `x`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_rows_kernel<F: Float, A: Float>(
+fn backward_rows_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
-    dy: &Tensor<F>,
+    dy: &Tensor<G>,
     dx: &mut Tensor<F>,
     inv_r: &mut Tensor<A>,
     inv_d: f32,
     eps: f32,
     #[comptime] units: usize,
-    #[define(F, A)] _dtypes: [StorageType; 2],
+    #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
     let row = cube_row();
@@ -156,13 +162,13 @@ fn backward_rows_kernel<F: Float, A: Float>(
 /// `partials[b, j] = Σ dy[i, j] · x[i, j] / r[i]` over block `b`'s rows: one unit a column,
 /// consecutive units on consecutive columns (coalesced reads).
 #[cube(launch)]
-fn gain_partials_kernel<F: Float, A: Float>(
+fn gain_partials_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
-    dy: &Tensor<F>,
+    dy: &Tensor<G>,
     inv_r: &Tensor<A>,
     partials: &mut Tensor<A>,
     block_rows: usize,
-    #[define(F, A)] _dtypes: [StorageType; 2],
+    #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
     let j = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
@@ -240,14 +246,20 @@ fn new_tensor<R: CubeRuntime>(like: &CubeTensor<R>, shape: Shape, dtype: DType) 
 }
 
 /// RMSNorm of the rows of `x [N, d]` (any strides) with `gain [d]` of `x`'s dtype: a new
-/// contiguous tensor (see the module docs).
-pub fn forward<R: CubeRuntime>(x: CubeTensor<R>, gain: CubeTensor<R>, eps: f64) -> CubeTensor<R> {
-    let out = new_tensor(&x, x.meta.shape().clone(), x.dtype);
+/// contiguous tensor of `dtype` (see the module docs); `x`'s dtype, or the compute dtype
+/// the projections read, so that no cast follows.
+pub fn forward<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    gain: CubeTensor<R>,
+    eps: f64,
+    dtype: DType,
+) -> CubeTensor<R> {
+    let out = new_tensor(&x, x.meta.shape().clone(), dtype);
     forward_into(x, gain, eps, out)
 }
 
 /// [`forward`] into an output the caller allocated (tests poison it to see unwritten
-/// elements): contiguous, shaped and typed as `x`.
+/// elements): contiguous, shaped as `x`, of a dtype the kernels take.
 pub fn forward_into<R: CubeRuntime>(
     x: CubeTensor<R>,
     gain: CubeTensor<R>,
@@ -255,7 +267,7 @@ pub fn forward_into<R: CubeRuntime>(
     out: CubeTensor<R>,
 ) -> CubeTensor<R> {
     let [n, d] = dims(&x, &gain);
-    check_output(&out, &x);
+    check_output(&out, &x, out.dtype);
     if n * d == 0 {
         return out;
     }
@@ -270,23 +282,25 @@ pub fn forward_into<R: CubeRuntime>(
         1.0 / d as f32,
         eps as f32,
         ROW_UNITS,
-        [x.dtype.into(), DType::F32.into()],
+        [x.dtype.into(), out.dtype.into(), DType::F32.into()],
     );
     out
 }
 
-fn check_output<R: CubeRuntime>(out: &CubeTensor<R>, like: &CubeTensor<R>) {
+/// Panics unless `out` is shaped as `like`, contiguous and of `dtype`, one the kernels take.
+fn check_output<R: CubeRuntime>(out: &CubeTensor<R>, like: &CubeTensor<R>, dtype: DType) {
     assert_eq!(
         out.meta.shape(),
         like.meta.shape(),
         "rms_norm: output shape"
     );
     assert!(out.is_contiguous(), "rms_norm: the output is contiguous");
-    assert_eq!(out.dtype, like.dtype, "rms_norm: output dtype");
+    assert_eq!(out.dtype, dtype, "rms_norm: output dtype");
+    assert!(supports(dtype), "rms_norm: an output of {dtype:?}");
 }
 
-/// `(dx, dg)` of RMSNorm for the upstream gradient `dy` (shaped and typed as `x`, any
-/// strides): new contiguous tensors typed as `x`.
+/// `(dx, dg)` of RMSNorm for the upstream gradient `dy` (shaped as `x`, typed as the
+/// forward's output, any strides): new contiguous tensors typed as `x` and `gain`.
 pub fn backward<R: CubeRuntime>(
     x: CubeTensor<R>,
     gain: CubeTensor<R>,
@@ -313,9 +327,9 @@ pub fn backward_into<R: CubeRuntime>(
         x.meta.shape(),
         "rms_norm: dy's shape is not x's"
     );
-    assert_eq!(dy.dtype, x.dtype, "rms_norm: dy is not x's dtype");
-    check_output(&dx, &x);
-    check_output(&dg, &gain);
+    assert!(supports(dy.dtype), "rms_norm: dy is {:?}", dy.dtype);
+    check_output(&dx, &x, x.dtype);
+    check_output(&dg, &gain, gain.dtype);
     if d == 0 {
         return (dx, dg);
     }
@@ -330,7 +344,7 @@ pub fn backward_into<R: CubeRuntime>(
         return (dx, zeros);
     }
     let client = x.client.clone();
-    let types = [x.dtype.into(), DType::F32.into()];
+    let types = [x.dtype.into(), dy.dtype.into(), DType::F32.into()];
     let inv_r = new_tensor(&x, Shape::new([n]), DType::F32);
     backward_rows_kernel::launch::<R>(
         &client,
@@ -367,7 +381,7 @@ pub fn backward_into<R: CubeRuntime>(
         CubeDim::new_1d(COLUMN_UNITS),
         partials.into_tensor_arg(),
         dg.clone().into_tensor_arg(),
-        types,
+        [dg.dtype.into(), DType::F32.into()],
     );
     (dx, dg)
 }

@@ -16,7 +16,9 @@
 //! - f16 storage (f32 arithmetic inside): that plus the output's own rounding, 2⁻¹¹: 6e-4.
 //! - bf16 storage (CUDA builds only): with bf16's rounding, 2⁻⁸: 5e-3.
 //!
-//! Inputs are rounded to the storage type before the reference sees them.
+//! Inputs are rounded to the storage type before the reference sees them. With the output in
+//! another dtype than `x` (bf16 training: `x` fp32, `y` and `dy` bf16; f16 stands in on
+//! lavapipe), `y` takes its own dtype's tolerance and `dx`, `dg` that of `x`.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{backend::Backend, DType};
@@ -37,8 +39,9 @@ struct Inputs {
     dy: Vec<f32>,
 }
 
-/// Row `i` scaled by `10^(i mod 6 − 3)`, the middle row zeros; gains near 1.
-fn inputs(c: &Case, seed: u64, dtype: DType) -> Inputs {
+/// Row `i` scaled by `10^(i mod 6 − 3)`, the middle row zeros; gains near 1; `dy` rounded
+/// to the output's dtype `out`.
+fn inputs(c: &Case, seed: u64, dtype: DType, out: DType) -> Inputs {
     let [n, d] = c.shape;
     let mut x = values(n * d, seed, DType::F32);
     for (i, row) in x.chunks_mut(d.max(1)).enumerate() {
@@ -56,7 +59,7 @@ fn inputs(c: &Case, seed: u64, dtype: DType) -> Inputs {
     Inputs {
         x,
         gain,
-        dy: values(n * d, seed + 2, dtype),
+        dy: values(n * d, seed + 2, out),
     }
 }
 
@@ -103,24 +106,31 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// The kernels' `(y, dx, dg)` for the case, into poisoned outputs.
-fn run(c: &Case, i: &Inputs, dtype: DType) -> [Vec<f32>; 3] {
+/// The kernels' `(y, dx, dg)` for the case, into poisoned outputs: `x`, `gain`, `dx`, `dg` in
+/// `dtype`, `y` and `dy` in `out`.
+fn run(c: &Case, i: &Inputs, dtype: DType, out: DType) -> [Vec<f32>; 3] {
     let [n, d] = c.shape;
     let gain = || upload(&i.gain, &[d], dtype);
     let x = || c.upload(&i.x, dtype);
-    let y = rms_norm::forward_into(x(), gain(), EPS, poisoned(&[n, d], dtype));
+    let y = rms_norm::forward_into(x(), gain(), EPS, poisoned(&[n, d], out));
     let outputs = (poisoned(&[n, d], dtype), poisoned(&[d], dtype));
-    let dy = c.upload(&i.dy, dtype);
+    let dy = c.upload(&i.dy, out);
     let (dx, dg) = rms_norm::backward_into(x(), gain(), EPS, dy, outputs);
     [download(y), download(dx), download(dg)]
 }
 
 fn check(c: Case, dtype: DType, seed: u64) {
-    let i = inputs(&c, seed, dtype);
-    let got = run(&c, &i, dtype);
-    let tol = tolerance(dtype);
-    for (name, (got, want)) in ["y", "dx", "dg"]
+    check_to(c, dtype, dtype, seed);
+}
+
+/// As [`check`], with the output and `dy` in `out`.
+fn check_to(c: Case, dtype: DType, out: DType, seed: u64) {
+    let i = inputs(&c, seed, dtype, out);
+    let got = run(&c, &i, dtype, out);
+    let tols = [tolerance(out), tolerance(dtype), tolerance(dtype)];
+    for ((name, tol), (got, want)) in ["y", "dx", "dg"]
         .iter()
+        .zip(tols)
         .zip(got.iter().zip(reference(c.shape[1], &i)))
     {
         assert_eq!(got.len(), want.value.len(), "{name}: length");
@@ -168,21 +178,46 @@ fn bf16_matches_the_fp64_reference() {
     }
 }
 
+/// bf16 training's layout, f16 standing in: `x` and the gain f32, the output and `dy` f16.
+#[test]
+fn an_output_in_another_dtype_matches_the_fp64_reference() {
+    for (k, c) in CASES.into_iter().enumerate() {
+        check_to(c, DType::F32, DType::F16, 10 * k as u64 + 9);
+    }
+}
+
+fn bits(v: [Vec<f32>; 3]) -> [Vec<u32>; 3] {
+    v.map(|v| v.iter().map(|x| x.to_bits()).collect())
+}
+
 /// Every sum runs in a fixed order: the same inputs give the same bits.
 #[test]
 fn results_repeat_bit_for_bit() {
     let c = case([130, 33], true);
-    let i = inputs(&c, 3, DType::F32);
-    let bits = |v: [Vec<f32>; 3]| v.map(|v| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
-    assert_eq!(bits(run(&c, &i, DType::F32)), bits(run(&c, &i, DType::F32)));
+    let i = inputs(&c, 3, DType::F32, DType::F32);
+    let f32 = DType::F32;
+    assert_eq!(bits(run(&c, &i, f32, f32)), bits(run(&c, &i, f32, f32)));
+}
+
+/// The output in f16 is the f32 output cast to f16, bit for bit (one rounding of the same f32
+/// value); backward from an f16 `dy` is backward from that `dy` widened to f32 (exact).
+#[test]
+fn an_output_in_another_dtype_has_the_bits_of_casting_the_f32_output() {
+    let c = case([70, 129], false);
+    let i = inputs(&c, 5, DType::F32, DType::F16);
+    let fused = run(&c, &i, DType::F32, DType::F16);
+    let [y32, dx32, dg32] = run(&c, &i, DType::F32, DType::F32);
+    // `upload` casts on the device: the f32 values, then the backend's cast to f16.
+    let y32_as_f16 = download(upload(&y32, &c.shape, DType::F16));
+    assert_eq!(bits(fused), bits([y32_as_f16, dx32, dg32]));
 }
 
 /// No rows: `y` and `dx` are empty, and `dg`, a sum over no rows, is zeros.
 #[test]
 fn no_rows_gives_empty_outputs_and_a_zero_gain_gradient() {
     let c = case([0, 5], false);
-    let i = inputs(&c, 1, DType::F32);
-    let [y, dx, dg] = run(&c, &i, DType::F32);
+    let i = inputs(&c, 1, DType::F32, DType::F32);
+    let [y, dx, dg] = run(&c, &i, DType::F32, DType::F32);
     assert!(y.is_empty() && dx.is_empty());
     assert_eq!(dg, [0.0; 5]);
 }

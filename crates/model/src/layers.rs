@@ -75,6 +75,12 @@ impl<B: FusedRmsNorm> RmsNorm<B> {
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         lab_ops::rms_norm(x, self.weight.val(), self.eps)
     }
+
+    /// [`RmsNorm::forward`] stored as `dtype` (the compute dtype the projections read): the
+    /// cast after the norm as part of the one node (`lab_ops::rms_norm_to`).
+    pub fn forward_to(&self, x: Tensor<B, 2>, dtype: FloatDType) -> Tensor<B, 2> {
+        lab_ops::rms_norm_to(x, self.weight.val(), self.eps, dtype)
+    }
 }
 
 /// Rotary position embedding tables, `[seq_len, head_dim]` each, in the "rotate half"

@@ -86,9 +86,9 @@ impl<B: FusedLayers> Block<B> {
         compute: FloatDType,
     ) -> Tensor<B, 2> {
         let residual: FloatDType = x.dtype().into();
-        let h = cast_to(self.attn_norm.forward(x.clone()), compute);
+        let h = self.attn_norm.forward_to(x.clone(), compute);
         let x = x + cast_to(self.attn.forward(h, batch, rope, how), residual);
-        let h = cast_to(self.ffn_norm.forward(x.clone()), compute);
+        let h = self.ffn_norm.forward_to(x.clone(), compute);
         x + cast_to(self.ffn.forward(h), residual)
     }
 }

@@ -19,7 +19,7 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
-use burn::tensor::TensorMetadata;
+use burn::tensor::{FloatDType, TensorMetadata};
 
 use crate::{
     FusedAttention, FusedEmbedding, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope,
@@ -230,11 +230,13 @@ impl<B: FusedSwiglu> KeepsInputs<B> for SwigluOp {
 #[derive(Debug, Clone, Copy)]
 struct RmsNormOp {
     eps: f64,
+    /// The output's dtype.
+    dtype: FloatDType,
 }
 
 impl<B: FusedRmsNorm> KeepsInputs<B> for RmsNormOp {
     fn forward(self, x: FloatTensor<B>, gain: FloatTensor<B>) -> FloatTensor<B> {
-        B::rms_norm(x, gain, self.eps)
+        B::rms_norm(x, gain, self.eps, self.dtype)
     }
     fn backward(
         self,
@@ -313,8 +315,13 @@ impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
 }
 
 impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
-    fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        keeping_inputs::<B, C, _>(RmsNormOp { eps }, x, gain)
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        gain: FloatTensor<Self>,
+        eps: f64,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        keeping_inputs::<B, C, _>(RmsNormOp { eps, dtype }, x, gain)
     }
 }
 

@@ -59,7 +59,7 @@ pub use embedding::{embedding, FusedEmbedding};
 pub use lab_kernels::gemm::Choice as MatmulChoice;
 pub use memory::{DeviceBytes, DeviceMemory};
 pub use projection::{project, FusedProjection};
-pub use rms_norm::{rms_norm, FusedRmsNorm, RmsNormGrads};
+pub use rms_norm::{rms_norm, rms_norm_to, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
 pub use square_sums::{tensor_ops_sum_of_squares, SumOfSquares};
 pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};

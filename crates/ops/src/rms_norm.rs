@@ -16,9 +16,15 @@
 //! the GPU backends run lab-kernels' kernels instead (a pass over the rows each way and one
 //! over the columns for `dg`; their sums run in another order than the composition's);
 //! `Autodiff<B>` records the one node (`autodiff.rs`).
+//!
+//! The output may be stored in another dtype than `x` ([`rms_norm_to`]): under bf16 the
+//! residual stream is fp32 and the projections read bf16, so the cast between them is part of
+//! the op (one kernel on the GPUs, with the same bits as the cast after it), and its backward
+//! takes `dy` in that dtype.
 
-use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor};
+use burn::tensor::{backend::Backend, ops::FloatTensor, FloatDType, Tensor};
 
+use crate::cast_to;
 use crate::generic::{float, prim};
 
 /// `(dx, dg)`: RMSNorm's gradients.
@@ -26,13 +32,22 @@ pub type RmsNormGrads<B> = (FloatTensor<B>, FloatTensor<B>);
 
 /// A backend that can normalise by the root mean square.
 pub trait FusedRmsNorm: Backend {
-    /// `x / sqrt(mean(x², row) + eps) ⊙ gain` for `x: [N, d]`, `gain: [d]`, differentiable
-    /// on autodiff backends.
-    fn rms_norm(x: FloatTensor<Self>, gain: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        composed::<Self>(x, gain, eps)
+    /// `x / sqrt(mean(x², row) + eps) ⊙ gain` for `x: [N, d]`, `gain: [d]`, stored as
+    /// `dtype`, differentiable on autodiff backends.
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        gain: FloatTensor<Self>,
+        eps: f64,
+        dtype: FloatDType,
+    ) -> FloatTensor<Self> {
+        prim(cast_to(
+            float::<Self, 2>(composed::<Self>(x, gain, eps)),
+            dtype,
+        ))
     }
 
-    /// `(dx, dg)` for the upstream gradient `dy` (see the module docs).
+    /// `(dx, dg)` for the upstream gradient `dy` (of the forward's output dtype), typed as
+    /// `x` and `gain` (see the module docs).
     fn rms_norm_backward(
         x: FloatTensor<Self>,
         gain: FloatTensor<Self>,
@@ -54,7 +69,8 @@ pub(crate) fn composed<B: Backend>(
     prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
 }
 
-/// The backward as the backend's own tensor ops (see [`composed`]).
+/// The backward as the backend's own tensor ops (see [`composed`]); `dy` is first widened to
+/// `x`'s dtype, as the backward of a cast after the norm would.
 pub(crate) fn composed_backward<B: Backend>(
     x: FloatTensor<B>,
     gain: FloatTensor<B>,
@@ -62,6 +78,7 @@ pub(crate) fn composed_backward<B: Backend>(
     dy: FloatTensor<B>,
 ) -> RmsNormGrads<B> {
     let (x, gain, dy) = (float::<B, 2>(x), float::<B, 1>(gain), float::<B, 2>(dy));
+    let dy = cast_to(dy, x.dtype().into());
     let r = rms(x.clone(), eps);
     let q = x / r.clone();
     let dg = (dy.clone() * q.clone()).sum_dim(0).squeeze_dim::<1>(0);
@@ -78,12 +95,23 @@ fn rms<B: Backend>(x: Tensor<B, 2>, eps: f64) -> Tensor<B, 2> {
 
 /// RMSNorm of the rows of `x: [N, d]` with the gain `gain: [d]` (see the module docs).
 pub fn rms_norm<B: FusedRmsNorm>(x: Tensor<B, 2>, gain: Tensor<B, 1>, eps: f64) -> Tensor<B, 2> {
+    let dtype = x.dtype().into();
+    rms_norm_to(x, gain, eps, dtype)
+}
+
+/// [`rms_norm`] stored as `dtype`: `cast_to(rms_norm(x, gain, eps), dtype)` as one op.
+pub fn rms_norm_to<B: FusedRmsNorm>(
+    x: Tensor<B, 2>,
+    gain: Tensor<B, 1>,
+    eps: f64,
+    dtype: FloatDType,
+) -> Tensor<B, 2> {
     assert_eq!(
         x.dims()[1],
         gain.dims()[0],
         "rms_norm: x's width differs from the gain's length"
     );
-    float(B::rms_norm(prim(x), prim(gain), eps))
+    float(B::rms_norm(prim(x), prim(gain), eps, dtype))
 }
 
 impl FusedRmsNorm for burn::backend::flex::Flex {}

@@ -6,8 +6,8 @@
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{backend::AutodiffBackend, Tensor, TensorData};
-use lab_ops::{rms_norm, FusedRmsNorm};
+use burn::tensor::{backend::AutodiffBackend, FloatDType, Tensor, TensorData};
+use lab_ops::{cast_to, rms_norm, rms_norm_to, FusedRmsNorm};
 use proptest::prelude::*;
 
 use crate::common;
@@ -294,4 +294,46 @@ fn wgpu_fp32_matches_the_fp64_reference() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
         check_reference::<Autodiff<burn::backend::Wgpu>>(&case(shape, 30 + k as u64, true));
     }
+}
+
+/// `rms_norm_to(…, dtype)` is `cast_to(rms_norm(…), dtype)` as one op: the same bits for the
+/// output and both gradients (the f32 result rounded once either way; `dy` widened exactly,
+/// as the cast's backward widens it).
+fn fused_cast_has_the_bits_of_casting_after<A: AutodiffBackend + FusedRmsNorm>(dtype: FloatDType) {
+    let c = case([37, 129], 5, true);
+    let device = Default::default();
+    let run = |fused: bool| {
+        let x = Tensor::<A, 2>::from_data(TensorData::new(c.x.clone(), c.shape), &device)
+            .require_grad();
+        let gain =
+            Tensor::<A, 1>::from_data(TensorData::new(c.gain.clone(), [c.shape[1]]), &device)
+                .require_grad();
+        let y = match fused {
+            true => rms_norm_to(x.clone(), gain.clone(), EPS, dtype),
+            false => cast_to(rms_norm(x.clone(), gain.clone(), EPS), dtype),
+        };
+        assert_eq!(y.dtype(), dtype.into());
+        let dy = Tensor::<A, 2>::from_data(TensorData::new(c.dy.clone(), c.shape), &device);
+        let grads = (y.clone() * dy.cast(dtype)).sum().backward();
+        let f32s = |d: TensorData| bits(&d.convert::<f32>().to_vec::<f32>().unwrap());
+        [
+            f32s(y.into_data()),
+            f32s(x.grad(&grads).unwrap().into_data()),
+            f32s(gain.grad(&grads).unwrap().into_data()),
+        ]
+    };
+    assert_eq!(run(true), run(false));
+}
+
+#[test]
+fn the_cast_to_bf16_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
+    fused_cast_has_the_bits_of_casting_after::<B>(FloatDType::BF16);
+}
+
+/// The GPU path: the kernels write the output in f16 (lavapipe has no bf16) and read `dy` in
+/// f16, where the composition runs the norm in fp32 and burn's cast after it.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_the_cast_to_f16_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
+    fused_cast_has_the_bits_of_casting_after::<Autodiff<burn::backend::Wgpu>>(FloatDType::F16);
 }

@@ -184,8 +184,9 @@ pub fn block_bytes_per_token(
     } else {
         // Kept: the outputs of matmuls, casts and kernels; elementwise results are recomputed.
         // The two branch outputs widened into the fp32 residual stream (the matmul outputs
-        // themselves in fp32 runs), and in mixed precision the norms' outputs cast for the matmuls.
-        let residual = 2.0 * h * f32 + if mixed { 2.0 * h * c } else { 0.0 };
+        // themselves in fp32 runs). The norms' outputs are recomputed: in mixed precision the
+        // cast to the compute dtype is part of the norm op (`lab_ops::rms_norm_to`).
+        let residual = 2.0 * h * f32;
         // q and k after RoPE and as the score matmul reads them, v, the attention output
         // (RoPE is one op that keeps only its tables, so q and k before it are not kept).
         // The same on the flash kernel at fp32 (lavapipe); in bf16 it may not need the score
@@ -381,15 +382,15 @@ mod tests {
             + 2.0 * 3.0 * 11008.0
             + 4.0 * 32.0;
         assert_eq!(per_token_layer, 135_808.0);
-        // Selective: the branch outputs in fp32 and the norms' bf16 outputs 2·4h + 2·2h; q and
-        // k after RoPE and as the score matmul reads them, v and the attention output
-        // 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same log-sum-exp.
+        // Selective: the branch outputs in fp32 2·4h (the norms, their cast to bf16 included,
+        // are recomputed); q and k after RoPE and as the score matmul reads them, v and the
+        // attention output 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same
+        // log-sum-exp.
         let selective_token_layer = 2.0 * 4.0 * 4096.0
-            + 2.0 * 2.0 * 4096.0
             + 2.0 * (3.0 * 4096.0 + 3.0 * 1024.0)
             + 2.0 * 2.0 * 11008.0
             + 4.0 * 32.0;
-        assert_eq!(selective_token_layer, 124_032.0);
+        assert_eq!(selective_token_layer, 107_648.0);
         // Both split over TP 2, plus the fused loss over half the vocabulary and half the
         // tokens: d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 8,384
         // fit in 1 GiB of 32,000 words) at 2 bytes, one chunk's d head at 2 and their fp32 sum

@@ -1,6 +1,6 @@
 //! RMSNorm on `CubeBackend` (lab-kernels' kernels) and through Fusion.
 
-use burn::tensor::DType;
+use burn::tensor::{DType, FloatDType};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::rms_norm::supports;
@@ -20,11 +20,13 @@ where
         x: Self::FloatTensorPrimitive,
         gain: Self::FloatTensorPrimitive,
         eps: f64,
+        dtype: FloatDType,
     ) -> Self::FloatTensorPrimitive {
-        if supports(one_dtype(&[x.dtype, gain.dtype])) {
-            lab_kernels::rms_norm::forward(x, gain, eps)
+        if supports(one_dtype(&[x.dtype, gain.dtype])) && supports(dtype.into()) {
+            lab_kernels::rms_norm::forward(x, gain, eps, dtype.into())
         } else {
-            composed::<Self>(x, gain, eps)
+            let y = composed::<Self>(x, gain, eps);
+            crate::generic::prim(crate::cast_to(crate::generic::float::<Self, 2>(y), dtype))
         }
     }
 
@@ -34,7 +36,7 @@ where
         eps: f64,
         dy: Self::FloatTensorPrimitive,
     ) -> RmsNormGrads<Self> {
-        if supports(one_dtype(&[x.dtype, gain.dtype, dy.dtype])) {
+        if supports(one_dtype(&[x.dtype, gain.dtype])) && supports(dy.dtype) {
             lab_kernels::rms_norm::backward(x, gain, eps, dy)
         } else {
             composed_backward::<Self>(x, gain, eps, dy)
@@ -42,10 +44,10 @@ where
     }
 }
 
-/// The operands' one dtype. Mixed dtypes are a bug in the caller: the GPU backends' binary
-/// ops read the right-hand operand as the left's dtype, so the composition would misread them
-/// too (the model never mixes them: the residual stream and the gains are fp32 in both
-/// precisions).
+/// `x`'s and the gain's one dtype. Mixed dtypes are a bug in the caller: the GPU backends'
+/// binary ops read the right-hand operand as the left's dtype, so the composition would
+/// misread them too (the model never mixes them: the residual stream and the gains are fp32 in
+/// both precisions). The output, and so `dy`, may be of another dtype.
 fn one_dtype(dtypes: &[DType]) -> DType {
     assert!(
         dtypes.iter().all(|&d| d == dtypes[0]),
@@ -60,12 +62,13 @@ impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
         x: Self::FloatTensorPrimitive,
         gain: Self::FloatTensorPrimitive,
         eps: f64,
+        dtype: FloatDType,
     ) -> Self::FloatTensorPrimitive {
         one_dtype(&[x.dtype, gain.dtype]);
-        let y = like(&x);
+        let y = (dtype.into(), x.shape.clone());
         let [y] = custom_op::<B, 1>("lab_rms_norm", vec![x, gain], [y], move |h, t| {
             let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
-            vec![B::rms_norm(get(0), get(1), eps)]
+            vec![B::rms_norm(get(0), get(1), eps, dtype)]
         });
         y
     }
@@ -76,7 +79,7 @@ impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
         eps: f64,
         dy: Self::FloatTensorPrimitive,
     ) -> RmsNormGrads<Self> {
-        one_dtype(&[x.dtype, gain.dtype, dy.dtype]);
+        one_dtype(&[x.dtype, gain.dtype]);
         let outputs = [like(&x), like(&gain)];
         let [dx, dg] = custom_op::<B, 2>(
             "lab_rms_norm_backward",
