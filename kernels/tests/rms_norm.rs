@@ -199,17 +199,29 @@ fn results_repeat_bit_for_bit() {
     assert_eq!(bits(run(&c, &i, f32, f32)), bits(run(&c, &i, f32, f32)));
 }
 
-/// The output in f16 is the f32 output cast to f16, bit for bit (one rounding of the same f32
-/// value); backward from an f16 `dy` is backward from that `dy` widened to f32 (exact).
+/// The output in `half` is the f32 output cast to `half`, bit for bit (one rounding of the
+/// same f32 value); backward from a `half` `dy` is backward from that `dy` widened to f32
+/// (exact).
+fn check_fused_cast_bits(half: DType) {
+    let c = case([70, 129], false);
+    let i = inputs(&c, 5, DType::F32, half);
+    let fused = run(&c, &i, DType::F32, half);
+    let [y32, dx32, dg32] = run(&c, &i, DType::F32, DType::F32);
+    // `upload` casts on the device: the f32 values, then the backend's cast.
+    let y32_cast = download(upload(&y32, &c.shape, half));
+    assert_eq!(bits(fused), bits([y32_cast, dx32, dg32]));
+}
+
 #[test]
 fn an_output_in_another_dtype_has_the_bits_of_casting_the_f32_output() {
-    let c = case([70, 129], false);
-    let i = inputs(&c, 5, DType::F32, DType::F16);
-    let fused = run(&c, &i, DType::F32, DType::F16);
-    let [y32, dx32, dg32] = run(&c, &i, DType::F32, DType::F32);
-    // `upload` casts on the device: the f32 values, then the backend's cast to f16.
-    let y32_as_f16 = download(upload(&y32, &c.shape, DType::F16));
-    assert_eq!(bits(fused), bits([y32_as_f16, dx32, dg32]));
+    check_fused_cast_bits(DType::F16);
+}
+
+/// bf16, the training precision (CUDA builds only: lavapipe has no bf16).
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn a_bf16_output_has_the_bits_of_casting_the_f32_output() {
+    check_fused_cast_bits(DType::BF16);
 }
 
 /// No rows: `y` and `dx` are empty, and `dg`, a sum over no rows, is zeros.

@@ -237,8 +237,9 @@ fn same_forward_bits_and_close_gradients_as_the_composition() {
 
 /// A norm of a residual sum between projections, as a block runs it: `norm(x·W₁ + x·W₃)·W₂`
 /// summed, and the weights' and gain's gradients. The sum is memory-bound, so under selective
-/// checkpointing the norm's input is itself recomputed, as the residual stream is.
-fn block<A: AutodiffBackend + FusedRmsNorm>() -> Vec<Vec<f32>> {
+/// checkpointing the norm's input is itself recomputed, as the residual stream is. The norm
+/// writes `dtype`, which `W₂` is cast to (bf16 training's block).
+fn block<A: AutodiffBackend + FusedRmsNorm>(dtype: FloatDType) -> Vec<Vec<f32>> {
     let device = Default::default();
     let x = block_input::<A>();
     let (w1, w2, w3) = (
@@ -249,7 +250,7 @@ fn block<A: AutodiffBackend + FusedRmsNorm>() -> Vec<Vec<f32>> {
     let gain = Tensor::<A, 1>::from_data(TensorData::new(floats(12, 4, 1.0), [12]), &device)
         .require_grad();
     let residual = x.clone().matmul(w1.clone()) + x.matmul(w3.clone());
-    let y = op(residual, gain.clone()).matmul(w2.clone());
+    let y = rms_norm_to(residual, gain.clone(), EPS, dtype).matmul(cast_to(w2.clone(), dtype));
     let grads = y.sum().backward();
     let data = |d: TensorData| d.to_vec::<f32>().unwrap();
     vec![
@@ -261,17 +262,20 @@ fn block<A: AutodiffBackend + FusedRmsNorm>() -> Vec<Vec<f32>> {
 }
 
 /// Under selective checkpointing (burn's balanced strategy, which recomputes memory-bound
-/// ops' outputs from their inputs) every gradient has the same bits as without it.
+/// ops' outputs from their inputs, the norm's among them) every gradient has the same bits as
+/// without it, in fp32 and with the norm writing bf16.
 #[test]
 fn selective_checkpointing_gives_the_same_gradients() {
-    let plain = block::<B>();
-    let selective = block::<Autodiff<Flex, BalancedCheckpointing>>();
-    for (p, s) in plain.iter().zip(&selective) {
-        assert_eq!(
-            bits(p),
-            bits(s),
-            "selective checkpointing changed a gradient"
-        );
+    for dtype in [FloatDType::F32, FloatDType::BF16] {
+        let plain = block::<B>(dtype);
+        let selective = block::<Autodiff<Flex, BalancedCheckpointing>>(dtype);
+        for (p, s) in plain.iter().zip(&selective) {
+            assert_eq!(
+                bits(p),
+                bits(s),
+                "selective checkpointing changed a gradient ({dtype:?})"
+            );
+        }
     }
 }
 
@@ -330,10 +334,15 @@ fn the_cast_to_bf16_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
     fused_cast_has_the_bits_of_casting_after::<B>(FloatDType::BF16);
 }
 
-/// The GPU path: the kernels write the output in f16 (lavapipe has no bf16) and read `dy` in
-/// f16, where the composition runs the norm in fp32 and burn's cast after it.
-#[cfg(feature = "wgpu")]
+/// The GPU path: the kernels write the output in the half type (f16 on wgpu, where lavapipe
+/// has no bf16; bf16 in a CUDA build) and read `dy` in it, where the composition runs the norm
+/// in fp32 and the backend's cast after it.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn wgpu_the_cast_to_f16_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
-    fused_cast_has_the_bits_of_casting_after::<Autodiff<burn::backend::Wgpu>>(FloatDType::F16);
+fn gpu_the_cast_to_half_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
+    let half = match cfg!(feature = "wgpu") {
+        true => FloatDType::F16,
+        false => FloatDType::BF16,
+    };
+    fused_cast_has_the_bits_of_casting_after::<Autodiff<common::Gpu>>(half);
 }

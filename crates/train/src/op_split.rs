@@ -323,14 +323,15 @@ fn rope<'a, B: TrainBackend>(s: &Shapes<B>, q: Tensor<B, 4>, k: Tensor<B, 4>) ->
     }
 }
 
-/// One RMSNorm over the fp32 residual stream.
+/// One RMSNorm over the fp32 residual stream, its output in the compute dtype, as a block's.
 fn rms_norm<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
     let norm = &model.blocks[0].attn_norm;
     let x = input([s.rows, s.cfg.d_model], FloatDType::F32, s.device);
+    let compute = s.compute;
     Probe {
         class: OpClass::RmsNorm,
         inputs: vec![reached(x.clone()), reached(norm.weight.val())],
-        run: Box::new(move || vec![norm.forward(x.clone()).backward()]),
+        run: Box::new(move || vec![norm.forward_to(x.clone(), compute).backward()]),
     }
 }
 
