@@ -40,10 +40,7 @@ pub trait FusedRmsNorm: Backend {
         eps: f64,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        prim(cast_to(
-            float::<Self, 2>(composed::<Self>(x, gain, eps)),
-            dtype,
-        ))
+        composed_to::<Self>(x, gain, eps, dtype)
     }
 
     /// `(dx, dg)` for the upstream gradient `dy` (of the forward's output dtype), typed as
@@ -58,15 +55,21 @@ pub trait FusedRmsNorm: Backend {
     }
 }
 
-/// The forward as the backend's own tensor ops: the default, and the GPU backends' path for
-/// a dtype their kernels do not take (f64).
-pub(crate) fn composed<B: Backend>(
+/// The forward as the backend's own tensor ops, in `x`'s dtype.
+fn composed<B: Backend>(x: FloatTensor<B>, gain: FloatTensor<B>, eps: f64) -> FloatTensor<B> {
+    let (x, gain) = (float::<B, 2>(x), float::<B, 1>(gain));
+    prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+}
+
+/// [`composed`] cast to `dtype` (no cast where it is `x`'s): the default, and the GPU
+/// backends' path for a dtype their kernels do not take (f64).
+pub(crate) fn composed_to<B: Backend>(
     x: FloatTensor<B>,
     gain: FloatTensor<B>,
     eps: f64,
+    dtype: FloatDType,
 ) -> FloatTensor<B> {
-    let (x, gain) = (float::<B, 2>(x), float::<B, 1>(gain));
-    prim(x.clone() / rms(x, eps) * gain.unsqueeze::<2>())
+    prim(cast_to(float::<B, 2>(composed::<B>(x, gain, eps)), dtype))
 }
 
 /// The backward as the backend's own tensor ops (see [`composed`]); `dy` is first widened to

@@ -6,7 +6,7 @@ use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::rms_norm::supports;
 
 use super::{custom_op, like};
-use crate::rms_norm::{composed, composed_backward};
+use crate::rms_norm::{composed_backward, composed_to};
 use crate::{FusedRmsNorm, RmsNormGrads};
 
 impl<R, F, I, BT> FusedRmsNorm for CubeBackend<R, F, I, BT>
@@ -25,8 +25,7 @@ where
         if supports(one_dtype(&[x.dtype, gain.dtype])) && supports(dtype.into()) {
             lab_kernels::rms_norm::forward(x, gain, eps, dtype.into())
         } else {
-            let y = composed::<Self>(x, gain, eps);
-            crate::generic::prim(crate::cast_to(crate::generic::float::<Self, 2>(y), dtype))
+            composed_to::<Self>(x, gain, eps, dtype)
         }
     }
 
