@@ -312,9 +312,10 @@ fn fused_cast_has_the_bits_of_casting_after<A: AutodiffBackend + FusedRmsNorm>(d
         let gain =
             Tensor::<A, 1>::from_data(TensorData::new(c.gain.clone(), [c.shape[1]]), &device)
                 .require_grad();
-        let y = match fused {
-            true => rms_norm_to(x.clone(), gain.clone(), EPS, dtype),
-            false => cast_to(rms_norm(x.clone(), gain.clone(), EPS), dtype),
+        let y = if fused {
+            rms_norm_to(x.clone(), gain.clone(), EPS, dtype)
+        } else {
+            cast_to(rms_norm(x.clone(), gain.clone(), EPS), dtype)
         };
         assert_eq!(y.dtype(), dtype.into());
         let dy = Tensor::<A, 2>::from_data(TensorData::new(c.dy.clone(), c.shape), &device);
@@ -340,9 +341,10 @@ fn the_cast_to_bf16_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
 fn gpu_the_cast_to_half_as_part_of_the_op_has_the_bits_of_the_cast_after_it() {
-    let half = match cfg!(feature = "wgpu") {
-        true => FloatDType::F16,
-        false => FloatDType::BF16,
+    let half = if cfg!(feature = "wgpu") {
+        FloatDType::F16
+    } else {
+        FloatDType::BF16
     };
     fused_cast_has_the_bits_of_casting_after::<Autodiff<common::Gpu>>(half);
 }

@@ -149,22 +149,17 @@ impl Layout {
     pub fn upload(self, data: &[f32], shape: [usize; 4], dtype: DType) -> Prim {
         let axes = self.stored_axes();
         let stored_shape = self.stored_shape(shape);
-        let logical = row_major_strides(shape);
-        let mut stored = Vec::with_capacity(stored_shape.iter().product());
-        for i0 in 0..stored_shape[0] {
-            for i1 in 0..stored_shape[1] {
-                for i2 in 0..stored_shape[2] {
-                    for i3 in 0..stored_shape[3] {
-                        let index = [i0, i1, i2, i3];
-                        let at = index.iter().zip(axes).map(|(i, a)| i * logical[a]);
-                        stored.push(match i3 < shape[axes[3]] {
-                            true => data[at.sum::<usize>()],
-                            false => f32::NAN, // padding
-                        });
-                    }
+        let (logical, steps) = (row_major_strides(shape), row_major_strides(stored_shape));
+        // Element `k` of the buffer, at index `k / steps[i] % stored_shape[i]` along its axes.
+        let stored: Vec<f32> = (0..stored_shape.iter().product())
+            .map(|k| {
+                let index = [0, 1, 2, 3].map(|i| k / steps[i] % stored_shape[i]);
+                if index[3] >= shape[axes[3]] {
+                    return f32::NAN; // padding
                 }
-            }
-        }
+                data[(0..4).map(|i| index[i] * logical[axes[i]]).sum::<usize>()]
+            })
+            .collect();
         let t = Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(upload(
             &stored,
             &stored_shape,
