@@ -7,13 +7,16 @@
 //!
 //! burn's composition of these under Fusion took 1.61 ms a norm (forward and backward) on an
 //! H100 at x1-50m (`[32768, 768]` fp32), where the traffic they need (read `x` twice and `dy`
-//! once, write `y` and `dx`: ~500 MB) takes ~0.2 ms at 3 TB/s; these kernels read `x` and `dy`
-//! once more, for `dg`. Here:
+//! once, write `y` and `dx`: ~500 MB) takes ~0.2 ms at 3 TB/s. Here:
 //! - [`forward`]: one cube per row; its units' sums of squares meet in shared memory, then
 //!   each unit writes its columns of `y`.
-//! - [`backward`]: one cube per row takes the row's two sums, `Σ x²` and `Σ gy ⊙ x`, in one
-//!   read, writes its `dx` and its `1/r`; then `dg` in two stages, both in a fixed order: each
-//!   block of [`BLOCK_ROWS`] rows sums its columns, then each column sums the blocks.
+//! - [`backward`]: one cube per block of [`BLOCK_ROWS`] rows. For each row in turn it takes
+//!   the row's two sums, `Σ x²` and `Σ gy ⊙ x`, in one read, then writes the row's `dx` and
+//!   adds `dy ⊙ q` to the block's column sums, which each unit keeps in registers for its
+//!   columns: `dg`'s first stage needs no second read of `x` and `dy`. A second kernel sums
+//!   each column over the blocks, [`SUM_LANES`] lanes a column meeting in a tree, so that no
+//!   unit walks every block (a chain of dependent loads, a few hundred on x1-50m).
+//!   Both stages run in a fixed order.
 //!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16), as autocast keeps the norm's
 //! statistics in fp32; every sum is in a fixed order, so results repeat bit for bit. `x` and
@@ -31,23 +34,29 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
-use crate::rows::{cube_row, row_grid, MAX_GRID};
+use crate::rows::{cube_row, row_grid};
 
 /// Units per row: a power of two for the tree in `cube_sums`; x1-50m's 768 columns are six
 /// strides of a unit.
 pub const ROW_UNITS: usize = 128;
 
-/// Rows per block of `dg`'s first stage (more when the grid's y axis would pass 65,535).
-pub const BLOCK_ROWS: usize = 64;
+/// Rows per cube of the backward: x1-50m's 32,768 rows a micro-batch make 2,048 cubes of
+/// 128 units, enough to fill an H100's 132 multiprocessors, and `dg`'s partial sums,
+/// `[N / 16, d]` in f32, are 1/16 of what the rows pass reads.
+pub const BLOCK_ROWS: usize = 16;
 
-// The tree in `cube_sums` halves the cube's width down to one unit.
-const _: () = assert!(ROW_UNITS.is_power_of_two());
+/// Units summing one column of `dg`'s partials, each every `SUM_LANES`-th block: 64 blocks a
+/// unit for x1-50m's 2,048, where one unit a column would walk all of them.
+pub const SUM_LANES: usize = 32;
 
-/// Units per cube of the column kernels.
-const COLUMN_UNITS: u32 = 256;
+/// Columns per cube of `dg`'s second stage: consecutive units on consecutive columns.
+const SUM_COLUMNS: usize = 8;
+
+// The trees in `cube_sums` and the lanes' sum halve a width down to one unit.
+const _: () = assert!(ROW_UNITS.is_power_of_two() && SUM_LANES.is_power_of_two());
 
 /// The cube's sums of every unit's `a` and `b`, in a tree over shared memory (the same order
-/// on every run); every unit gets them.
+/// on every run); every unit gets them. Every unit of the cube must call it.
 #[cube]
 fn cube_sums<A: Float>(a: A, b: A, #[comptime] units: usize) -> (A, A) {
     let u = UNIT_POS_X as usize;
@@ -67,7 +76,11 @@ fn cube_sums<A: Float>(a: A, b: A, #[comptime] units: usize) -> (A, A) {
         sync_cube();
         stride /= 2;
     }
-    (sums_a[0], sums_b[0])
+    let sums = (sums_a[0], sums_b[0]);
+    // The backward calls this once a row: no unit writes the next row's sums before every
+    // unit has read these.
+    sync_cube();
+    sums
 }
 
 /// `r = sqrt(Σ x² / d + eps)` from the row's sum of squares.
@@ -112,102 +125,153 @@ fn forward_kernel<F: Float, G: Float, A: Float>(
     }
 }
 
-/// `dy` is stored as `G`, the output's type; `dx` as `x`.
+/// One cube per block of `block_rows` rows: each row's `dx`, and the block's column sums of
+/// `dy ⊙ q` into `partials[block]`. `dy` is stored as `G`, the output's type; `dx` as `x`.
+/// Unit `u` owns columns `u, u + units, …`: `columns` of them, a comptime count, so that
+/// their sums live in registers.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_rows_kernel<F: Float, G: Float, A: Float>(
+fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
     dy: &Tensor<G>,
     dx: &mut Tensor<F>,
-    inv_r: &mut Tensor<A>,
+    partials: &mut Tensor<A>,
+    block_rows: usize,
     inv_d: f32,
     eps: f32,
     #[comptime] units: usize,
+    #[comptime] columns: usize,
     #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
-    let row = cube_row();
-    if row < rows {
-        let (xb, xc) = (row * x.stride(0), x.stride(1));
-        let (gb, gc) = (row * dy.stride(0), dy.stride(1));
-        let gs = gain.stride(0);
-        let mut squares = A::new(0.0);
-        let mut gy_x = A::new(0.0);
-        let mut j = UNIT_POS_X as usize;
-        while j < d {
-            let v = A::cast_from(x[xb + j * xc]);
-            let gy = A::cast_from(dy[gb + j * gc]) * A::cast_from(gain[j * gs]);
-            squares += v * v;
-            gy_x += gy * v;
-            j += units;
-        }
-        let (squares, gy_x) = cube_sums::<A>(squares, gy_x, units);
-        let r = root_mean_square::<A>(squares, inv_d, eps);
-        // mean(gy ⊙ q) = Σ gy ⊙ x / (r d)
-        let along = gy_x / r * A::cast_from(inv_d);
-        let mut j = UNIT_POS_X as usize;
-        while j < d {
-            let q = A::cast_from(x[xb + j * xc]) / r;
-            let gy = A::cast_from(dy[gb + j * gc]) * A::cast_from(gain[j * gs]);
-            dx[row * d + j] = F::cast_from((gy - q * along) / r);
-            j += units;
-        }
-        if UNIT_POS_X == 0 {
-            inv_r[row] = A::new(1.0) / r;
-        }
-    }
-}
-
-/// `partials[b, j] = Σ dy[i, j] · x[i, j] / r[i]` over block `b`'s rows: one unit a column,
-/// consecutive units on consecutive columns (coalesced reads).
-#[cube(launch)]
-fn gain_partials_kernel<F: Float, G: Float, A: Float>(
-    x: &Tensor<F>,
-    dy: &Tensor<G>,
-    inv_r: &Tensor<A>,
-    partials: &mut Tensor<A>,
-    block_rows: usize,
-    #[define(F, G, A)] _dtypes: [StorageType; 3],
-) {
-    let (rows, d) = (x.shape(0), x.shape(1));
-    let j = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
-    let block = CUBE_POS_Y as usize;
-    if j < d {
-        let start = block * block_rows;
+    let block = cube_row();
+    let start = block * block_rows;
+    // The whole cube shares the block, so leaving here skips no barrier another unit waits at.
+    if start < rows {
         let mut end = start + block_rows;
         if end > rows {
             end = rows;
         }
-        let mut sum = A::new(0.0);
-        let mut i = start;
-        while i < end {
-            let v = A::cast_from(x[i * x.stride(0) + j * x.stride(1)]);
-            let g = A::cast_from(dy[i * dy.stride(0) + j * dy.stride(1)]);
-            sum += g * (v * inv_r[i]);
-            i += 1;
+        let mut dg = Array::<A>::new(columns);
+        #[unroll]
+        for c in 0..columns {
+            dg[c] = A::new(0.0);
         }
-        partials[block * d + j] = sum;
+        let mut row = start;
+        while row < end {
+            let (squares, gy_x) = unit_row_sums::<F, G, A>(x, gain, dy, row, units, columns);
+            let (squares, gy_x) = cube_sums::<A>(squares, gy_x, units);
+            let r = root_mean_square::<A>(squares, inv_d, eps);
+            // mean(gy ⊙ q) = Σ gy ⊙ x / (r d)
+            let along = gy_x / r * A::cast_from(inv_d);
+            row_grads::<F, G, A>(x, gain, dy, dx, &mut dg, row, r, along, units, columns);
+            row += 1;
+        }
+        #[unroll]
+        for c in 0..columns {
+            let j = UNIT_POS_X as usize + c * units;
+            if j < d {
+                partials[block * d + j] = dg[c];
+            }
+        }
     }
 }
 
-/// `dg[j] = Σ_b partials[b, j]`, in block order.
+/// This unit's shares of row `row`'s `Σ x²` and `Σ gy ⊙ x`, over its columns in order.
+#[cube]
+fn unit_row_sums<F: Float, G: Float, A: Float>(
+    x: &Tensor<F>,
+    gain: &Tensor<F>,
+    dy: &Tensor<G>,
+    row: usize,
+    #[comptime] units: usize,
+    #[comptime] columns: usize,
+) -> (A, A) {
+    let d = x.shape(1);
+    let mut squares = A::new(0.0);
+    let mut gy_x = A::new(0.0);
+    #[unroll]
+    for c in 0..columns {
+        let j = UNIT_POS_X as usize + c * units;
+        if j < d {
+            let v = A::cast_from(x[row * x.stride(0) + j * x.stride(1)]);
+            let g = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
+            let gy = g * A::cast_from(gain[j * gain.stride(0)]);
+            squares += v * v;
+            gy_x += gy * v;
+        }
+    }
+    (squares, gy_x)
+}
+
+/// Row `row`'s `dx` in this unit's columns, `(gy − q · along) / r`, and `dy ⊙ q` added to
+/// their column sums `dg` (`q` as `x · (1/r)` there, as the sums were first written).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn row_grads<F: Float, G: Float, A: Float>(
+    x: &Tensor<F>,
+    gain: &Tensor<F>,
+    dy: &Tensor<G>,
+    dx: &mut Tensor<F>,
+    dg: &mut Array<A>,
+    row: usize,
+    r: A,
+    along: A,
+    #[comptime] units: usize,
+    #[comptime] columns: usize,
+) {
+    let d = x.shape(1);
+    let inv_r = A::new(1.0) / r;
+    #[unroll]
+    for c in 0..columns {
+        let j = UNIT_POS_X as usize + c * units;
+        if j < d {
+            let v = A::cast_from(x[row * x.stride(0) + j * x.stride(1)]);
+            let g = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
+            let gy = g * A::cast_from(gain[j * gain.stride(0)]);
+            dx[row * d + j] = F::cast_from((gy - v / r * along) / r);
+            dg[c] += g * (v * inv_r);
+        }
+    }
+}
+
+/// `dg[j] = Σ_b partials[b, j]`: lane `l` (the cube's y axis) sums blocks `l, l + lanes, …` in
+/// order, then the lanes meet in a tree over shared memory (the same order on every run).
 #[cube(launch)]
 fn gain_sums_kernel<F: Float, A: Float>(
     partials: &Tensor<A>,
     dg: &mut Tensor<F>,
+    #[comptime] columns: usize,
+    #[comptime] lanes: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (blocks, d) = (partials.shape(0), partials.shape(1));
-    let j = ABSOLUTE_POS;
+    let (col, lane) = (UNIT_POS_X as usize, UNIT_POS_Y as usize);
+    let j = CUBE_POS_X as usize * columns + col;
+    let mut sum = A::new(0.0);
     if j < d {
-        let mut sum = A::new(0.0);
-        let mut b = 0;
+        let mut b = lane;
         while b < blocks {
             sum += partials[b * d + j];
-            b += 1;
+            b += lanes;
         }
-        dg[j] = F::cast_from(sum);
+    }
+    let mut sums = SharedMemory::<A>::new(columns * lanes);
+    sums[lane * columns + col] = sum;
+    sync_cube();
+    // Halving from the cube's height, a runtime value: cubecl cannot mutate a comptime one.
+    let mut stride = CUBE_DIM_Y as usize / 2;
+    while stride > 0 {
+        if lane < stride {
+            let other = sums[(lane + stride) * columns + col];
+            sums[lane * columns + col] += other;
+        }
+        sync_cube();
+        stride /= 2;
+    }
+    if lane == 0 && j < d {
+        dg[j] = F::cast_from(sums[col]);
     }
 }
 
@@ -323,8 +387,22 @@ pub fn backward_into<R: CubeRuntime>(
     gain: CubeTensor<R>,
     eps: f64,
     dy: CubeTensor<R>,
+    outputs: (CubeTensor<R>, CubeTensor<R>),
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, outputs)
+}
+
+/// [`backward_into`] with `block_rows` rows a cube instead of [`BLOCK_ROWS`]: tests take
+/// other sizes, and a grid of more blocks than an axis holds from few rows.
+pub fn backward_in_blocks_of<R: CubeRuntime>(
+    block_rows: usize,
+    x: CubeTensor<R>,
+    gain: CubeTensor<R>,
+    eps: f64,
+    dy: CubeTensor<R>,
     (dx, dg): (CubeTensor<R>, CubeTensor<R>),
 ) -> (CubeTensor<R>, CubeTensor<R>) {
+    assert!(block_rows > 0, "rms_norm: blocks of no rows");
     let [n, d] = dims(&x, &gain);
     assert_eq!(
         dy.meta.shape(),
@@ -352,43 +430,34 @@ pub fn backward_into<R: CubeRuntime>(
         return (dx, zeros);
     }
     let client = x.client.clone();
+    // A grid axis holds 65,535 cubes; row_grid spills the blocks onto the y axis.
+    let blocks = n.div_ceil(block_rows);
+    let partials = new_tensor(&x, Shape::new([blocks, d]), DType::F32);
     let types = [x.dtype.into(), dy.dtype.into(), DType::F32.into()];
-    let inv_r = new_tensor(&x, Shape::new([n]), DType::F32);
-    backward_rows_kernel::launch::<R>(
+    backward_blocks_kernel::launch::<R>(
         &client,
-        row_grid(n),
+        row_grid(blocks),
         CubeDim::new_1d(ROW_UNITS as u32),
-        x.clone().into_tensor_arg(),
+        x.into_tensor_arg(),
         gain.into_tensor_arg(),
-        dy.clone().into_tensor_arg(),
+        dy.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
-        inv_r.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        block_rows,
         1.0 / d as f32,
         eps as f32,
         ROW_UNITS,
-        types,
-    );
-    let block_rows = BLOCK_ROWS.max(n.div_ceil(MAX_GRID));
-    let blocks = n.div_ceil(block_rows);
-    let partials = new_tensor(&x, Shape::new([blocks, d]), DType::F32);
-    let columns = d.div_ceil(COLUMN_UNITS as usize) as u32;
-    gain_partials_kernel::launch::<R>(
-        &client,
-        CubeCount::Static(columns, blocks as u32, 1),
-        CubeDim::new_1d(COLUMN_UNITS),
-        x.into_tensor_arg(),
-        dy.into_tensor_arg(),
-        inv_r.into_tensor_arg(),
-        partials.clone().into_tensor_arg(),
-        block_rows,
+        d.div_ceil(ROW_UNITS),
         types,
     );
     gain_sums_kernel::launch::<R>(
         &client,
-        CubeCount::Static(columns, 1, 1),
-        CubeDim::new_1d(COLUMN_UNITS),
+        CubeCount::Static(d.div_ceil(SUM_COLUMNS) as u32, 1, 1),
+        CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32),
         partials.into_tensor_arg(),
         dg.clone().into_tensor_arg(),
+        SUM_COLUMNS,
+        SUM_LANES,
         [dg.dtype.into(), DType::F32.into()],
     );
     (dx, dg)

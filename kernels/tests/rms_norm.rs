@@ -2,17 +2,18 @@
 //! CI; CUDA in a build with only `--features cuda`).
 //!
 //! Outputs are poisoned with NaN before each launch, so an element the kernels forgot to write
-//! fails. Shapes are not multiples of the kernels' widths (128 units a row, 256 columns a
-//! cube, 64 rows a block of `dg`'s first stage), and one has more rows than a grid axis holds
-//! (65,535 cubes); `x` and `dy` also come transposed (strided rows, as a gradient through a
+//! fails. Shapes are not multiples of the kernels' widths (128 units a row, 16 rows a cube of
+//! the backward, 8 columns and 32 lanes a cube of `dg`'s sums); one has more rows than a grid
+//! axis holds (65,535 cubes), another more blocks of 16 rows; `x` and `dy` also come transposed (strided rows, as a gradient through a
 //! matmul's transpose arrives). Rows run from 1e-3 to 1e2 in scale, and one row is zeros,
 //! where `eps` alone sets `r`.
 //!
 //! Tolerances, per element, relative to the size of the terms that make it (`|y|`;
 //! `(|gy| + |q|·mean|gy·q|)/r` for `dx`, whose two terms can cancel; `Σ|dy·q|` for `dg`):
 //! - f32: 2e-5. Each output is a few f32 roundings (2⁻²⁴ each) after f32 sums: of at most 300
-//!   terms in a tree (rows), or for `dg` of 64 rows a block and then up to 1,025 blocks, whose
-//!   roundings add up as a random walk (the worst case, 1,089 · 2⁻²⁴ = 6.5e-5, does not occur).
+//!   terms in a tree (rows), or for `dg` of 16 rows a block and then, in each of 32 lanes, up
+//!   to 2,048 blocks, then a tree of the lanes, whose roundings add up as a random walk (the
+//!   worst case, ~2,070 · 2⁻²⁴ = 1.2e-4, does not occur).
 //! - f16 storage (f32 arithmetic inside): that plus the output's own rounding, 2⁻¹¹: 6e-4.
 //! - bf16 storage (CUDA builds only): with bf16's rounding, 2⁻⁸: 5e-3.
 //!
@@ -109,13 +110,24 @@ fn tolerance(dtype: DType) -> f64 {
 /// The kernels' `(y, dx, dg)` for the case, into poisoned outputs: `x`, `gain`, `dx`, `dg` in
 /// `dtype`, `y` and `dy` in `out`.
 fn run(c: &Case, i: &Inputs, dtype: DType, out: DType) -> [Vec<f32>; 3] {
+    run_in_blocks_of(rms_norm::BLOCK_ROWS, c, i, dtype, out)
+}
+
+/// [`run`] with the backward's cubes taking `block_rows` rows each.
+fn run_in_blocks_of(
+    block_rows: usize,
+    c: &Case,
+    i: &Inputs,
+    dtype: DType,
+    out: DType,
+) -> [Vec<f32>; 3] {
     let [n, d] = c.shape;
     let gain = || upload(&i.gain, &[d], dtype);
     let x = || c.upload(&i.x, dtype);
     let y = rms_norm::forward_into(x(), gain(), EPS, poisoned(&[n, d], out));
     let outputs = (poisoned(&[n, d], dtype), poisoned(&[d], dtype));
     let dy = c.upload(&i.dy, out);
-    let (dx, dg) = rms_norm::backward_into(x(), gain(), EPS, dy, outputs);
+    let (dx, dg) = rms_norm::backward_in_blocks_of(block_rows, x(), gain(), EPS, dy, outputs);
     [download(y), download(dx), download(dg)]
 }
 
@@ -125,8 +137,13 @@ fn check(c: Case, dtype: DType, seed: u64) {
 
 /// As [`check`], with the output and `dy` in `out`.
 fn check_to(c: Case, dtype: DType, out: DType, seed: u64) {
+    check_in_blocks_of(rms_norm::BLOCK_ROWS, c, dtype, out, seed);
+}
+
+/// As [`check_to`], with the backward's cubes taking `block_rows` rows each.
+fn check_in_blocks_of(block_rows: usize, c: Case, dtype: DType, out: DType, seed: u64) {
     let i = inputs(&c, seed, dtype, out);
-    let got = run(&c, &i, dtype, out);
+    let got = run_in_blocks_of(block_rows, &c, &i, dtype, out);
     let tols = [tolerance(out), tolerance(dtype), tolerance(dtype)];
     for ((name, tol), (got, want)) in ["y", "dx", "dg"]
         .iter()
@@ -240,13 +257,24 @@ fn more_rows_than_a_grid_axis_holds() {
     check(case([65_537, 3], false), DType::F32, 11);
 }
 
+/// More blocks of the backward's rows than one grid axis holds: blocks of one row (65,537 of
+/// 16 rows would take lavapipe half a minute) spill onto the grid's y axis, and `dg` sums
+/// 65,537 blocks, 2,048 or 2,049 a lane.
+#[test]
+fn more_row_blocks_than_a_grid_axis_holds() {
+    let (c, f32) = (case([65_537, 2], true), DType::F32);
+    check_in_blocks_of(1, c, f32, f32, 13);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(8))]
-    /// Random shapes and layouts in f32.
+    /// Random shapes, layouts and rows a backward cube in f32.
     #[test]
     fn any_shape_and_layout_matches_the_reference(
         n in 1usize..150, d in 1usize..300, transposed: bool, seed in 0u64..1000,
+        block_rows in 1usize..40,
     ) {
-        check(case([n, d], transposed), DType::F32, seed);
+        let f32 = DType::F32;
+        check_in_blocks_of(block_rows, case([n, d], transposed), f32, f32, seed);
     }
 }
