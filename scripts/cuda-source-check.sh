@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the attention kernels' CUDA C++ with NVRTC and prints ptxas's registers and
-# spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no CUDA
-# toolkit: the check a
+# Compiles the attention and RMSNorm kernels' CUDA C++ with NVRTC and prints ptxas's registers
+# and spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no
+# CUDA toolkit: the check a
 # kernel change can have before a GPU host runs it (a kernel that does not compile there
 # costs a device call). Speed and results still need the GPU.
 #
@@ -43,7 +43,7 @@ if [ ! -f "$wheels/extracted" ]; then
   touch "$wheels/extracted"
 fi
 
-echo "== CUDA C++ of the attention kernels into $out"
+echo "== CUDA C++ of the attention and RMSNorm kernels into $out"
 rm -f "$out"/*.cu "$out"/*.ptx
 log="$out/writes_the_cuda_sources.log"
 if ! (cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \

@@ -50,7 +50,7 @@ pub const BLOCK_ROWS: usize = 16;
 pub const SUM_LANES: usize = 32;
 
 /// Columns per cube of `dg`'s second stage: consecutive units on consecutive columns.
-const SUM_COLUMNS: usize = 8;
+pub(crate) const SUM_COLUMNS: usize = 8;
 
 // The trees in `cube_sums` and the lanes' sum halve a width down to one unit.
 const _: () = assert!(ROW_UNITS.is_power_of_two() && SUM_LANES.is_power_of_two());
@@ -92,7 +92,7 @@ fn root_mean_square<A: Float>(sum_squares: A, inv_d: f32, eps: f32) -> A {
 /// `G` is the output's storage type: the compute dtype the projections read (a cast fused into
 /// the norm), or `F`.
 #[cube(launch)]
-fn forward_kernel<F: Float, G: Float, A: Float>(
+pub(crate) fn forward_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
     y: &mut Tensor<G>,
@@ -131,7 +131,7 @@ fn forward_kernel<F: Float, G: Float, A: Float>(
 /// their sums live in registers.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
+pub(crate) fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
     dy: &Tensor<G>,
@@ -239,7 +239,7 @@ fn row_grads<F: Float, G: Float, A: Float>(
 /// `dg[j] = Σ_b partials[b, j]`: lane `l` (the cube's y axis) sums blocks `l, l + lanes, …` in
 /// order, then the lanes meet in a tree over shared memory (the same order on every run).
 #[cube(launch)]
-fn gain_sums_kernel<F: Float, A: Float>(
+pub(crate) fn gain_sums_kernel<F: Float, A: Float>(
     partials: &Tensor<A>,
     dg: &mut Tensor<F>,
     #[comptime] columns: usize,

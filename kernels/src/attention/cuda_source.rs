@@ -1,4 +1,5 @@
-//! The attention kernels as CUDA C++, written on a machine without a GPU:
+//! The attention kernels (and, for NVRTC's check only, RMSNorm's) as CUDA C++, written on a
+//! machine without a GPU:
 //! - run on a CPU emulation of the CUDA they use (`kernels/cuda-emu`: threads, barriers, warp
 //!   shuffles, wmma tiles, a shared-memory race detector) against an fp64 reference, built
 //!   with the host's C++ compiler (`$CXX`, default `c++`), here in the tests: the tensor-core
@@ -36,7 +37,7 @@ fn cuda_cpp(kernel: &impl CubeKernel) -> String {
             ExecutionMode::Checked,
             address,
         )
-        .expect("cubecl's CUDA compiler rejected an attention kernel")
+        .expect("cubecl's CUDA compiler rejected a kernel")
         .to_string()
 }
 
@@ -99,9 +100,31 @@ fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: bool) -> [(&'s
     [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
 }
 
+/// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` bf16) at
+/// `d` columns: the backward keeps `d / 128` column sums a unit in registers.
+#[rustfmt::skip]
+fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
+    use crate::rms_norm::{
+        backward_blocks_kernel, forward_kernel, gain_sums_kernel, ROW_UNITS, SUM_COLUMNS, SUM_LANES,
+    };
+    let (c, t) = (client, tensor);
+    let rows = settings(CubeDim::new_1d(ROW_UNITS as u32));
+    let types = [DType::F32.into(), DType::BF16.into(), DType::F32.into()];
+    let forward = forward_kernel::ForwardKernel::new(
+        rows.clone(), c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
+    let blocks = backward_blocks_kernel::BackwardBlocksKernel::new(
+        rows, c.clone(), t(), t(), t(), t(), t(), (), (), (), ROW_UNITS, d.div_ceil(ROW_UNITS),
+        types);
+    let lanes = settings(CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32));
+    let sums = gain_sums_kernel::GainSumsKernel::new(
+        lanes, c.clone(), t(), t(), SUM_COLUMNS, SUM_LANES, [DType::F32.into(), DType::F32.into()]);
+    [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks)), ("gain_sums", cuda_cpp(&sums))]
+}
+
 /// Writes `NAME.cu` files into `LAB_CUDA_SOURCE_DIR`: the tensor-core kernels at f16 and
-/// bf16, head widths 16, 48 and 64, and the f32-arithmetic kernels at bf16 and x1-50m's head
-/// width 64, rolled and unrolled.
+/// bf16, head widths 16, 48 and 64, the f32-arithmetic kernels at bf16 and x1-50m's head
+/// width 64, rolled and unrolled, and RMSNorm's at x1-50m's width (768), the 7B's (4096)
+/// and MedGemma-27B's (5376).
 #[test]
 #[ignore = "writes files for scripts/cuda-source-check.sh"]
 fn writes_the_cuda_sources() {
@@ -119,6 +142,11 @@ fn writes_the_cuda_sources() {
     for (variant, unroll) in [("rolled", false), ("unrolled", true)] {
         for (kernel, cpp) in unit_kernels(&client, DType::BF16, 64, unroll) {
             sources.push((format!("unit-{kernel}-bf16-hd64-{variant}"), cpp));
+        }
+    }
+    for d in [768, 4096, 5376] {
+        for (kernel, cpp) in rms_norm_kernels(&client, d) {
+            sources.push((format!("rmsnorm-{kernel}-bf16-d{d}"), cpp));
         }
     }
     for (name, cpp) in &sources {
