@@ -145,7 +145,9 @@ fn row_at<F: Float>(t: &Tensor<F>, b: usize, head: usize, i: usize) -> usize {
 
 /// The cube copies rows `start .. start + block` (zeros past the end) of the head whose
 /// row 0 is at `base` into `tile`, widened to `A`; rows are `src.stride(2)` apart. The cube
-/// has `block` units; consecutive units read consecutive elements of a row.
+/// has `block` units; unit `u` copies columns `u, u + block, …` of each row, so consecutive
+/// units read consecutive elements and a unit's loads from one row sit at constant offsets
+/// from the row's start, the one runtime term (per-element row arithmetic costs registers).
 #[cube]
 fn load_rows<F: Float, A: Float>(
     src: &Tensor<F>,
@@ -157,16 +159,22 @@ fn load_rows<F: Float, A: Float>(
     #[comptime] block: usize,
     #[comptime] unroll: bool,
 ) {
-    let row_stride = src.stride(2);
+    let unit = UNIT_POS_X as usize;
     #[unroll(unroll)]
-    for step in 0..head_dim {
-        let e = step * block + UNIT_POS_X as usize;
-        let r = start + e / head_dim;
-        let mut x = A::new(0.0);
-        if r < seq {
-            x = A::cast_from(src[base + r * row_stride + e % head_dim]);
+    for r in 0..block {
+        let at = base + (start + r) * src.stride(2);
+        let live = start + r < seq;
+        #[unroll(unroll)]
+        for k in 0..comptime!(head_dim.div_ceil(block)) {
+            let c = unit + k * block;
+            if c < head_dim {
+                let mut x = A::new(0.0);
+                if live {
+                    x = A::cast_from(src[at + c]);
+                }
+                tile[r * head_dim + c] = x;
+            }
         }
-        tile[e] = x;
     }
 }
 
