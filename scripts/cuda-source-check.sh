@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compiles the attention and RMSNorm kernels' CUDA C++ with NVRTC and prints ptxas's registers
-# and spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no
-# CUDA toolkit: the check a
+# Compiles every lab-kernels kernel's CUDA C++ with NVRTC and prints ptxas's registers and
+# spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no CUDA
+# toolkit: the check a
 # kernel change can have before a GPU host runs it (a kernel that does not compile there
 # costs a device call). Speed and results still need the GPU.
 #
@@ -9,7 +9,7 @@
 #
 # NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (CUDA 12.9; ~150 MB,
 # downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels). The sources come
-# from lab-kernels' `writes_the_cuda_sources` (kernels/src/attention/cuda_source.rs), which
+# from lab-kernels' `writes_the_cuda_sources` (kernels/src/cuda_source.rs), which
 # needs the wgpu stack (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1).
 # Default architectures: sm_80 (A100, the course's GPU) and sm_90a (H100/H200, as cubecl
 # compiles for them).
@@ -43,12 +43,12 @@ if [ ! -f "$wheels/extracted" ]; then
   touch "$wheels/extracted"
 fi
 
-echo "== CUDA C++ of the attention and RMSNorm kernels into $out"
+echo "== CUDA C++ of the kernels into $out"
 rm -f "$out"/*.cu "$out"/*.ptx
 log="$out/writes_the_cuda_sources.log"
 if ! (cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
   cargo test --release -p lab-kernels --features cuda-source --lib -- \
-  --ignored --exact attention::cuda_source::writes_the_cuda_sources) >"$log" 2>&1; then
+  --ignored --exact cuda_source::writes_the_cuda_sources) >"$log" 2>&1; then
   tail -40 "$log" >&2
   echo "cuda-source-check.sh: writing the sources failed (whole log: $log)" >&2
   exit 1

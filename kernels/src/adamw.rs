@@ -21,7 +21,7 @@ use burn_cubecl::{
 use cubecl::prelude::*;
 
 /// Units per cube.
-const UNITS: u32 = 256;
+pub(crate) const UNITS: u32 = 256;
 
 /// The update's scalars, rounded once to f32 on the host; the kernel reads them as they are.
 #[derive(CubeLaunch, CubeType, Clone, Copy, Debug, PartialEq)]
@@ -72,7 +72,7 @@ impl Constants {
 
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn adamw_kernel<F: Float>(
+pub(crate) fn adamw_kernel<F: Float>(
     param: &Tensor<F>,
     grad: &Tensor<F>,
     m_in: &Tensor<F>,

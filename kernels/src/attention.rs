@@ -50,7 +50,7 @@ use cubecl::prelude::*;
 use crate::layout::{empty_in_layout_of, unit_stride_rows};
 
 #[cfg(all(test, feature = "cuda-source"))]
-mod cuda_source;
+pub(crate) mod cuda_source;
 pub mod tensor_cores;
 
 /// Query (or key) rows per cube for head width `head_dim`: two `[block, hd]` f32 tiles take

@@ -27,10 +27,10 @@ use cubecl::prelude::*;
 pub const ROWS_PER_SLICE: usize = 512;
 
 /// Units per cube, each a column; also the ids staged per tile.
-const UNITS: usize = 256;
+pub(crate) const UNITS: usize = 256;
 
 #[cube(launch)]
-fn embedding_grad_kernel<F: Float, I: Numeric>(
+pub(crate) fn embedding_grad_kernel<F: Float, I: Numeric>(
     dy: &Tensor<F>,
     ids: &Tensor<I>,
     grad: &mut Tensor<F>,

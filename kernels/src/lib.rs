@@ -15,6 +15,8 @@
 pub mod adamw;
 #[cfg(feature = "cube")]
 pub mod attention;
+#[cfg(all(test, feature = "cuda-source"))]
+mod cuda_source;
 #[cfg(feature = "cube")]
 pub mod embedding;
 // The BLAS call's plan is host arithmetic, built and tested without a GPU runtime.

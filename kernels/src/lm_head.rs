@@ -30,7 +30,7 @@ pub const ROW_UNITS: usize = 256;
 const _: () = assert!(ROW_UNITS.is_power_of_two());
 
 #[cube(launch)]
-fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
+pub(crate) fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
     logits: &Tensor<F>,
     targets: &Tensor<I>,
     lse: &mut Tensor<A>,
@@ -102,7 +102,7 @@ fn combine_units<A: Float>(m: A, s: A, #[comptime] units: usize) -> (A, A) {
 }
 
 #[cube(launch)]
-fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
+pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
     logits: &mut Tensor<F>,
     targets: &Tensor<I>,
     lse: &Tensor<A>,
@@ -136,7 +136,7 @@ fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
 /// One unit per element of the 2-D `acc`; each tensor read through its own strides (an f32
 /// and a bf16 matrix are padded differently on CUDA).
 #[cube(launch)]
-fn add_widened_kernel<F: Float, A: Float>(
+pub(crate) fn add_widened_kernel<F: Float, A: Float>(
     acc: &mut Tensor<A>,
     x: &Tensor<F>,
     #[define(F, A)] _dtypes: [StorageType; 2],

@@ -29,10 +29,10 @@ use cubecl::prelude::*;
 use crate::layout::empty_in_layout_of;
 
 /// Units per cube.
-const UNITS: u32 = 256;
+pub(crate) const UNITS: u32 = 256;
 
 #[cube(launch)]
-fn rope_kernel<F: Float, A: Float>(
+pub(crate) fn rope_kernel<F: Float, A: Float>(
     x: &Tensor<F>,
     cos: &Tensor<F>,
     sin: &Tensor<F>,

@@ -21,7 +21,7 @@ use burn_cubecl::{
 use cubecl::prelude::*;
 
 /// Units per cube.
-const UNITS: u32 = 256;
+pub(crate) const UNITS: u32 = 256;
 // The tree in `cube_sum` halves the cube's width down to one unit.
 const _: () = assert!(UNITS.is_power_of_two());
 
@@ -63,7 +63,7 @@ fn cube_sum<A: Float>(x: A, #[comptime] units: usize) -> A {
 /// takes every element `(c · units + u) + k · (cubes · units)`, so consecutive units read
 /// consecutive elements.
 #[cube(launch)]
-fn partial_squares_kernel<F: Float, A: Float>(
+pub(crate) fn partial_squares_kernel<F: Float, A: Float>(
     x: &Tensor<F>,
     partials: &mut Tensor<A>,
     offset: usize,
@@ -87,7 +87,7 @@ fn partial_squares_kernel<F: Float, A: Float>(
 
 /// `out[0] = Σ partials[j]` over the first `count` slots, by one cube.
 #[cube(launch)]
-fn sum_partials_kernel<A: Float>(
+pub(crate) fn sum_partials_kernel<A: Float>(
     partials: &Tensor<A>,
     out: &mut Tensor<A>,
     count: usize,

@@ -1,0 +1,176 @@
+//! Every cubecl kernel of the crate as CUDA C++, written on a machine without a GPU, for
+//! `scripts/cuda-source-check.sh` to compile with NVRTC and report ptxas's registers and
+//! spills: a kernel that does not compile for CUDA fails here, not in a GPU host's first call.
+//! (The attention's tensor-core kernels also run on a CPU emulation of CUDA:
+//! `attention::cuda_source`.)
+//!
+//! Each kernel is defined as a launch would define it, through a wgpu client (lavapipe), and
+//! compiled by cubecl's CUDA C++ compiler, as `cubecl-cuda` does before it calls NVRTC. The
+//! definition sees wgpu's device properties, not a CUDA device's; the kernels here do not
+//! branch on them.
+
+use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
+use burn::tensor::DType;
+use cubecl::prelude::*;
+use cubecl::Compiler as _;
+use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
+use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
+
+use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
+
+pub(crate) type Client = ComputeClient<WgpuRuntime>;
+
+/// A kernel's CUDA C++, as `cubecl-cuda` hands it to NVRTC on an A100 or H100 with CUDA 13
+/// (32-bit indices, checked mode, the options below).
+pub(crate) fn cuda_cpp(kernel: &impl CubeKernel) -> String {
+    let address =
+        cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::UInt(cubecl::ir::UIntKind::U32));
+    CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default()
+        .compile(
+            kernel.define(),
+            &compilation_options(),
+            ExecutionMode::Checked,
+            address,
+        )
+        .expect("cubecl's CUDA compiler rejected a kernel")
+        .to_string()
+}
+
+/// What `cubecl-cuda` (runtime.rs) sets for sm_80 and newer with CUDA ≥ 12.8: the kernel's
+/// info as a `__grid_constant__` argument, fast math. (sm_90 adds clusters and `elect_sync`,
+/// which these kernels do not use.)
+pub(crate) fn compilation_options() -> CompilationOptions {
+    CompilationOptions {
+        warp_size: 32,
+        supports_features: CppSupportedFeatures {
+            grid_constants: true,
+            fast_math: true,
+            fast_tanh: true,
+            ..Default::default()
+        },
+    }
+}
+
+/// A tensor argument, as a launch registers one that is not written in place.
+pub(crate) fn tensor() -> TensorCompilationArg {
+    TensorCompilationArg { inplace: None }
+}
+
+pub(crate) fn settings(cube_dim: CubeDim) -> KernelSettings {
+    KernelSettings::default().cube_dim(cube_dim)
+}
+
+/// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` bf16) at
+/// `d` columns: the backward keeps `d / 128` column sums a unit in registers.
+#[rustfmt::skip]
+fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
+    use crate::rms_norm::{
+        backward_blocks_kernel, forward_kernel, gain_sums_kernel, ROW_UNITS, SUM_COLUMNS, SUM_LANES,
+    };
+    let (c, t) = (client, tensor);
+    let rows = settings(CubeDim::new_1d(ROW_UNITS as u32));
+    let types = [DType::F32.into(), DType::BF16.into(), DType::F32.into()];
+    let forward = forward_kernel::ForwardKernel::new(
+        rows.clone(), c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
+    let blocks = backward_blocks_kernel::BackwardBlocksKernel::new(
+        rows, c.clone(), t(), t(), t(), t(), t(), (), (), (), ROW_UNITS, d.div_ceil(ROW_UNITS),
+        types);
+    let lanes = settings(CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32));
+    let sums = gain_sums_kernel::GainSumsKernel::new(
+        lanes, c.clone(), t(), t(), SUM_COLUMNS, SUM_LANES, [DType::F32.into(), DType::F32.into()]);
+    [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks)), ("gain_sums", cuda_cpp(&sums))]
+}
+
+/// The other kernels, at bf16 training's dtypes: RoPE (bf16), the LM-head loss's row kernels
+/// (bf16 logits, i32 targets, f32 statistics) and its widening add, the embedding's backward
+/// (fp32 gradient, i32 ids), AdamW (fp32 masters) and the gradient norm's sums of squares
+/// (fp32 gradients).
+#[rustfmt::skip]
+fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
+    use crate::{adamw, embedding, lm_head, rope, square_sums};
+    let (c, t) = (client, tensor);
+    let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
+    let rows = settings(CubeDim::new_1d(lm_head::ROW_UNITS as u32));
+    let rope = rope::rope_kernel::RopeKernel::new(
+        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), false, [bf16, f32]);
+    let row_loss = lm_head::row_loss_kernel::RowLossKernel::new(
+        rows.clone(), c.clone(), t(), t(), t(), t(), (), lm_head::ROW_UNITS, [bf16, i32, f32]);
+    let softmax_grad = lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
+        rows, c.clone(), t(), t(), t(), t(), (), (), lm_head::ROW_UNITS, [bf16, i32, f32]);
+    let add_widened = lm_head::add_widened_kernel::AddWidenedKernel::new(
+        settings(CubeDim::new_1d(256)), c.clone(), t(), t(), [bf16, f32]);
+    let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(
+        settings(CubeDim::new_1d(embedding::UNITS as u32)), c.clone(), t(), t(), t(), (),
+        embedding::UNITS, [f32, i32]);
+    let units = settings(CubeDim::new_1d(adamw::UNITS));
+    let constants = adamw::ConstantsCompilationArg {
+        clip_scale: (), beta1: (), one_minus_beta1: (), beta2: (), one_minus_beta2: (),
+        bias1: (), bias2: (), eps: (), lr: (), decay: (),
+    };
+    let adamw = adamw::adamw_kernel::AdamwKernel::new(
+        units.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), constants, false, f32);
+    let squares = square_sums::partial_squares_kernel::PartialSquaresKernel::new(
+        units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, [f32, f32]);
+    let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
+        units, c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
+    vec![
+        ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
+        ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
+        ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),
+        ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw)),
+        ("partial_squares-f32", cuda_cpp(&squares)), ("sum_partials-f32", cuda_cpp(&sums)),
+    ]
+}
+
+/// Every kernel's CUDA C++ by name: the tensor-core kernels at f16 and bf16, head widths 16,
+/// 48 and 64, the f32-arithmetic kernels at bf16 and x1-50m's head width 64, rolled and
+/// unrolled, RMSNorm's at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's (5376),
+/// and the others once ([`other_kernels`]).
+fn all_sources(client: &Client) -> Vec<(String, String)> {
+    let mut sources = Vec::new();
+    for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
+        for hd in [16, 48, 64] {
+            for (kernel, cpp) in tensor_core_kernels(client, dtype, hd) {
+                sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
+            }
+        }
+    }
+    for (variant, unroll) in [("rolled", false), ("unrolled", true)] {
+        for (kernel, cpp) in unit_kernels(client, DType::BF16, 64, unroll) {
+            sources.push((format!("unit-{kernel}-bf16-hd64-{variant}"), cpp));
+        }
+    }
+    for d in [768, 4096, 5376] {
+        for (kernel, cpp) in rms_norm_kernels(client, d) {
+            sources.push((format!("rmsnorm-{kernel}-bf16-d{d}"), cpp));
+        }
+    }
+    for (name, cpp) in other_kernels(client) {
+        sources.push((name.to_string(), cpp));
+    }
+    sources
+}
+
+/// cubecl's CUDA compiler takes every kernel: each source has its entry point (in CI, on every
+/// run; NVRTC itself runs in `scripts/cuda-source-check.sh`).
+#[test]
+fn every_kernel_compiles_to_cuda_cpp() {
+    let sources = all_sources(&WgpuRuntime::client(&WgpuDevice::default()));
+    for (name, cpp) in &sources {
+        assert!(
+            cpp.contains("extern \"C\" __global__"),
+            "{name}: no kernel entry in {cpp}"
+        );
+    }
+}
+
+/// Writes [`all_sources`] as `NAME.cu` files into `LAB_CUDA_SOURCE_DIR`.
+#[test]
+#[ignore = "writes files for scripts/cuda-source-check.sh"]
+fn writes_the_cuda_sources() {
+    let dir = std::env::var("LAB_CUDA_SOURCE_DIR")
+        .expect("LAB_CUDA_SOURCE_DIR: set it to the folder for the .cu files");
+    for (name, cpp) in all_sources(&WgpuRuntime::client(&WgpuDevice::default())) {
+        std::fs::write(format!("{dir}/{name}.cu"), cpp).expect("LAB_CUDA_SOURCE_DIR: writable");
+    }
+}
