@@ -4,7 +4,9 @@
 //! Outputs are poisoned with NaN before each launch, so an element the kernels forgot to write
 //! fails. Shapes are not multiples of the kernels' widths (128 units a row, 16 rows a cube of
 //! the backward, 8 columns and 32 lanes a cube of `dg`'s sums); one has more rows than a grid
-//! axis holds (65,535 cubes), another more blocks of 16 rows; `x` and `dy` also come transposed (strided rows, as a gradient through a
+//! axis holds (65,535 cubes), another more blocks of the backward's rows (blocks of one row),
+//! and one the width of MedGemma-27B (5,376 columns, 42 a unit); `x` and `dy` also come
+//! transposed (strided rows, as a gradient through a
 //! matmul's transpose arrives). Rows run from 1e-3 to 1e2 in scale, and one row is zeros,
 //! where `eps` alone sets `r`.
 //!
@@ -264,6 +266,23 @@ fn more_rows_than_a_grid_axis_holds() {
 fn more_row_blocks_than_a_grid_axis_holds() {
     let (c, f32) = (case([65_537, 2], true), DType::F32);
     check_in_blocks_of(1, c, f32, f32, 13);
+}
+
+/// Every lane of `dg`'s sums busy over several cubes of columns: 300 blocks of one row, 33
+/// columns (five cubes of 8, the last partial).
+#[test]
+fn many_blocks_over_several_column_cubes() {
+    let (c, f32) = (case([300, 33], false), DType::F32);
+    check_in_blocks_of(1, c, f32, f32, 17);
+}
+
+/// MedGemma-27B's width, 5,376 columns: 42 column sums a unit kept in registers (the model's
+/// widths otherwise only compile, in `scripts/cuda-source-check.sh`). In f32: an f16 output
+/// would put the rows scaled by 1e-3 among f16's subnormals, whose absolute steps (2⁻²⁴) the
+/// relative tolerance does not allow for.
+#[test]
+fn the_widest_model_width_matches_the_reference() {
+    check(case([19, 5_376], false), DType::F32, 19);
 }
 
 proptest! {

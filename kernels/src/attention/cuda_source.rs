@@ -32,10 +32,10 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> [
 }
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, with the
-/// loops `unroll`ed as a launch would ([`unrolled_rows`]).
+/// loops `unroll`ed as a launch would ([`unrolled_rows`]), and the rows' `D`.
 #[rustfmt::skip]
-pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: bool) -> [(&'static str, String); 3] {
-    use super::{forward_kernel, grad_kv_kernel, grad_q_kernel};
+pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: bool) -> [(&'static str, String); 4] {
+    use super::{delta_kernel, forward_kernel, grad_kv_kernel, grad_q_kernel};
     let block = block_rows(hd);
     let (s, c, t) = (settings(CubeDim::new_1d(block as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
@@ -46,7 +46,10 @@ pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: boo
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(3), types);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
         s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(4), types);
-    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
+    // `D = dO·O`, which both backward variants (these and the tensor cores') read.
+    let delta = delta_kernel::DeltaKernel::new(
+        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), hd, unroll, types);
+    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv)), ("delta", cuda_cpp(&delta))]
 }
 
 /// The emulation's sources: `include/emu.h` (CUDA on threads) and the attention driver.
