@@ -61,20 +61,22 @@ pub(crate) fn settings(cube_dim: CubeDim) -> KernelSettings {
 }
 
 /// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` bf16) at
-/// `d` columns: the backward keeps `d / 128` column sums a unit in registers.
+/// `d` columns: the backward keeps a column sum a unit per column it owns in registers.
 #[rustfmt::skip]
 fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
     use crate::rms_norm::{
-        backward_blocks_kernel, forward_kernel, gain_sums_kernel, ROW_UNITS, SUM_COLUMNS, SUM_LANES,
+        backward_blocks_kernel, backward_units, forward_kernel, gain_sums_kernel, ROW_UNITS,
+        SUM_COLUMNS, SUM_LANES,
     };
     let (c, t) = (client, tensor);
     let rows = settings(CubeDim::new_1d(ROW_UNITS as u32));
     let types = [DType::F32.into(), DType::BF16.into(), DType::F32.into()];
     let forward = forward_kernel::ForwardKernel::new(
-        rows.clone(), c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
+        rows, c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
+    let units = backward_units(d);
     let blocks = backward_blocks_kernel::BackwardBlocksKernel::new(
-        rows, c.clone(), t(), t(), t(), t(), t(), (), (), (), ROW_UNITS, d.div_ceil(ROW_UNITS),
-        types);
+        settings(CubeDim::new_1d(units as u32)), c.clone(), t(), t(), t(), t(), t(), (), (), (),
+        units, d.div_ceil(units), types);
     let lanes = settings(CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32));
     let sums = gain_sums_kernel::GainSumsKernel::new(
         lanes, c.clone(), t(), t(), SUM_COLUMNS, SUM_LANES, [DType::F32.into(), DType::F32.into()]);

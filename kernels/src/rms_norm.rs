@@ -13,7 +13,7 @@
 //! - [`backward`]: one cube per block of [`BLOCK_ROWS`] rows. For each row in turn it takes
 //!   the row's two sums, `Σ x²` and `Σ gy ⊙ x`, in one read, then writes the row's `dx` and
 //!   adds `dy ⊙ q` to the block's column sums, which each unit keeps in registers for its
-//!   columns: `dg`'s first stage needs no second read of `x` and `dy`. A second kernel sums
+//!   columns (256 units a cube past 4,096 columns, [`backward_units`]): `dg`'s first stage needs no second read of `x` and `dy`. A second kernel sums
 //!   each column over the blocks, [`SUM_LANES`] lanes a column meeting in a tree, so that no
 //!   unit adds up every block in sequence (2,048 at x1-50m).
 //!   Both stages run in a fixed order.
@@ -39,6 +39,19 @@ use crate::rows::{cube_row, row_grid};
 /// Units per row: a power of two for the tree in `cube_sums`; x1-50m's 768 columns are six
 /// strides of a unit.
 pub const ROW_UNITS: usize = 128;
+
+/// Units per row of the backward for rows of `d` columns: [`ROW_UNITS`], or twice that past
+/// 32 columns a unit, since each unit keeps a sum per column it owns in registers. By ptxas
+/// (`scripts/cuda-source-check.sh`): the 7B's 4,096 columns, 32 a unit, take 55 registers and
+/// no spill on 128 units (16 bytes of spill on sm_90a on 256); MedGemma-27B's 5,376, 42 a
+/// unit, spilled 60 bytes on an A100 on 128 units and none on 256 (21 a unit).
+pub fn backward_units(d: usize) -> usize {
+    if d > 32 * ROW_UNITS {
+        2 * ROW_UNITS
+    } else {
+        ROW_UNITS
+    }
+}
 
 /// Rows per cube of the backward: x1-50m's 32,768 rows a micro-batch make 2,048 cubes of
 /// 128 units, enough to fill an H100's 132 multiprocessors, and `dg`'s partial sums,
@@ -440,10 +453,11 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
     let blocks = n.div_ceil(block_rows);
     let partials = new_tensor(&x, Shape::new([blocks, d]), DType::F32);
     let types = [x.dtype.into(), dy.dtype.into(), DType::F32.into()];
+    let units = backward_units(d);
     backward_blocks_kernel::launch::<R>(
         &client,
         row_grid(blocks),
-        CubeDim::new_1d(ROW_UNITS as u32),
+        CubeDim::new_1d(units as u32),
         x.into_tensor_arg(),
         gain.into_tensor_arg(),
         dy.into_tensor_arg(),
@@ -452,8 +466,8 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
         block_rows,
         1.0 / d as f32,
         eps as f32,
-        ROW_UNITS,
-        d.div_ceil(ROW_UNITS),
+        units,
+        d.div_ceil(units),
         types,
     );
     gain_sums_kernel::launch::<R>(

@@ -5,8 +5,8 @@
 //! fails. Shapes are not multiples of the kernels' widths (128 units a row, 16 rows a cube of
 //! the backward, 8 columns and 32 lanes a cube of `dg`'s sums); one has more rows than a grid
 //! axis holds (65,535 cubes), another more blocks of the backward's rows (blocks of one row),
-//! and one the width of MedGemma-27B (5,376 columns, 42 a unit); `x` and `dy` also come
-//! transposed (strided rows, as a gradient through a
+//! and two are wide (4,096 columns on 128 units a cube, MedGemma-27B's 5,376 on 256); `x` and
+//! `dy` also come transposed (strided rows, as a gradient through a
 //! matmul's transpose arrives). Rows run from 1e-3 to 1e2 in scale, and one row is zeros,
 //! where `eps` alone sets `r`.
 //!
@@ -276,13 +276,18 @@ fn many_blocks_over_several_column_cubes() {
     check_in_blocks_of(1, c, f32, f32, 17);
 }
 
-/// MedGemma-27B's width, 5,376 columns: 42 column sums a unit kept in registers (the model's
-/// widths otherwise only compile, in `scripts/cuda-source-check.sh`). In f32: an f16 output
-/// would put the rows scaled by 1e-3 among f16's subnormals, whose absolute steps (2⁻²⁴) the
-/// relative tolerance does not allow for.
+/// Wide rows: the 7B's 4,096 columns, the widest on 128 units (32 column sums a unit kept in
+/// registers), and MedGemma-27B's 5,376 on 256 units (21 a unit); the model's widths otherwise
+/// only compile, in `scripts/cuda-source-check.sh`. In f32: an f16 output would put the rows scaled
+/// by 1e-3 among f16's subnormals, whose absolute steps (2⁻²⁴) the relative tolerance does not
+/// allow for.
 #[test]
-fn the_widest_model_width_matches_the_reference() {
-    check(case([19, 5_376], false), DType::F32, 19);
+fn wide_rows_match_the_reference() {
+    assert_eq!(rms_norm::backward_units(4_096), 128);
+    assert_eq!(rms_norm::backward_units(5_376), 256);
+    for (d, seed) in [(4_096, 19), (5_376, 23)] {
+        check(case([19, d], false), DType::F32, seed);
+    }
 }
 
 proptest! {
