@@ -39,7 +39,7 @@ pub(crate) fn cuda_cpp(kernel: &impl CubeKernel) -> String {
 /// What `cubecl-cuda` (runtime.rs) sets for sm_80 and newer with CUDA ≥ 12.8: the kernel's
 /// info as a `__grid_constant__` argument, fast math. (sm_90 adds clusters and `elect_sync`,
 /// which these kernels do not use.)
-pub(crate) fn compilation_options() -> CompilationOptions {
+fn compilation_options() -> CompilationOptions {
     CompilationOptions {
         warp_size: 32,
         supports_features: CppSupportedFeatures {

@@ -13,10 +13,10 @@
 //! - [`backward`]: one cube per block of [`BLOCK_ROWS`] rows. For each row in turn it takes
 //!   the row's two sums, `Σ x²` and `Σ gy ⊙ x`, in one read, then writes the row's `dx` and
 //!   adds `dy ⊙ q` to the block's column sums, which each unit keeps in registers for its
-//!   columns (256 units a cube past 4,096 columns, [`backward_units`]): `dg`'s first stage needs no second read of `x` and `dy`. A second kernel sums
-//!   each column over the blocks, [`SUM_LANES`] lanes a column meeting in a tree, so that no
-//!   unit adds up every block in sequence (2,048 at x1-50m).
-//!   Both stages run in a fixed order.
+//!   columns (256 units a cube past 4,096 columns, [`backward_units`]): `dg`'s first stage
+//!   needs no second read of `x` and `dy`. A second kernel sums each column over the blocks,
+//!   [`SUM_LANES`] lanes a column meeting in a tree, so that no unit adds up every block in
+//!   sequence (2,048 at x1-50m). Both stages run in a fixed order.
 //!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16), as autocast keeps the norm's
 //! statistics in fp32; every sum is in a fixed order, so results repeat bit for bit. `x` and
@@ -210,14 +210,26 @@ fn unit_row_sums<F: Float, G: Float, A: Float>(
     for c in 0..columns {
         let j = UNIT_POS_X as usize + c * units;
         if j < d {
-            let v = A::cast_from(x[row * x.stride(0) + j * x.stride(1)]);
-            let g = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
-            let gy = g * A::cast_from(gain[j * gain.stride(0)]);
+            let (v, _, gy) = column_terms::<F, G, A>(x, gain, dy, row, j);
             squares += v * v;
             gy_x += gy * v;
         }
     }
     (squares, gy_x)
+}
+
+/// `(x, dy, gy = dy ⊙ g)` at row `row`, column `j`, widened to `A`.
+#[cube]
+fn column_terms<F: Float, G: Float, A: Float>(
+    x: &Tensor<F>,
+    gain: &Tensor<F>,
+    dy: &Tensor<G>,
+    row: usize,
+    j: usize,
+) -> (A, A, A) {
+    let v = A::cast_from(x[row * x.stride(0) + j * x.stride(1)]);
+    let g = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
+    (v, g, g * A::cast_from(gain[j * gain.stride(0)]))
 }
 
 /// Row `row`'s `dx` in this unit's columns, `(gy − q · along) / r`, and `dy ⊙ q` added to
@@ -244,9 +256,7 @@ fn row_grads<F: Float, G: Float, A: Float>(
     for c in 0..columns {
         let j = UNIT_POS_X as usize + c * units;
         if j < d {
-            let v = A::cast_from(x[row * x.stride(0) + j * x.stride(1)]);
-            let g = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
-            let gy = g * A::cast_from(gain[j * gain.stride(0)]);
+            let (v, g, gy) = column_terms::<F, G, A>(x, gain, dy, row, j);
             dx[row * d + j] = F::cast_from((gy - v / r * along) / r);
             dg[c] += g * (v * inv_r);
         }

@@ -762,12 +762,11 @@ fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Sequence<Matrix<A>> {
 
 /// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head whose row 0 is at
 /// `base` into `tile` (rows `src.stride(2)` apart). Sixteen consecutive units copy sixteen
-/// consecutive elements of a row, so that each unit's loads from one row sit at constant
-/// offsets from one address: the row's start is the only runtime term, and it changes once per
-/// row, not once per element (computed per element, it had raised the forward from 168 to 255
-/// registers on CUDA). A warp's two rows share shared-memory banks at head width 64 (a 2-way
-/// conflict on the tile's stores); 32 units a row avoid it but took the bf16 forward from 128
-/// to 163 registers on sm_80, so 16 it is. [`fits`] keeps the head width a multiple of 16.
+/// consecutive elements of a row, so that a unit's loads from one row are constant offsets
+/// from the row's start: the runtime stride enters once a row, not once an element, which
+/// keeps NVCC from holding an address per load in registers. (At head width 64 a warp's two
+/// rows then share shared-memory banks on the stores, a 2-way conflict; 32 units a row avoid
+/// it but cost more registers: BENCHMARKS.md.) [`fits`] keeps the head width a multiple of 16.
 #[cube]
 fn load_tile<F: Float>(
     src: &Tensor<F>,
