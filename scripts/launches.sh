@@ -48,9 +48,11 @@ python3 - "$scratch/launches.log" <<'EOF'
 import collections, sys
 names = [line[len("Executing "):].split(" | ")[0]
          for line in map(str.strip, open(sys.argv[1])) if line.startswith("Executing ")]
-# A step ends with the optimizer's run of AdamW launches (one per parameter).
+# A step ends with the optimizer's run of AdamW launches (one per parameter), between which a
+# strided gradient's copy may come (a gradient that is a view into a wider one, such as a
+# concatenation's backward hands out): the last AdamW launch with no other in the 3 after it.
 ends = [i for i, n in enumerate(names)
-        if n == "AdamwKernel" and (i + 1 == len(names) or names[i + 1] != "AdamwKernel")]
+        if n == "AdamwKernel" and "AdamwKernel" not in names[i + 1:i + 4]]
 steps, start = [], 0
 for end in ends:
     steps.append(names[start:end + 1])
