@@ -83,13 +83,14 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
     [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks)), ("gain_sums", cuda_cpp(&sums))]
 }
 
-/// The other kernels, at bf16 training's dtypes: RoPE (bf16), the LM-head loss's row kernels
+/// The other kernels, at bf16 training's dtypes: SwiGLU's gating, the weights' join and RoPE
+/// (bf16), the LM-head loss's row kernels
 /// (bf16 logits, i32 targets, f32 statistics) and its widening add, the embedding's backward
 /// (fp32 gradient, i32 ids), AdamW (fp32 masters) and the gradient norm's sums of squares
 /// (fp32 gradients).
 #[rustfmt::skip]
 fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
-    use crate::{adamw, embedding, lm_head, rope, square_sums};
+    use crate::{adamw, embedding, join, lm_head, rope, square_sums, swiglu};
     let (c, t) = (client, tensor);
     let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
     let rows = settings(CubeDim::new_1d(lm_head::ROW_UNITS as u32));
@@ -115,7 +116,17 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, [f32, f32]);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units, c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
+    let elementwise = settings(CubeDim::new_1d(swiglu::UNITS));
+    let swiglu_forward = swiglu::swiglu_kernel::SwigluKernel::new(
+        elementwise.clone(), c.clone(), t(), t(), [bf16, f32]);
+    let swiglu_backward = swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
+        elementwise, c.clone(), t(), t(), t(), [bf16, f32]);
+    let join = join::join_columns_kernel::JoinColumnsKernel::new(
+        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), bf16);
     vec![
+        ("swiglu-bf16", cuda_cpp(&swiglu_forward)),
+        ("swiglu_backward-bf16", cuda_cpp(&swiglu_backward)),
+        ("join_columns-bf16", cuda_cpp(&join)),
         ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
         ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
         ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),

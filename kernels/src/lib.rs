@@ -7,7 +7,9 @@
 //!
 //! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
 //! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]),
-//! RMSNorm forward and backward ([`rms_norm`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in one pass
+//! RMSNorm forward and backward ([`rms_norm`]), SwiGLU's gating on the fused gate and up
+//! projections, forward and backward ([`swiglu`]), two matrices side by side in one launch
+//! ([`join`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in one pass
 //! ([`adamw`]), the sum of squares of many tensors under the gradient norm ([`square_sums`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
 //! on CUDA, [`gemm`]).
 
@@ -22,6 +24,8 @@ pub mod embedding;
 // The BLAS call's plan is host arithmetic, built and tested without a GPU runtime.
 pub mod gemm;
 #[cfg(feature = "cube")]
+pub mod join;
+#[cfg(feature = "cube")]
 pub mod layout;
 #[cfg(feature = "cube")]
 pub mod lm_head;
@@ -33,3 +37,5 @@ pub mod rope;
 mod rows;
 #[cfg(feature = "cube")]
 pub mod square_sums;
+#[cfg(feature = "cube")]
+pub mod swiglu;

@@ -8,7 +8,9 @@ mod common;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod embedding;
 mod gemm;
+mod join;
 mod lm_head;
 mod rms_norm;
 mod rope;
 mod square_sums;
+mod swiglu;

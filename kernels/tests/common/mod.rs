@@ -101,6 +101,38 @@ impl Matrix {
     }
 }
 
+/// How a test hands a `[rows, cols]` input to a kernel: contiguous, as the transpose of a
+/// stored `[cols, rows]` tensor (strided rows, as a gradient through a matmul's transpose
+/// arrives), or padded (rows of `cols + 3` elements, the last 3 NaN, as CUDA pads a product's
+/// output).
+#[derive(Clone, Copy, Debug)]
+pub enum Input {
+    Contiguous,
+    Transposed,
+    Padded,
+}
+
+impl Input {
+    /// `data` (row-major) on the device in this layout.
+    pub fn upload(self, data: &[f32], shape: [usize; 2], dtype: DType) -> Prim {
+        match self {
+            Input::Contiguous => matrix(shape, false).upload(data, dtype),
+            Input::Transposed => matrix(shape, true).upload(data, dtype),
+            Input::Padded => padded(data, shape, 3, dtype).0,
+        }
+    }
+
+    /// Any of the three, for proptest.
+    pub fn any() -> impl proptest::strategy::Strategy<Value = Input> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Input::Contiguous),
+            Just(Input::Transposed),
+            Just(Input::Padded)
+        ]
+    }
+}
+
 /// How a test lays out a logical `[B, H, T, hd]` tensor (attention's and RoPE's heads) on
 /// the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,94 @@
+//! Two matrices side by side in one launch: `[a | b]`, `[K, N_a + N_b]`, from `a [K, N_a]` and
+//! `b [K, N_b]` at their own strides.
+//!
+//! The feed-forward runs its gate and up projections as one product of their weights joined
+//! this way, forward and again in backward. burn's concatenation writes each input with its
+//! own launch (`SliceAssignKernel`); here one unit copies one output element, from `a` or `b`
+//! by its column. A copy: the same bits in any dtype.
+
+use burn::tensor::Shape;
+use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
+use cubecl::prelude::*;
+
+/// Units per cube.
+pub(crate) const UNITS: u32 = 256;
+
+#[cube(launch)]
+pub(crate) fn join_columns_kernel<F: Float>(
+    a: &Tensor<F>,
+    b: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (rows, width, split) = (out.shape(0), out.shape(1), a.shape(1));
+    let i = ABSOLUTE_POS;
+    if i < rows * width {
+        let (r, c) = (i / width, i % width);
+        let o = r * out.stride(0) + c * out.stride(1);
+        if c < split {
+            out[o] = a[r * a.stride(0) + c * a.stride(1)];
+        } else {
+            out[o] = b[r * b.stride(0) + (c - split) * b.stride(1)];
+        }
+    }
+}
+
+/// `[a | b]` of `a [K, N_a]` and `b [K, N_b]` (any strides, one dtype): a new contiguous
+/// `[K, N_a + N_b]`.
+pub fn join_columns<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
+    let [rows, width] = joined_dims(&a, &b);
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(vec![rows, width]),
+        a.dtype,
+    );
+    join_columns_into(a, b, out)
+}
+
+/// [`join_columns`] into an output the caller allocated (tests poison it to see unwritten
+/// elements): `[K, N_a + N_b]` in the inputs' dtype, any non-overlapping strides.
+pub fn join_columns_into<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: CubeTensor<R>,
+    out: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let [rows, width] = joined_dims(&a, &b);
+    assert_eq!(
+        out.meta.shape().as_slice(),
+        [rows, width],
+        "join_columns: output shape"
+    );
+    assert_eq!(out.dtype, a.dtype, "join_columns: output dtype");
+    if rows * width == 0 {
+        return out;
+    }
+    assert!(
+        out.is_nonoverlapping(),
+        "join_columns: the output overlaps itself, strides {:?}",
+        out.meta.strides()
+    );
+    let client = a.client.clone();
+    let cube_dim = CubeDim::new_1d(UNITS);
+    join_columns_kernel::launch::<R>(
+        &client,
+        cubecl::calculate_cube_count_elemwise(&client, rows * width, cube_dim),
+        cube_dim,
+        a.clone().into_tensor_arg(),
+        b.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        a.dtype.into(),
+    );
+    out
+}
+
+/// `[K, N_a + N_b]`, checked.
+fn joined_dims<R: CubeRuntime>(a: &CubeTensor<R>, b: &CubeTensor<R>) -> [usize; 2] {
+    let (sa, sb) = (a.meta.shape(), b.meta.shape());
+    assert!(
+        sa.num_dims() == 2 && sb.num_dims() == 2 && sa[0] == sb[0],
+        "join_columns: a {sa:?} and b {sb:?} are not [K, N_a] and [K, N_b]"
+    );
+    assert_eq!(a.dtype, b.dtype, "join_columns: a and b differ in dtype");
+    [sa[0], sa[1] + sb[1]]
+}

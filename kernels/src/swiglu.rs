@@ -1,0 +1,165 @@
+//! SwiGLU's gating on the gate and up projections computed as one product, as cubecl kernels.
+//!
+//! The feed-forward computes `h = x · [W_gate | W_up]`, `[N, 2f]`: columns `0..f` are the
+//! gate `g`, columns `f..2f` the up projection `u`. One product instead of two is one launch
+//! less forward, and in backward `dx = dh · [W_gate | W_up]ᵀ` is one product where two were
+//! summed. For that, backward must hand back one `[N, 2f]` gradient, not two tensors to join:
+//! - [`swiglu`]: `y[n, j] = silu(g)·u = g·σ(g)·u`, `[N, f]`.
+//! - [`swiglu_backward`]: from `dy [N, f]`, `dh[n, j] = dg = (dy·u)·σ(g) + ((dy·u)·g)·σ(g)·(1 − σ(g))`
+//!   and `dh[n, f + j] = du = dy·(g·σ(g))`, written into one `[N, 2f]` tensor.
+//!
+//! One unit owns one column `j` of one row: it reads `g` and `u` (and `dy`) and writes its
+//! element of `y` (both of `dh`). Inputs are read through their strides; outputs are new
+//! contiguous tensors. Arithmetic is f32 whatever the storage type (f32, f16, bf16): one
+//! rounding per output element.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
+use cubecl::prelude::*;
+
+/// Units per cube.
+pub(crate) const UNITS: u32 = 256;
+
+#[cube(launch)]
+pub(crate) fn swiglu_kernel<F: Float, A: Float>(
+    h: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let f = out.shape(1);
+    let i = ABSOLUTE_POS;
+    if i < out.shape(0) * f {
+        let (row, j) = (i / f, i % f);
+        let at = row * h.stride(0) + j * h.stride(1);
+        let g = A::cast_from(h[at]);
+        let u = A::cast_from(h[at + f * h.stride(1)]);
+        out[row * out.stride(0) + j * out.stride(1)] = F::cast_from(g * sigmoid::<A>(g) * u);
+    }
+}
+
+#[cube(launch)]
+pub(crate) fn swiglu_backward_kernel<F: Float, A: Float>(
+    h: &Tensor<F>,
+    dy: &Tensor<F>,
+    dh: &mut Tensor<F>,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let f = dy.shape(1);
+    let i = ABSOLUTE_POS;
+    if i < dy.shape(0) * f {
+        let (row, j) = (i / f, i % f);
+        let at = row * h.stride(0) + j * h.stride(1);
+        let g = A::cast_from(h[at]);
+        let u = A::cast_from(h[at + f * h.stride(1)]);
+        let dy = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
+        let s = sigmoid::<A>(g);
+        let d_silu = dy * u;
+        let o = row * dh.stride(0) + j * dh.stride(1);
+        dh[o] = F::cast_from(d_silu * s + d_silu * g * s * (A::new(1.0) - s));
+        dh[o + f * dh.stride(1)] = F::cast_from(dy * (g * s));
+    }
+}
+
+/// `σ(x) = 1 / (1 + e^−x)`: 0 (not NaN) where `e^−x` overflows.
+#[cube]
+fn sigmoid<A: Float>(x: A) -> A {
+    A::new(1.0) / (A::new(1.0) + (-x).exp())
+}
+
+/// `[N, f]` of `h [N, 2f]`, checked.
+fn gate_dims<R: CubeRuntime>(h: &CubeTensor<R>) -> [usize; 2] {
+    let s = h.meta.shape();
+    assert_eq!(s.num_dims(), 2, "swiglu: h is [N, 2f]");
+    assert!(
+        s[1].is_multiple_of(2),
+        "swiglu: h has {} columns, not 2f",
+        s[1]
+    );
+    // The arithmetic is f32: wider storage would lose precision silently.
+    assert!(
+        matches!(h.dtype, DType::F32 | DType::F16 | DType::BF16),
+        "swiglu: h is {:?}; the kernels compute in f32 for f32, f16 and bf16",
+        h.dtype
+    );
+    [s[0], s[1] / 2]
+}
+
+fn empty_like<R: CubeRuntime>(h: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor<R> {
+    let (client, device) = (h.client.clone(), h.device.clone());
+    empty_device_contiguous_dtype(client, device, Shape::from(shape.to_vec()), h.dtype)
+}
+
+/// `silu(g) ⊙ u` of the fused `h = [g | u]` (`[N, 2f]`, any strides): a new contiguous `[N, f]`.
+pub fn swiglu<R: CubeRuntime>(h: CubeTensor<R>) -> CubeTensor<R> {
+    let out = empty_like(&h, gate_dims(&h));
+    swiglu_into(h, out)
+}
+
+/// SwiGLU's backward: `dh = [dg | du]` (`[N, 2f]`, new and contiguous) for the output's
+/// gradient `dy [N, f]` (any strides, `h`'s dtype).
+pub fn swiglu_backward<R: CubeRuntime>(h: CubeTensor<R>, dy: CubeTensor<R>) -> CubeTensor<R> {
+    let [n, f] = gate_dims(&h);
+    let dh = empty_like(&h, [n, 2 * f]);
+    swiglu_backward_into(h, dy, dh)
+}
+
+/// [`swiglu`] into an output the caller allocated (tests poison it to see unwritten
+/// elements): `[N, f]` in `h`'s dtype, any non-overlapping strides.
+pub fn swiglu_into<R: CubeRuntime>(h: CubeTensor<R>, out: CubeTensor<R>) -> CubeTensor<R> {
+    let [n, f] = gate_dims(&h);
+    check_output("output", &out, [n, f], h.dtype);
+    let client = h.client.clone();
+    let (cube_dim, types) = (CubeDim::new_1d(UNITS), [h.dtype.into(), DType::F32.into()]);
+    if n * f > 0 {
+        swiglu_kernel::launch::<R>(
+            &client,
+            cubecl::calculate_cube_count_elemwise(&client, n * f, cube_dim),
+            cube_dim,
+            h.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            types,
+        );
+    }
+    out
+}
+
+/// [`swiglu_backward`] into a `[N, 2f]` gradient the caller allocated, as [`swiglu_into`].
+pub fn swiglu_backward_into<R: CubeRuntime>(
+    h: CubeTensor<R>,
+    dy: CubeTensor<R>,
+    dh: CubeTensor<R>,
+) -> CubeTensor<R> {
+    let [n, f] = gate_dims(&h);
+    assert_eq!(
+        dy.meta.shape().as_slice(),
+        [n, f],
+        "swiglu: dy is not [{n}, {f}]"
+    );
+    assert_eq!(dy.dtype, h.dtype, "swiglu: dy is not h's dtype");
+    check_output("gradient", &dh, [n, 2 * f], h.dtype);
+    let client = h.client.clone();
+    let (cube_dim, types) = (CubeDim::new_1d(UNITS), [h.dtype.into(), DType::F32.into()]);
+    if n * f > 0 {
+        swiglu_backward_kernel::launch::<R>(
+            &client,
+            cubecl::calculate_cube_count_elemwise(&client, n * f, cube_dim),
+            cube_dim,
+            h.into_tensor_arg(),
+            dy.into_tensor_arg(),
+            dh.clone().into_tensor_arg(),
+            types,
+        );
+    }
+    dh
+}
+
+fn check_output<R: CubeRuntime>(name: &str, t: &CubeTensor<R>, shape: [usize; 2], dtype: DType) {
+    assert_eq!(t.meta.shape().as_slice(), shape, "swiglu: {name} shape");
+    assert_eq!(t.dtype, dtype, "swiglu: {name} dtype");
+    // (An empty tensor's strides may be 0, which burn counts as overlapping.)
+    assert!(
+        shape.contains(&0) || t.is_nonoverlapping(),
+        "swiglu: the {name} overlaps itself, strides {:?}",
+        t.meta.strides()
+    );
+}

@@ -1,0 +1,82 @@
+//! The join kernel against the host's `[a | b]`, bit for bit (a copy), on the GPU device
+//! (wgpu, lavapipe in CI; CUDA in a build with only `--features cuda`). The output is poisoned
+//! with NaN, so an element the kernel forgot fails; inputs come contiguous, transposed (strided
+//! rows) and padded, in f32 and f16; counts straddle the 256-unit cubes.
+#![cfg(any(feature = "wgpu", feature = "cuda"))]
+
+use burn::tensor::DType;
+use lab_kernels::join;
+use proptest::prelude::*;
+
+use crate::common;
+use common::{download, poisoned, values, Input};
+
+/// `[a | b]` of row-major `a [k, n_a]` and `b [k, n_b]` on the host.
+fn joined(a: &[f32], b: &[f32], k: usize) -> Vec<f32> {
+    let (n_a, n_b) = (a.len() / k.max(1), b.len() / k.max(1));
+    (0..k)
+        .flat_map(|r| a[r * n_a..][..n_a].iter().chain(&b[r * n_b..][..n_b]))
+        .copied()
+        .collect()
+}
+
+fn check([k, n_a, n_b]: [usize; 3], layouts: [Input; 2], dtype: DType, seed: u64) {
+    let (a, b) = (
+        values(k * n_a, seed, dtype),
+        values(k * n_b, seed + 1, dtype),
+    );
+    let got = download(join::join_columns_into(
+        layouts[0].upload(&a, [k, n_a], dtype),
+        layouts[1].upload(&b, [k, n_b], dtype),
+        poisoned(&[k, n_a + n_b], dtype),
+    ));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want = joined(&a, &b, k);
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "{k}×({n_a} | {n_b}) {layouts:?} {dtype:?}"
+    );
+}
+
+const CASES: [([usize; 3], [Input; 2]); 5] = [
+    ([1, 1, 1], [Input::Contiguous, Input::Contiguous]),
+    ([3, 5, 2], [Input::Transposed, Input::Contiguous]),
+    ([7, 64, 64], [Input::Contiguous, Input::Padded]),
+    ([33, 100, 9], [Input::Padded, Input::Transposed]),
+    // More than one cube of 256 units along a row.
+    ([2, 300, 500], [Input::Contiguous, Input::Contiguous]),
+];
+
+#[test]
+fn f32_and_f16_are_the_hosts_join() {
+    for (n, (dims, layouts)) in CASES.into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F16] {
+            check(dims, layouts, dtype, n as u64);
+        }
+    }
+}
+
+/// The allocating launch gives a new contiguous `[K, N_a + N_b]`.
+#[test]
+fn the_join_is_a_new_contiguous_tensor() {
+    let (a, b) = (values(12, 1, DType::F32), values(8, 2, DType::F32));
+    let out = join::join_columns(
+        Input::Transposed.upload(&a, [4, 3], DType::F32),
+        Input::Padded.upload(&b, [4, 2], DType::F32),
+    );
+    assert_eq!(out.meta.shape().as_slice(), [4, 5]);
+    assert!(out.is_contiguous());
+    assert_eq!(download(out), joined(&a, &b, 4));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn any_shape_is_the_hosts_join(
+        k in 1usize..20, n_a in 1usize..40, n_b in 1usize..40, a in Input::any(), b in Input::any(),
+        seed in 0u64..1000,
+    ) {
+        check([k, n_a, n_b], [a, b], DType::F32, seed);
+    }
+}
