@@ -11,7 +11,7 @@ use crate::init;
 use crate::layers::{is_linear_weight, Linear, RmsNorm, Rope};
 use crate::weights::replace_params;
 
-/// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`.
+/// SwiGLU: `down(silu(gate(x)) ⊙ up(x))`, gate and up computed as one product ([`FeedForward::gate_up`]).
 #[derive(Module, Debug)]
 pub struct FeedForward<B: Backend> {
     pub gate: Linear<B>,
@@ -40,13 +40,22 @@ impl<B: Backend> FeedForward<B> {
 
 impl<B: FusedSwiglu + FusedProjection> FeedForward<B> {
     fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.down
-            .forward(swiglu(self.gate.forward(x.clone()), self.up.forward(x)))
+        self.down.forward(swiglu(self.gate_up(x)))
+    }
+
+    /// `x: [n, d]` → `[x·W_gate | x·W_up]`, `[n, 2·d_ff]`: both projections as one product
+    /// with the weights side by side (`lab_ops::project_joined`), in `x`'s dtype. In backward
+    /// `dx` is one product where two were summed. The parameters, checkpoints and exports keep
+    /// `gate` and `up` apart.
+    pub fn gate_up(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let dtype = x.dtype().into();
+        let weight = |w: &Linear<B>| cast_to(w.weight.val(), dtype);
+        lab_ops::project_joined(x, weight(&self.gate), weight(&self.up))
     }
 }
 
-/// SwiGLU's gating, between the projections: `silu(gate) ⊙ up` (lab-ops' one-node op: its
-/// backward keeps only `gate` and `up`).
+/// SwiGLU's gating, between the projections: `silu(gate) ⊙ up` of `[gate | up]` (lab-ops'
+/// one-node op: its backward keeps only its input and returns one gradient for both halves).
 pub use lab_ops::swiglu;
 
 /// One pre-norm residual block: `x += attn(norm(x)); x += ffn(norm(x))`.

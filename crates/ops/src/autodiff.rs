@@ -19,7 +19,7 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
-use burn::tensor::{FloatDType, TensorMetadata};
+use burn::tensor::{FloatDType, Slice, TensorMetadata};
 
 use crate::{
     FusedAttention, FusedEmbedding, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope,
@@ -193,9 +193,41 @@ impl<B: FusedRope, C: CheckpointStrategy> FusedRope for Autodiff<B, C> {
     }
 }
 
+/// SwiGLU's node (`swiglu.rs`): keeps its input `h = [g | u]` as a checkpoint (so selective
+/// checkpointing may recompute it) and recomputes `σ(g)` in backward.
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: FusedSwiglu> Backward<B, 1> for SwigluBackward {
+    /// The node of `h`.
+    type State = NodeId;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, cp: &mut Checkpointer) {
+        let h = cp.retrieve_node_output(ops.state);
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(parent)] = ops.parents {
+            grads.register::<B>(parent.id, B::swiglu_backward(h, dy));
+        }
+    }
+}
+
+/// Recomputes SwiGLU's output from `h` when a later node needs it and it was not kept.
+#[derive(Debug, Clone)]
+struct RetroSwiglu<B> {
+    h: NodeId,
+    _backend: PhantomData<B>,
+}
+
+impl<B: FusedSwiglu> RetroForward for RetroSwiglu<B> {
+    fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
+        let h = states.get_state::<FloatTensor<B>>(&self.h);
+        states.save(out_node, B::swiglu(h))
+    }
+}
+
 /// A two-input op whose graph node keeps only its inputs, as checkpoints (so selective
 /// checkpointing may recompute them), and recomputes in backward what its derivative needs:
-/// SwiGLU (`swiglu.rs`) and RMSNorm (`rms_norm.rs`).
+/// RMSNorm (`rms_norm.rs`).
 trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
     fn forward(self, a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B>;
     /// The gradients of `a` and `b` for the output's gradient `dy`.
@@ -205,25 +237,6 @@ trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
         b: FloatTensor<B>,
         dy: FloatTensor<B>,
     ) -> [FloatTensor<B>; 2];
-}
-
-/// SwiGLU of the gate `a` and the up projection `b`.
-#[derive(Debug, Clone, Copy)]
-struct SwigluOp;
-
-impl<B: FusedSwiglu> KeepsInputs<B> for SwigluOp {
-    fn forward(self, g: FloatTensor<B>, u: FloatTensor<B>) -> FloatTensor<B> {
-        B::swiglu(g, u)
-    }
-    fn backward(
-        self,
-        g: FloatTensor<B>,
-        u: FloatTensor<B>,
-        dy: FloatTensor<B>,
-    ) -> [FloatTensor<B>; 2] {
-        let (dg, du) = B::swiglu_backward(g, u, dy);
-        [dg, du]
-    }
 }
 
 /// RMSNorm of `a` with the gain `b`.
@@ -309,8 +322,24 @@ fn keeping_inputs<B: Backend, C: CheckpointStrategy, Op: KeepsInputs<B>>(
 }
 
 impl<B: FusedSwiglu, C: CheckpointStrategy> FusedSwiglu for Autodiff<B, C> {
-    fn swiglu(g: FloatTensor<Self>, u: FloatTensor<Self>) -> FloatTensor<Self> {
-        keeping_inputs::<B, C, _>(SwigluOp, g, u)
+    fn swiglu(h: FloatTensor<Self>) -> FloatTensor<Self> {
+        let retro = RetroSwiglu::<B> {
+            h: h.node.id,
+            _backend: PhantomData,
+        };
+        match SwigluBackward
+            .prepare::<C>([h.node.clone()])
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&h])
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = prep.checkpoint(&h);
+                prep.finish(state, B::swiglu(h.primitive))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(h.primitive)),
+        }
     }
 }
 
@@ -402,6 +431,76 @@ pub fn projection_node<B: FusedProjection, C: CheckpointStrategy>(
     }
 }
 
+/// The node of `x · [a | b]` ([`FusedProjection::project_joined`]): keeps `x` and the two
+/// weights themselves (alive anyway as parameters), never their joined copy, which backward
+/// makes again for `dx`. `dW = xᵀ · dy` is one product, whose column halves (views) are the two
+/// weights' gradients.
+#[derive(Debug)]
+struct JoinedProjectionBackward {
+    /// `a`'s columns: where `dW` splits.
+    split: usize,
+}
+
+impl<B: FusedProjection> Backward<B, 3> for JoinedProjectionBackward {
+    /// `x` if a weight wants a gradient; the weights if `x` does.
+    type State = (Option<NodeId>, Option<(NodeId, NodeId)>);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, cp: &mut Checkpointer) {
+        let (x, weights) = ops.state;
+        let [x_node, a_node, b_node] = ops.parents.map(|p| p.map(|n| n.id));
+        let dy = grads.consume::<B>(&ops.node);
+        if let (Some(id), Some((a, b))) = (x_node, weights) {
+            let (a, b) = (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
+            let joined = B::join_columns(a, b);
+            grads.register::<B>(id, B::project(dy.clone(), B::float_transpose(joined)));
+        }
+        if let Some(x) = x.filter(|_| a_node.is_some() || b_node.is_some()) {
+            let x = cp.retrieve_node_output::<FloatTensor<B>>(x);
+            let dw = B::project(B::float_transpose(x), dy);
+            let [rows, cols] = [dw.shape()[0], dw.shape()[1]];
+            let columns = |from: usize, to: usize| {
+                let slices = [
+                    Slice::new(0, Some(rows as isize), 1),
+                    Slice::new(from as isize, Some(to as isize), 1),
+                ];
+                B::float_slice(dw.clone(), &slices)
+            };
+            if let Some(id) = a_node {
+                grads.register::<B>(id, columns(0, self.split));
+            }
+            if let Some(id) = b_node {
+                grads.register::<B>(id, columns(self.split, cols));
+            }
+        }
+    }
+}
+
+/// `x · [a | b]` through [`JoinedProjectionBackward`].
+fn joined_projection_node<B: FusedProjection, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let weights_tracked = a.is_tracked() || b.is_tracked();
+    let x_tracked = x.is_tracked();
+    let split = a.primitive.shape()[1];
+    match (JoinedProjectionBackward { split })
+        .prepare::<C>([x.node.clone(), a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let x_kept = weights_tracked.then(|| prep.checkpoint(&x));
+            let kept = x_tracked.then(|| (prep.checkpoint(&a), prep.checkpoint(&b)));
+            let y = B::project_joined(x.primitive, a.primitive, b.primitive);
+            prep.finish((x_kept, kept), y)
+        }
+        OpsKind::UnTracked(prep) => {
+            prep.finish(B::project_joined(x.primitive, a.primitive, b.primitive))
+        }
+    }
+}
+
 impl<B: FusedProjection, C: CheckpointStrategy> FusedProjection for Autodiff<B, C> {
     fn projects_on_op() -> bool {
         B::projects_on_op()
@@ -413,6 +512,15 @@ impl<B: FusedProjection, C: CheckpointStrategy> FusedProjection for Autodiff<B, 
         } else {
             <Self as FloatTensorOps<Self>>::float_matmul(a, b)
         }
+    }
+
+    /// Always lab's node: burn's concatenation and matmul would keep the joined copy.
+    fn project_joined(
+        x: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        joined_projection_node::<B, C>(x, a, b)
     }
 }
 

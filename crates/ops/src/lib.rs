@@ -2,8 +2,8 @@
 //!
 //! Today: the LM head and its cross-entropy as one op ([`lm_head_loss`]), causal GQA
 //! attention as one op where a GPU kernel exists ([`FusedAttention`]), rotary position
-//! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating as one op
-//! that keeps two tensors instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
+//! embedding as one op with one-pass CPU and GPU kernels ([`rope`]), SwiGLU's gating on the fused
+//! gate and up projections as one op that keeps one tensor instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
 //! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the sum of squares of
 //! many tensors under the gradient norm ([`SumOfSquares`]), the
 //! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]), and
@@ -58,11 +58,11 @@ pub use embedding::{embedding, FusedEmbedding};
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
 pub use memory::{DeviceBytes, DeviceMemory};
-pub use projection::{project, FusedProjection};
+pub use projection::{project, project_joined, FusedProjection};
 pub use rms_norm::{rms_norm, rms_norm_to, FusedRmsNorm, RmsNormGrads};
 pub use rope::{rope, rope_tensor_ops, FusedRope};
 pub use square_sums::{tensor_ops_sum_of_squares, SumOfSquares};
-pub use swiglu::{swiglu, FusedSwiglu, SwigluGrads};
+pub use swiglu::{swiglu, FusedSwiglu};
 
 /// `x` in `dtype`. A no-op when it already is: burn's cast records an autodiff node even
 /// then, and fp32 runs must keep the graph (and the bits) they had before mixed precision.

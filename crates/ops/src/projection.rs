@@ -28,6 +28,20 @@ pub trait FusedProjection: Backend {
     fn project(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_matmul(a, b)
     }
+
+    /// `[a | b]`: `a [K, N_a]` and `b [K, N_b]` side by side, a new `[K, N_a + N_b]`.
+    fn join_columns(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_cat(vec![a, b], 1)
+    }
+
+    /// `x · [a | b]`: two weights' products as one (see [`project_joined`]).
+    fn project_joined(
+        x: FloatTensor<Self>,
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::project(x, Self::join_columns(a, b))
+    }
 }
 
 /// `x [N, d_in] · w [d_in, d_out]`, differentiable on autodiff backends.
@@ -36,6 +50,30 @@ pub fn project<B: FusedProjection>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B
     let [w_in, _] = w.dims();
     assert_eq!(d_in, w_in, "project: x has {d_in} columns, w {w_in} rows");
     let y = B::project(x.into_primitive().tensor(), w.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// `x [N, d_in] · [a | b]` with `a [d_in, n_a]` and `b [d_in, n_b]` side by side: one product
+/// `[N, n_a + n_b]` where two would each read `x`, differentiable on autodiff backends. The
+/// joined copy of the weights lives only while a product runs: autodiff keeps `a` and `b`
+/// (parameters, alive anyway) and joins them again in backward for `dx = dy · [a | b]ᵀ`, one
+/// product where two were summed; `dW = xᵀ · dy` is one product too, its column halves the
+/// two weights' gradients (views).
+pub fn project_joined<B: FusedProjection>(
+    x: Tensor<B, 2>,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let [_, d_in] = x.dims();
+    for (name, w) in [("a", &a), ("b", &b)] {
+        let [w_in, _] = w.dims();
+        assert_eq!(
+            d_in, w_in,
+            "project_joined: x has {d_in} columns, {name} {w_in} rows"
+        );
+    }
+    let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
+    let y = B::project_joined(prim(x), prim(a), prim(b));
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

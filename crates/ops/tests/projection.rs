@@ -3,7 +3,9 @@
 //! gradients or not and inputs that are transposed views (as the backward passes them). With
 //! `wgpu`, the op as the GPU backends run it (its node, its Fusion custom op, cubecl's matmul)
 //! under `LAB_MATMUL=op`'s choice, on lavapipe in CI; built with `cuda` alone, on a GPU host,
-//! the same on cuBLASLt (`LAB_MATMUL=cublaslt`'s choice), bf16 included.
+//! the same on cuBLASLt (`LAB_MATMUL=cublaslt`'s choice), bf16 included. The joined product
+//! `x · [a | b]` (`project_joined`, the feed-forward's gate and up) against burn's matmul of
+//! the joined weight, and its gradients to each weight.
 
 use burn::backend::{autodiff::checkpoint::strategy::NoCheckpointing, Autodiff, Flex};
 use burn::tensor::{
@@ -103,6 +105,27 @@ fn run<Be: AutodiffBackend>(
     )
 }
 
+/// `product`'s `y`, `dx` and `dw` have the bits of burn's matmul and are within 1e-5 of fp64,
+/// with `x` stored and as a transposed view.
+fn assert_burns_bits_and_fp64(
+    product: impl Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2>,
+    dims: [usize; 3],
+    seed: u64,
+) {
+    for x_as_view in [false, true] {
+        let (x, w, g) = inputs(dims, seed);
+        let ours = run::<B>(&product, (&x, &w, &g), dims, F32, x_as_view);
+        let burns = run::<B>(|x, w| x.matmul(w), (&x, &w, &g), dims, F32, x_as_view);
+        assert_eq!(bits(&ours.0), bits(&burns.0), "y of {dims:?}");
+        assert_eq!(bits(&ours.1), bits(&burns.1), "dx of {dims:?}");
+        assert_eq!(bits(&ours.2), bits(&burns.2), "dw of {dims:?}");
+        let want = reference(&x, &w, &g, dims);
+        assert_close("y", &ours.0, &want.y, 1e-5);
+        assert_close("dx", &ours.1, &want.dx, 1e-5);
+        assert_close("dw", &ours.2, &want.dw, 1e-5);
+    }
+}
+
 #[test]
 fn the_node_matches_burns_matmul_bit_for_bit_and_fp64() {
     for (dims, seed) in [
@@ -111,18 +134,7 @@ fn the_node_matches_burns_matmul_bit_for_bit_and_fp64() {
         ([33, 64, 17], 3),
         ([8, 96, 130], 4),
     ] {
-        for x_as_view in [false, true] {
-            let (x, w, g) = inputs(dims, seed);
-            let ours = run::<B>(node, (&x, &w, &g), dims, F32, x_as_view);
-            let burns = run::<B>(|x, w| x.matmul(w), (&x, &w, &g), dims, F32, x_as_view);
-            assert_eq!(bits(&ours.0), bits(&burns.0), "y of {dims:?}");
-            assert_eq!(bits(&ours.1), bits(&burns.1), "dx of {dims:?}");
-            assert_eq!(bits(&ours.2), bits(&burns.2), "dw of {dims:?}");
-            let want = reference(&x, &w, &g, dims);
-            assert_close("y", &ours.0, &want.y, 1e-5);
-            assert_close("dx", &ours.1, &want.dx, 1e-5);
-            assert_close("dw", &ours.2, &want.dw, 1e-5);
-        }
+        assert_burns_bits_and_fp64(node, dims, seed);
     }
 }
 
@@ -151,8 +163,69 @@ fn the_cpu_keeps_burns_own_matmul_node() {
     assert!(!<B as FusedProjection>::projects_on_op());
 }
 
+/// `x · w` as `project_joined` of `w`'s first `split` columns and the rest: `w`'s gradient is
+/// its halves' gradients joined back by the narrows' backward (zeros added, exactly).
+fn joined(split: usize) -> impl Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2> {
+    move |x, w| {
+        let m = w.dims()[1];
+        let (a, b) = (w.clone().narrow(1, 0, split), w.narrow(1, split, m - split));
+        lab_ops::project_joined(x, a, b)
+    }
+}
+
+#[test]
+fn the_joined_product_is_burns_matmul_of_the_joined_weight_bit_for_bit() {
+    for (dims, seed, split) in [
+        ([1, 1, 2], 1, 1),
+        ([5, 7, 3], 2, 2),
+        ([33, 64, 17], 3, 9),
+        ([8, 96, 130], 4, 65),
+    ] {
+        assert_burns_bits_and_fp64(joined(split), dims, seed);
+    }
+}
+
+/// A frozen second weight and a constant input: the first weight's gradient only, its
+/// columns of `xᵀ · g`.
+#[test]
+fn the_joined_product_gives_tracked_weights_their_columns() {
+    let dims @ [n, k, m] = [4, 6, 5];
+    let split = 2;
+    let (x, w, g) = inputs(dims, 11);
+    let want = reference(&x, &w, &g, dims);
+    let device = Default::default();
+    let columns = |from: usize, to: usize| -> Vec<f32> {
+        (0..k)
+            .flat_map(|r| w[r * m + from..r * m + to].to_vec())
+            .collect()
+    };
+    let a = tensor::<B>(&columns(0, split), [k, split], &device).require_grad();
+    let b = tensor::<B>(&columns(split, m), [k, m - split], &device);
+    let y = lab_ops::project_joined(tensor::<B>(&x, [n, k], &device), a.clone(), b);
+    let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
+    let want_a: Vec<f64> = (0..k * split)
+        .map(|o| want.dw[o / split * m + o % split])
+        .collect();
+    assert_close("da", &values(a.grad(&grads).unwrap()), &want_a, 1e-5);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn the_joined_product_matches_fp64_on_any_shape(
+        n in 1usize..12, k in 1usize..12, m in 2usize..12, cut in 0.0f64..1.0,
+        seed in 0u64..1000, view: bool,
+    ) {
+        let split = 1 + ((m - 1) as f64 * cut) as usize % (m - 1);
+        let (x, w, g) = inputs([n, k, m], seed);
+        let (y, dx, dw) = run::<B>(joined(split), (&x, &w, &g), [n, k, m], F32, view);
+        let want = reference(&x, &w, &g, [n, k, m]);
+        assert_close("y", &y, &want.y, 1e-5);
+        assert_close("dx", &dx, &want.dx, 1e-5);
+        assert_close("dw", &dw, &want.dw, 1e-5);
+    }
+
+
     #[test]
     fn the_node_matches_fp64_on_any_shape(
         n in 1usize..12, k in 1usize..12, m in 1usize..12, seed in 0u64..1000, view: bool,
@@ -202,6 +275,33 @@ mod gpu {
         for (seed, (dtype, tol, dims, x_as_view)) in cases.into_iter().enumerate() {
             let (x, w, g) = inputs(dims, seed as u64);
             let (y, dx, dw) = run::<G>(lab_ops::project, (&x, &w, &g), dims, dtype, x_as_view);
+            let want = reference(&x, &w, &g, dims);
+            let what = format!("{dtype:?} {dims:?} view {x_as_view}");
+            assert_close(&format!("y {what}"), &y, &want.y, tol);
+            assert_close(&format!("dx {what}"), &dx, &want.dx, tol);
+            assert_close(&format!("dw {what}"), &dw, &want.dw, tol);
+        }
+    }
+
+    /// The joined product (the feed-forward's gate and up) through Fusion: the weights joined
+    /// on the device, forward and again in backward, the gradient's column halves to each.
+    #[test]
+    fn the_joined_product_through_fusion_matches_fp64() {
+        let split = |x: Tensor<G, 2>, w: Tensor<G, 2>| {
+            let m = w.dims()[1];
+            let (a, b) = (w.clone().narrow(1, 0, 5), w.narrow(1, 5, m - 5));
+            lab_ops::project_joined(x, a, b)
+        };
+        for (seed, (dtype, tol, x_as_view)) in [
+            (FloatDType::F32, 1e-4, false),
+            (FloatDType::F16, 2e-2, true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let dims = [33, 64, 17];
+            let (x, w, g) = inputs(dims, 20 + seed as u64);
+            let (y, dx, dw) = run::<G>(split, (&x, &w, &g), dims, dtype, x_as_view);
             let want = reference(&x, &w, &g, dims);
             let what = format!("{dtype:?} {dims:?} view {x_as_view}");
             assert_close(&format!("y {what}"), &y, &want.y, tol);

@@ -1,5 +1,6 @@
-//! SwiGLU's gating as one op against an fp64 host reference (forward and both gradients,
-//! derived by hand below) and against burn's composition `silu(g) * u`, which it must match
+//! SwiGLU's gating as one op, on the gate and up projections side by side in one tensor
+//! `h = [g | u]`, against an fp64 host reference (forward and both halves of the gradient,
+//! derived by hand below) and against burn's composition `silu(g) * u` of `h`'s halves, which it must match
 //! bit for bit on the CPU in fp32 (the Flex kernel) and bf16 (the generic path), gradients
 //! included, with and without selective checkpointing. With the `wgpu` feature, the GPU
 //! path too (lavapipe in CI).
@@ -48,14 +49,22 @@ fn reference(c: &Case) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     (y, dg, du)
 }
 
-type Gate<A> = fn(Tensor<A, 2>, Tensor<A, 2>) -> Tensor<A, 2>;
+type Gate<A> = fn(Tensor<A, 2>) -> Tensor<A, 2>;
 
-fn composition<A: AutodiffBackend>(g: Tensor<A, 2>, u: Tensor<A, 2>) -> Tensor<A, 2> {
-    silu(g) * u
+fn composition<A: AutodiffBackend>(h: Tensor<A, 2>) -> Tensor<A, 2> {
+    let f = h.dims()[1] / 2;
+    silu(h.clone().narrow(1, 0, f)) * h.narrow(1, f, f)
 }
 
-/// `(y, dg, du)` through `op` on the autodiff backend `A` in `dtype`. With `transposed`, `g`
-/// arrives as the transpose of a stored `[cols, rows]` tensor (a strided view).
+/// `[g | u]` of the case, row by row: `[rows, 2·cols]`.
+fn joined(c: &Case) -> Vec<f32> {
+    let cols = c.shape[1];
+    let rows = c.g.chunks(cols).zip(c.u.chunks(cols));
+    rows.flat_map(|(g, u)| g.iter().chain(u).copied()).collect()
+}
+
+/// `(y, dg, du)` through `op` on the autodiff backend `A` in `dtype`. With `transposed`, `h`
+/// arrives as the transpose of a stored `[2·cols, rows]` tensor (a strided view).
 fn through<A: AutodiffBackend>(
     c: &Case,
     dtype: FloatDType,
@@ -64,34 +73,25 @@ fn through<A: AutodiffBackend>(
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let device = Default::default();
     let [rows, cols] = c.shape;
-    let leaf = |v: &Vec<f32>| {
-        Tensor::<A, 2>::from_data(TensorData::new(v.clone(), c.shape), &device)
-            .cast(dtype)
-            .require_grad()
-    };
-    let (g_leaf, u) = if transposed {
-        let stored = Tensor::<A, 2>::from_data(TensorData::new(c.g.clone(), c.shape), &device)
-            .transpose()
-            .into_data();
-        let stored = Tensor::<A, 2>::from_data(stored, &device)
-            .cast(dtype)
-            .require_grad();
-        assert_eq!(stored.dims(), [cols, rows]);
-        (stored, leaf(&c.u))
+    let h = Tensor::<A, 2>::from_data(TensorData::new(joined(c), [rows, 2 * cols]), &device);
+    let h_leaf = match transposed {
+        true => Tensor::<A, 2>::from_data(h.transpose().into_data(), &device),
+        false => h,
+    }
+    .cast(dtype)
+    .require_grad();
+    let h = if transposed {
+        h_leaf.clone().transpose()
     } else {
-        (leaf(&c.g), leaf(&c.u))
-    };
-    let g = if transposed {
-        g_leaf.clone().transpose()
-    } else {
-        g_leaf.clone()
+        h_leaf.clone()
     };
     let dy = Tensor::<A, 2>::from_data(TensorData::new(c.dy.clone(), c.shape), &device).cast(dtype);
-    let y = op(g, u.clone());
+    let y = op(h);
     let grads = (y.clone() * dy).sum().backward();
-    let dg = g_leaf.grad(&grads).unwrap();
-    let dg = if transposed { dg.transpose() } else { dg };
-    let du = u.grad(&grads).unwrap();
+    let dh = h_leaf.grad(&grads).unwrap();
+    let dh = if transposed { dh.transpose() } else { dh };
+    assert_eq!(dh.dims(), [rows, 2 * cols]);
+    let (dg, du) = (dh.clone().narrow(1, 0, cols), dh.narrow(1, cols, cols));
     let f32s = |d: TensorData| d.convert::<f32>().to_vec::<f32>().unwrap();
     (
         f32s(y.into_data()),
@@ -158,7 +158,7 @@ fn same_bits_as_the_composition() {
 }
 
 /// A projection, the gating and a projection back, as the model's feed-forward runs them:
-/// `((x·W_g) ⊙' (x·W_u))·W_d` summed, and the three weights' gradients.
+/// `(x·[W_g | W_u] gated)·W_d` summed, and the three weights' gradients.
 fn feed_forward<A: AutodiffBackend>(gate: Gate<A>) -> Vec<Vec<f32>> {
     let x = block_input::<A>();
     let (w_g, w_u, w_d) = (
@@ -166,7 +166,8 @@ fn feed_forward<A: AutodiffBackend>(gate: Gate<A>) -> Vec<Vec<f32>> {
         weight(3, [8, 12]),
         weight(4, [12, 8]),
     );
-    let y = gate(x.clone().matmul(w_g.clone()), x.matmul(w_u.clone())).matmul(w_d.clone());
+    let w_gu = Tensor::cat(vec![w_g.clone(), w_u.clone()], 1);
+    let y = gate(x.matmul(w_gu)).matmul(w_d.clone());
     let grads = y.sum().backward();
     [w_g, w_u, w_d]
         .iter()
@@ -217,8 +218,8 @@ proptest! {
     }
 }
 
-/// The GPU path (the composition on the backend's ops under the op's one-node backward),
-/// through Fusion as the trainer runs it, on the wgpu device.
+/// The GPU path (lab-kernels' two kernels under the op's one-node backward), through Fusion
+/// as the trainer runs it, on the wgpu device.
 #[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_fp32_matches_the_fp64_reference() {

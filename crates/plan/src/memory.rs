@@ -170,8 +170,9 @@ pub fn block_bytes_per_token(
         let norms = 2.0 * (h * f32 + h * c);
         // q and k after RoPE, v, and the heads merged for the output projection.
         let qkv_merged = (2.0 * a + 2.0 * kv) * c;
-        // SwiGLU: gate and up (lab-ops' one-node op keeps only its inputs) and their product
-        // (the down projection's input).
+        // SwiGLU: gate and up side by side (lab-ops' one-node op keeps only its input) and
+        // their product (the down projection's input). The two weights are joined for one
+        // product, and joined again in backward: the joined copy is not kept.
         let ffn = 3.0 * ff * c;
         let attend = match attention {
             // Nothing more: the kernel writes its output in the projections' layout, so the

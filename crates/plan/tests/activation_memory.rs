@@ -11,6 +11,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::Mutex;
 
 use burn::backend::autodiff::checkpoint::strategy::{
     BalancedCheckpointing, CheckpointStrategy, NoCheckpointing,
@@ -47,6 +48,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// Held by each test while it counts: the counter is the whole process's, and the test
+/// harness runs tests on parallel threads.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 /// Bytes the training forward leaves alive, by the counting allocator.
 fn kept<C: CheckpointStrategy>(cfg: &ModelConfig, batch: usize, p: Precision) -> i64 {
     let compute = lab_model::compute_dtype(p);
@@ -66,6 +71,7 @@ fn measured<C: CheckpointStrategy>(shape: forward_memory::Shape, p: Precision) -
 
 #[test]
 fn the_planner_counts_the_activations_the_model_keeps() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // Warm up rayon's pool and the allocator's thread caches outside the measurements.
     kept::<NoCheckpointing>(&config(SHAPES[0], 2), 2, Precision::Fp32);
     for shape in SHAPES {
@@ -86,4 +92,36 @@ fn the_planner_counts_the_activations_the_model_keeps() {
             );
         }
     }
+}
+
+/// What a forward keeps per layer whatever its tokens does not grow with the feed-forward's
+/// width: the gate and up weights are joined into one matrix for one product
+/// (`lab_ops::project_joined`), and that copy is made again in backward, not kept (the planner
+/// counts no such copy). With `D(b)` the bytes 3 layers keep over 1 layer at `b` sequences,
+/// `2·(b·T·p + c)`, the constant a layer is `c = D(4) − D(8)/2` (the autodiff graph's own
+/// bookkeeping, tens of kilobytes). From d_ff 160 to 960 it must grow by less than a tenth of
+/// the joined weight's growth, 409,600 B (fp32): keeping the joined copy measured 408,784 to
+/// 410,416 B, not keeping it 1,632 (the noise of `c` reached 17 KB in trials).
+#[test]
+fn a_layer_keeps_no_joined_gate_up_weight() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    type Plain = NoCheckpointing;
+    let p = Precision::Fp32;
+    kept::<Plain>(&config(SHAPES[0], 2), 2, p);
+    let per_layer = |shape| {
+        let (one, three) = (config(shape, 1), config(shape, 3));
+        let d = |b| median_kept::<Plain>(&three, b, p) - median_kept::<Plain>(&one, b, p);
+        d(4) - d(8) / 2.0
+    };
+    // SHAPES[0] and the same with d_ff 960 for 160.
+    let narrow = SHAPES[0];
+    let wide = (narrow.0, narrow.1, narrow.2, narrow.3, 960, narrow.5);
+    let joined_growth = (narrow.0 * 2 * (960 - narrow.4) * 4) as f64;
+    assert_eq!(joined_growth, 409_600.0);
+    let got = per_layer(wide) - per_layer(narrow);
+    eprintln!("a layer keeps {got} B more whatever its tokens at d_ff 960 than at 160");
+    assert!(
+        got.abs() < 0.1 * joined_growth,
+        "a layer keeps {got} B more whatever its tokens at d_ff 960 than at 160: the joined gate-up weight ({joined_growth} B more) is kept"
+    );
 }

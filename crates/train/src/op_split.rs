@@ -23,7 +23,7 @@ use crate::backend::TrainBackend;
 /// The pieces a step's time is split into (serialized as [`OpClass::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpClass {
-    /// The seven projections of a block (q, k, v, o, gate, up, down).
+    /// The projections of a block (q, k, v, o, gate and up as one product, down).
     Projections,
     /// Attention between the projections: scores, mask, softmax and weighted values, or
     /// the fused kernel.
@@ -260,26 +260,36 @@ pub fn probes<'a, B: TrainBackend>(
     ]
 }
 
-/// Block 0's seven projections, each on its own input.
+/// Block 0's projections, each on its own input: the attention's four and the feed-forward's
+/// gate and up side by side as one product, then its down.
 fn projections<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
     let (block, m) = (&model.blocks[0], s.cfg);
-    let linears = [
-        (&block.attn.wq, m.d_model),
-        (&block.attn.wk, m.d_model),
-        (&block.attn.wv, m.d_model),
-        (&block.attn.wo, m.d_attn()),
-        (&block.ffn.gate, m.d_model),
-        (&block.ffn.up, m.d_model),
-        (&block.ffn.down, m.d_ff),
+    let (attn, ffn) = (&block.attn, &block.ffn);
+    type Product<'a, B> = Box<dyn Fn(Tensor<B, 2>) -> Tensor<B, 2> + 'a>;
+    let linear =
+        |l: &'a lab_model::layers::Linear<B>| -> Product<'a, B> { Box::new(move |x| l.forward(x)) };
+    let products: [(Product<'a, B>, usize); 6] = [
+        (linear(&attn.wq), m.d_model),
+        (linear(&attn.wk), m.d_model),
+        (linear(&attn.wv), m.d_model),
+        (linear(&attn.wo), m.d_attn()),
+        (Box::new(move |x| ffn.gate_up(x)), m.d_model),
+        (linear(&ffn.down), m.d_ff),
     ];
-    let xs: Vec<Tensor<B, 2>> = linears.iter().map(|&(_, k)| s.input([s.rows, k])).collect();
+    let xs: Vec<Tensor<B, 2>> = products
+        .iter()
+        .map(|&(_, k)| s.input([s.rows, k]))
+        .collect();
     let mut inputs: Vec<_> = xs.iter().map(|x| reached(x.clone())).collect();
-    inputs.extend(linears.iter().map(|(l, _)| reached(l.weight.val())));
+    let weights = [
+        &attn.wq, &attn.wk, &attn.wv, &attn.wo, &ffn.gate, &ffn.up, &ffn.down,
+    ];
+    inputs.extend(weights.iter().map(|l| reached(l.weight.val())));
     Probe {
         class: OpClass::Projections,
         run: Box::new(move || {
-            let each = linears.iter().zip(&xs);
-            each.map(|((l, _), x)| l.forward(x.clone()).backward())
+            let each = products.iter().zip(&xs);
+            each.map(|((product, _), x)| product(x.clone()).backward())
                 .collect()
         }),
         inputs,
@@ -335,16 +345,13 @@ fn rms_norm<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a
     }
 }
 
-/// SwiGLU's gating between the projections.
+/// SwiGLU's gating between the projections, of the gate and up projections side by side.
 fn swiglu<'a, B: TrainBackend>(s: &Shapes<B>) -> Probe<'a, B> {
-    let gate: Tensor<B, 2> = s.input([s.rows, s.cfg.d_ff]);
-    let up: Tensor<B, 2> = s.input([s.rows, s.cfg.d_ff]);
+    let gate_up: Tensor<B, 2> = s.input([s.rows, 2 * s.cfg.d_ff]);
     Probe {
         class: OpClass::Swiglu,
-        inputs: vec![reached(gate.clone()), reached(up.clone())],
-        run: Box::new(move || {
-            vec![lab_model::transformer::swiglu(gate.clone(), up.clone()).backward()]
-        }),
+        inputs: vec![reached(gate_up.clone())],
+        run: Box::new(move || vec![lab_model::transformer::swiglu(gate_up.clone()).backward()]),
     }
 }
 

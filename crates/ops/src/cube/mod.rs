@@ -18,6 +18,7 @@ mod projection;
 mod rms_norm;
 mod rope;
 mod square_sums;
+mod swiglu;
 
 /// The tensors a Fusion custom operation reads and registers, by id.
 type Handles<B> =
@@ -82,16 +83,3 @@ fn custom_op<B: FusionBackend, const M: usize>(
 fn like<R: FusionRuntime>(t: &FusionTensor<R>) -> (DType, Shape) {
     (t.dtype, t.shape.clone())
 }
-
-/// SwiGLU on the GPUs: the composition of the backend's own tensor ops (Fusion fuses the
-/// elementwise chain), with the one-node backward of `Autodiff` that keeps only its inputs.
-impl<R, F, I, BT> crate::FusedSwiglu for burn_cubecl::CubeBackend<R, F, I, BT>
-where
-    R: burn_cubecl::CubeRuntime,
-    F: burn_cubecl::FloatElement,
-    I: burn_cubecl::IntElement,
-    BT: burn_cubecl::BoolElement,
-{
-}
-
-impl<B: FusionBackend> crate::FusedSwiglu for burn_fusion::Fusion<B> {}

@@ -1,5 +1,7 @@
 //! The projection op on `CubeBackend` (the runtime's vendor BLAS where it has one and
-//! `LAB_MATMUL=cublaslt`) and through Fusion, as a custom op.
+//! `LAB_MATMUL=cublaslt`) and through Fusion, as a custom op; and the joined product's
+//! weights side by side in one launch (lab-kernels' `join`), where burn's concatenation takes
+//! one launch an input.
 
 use burn::tensor::{ops::FloatTensorOps, Shape};
 use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
@@ -30,6 +32,13 @@ where
             None => Self::float_matmul(a, b),
         }
     }
+
+    fn join_columns(
+        a: Self::FloatTensorPrimitive,
+        b: Self::FloatTensorPrimitive,
+    ) -> Self::FloatTensorPrimitive {
+        lab_kernels::join::join_columns(a, b)
+    }
 }
 
 impl<B: FusionBackend + FusedProjection> FusedProjection for Fusion<B> {
@@ -50,5 +59,17 @@ impl<B: FusionBackend + FusedProjection> FusedProjection for Fusion<B> {
             vec![B::project(get(0), get(1))]
         });
         y
+    }
+
+    fn join_columns(
+        a: Self::FloatTensorPrimitive,
+        b: Self::FloatTensorPrimitive,
+    ) -> Self::FloatTensorPrimitive {
+        let out = (a.dtype, Shape::new([a.shape[0], a.shape[1] + b.shape[1]]));
+        let [joined] = custom_op::<B, 1>("lab_join_columns", vec![a, b], [out], |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            vec![B::join_columns(get(0), get(1))]
+        });
+        joined
     }
 }

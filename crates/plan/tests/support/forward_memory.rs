@@ -40,7 +40,11 @@ pub fn kept_by_forward<B: FusedOps>(
     live: impl Fn() -> i64,
 ) -> i64 {
     let device = Default::default();
-    let model = Llama::<B>::new(cfg, 7, &device).with_compute_dtype(compute);
+    // As a training step runs it: the weights drawn (they are drawn lazily) and, in mixed
+    // precision, the linear ones cast, before the count starts.
+    let model = Llama::<B>::new(cfg, 7, &device)
+        .with_compute_dtype(compute)
+        .step_copy();
     // `[batch, T]` ids in the config's 61 words, a different sequence per salt.
     let ids = |salt: usize| {
         let data: Vec<i64> = (0..batch * cfg.seq_len)
