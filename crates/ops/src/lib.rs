@@ -6,7 +6,8 @@
 //! gate and up projections as one op that keeps one tensor instead of four ([`swiglu`]), RMSNorm as one op that keeps its input
 //! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the sum of squares of
 //! many tensors under the gradient norm ([`SumOfSquares`]), the
-//! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]), and
+//! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]) and
+//! two weights' products as one ([`project_joined`]), and
 //! the token embedding with a GPU kernel for its backward ([`embedding`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32

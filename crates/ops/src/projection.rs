@@ -1,5 +1,6 @@
 //! The projections' matrix product `x · w` as one op, so that a GPU can run it, forward and
-//! backward, on its vendor's BLAS (cuBLASLt on CUDA: lab-kernels' `gemm`).
+//! backward, on its vendor's BLAS (cuBLASLt on CUDA: lab-kernels' `gemm`); and
+//! [`project_joined`], two weights' products as one (the feed-forward's gate and up).
 //!
 //! The backward is the matmul's: `dx = dy · wᵀ` and `dw = xᵀ · dy`, each again a product of
 //! this op, the transposes as views (a BLAS reads them with op T, no copy). What the node
@@ -8,10 +9,15 @@
 //! Backends: [`FusedProjection::project`] defaults to the backend's matmul, and
 //! [`FusedProjection::projects_on_op`] to `false`, in which case `Autodiff` and Fusion record
 //! burn's own matmul: unless `LAB_MATMUL` asks for the op (lab-kernels' `gemm::Choice`),
-//! every backend runs exactly the graph it ran before this op existed. `Autodiff<B>` records
+//! every backend runs exactly the graph [`project`] ran before this op existed. `Autodiff<B>` records
 //! the op's node (`autodiff.rs`, with the other ops' nodes), `CubeBackend` takes the vendor's
 //! BLAS where its runtime has one, and Fusion passes the op through as a custom op
 //! (`cube/projection.rs`).
+//!
+//! [`project_joined`] always records lab's node (`JoinedProjectionBackward`): burn's
+//! concatenation and matmul would keep the joined copy of the weights until backward. Its node
+//! keeps `x` and the two weights instead, and joins them again in backward; the join is
+//! [`FusedProjection::join_columns`], one launch on the GPUs (lab-kernels' `join`).
 
 use burn::backend::flex::Flex;
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};

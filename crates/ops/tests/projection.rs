@@ -185,10 +185,10 @@ fn the_joined_product_is_burns_matmul_of_the_joined_weight_bit_for_bit() {
     }
 }
 
-/// A frozen second weight and a constant input: the first weight's gradient only, its
-/// columns of `xᵀ · g`.
+/// Which of `x`, `a` and `b` want a gradient decides which get one, each the right one: `x`
+/// all of `g · wᵀ`, each weight its columns of `xᵀ · g`.
 #[test]
-fn the_joined_product_gives_tracked_weights_their_columns() {
+fn the_joined_product_gives_each_tracked_input_its_gradient() {
     let dims @ [n, k, m] = [4, 6, 5];
     let split = 2;
     let (x, w, g) = inputs(dims, 11);
@@ -199,14 +199,47 @@ fn the_joined_product_gives_tracked_weights_their_columns() {
             .flat_map(|r| w[r * m + from..r * m + to].to_vec())
             .collect()
     };
-    let a = tensor::<B>(&columns(0, split), [k, split], &device).require_grad();
-    let b = tensor::<B>(&columns(split, m), [k, m - split], &device);
-    let y = lab_ops::project_joined(tensor::<B>(&x, [n, k], &device), a.clone(), b);
-    let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
-    let want_a: Vec<f64> = (0..k * split)
-        .map(|o| want.dw[o / split * m + o % split])
-        .collect();
-    assert_close("da", &values(a.grad(&grads).unwrap()), &want_a, 1e-5);
+    let want_columns = |from: usize, to: usize| -> Vec<f64> {
+        let width = to - from;
+        (0..k * width)
+            .map(|o| want.dw[o / width * m + from + o % width])
+            .collect()
+    };
+    let leaf = |v: &[f32], shape, wants: bool| {
+        let t = tensor::<B>(v, shape, &device);
+        if wants {
+            t.require_grad()
+        } else {
+            t
+        }
+    };
+    for tracked @ [x_wants, a_wants, b_wants] in [
+        [true, false, false],
+        [false, true, false],
+        [false, false, true],
+        [true, true, true],
+    ] {
+        let xt = leaf(&x, [n, k], x_wants);
+        let a = leaf(&columns(0, split), [k, split], a_wants);
+        let b = leaf(&columns(split, m), [k, m - split], b_wants);
+        let y = lab_ops::project_joined(xt.clone(), a.clone(), b.clone());
+        let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
+        let what = format!("tracked {tracked:?}");
+        assert_eq!(xt.grad(&grads).is_some(), x_wants, "{what}");
+        assert_eq!(a.grad(&grads).is_some(), a_wants, "{what}");
+        assert_eq!(b.grad(&grads).is_some(), b_wants, "{what}");
+        if let Some(dx) = xt.grad(&grads) {
+            assert_close(&format!("dx {what}"), &values(dx), &want.dx, 1e-5);
+        }
+        if let Some(da) = a.grad(&grads) {
+            let want_a = want_columns(0, split);
+            assert_close(&format!("da {what}"), &values(da), &want_a, 1e-5);
+        }
+        if let Some(db) = b.grad(&grads) {
+            let want_b = want_columns(split, m);
+            assert_close(&format!("db {what}"), &values(db), &want_b, 1e-5);
+        }
+    }
 }
 
 proptest! {

@@ -594,7 +594,8 @@ impl MatmulBench {
             ("wq", d, cfg.d_attn()),
             ("wk/wv", d, cfg.n_kv_head * hd),
             ("wo", cfg.d_attn(), d),
-            ("ffn.gate/up", d, cfg.d_ff),
+            // The gate and up weights side by side: one product (`lab_ops::project_joined`).
+            ("ffn.gate_up", d, 2 * cfg.d_ff),
             ("ffn.down", cfg.d_ff, d),
             ("lm_head", d, cfg.vocab_size),
         ];
@@ -765,14 +766,15 @@ mod tests {
                 "wq",
                 "wk/wv",
                 "wo",
-                "ffn.gate/up",
+                "ffn.gate_up",
                 "ffn.down",
                 "lm_head",
                 "lm_head/pad"
             ]
         );
         let m = &config.model;
-        let [lm_head, padded] = [&shapes[5], &shapes[6]];
+        let [gate_up, lm_head, padded] = [&shapes[3], &shapes[5], &shapes[6]];
+        assert_eq!((gate_up.k, gate_up.n), (m.d_model, 2 * m.d_ff));
         assert_eq!(
             (lm_head.m, lm_head.k, lm_head.n),
             (16, m.d_model, m.vocab_size)
