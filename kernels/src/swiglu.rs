@@ -30,9 +30,7 @@ pub(crate) fn swiglu_kernel<F: Float, A: Float>(
     let i = ABSOLUTE_POS;
     if i < out.shape(0) * f {
         let (row, j) = (i / f, i % f);
-        let at = row * h.stride(0) + j * h.stride(1);
-        let g = A::cast_from(h[at]);
-        let u = A::cast_from(h[at + f * h.stride(1)]);
+        let (g, u) = gate_and_up::<F, A>(h, row, j, f);
         out[row * out.stride(0) + j * out.stride(1)] = F::cast_from(g * sigmoid::<A>(g) * u);
     }
 }
@@ -48,9 +46,7 @@ pub(crate) fn swiglu_backward_kernel<F: Float, A: Float>(
     let i = ABSOLUTE_POS;
     if i < dy.shape(0) * f {
         let (row, j) = (i / f, i % f);
-        let at = row * h.stride(0) + j * h.stride(1);
-        let g = A::cast_from(h[at]);
-        let u = A::cast_from(h[at + f * h.stride(1)]);
+        let (g, u) = gate_and_up::<F, A>(h, row, j, f);
         let dy = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
         let s = sigmoid::<A>(g);
         let d_silu = dy * u;
@@ -58,6 +54,13 @@ pub(crate) fn swiglu_backward_kernel<F: Float, A: Float>(
         dh[o] = F::cast_from(d_silu * s + d_silu * g * s * (A::new(1.0) - s));
         dh[o + f * dh.stride(1)] = F::cast_from(dy * (g * s));
     }
+}
+
+/// Row `row`'s gate and up values at column `j` of `h = [g | u]` (`f` columns each), widened.
+#[cube]
+fn gate_and_up<F: Float, A: Float>(h: &Tensor<F>, row: usize, j: usize, f: usize) -> (A, A) {
+    let at = row * h.stride(0) + j * h.stride(1);
+    (A::cast_from(h[at]), A::cast_from(h[at + f * h.stride(1)]))
 }
 
 /// `σ(x) = 1 / (1 + e^−x)`: 0 (not NaN) where `e^−x` overflows.
