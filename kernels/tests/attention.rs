@@ -359,10 +359,7 @@ fn the_outputs_take_their_inputs_layout() {
 
 #[test]
 fn f16_matches_the_fp64_reference() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     for (n, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * n as u64 + 5);
     }

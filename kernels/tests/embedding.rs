@@ -12,9 +12,7 @@
 //! inside a tile of ids (256), no positions at all, and `dy` read through transposed strides.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{
-    backend::Backend, ops::ModuleOps, DType, Int, Tensor, TensorData, TensorPrimitive,
-};
+use burn::tensor::{ops::ModuleOps, DType, Int, Tensor, TensorData, TensorPrimitive};
 use lab_kernels::embedding::{embedding_grad_into, ROWS_PER_SLICE};
 use proptest::prelude::*;
 
@@ -164,10 +162,7 @@ fn f32_sums_each_row_in_order_as_burns_kernel_does() {
 
 #[test]
 fn f16_sums_each_row_in_order_as_burns_kernel_does() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16: the f16 kernel cannot be checked"
-    );
+    common::assert_device_has_f16();
     for (i, c) in cases().iter().enumerate() {
         check(c, DType::F16, i as u64 + 11);
     }

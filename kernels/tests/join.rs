@@ -4,12 +4,12 @@
 //! rows) and padded, in f32 and f16; counts straddle the 256-unit cubes.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType};
+use burn::tensor::DType;
 use lab_kernels::join;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, values, Input, B};
+use common::{download, poisoned, values, Input};
 
 /// `[a | b]` of row-major `a [k, n_a]` and `b [k, n_b]` on the host.
 fn joined(a: &[f32], b: &[f32], k: usize) -> Vec<f32> {
@@ -50,10 +50,7 @@ const CASES: [([usize; 3], [Input; 2]); 5] = [
 
 #[test]
 fn f32_and_f16_are_the_hosts_join() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     for (n, (dims, layouts)) in CASES.into_iter().enumerate() {
         for dtype in [DType::F32, DType::F16] {
             check(dims, layouts, dtype, n as u64);

@@ -21,7 +21,7 @@
 //!   rounding is up to 2^-8 ≈ 3.9e-3.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use lab_kernels::lm_head;
 use proptest::prelude::*;
 
@@ -216,10 +216,7 @@ fn f32_rows_match_the_fp64_reference() {
 
 #[test]
 fn f16_rows_match_the_fp64_reference() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16: the f16 kernels cannot be checked"
-    );
+    common::assert_device_has_f16();
     for (i, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, i as u64 + 11);
     }

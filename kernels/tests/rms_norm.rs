@@ -24,12 +24,12 @@
 //! lavapipe), `y` takes its own dtype's tolerance and `dx`, `dg` that of `x`.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType};
+use burn::tensor::DType;
 use lab_kernels::rms_norm;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, matrix as case, poisoned, upload, values, Matrix, B};
+use common::{download, matrix as case, poisoned, upload, values, Matrix};
 
 const EPS: f64 = 1e-5;
 
@@ -180,10 +180,7 @@ fn f32_matches_the_fp64_reference() {
 
 #[test]
 fn f16_matches_the_fp64_reference() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * k as u64 + 5);
     }

@@ -20,12 +20,12 @@
 //!   smallest normal at least, looser than bf16's subnormal spacing).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType, Tensor, TensorPrimitive};
+use burn::tensor::{DType, Tensor, TensorPrimitive};
 use lab_kernels::rope;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, upload, values, Layout, Prim, B};
+use common::{download, upload, values, Layout, Prim, B};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -224,10 +224,7 @@ fn f32_matches_the_fp64_reference() {
 
 #[test]
 fn f16_matches_the_fp64_reference() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * k as u64 + 5);
     }

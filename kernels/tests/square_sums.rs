@@ -14,12 +14,12 @@
 //! squared in f32, so f16 storage adds nothing. A missing tensor or element is off by far more.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType};
+use burn::tensor::DType;
 use lab_kernels::square_sums::{self, cubes_for, partials_len};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, matrix as input, poisoned, values, Matrix, Prim, B};
+use common::{download, matrix as input, poisoned, values, Matrix, Prim};
 
 /// One input: its shape, and whether it is stored transposed and read through a view.
 type Input = Matrix;
@@ -82,10 +82,7 @@ fn f32_matches_the_fp64_sum() {
 
 #[test]
 fn f16_matches_the_fp64_sum() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     check(&INPUTS, 2, DType::F16);
 }
 

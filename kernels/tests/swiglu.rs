@@ -18,12 +18,12 @@
 //! - bf16 storage (CUDA builds only): the same with 2^-8 (f32's smallest normal at least).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{backend::Backend, DType};
+use burn::tensor::DType;
 use lab_kernels::swiglu;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{device, download, poisoned, values, Input, B};
+use common::{download, poisoned, values, Input};
 
 #[derive(Clone, Copy, Debug)]
 struct Case {
@@ -130,10 +130,7 @@ fn f32_matches_the_fp64_reference() {
 
 #[test]
 fn f16_matches_the_fp64_reference() {
-    assert!(
-        B::supports_dtype(&device(), DType::F16),
-        "this wgpu device has no f16 (lavapipe has it)"
-    );
+    common::assert_device_has_f16();
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::F16, 10 * k as u64 + 5);
     }

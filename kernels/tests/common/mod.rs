@@ -19,6 +19,15 @@ pub fn device() -> Device {
     Device::default()
 }
 
+/// Panics unless the device stores f16 (lavapipe does): the f16 kernel tests would
+/// otherwise check nothing.
+pub fn assert_device_has_f16() {
+    assert!(
+        B::supports_dtype(&device(), DType::F16),
+        "this wgpu device has no f16 (lavapipe has it): the f16 kernels cannot be checked"
+    );
+}
+
 /// Seeded host values, N(0, 1), rounded to `dtype` so the reference sees what the
 /// GPU sees.
 pub fn values(n: usize, seed: u64, dtype: DType) -> Vec<f32> {
