@@ -454,7 +454,8 @@ impl<B: FusedProjection> Backward<B, 3> for JoinedProjectionBackward {
             let joined = B::join_columns(a, b);
             grads.register::<B>(id, B::project(dy.clone(), B::float_transpose(joined)));
         }
-        if let Some(x) = x.filter(|_| a_node.is_some() || b_node.is_some()) {
+        // `x` is kept exactly when a weight is tracked (`joined_projection_node`).
+        if let Some(x) = x {
             let x = cp.retrieve_node_output::<FloatTensor<B>>(x);
             let dw = B::project(B::float_transpose(x), dy);
             let [rows, cols] = [dw.shape()[0], dw.shape()[1]];
