@@ -20,6 +20,8 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
+use crate::layout::{matrix_at_its_strides, row_major_at};
+
 /// Units per cube.
 pub(crate) const UNITS: u32 = 256;
 
@@ -82,11 +84,12 @@ pub(crate) fn adamw_kernel<F: Float>(
     v_out: &mut Tensor<F>,
     c: Constants,
     #[comptime] first: bool,
+    #[comptime] grad_is_matrix: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let i = ABSOLUTE_POS;
     if i < param.len() {
-        let g = f32::cast_from(grad[i]) * c.clip_scale;
+        let g = f32::cast_from(grad[row_major_at(grad, i, grad_is_matrix)]) * c.clip_scale;
         // The tensor-op form's terms: `β·m + (1−β)·g`, and `(1−β)·g²` with `g²` first (a
         // sum of two terms rounds the same in either order).
         let mut m = g * c.one_minus_beta1;
@@ -109,8 +112,10 @@ pub struct Updated<R: CubeRuntime> {
     pub v: CubeTensor<R>,
 }
 
-/// One AdamW update of `param` by `grad` (same shape and dtype), from the moments `(m, v)`,
-/// or from zero moments on the first update (`None`).
+/// One AdamW update of `param` by `grad` (the same dtype and number of elements, in row-major
+/// order; `grad` may keep the parameter's own shape, and a matrix `grad` is read at its
+/// strides, so a view into a wider gradient is not copied first), from the moments `(m, v)`
+/// (shaped as `param`), or from zero moments on the first update (`None`).
 pub fn update<R: CubeRuntime>(
     param: CubeTensor<R>,
     grad: CubeTensor<R>,
@@ -143,7 +148,12 @@ pub fn update_into<R: CubeRuntime>(
     out: Updated<R>,
 ) -> Updated<R> {
     let shape = param.meta.shape().clone();
-    assert_eq!(grad.meta.shape(), &shape, "adamw: gradient shape");
+    assert_eq!(
+        grad.meta.shape().num_elements(),
+        shape.num_elements(),
+        "adamw: gradient {:?} for a parameter {shape:?}",
+        grad.meta.shape()
+    );
     assert_eq!(grad.dtype, param.dtype, "adamw: gradient dtype");
     for (name, t) in [("param", &out.param), ("m", &out.m), ("v", &out.v)] {
         assert_eq!(t.meta.shape(), &shape, "adamw: output {name} shape");
@@ -155,13 +165,14 @@ pub fn update_into<R: CubeRuntime>(
         return out;
     }
     let first = moments.is_none();
-    // The first update reads no moments: the gradient stands in for them as a binding.
-    let (m, v) = moments.unwrap_or_else(|| (grad.clone(), grad.clone()));
+    // The first update reads no moments: the parameter stands in for them as a binding.
+    let (m, v) = moments.unwrap_or_else(|| (param.clone(), param.clone()));
     for (name, t) in [("m", &m), ("v", &v)] {
         assert_eq!(t.meta.shape(), &shape, "adamw: moment {name} shape");
         assert_eq!(t.dtype, param.dtype, "adamw: moment {name} dtype");
     }
-    let [param, grad, m, v] = [param, grad, m, v].map(into_contiguous);
+    let [param, m, v] = [param, m, v].map(into_contiguous);
+    let (grad, grad_is_matrix) = matrix_at_its_strides(grad);
     let client = param.client.clone();
     let cube_dim = CubeDim::new_1d(UNITS);
     let dtype = param.dtype;
@@ -189,6 +200,7 @@ pub fn update_into<R: CubeRuntime>(
             c.decay,
         ),
         first,
+        grad_is_matrix,
         dtype.into(),
     );
     out

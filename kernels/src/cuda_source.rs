@@ -110,12 +110,14 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         clip_scale: (), beta1: (), one_minus_beta1: (), beta2: (), one_minus_beta2: (),
         bias1: (), bias2: (), eps: (), lr: (), decay: (),
     };
-    let adamw = adamw::adamw_kernel::AdamwKernel::new(
-        units.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), constants, false, f32);
-    let squares = square_sums::partial_squares_kernel::PartialSquaresKernel::new(
-        units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, [f32, f32]);
+    let adamw = |grad_is_matrix| adamw::adamw_kernel::AdamwKernel::new(
+        units.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), constants.clone(), false,
+        grad_is_matrix, f32);
+    let squares = |x_is_matrix| square_sums::partial_squares_kernel::PartialSquaresKernel::new(
+        units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, x_is_matrix,
+        [f32, f32]);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
-        units, c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
+        units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
     let elementwise = settings(CubeDim::new_1d(swiglu::UNITS));
     let swiglu_forward = swiglu::swiglu_kernel::SwigluKernel::new(
         elementwise.clone(), c.clone(), t(), t(), [bf16, f32]);
@@ -130,8 +132,11 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
         ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
         ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),
-        ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw)),
-        ("partial_squares-f32", cuda_cpp(&squares)), ("sum_partials-f32", cuda_cpp(&sums)),
+        ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw(false))),
+        ("adamw-f32-matrix_grad", cuda_cpp(&adamw(true))),
+        ("partial_squares-f32", cuda_cpp(&squares(false))),
+        ("partial_squares-f32-matrix", cuda_cpp(&squares(true))),
+        ("sum_partials-f32", cuda_cpp(&sums)),
     ]
 }
 

@@ -14,6 +14,7 @@ use burn_cubecl::{
     tensor::CubeTensor,
     CubeRuntime,
 };
+use cubecl::prelude::*;
 
 /// `t` itself where its last axis has unit stride (rows the kernels can read element by
 /// element at their strides); a contiguous copy otherwise.
@@ -24,6 +25,33 @@ pub fn unit_stride_rows<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
         t
     } else {
         into_contiguous(t)
+    }
+}
+
+/// `t` as a kernel that walks its elements in row-major order reads it: where `t` is a
+/// matrix, at its own strides (`true`: read it through [`row_major_at`]); otherwise
+/// contiguous, copied if it is not. A gradient that is a view into a wider one (the
+/// feed-forward's gate and up halves of one product's) then costs no copy.
+pub fn matrix_at_its_strides<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, bool) {
+    if t.is_contiguous() {
+        (t, false)
+    } else if t.meta.shape().num_dims() == 2 {
+        (t, true)
+    } else {
+        (into_contiguous(t), false)
+    }
+}
+
+/// Where the `i`-th element in row-major order lies in `t`'s buffer: `i` itself where `t` is
+/// contiguous, the row and column at `t`'s strides where it is a matrix read at them
+/// (`matrix`, from [`matrix_at_its_strides`]).
+#[cube]
+pub fn row_major_at<F: CubePrimitive>(t: &Tensor<F>, i: usize, #[comptime] matrix: bool) -> usize {
+    if matrix {
+        let cols = t.shape(1);
+        (i / cols) * t.stride(0) + (i % cols) * t.stride(1)
+    } else {
+        i
     }
 }
 

@@ -4,9 +4,9 @@
 //! Written with burn's tensor ops, each parameter's share of the norm is a cast, a square, two
 //! or three reduction passes and an addition to the running total: about 360 of the ~909
 //! launches of an x1-50m step at one micro-batch (`scripts/launches.sh`), each costing the
-//! host its issue time whatever the kernel's size. Here each tensor is one launch (a strided one
-//! is copied contiguous first) whose cubes
-//! each write the sum of their units' squares to their own slot of one buffer of partial
+//! host its issue time whatever the kernel's size. Here each tensor is one launch (a matrix is
+//! read at its strides; any other strided tensor is copied contiguous first) whose cubes each
+//! write the sum of their units' squares to their own slot of one buffer of partial
 //! sums, and one last launch of a single cube sums that buffer.
 //!
 //! Every slot is written by exactly one cube, and every sum runs in a fixed order (strided per
@@ -14,11 +14,10 @@
 //! same device, whatever the timing. Squares are summed in f32 whatever the storage type.
 
 use burn::tensor::{DType, Shape};
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor,
-    CubeRuntime,
-};
+use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
+
+use crate::layout::{matrix_at_its_strides, row_major_at};
 
 /// Units per cube.
 pub(crate) const UNITS: u32 = 256;
@@ -68,14 +67,19 @@ pub(crate) fn partial_squares_kernel<F: Float, A: Float>(
     partials: &mut Tensor<A>,
     offset: usize,
     #[comptime] units: usize,
+    #[comptime] x_is_matrix: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let n = x.len();
+    let n = if x_is_matrix {
+        x.shape(0) * x.shape(1)
+    } else {
+        x.len()
+    };
     let stride = CUBE_COUNT_X as usize * CUBE_DIM_X as usize;
     let mut i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let mut sum = A::new(0.0);
     while i < n {
-        let v = A::cast_from(x[i]);
+        let v = A::cast_from(x[row_major_at(x, i, x_is_matrix)]);
         sum += v * v;
         i += stride;
     }
@@ -163,14 +167,16 @@ pub fn sum_of_squares_into<R: CubeRuntime>(
         assert!(supports(x.dtype), "sum_of_squares: {:?} tensors", x.dtype);
         let cubes = cubes_for(n);
         let types = [x.dtype.into(), DType::F32.into()];
+        let (x, x_is_matrix) = matrix_at_its_strides(x);
         partial_squares_kernel::launch::<R>(
             &client,
             CubeCount::Static(cubes as u32, 1, 1),
             cube_dim,
-            into_contiguous(x).into_tensor_arg(),
+            x.into_tensor_arg(),
             partials.clone().into_tensor_arg(),
             offset,
             UNITS as usize,
+            x_is_matrix,
             types,
         );
         offset += cubes;

@@ -4,7 +4,8 @@
 //! Outputs are poisoned with NaN before each launch, so an element the kernel forgot to
 //! write fails the comparison. Sizes include 1, non-multiples of the cube's 256 units, and
 //! one past 65,535 cubes (65,537 of them: x1-50m's embedding, 38.6M elements, needs a
-//! two-dimensional grid). One step has ε = 0.1, comparable to `sqrt(v̂)`, where a misplaced ε
+//! two-dimensional grid). Matrix gradients also come as views at their own strides (padded
+//! rows, a transpose), which the kernel reads without a copy. One step has ε = 0.1, comparable to `sqrt(v̂)`, where a misplaced ε
 //! shows (at 1e-8 it is below the tolerance).
 //!
 //! Tolerance: every quantity is a handful of f32 operations, each rounded once (2^-24
@@ -22,7 +23,7 @@ use lab_kernels::adamw::{self, Constants, Updated};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{download, poisoned, upload, values};
+use common::{download, poisoned, upload, values, Input, Prim};
 
 /// The update's inputs in f64.
 #[derive(Clone, Copy, Debug)]
@@ -83,9 +84,43 @@ fn reference(s: &Step, p: f32, g: f32, m: f32, v: f32) -> Reference {
     }
 }
 
+/// How the gradient of a flat parameter reaches the kernel (the optimizer flattens the
+/// parameter and its moments, not the gradient).
+#[derive(Clone, Copy, Debug)]
+enum Shaped {
+    /// `[n]`, as the norms' gains.
+    Flat(usize),
+    /// In its weight's shape, in one of `Input`'s layouts: a weight's gradient that is a view
+    /// into a wider one (padded rows), or through a transpose.
+    Matrix([usize; 2], Input),
+}
+
+impl Shaped {
+    fn len(self) -> usize {
+        match self {
+            Shaped::Flat(n) => n,
+            Shaped::Matrix([rows, cols], _) => rows * cols,
+        }
+    }
+
+    /// `g` (row-major) on the device as the gradient arrives.
+    fn upload_grad(self, g: &[f32]) -> Prim {
+        match self {
+            Shaped::Flat(n) => upload(g, &[n], DType::F32),
+            Shaped::Matrix(shape, input) => input.upload(g, shape, DType::F32),
+        }
+    }
+}
+
 /// Runs one update of `n` elements (from zero moments when `first`) and compares it with
 /// the reference element by element.
 fn check(n: usize, s: Step, first: bool, seed: u64) {
+    check_shaped(Shaped::Flat(n), s, first, seed);
+}
+
+/// [`check`] with the gradient shaped and laid out as `shaped` says.
+fn check_shaped(shaped: Shaped, s: Step, first: bool, seed: u64) {
+    let n = shaped.len();
     let p = values(n, seed, DType::F32);
     let g = values(n, seed + 1, DType::F32);
     // A second moment is non-negative: squares of other values.
@@ -105,12 +140,13 @@ fn check(n: usize, s: Step, first: bool, seed: u64) {
         m: poisoned(&[n], DType::F32),
         v: poisoned(&[n], DType::F32),
     };
-    let out = adamw::update_into(dev(&p), dev(&g), moments, &s.constants(), out);
+    let grad = shaped.upload_grad(&g);
+    let out = adamw::update_into(dev(&p), grad, moments, &s.constants(), out);
     let (got_p, got_m, got_v) = (download(out.param), download(out.m), download(out.v));
     let ulp = f64::from(f32::EPSILON) / 2.0;
     for i in 0..n {
         let r = reference(&s, p[i], g[i], m[i], v[i]);
-        let ctx = || format!("n {n}, element {i}, {s:?}, first {first}");
+        let ctx = || format!("{shaped:?}, element {i}, {s:?}, first {first}");
         let close = |got: f32, want: f64, scale: f64| (got as f64 - want).abs() <= scale;
         let (gm, gv, gp) = (got_m[i], got_v[i], got_p[i]);
         assert!(
@@ -173,6 +209,22 @@ fn no_decay_and_no_clipping_match_too() {
     check(3001, plain, false, 7);
 }
 
+/// A weight's gradient read at its strides: a view into a wider gradient (padded rows, as the
+/// feed-forward's gate and up halves of one product's) and a transposed one.
+#[test]
+fn a_strided_matrix_gradient_is_read_at_its_strides() {
+    for (seed, input) in [Input::Contiguous, Input::Padded, Input::Transposed]
+        .into_iter()
+        .enumerate()
+    {
+        for shape in [[1, 1], [3, 257], [64, 40]] {
+            let shaped = Shaped::Matrix(shape, input);
+            check_shaped(shaped, Step { t: 1, ..STEP }, true, seed as u64 * 20);
+            check_shaped(shaped, STEP, false, seed as u64 * 20 + 5);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]
@@ -186,5 +238,17 @@ proptest! {
     ) {
         let s = Step { t: if first { 1 } else { t }, lr, clip_scale: clip, ..STEP };
         check(n, s, first, seed);
+    }
+
+    #[test]
+    fn random_matrix_gradients_in_any_layout_match_the_reference(
+        rows in 1usize..70,
+        cols in 1usize..70,
+        input in Input::any(),
+        first in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let s = if first { Step { t: 1, ..STEP } } else { STEP };
+        check_shaped(Shaped::Matrix([rows, cols], input), s, first, seed);
     }
 }

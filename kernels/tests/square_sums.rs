@@ -4,7 +4,9 @@
 //! The partial sums' buffer and the output are poisoned with NaN, so a slot no cube wrote (or
 //! one the last launch read past) fails. Sizes include 1, non-multiples of the cube's 256
 //! units, an empty tensor, and one with more elements than 1,024 cubes × 256 units (so each
-//! unit sums two or three elements); one tensor comes as a transposed view.
+//! unit sums two or three elements); one tensor comes as a transposed view and one as a view
+//! with padded rows (as a weight's gradient that is part of a wider one), both read at their
+//! strides.
 //!
 //! Tolerance: every term is positive, so each f32 addition's rounding is relative to the
 //! running sum, which is at most the total. A unit adds `k` squares, then a tree of 8 levels;
@@ -19,21 +21,36 @@ use lab_kernels::square_sums::{self, cubes_for, partials_len};
 use proptest::prelude::*;
 
 use crate::common;
-use common::{download, matrix as input, poisoned, values, Matrix, Prim};
+use common::{download, poisoned, values, Input as Layout, Prim};
 
-/// One input: its shape, and whether it is stored transposed and read through a view.
-type Input = Matrix;
+/// One input: its shape, and how it lies on the device.
+#[derive(Clone, Copy, Debug)]
+struct Input {
+    shape: [usize; 2],
+    layout: Layout,
+}
+
+const fn input(shape: [usize; 2], layout: Layout) -> Input {
+    Input { shape, layout }
+}
+
+impl Input {
+    fn upload(&self, data: &[f32], dtype: DType) -> Prim {
+        self.layout.upload(data, self.shape, dtype)
+    }
+}
 
 /// x1-50m's kinds of parameter at small sizes, and the edges: one element, an empty tensor,
-/// a transposed view, and 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
+/// a transposed view, a padded one, and 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
 /// unit sums two, and cube 0's three).
-const INPUTS: [Input; 6] = [
-    input([1, 1], false),
-    input([7, 37], false),
-    input([0, 5], false),
-    input([300, 33], true),
-    input([1, 257], false),
-    input([2 * 1024 + 1, 256], false),
+const INPUTS: [Input; 7] = [
+    input([1, 1], Layout::Contiguous),
+    input([7, 37], Layout::Contiguous),
+    input([0, 5], Layout::Contiguous),
+    input([300, 33], Layout::Transposed),
+    input([61, 40], Layout::Padded),
+    input([1, 257], Layout::Contiguous),
+    input([2 * 1024 + 1, 256], Layout::Contiguous),
 ];
 
 /// Each input's values (rounded to `dtype`), seeded by `seed`.
@@ -106,9 +123,9 @@ fn results_repeat_bit_for_bit() {
 #[test]
 fn empty_tensors_sum_to_zero() {
     let inputs = [
-        input([0, 3], false),
-        input([4, 0], true),
-        input([0, 3], true),
+        input([0, 3], Layout::Contiguous),
+        input([4, 0], Layout::Transposed),
+        input([0, 3], Layout::Transposed),
     ];
     let host = host_values(&inputs, 5, DType::F32);
     assert_eq!(run(&inputs, &host, DType::F32), 0.0);
@@ -117,13 +134,14 @@ fn empty_tensors_sum_to_zero() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
-    /// Any number of tensors of any sizes, in any order: the same sum as the host's.
+    /// Any number of tensors of any sizes and layouts, in any order: the same sum as the
+    /// host's.
     #[test]
     fn any_set_of_tensors_matches_the_fp64_sum(
-        shapes in prop::collection::vec(((0usize..70), (1usize..90), any::<bool>()), 1..6),
+        shapes in prop::collection::vec(((0usize..70), (1usize..90), Layout::any()), 1..6),
         seed in 0u64..1000,
     ) {
-        let inputs: Vec<Input> = shapes.iter().map(|&(r, c, t)| input([r, c], t)).collect();
+        let inputs: Vec<Input> = shapes.iter().map(|&(r, c, l)| input([r, c], l)).collect();
         check(&inputs, seed, DType::F32);
     }
 }

@@ -10,7 +10,9 @@
 //! the GPU backends run lab-kernels' one-pass kernel (`cube/adamw.rs`), which may round
 //! differently (the GPU compilers contract `a·b + c` into fused multiply-adds).
 
-use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};
+use burn::tensor::{
+    backend::Backend, ops::FloatTensor, Shape, Tensor, TensorMetadata, TensorPrimitive,
+};
 
 /// The numbers of one update of one parameter.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,8 +50,10 @@ pub trait FusedAdamW: Backend {
     /// `g ← s·g; m ← β1·m + (1-β1)·g; v ← β2·v + (1-β2)·g²;
     /// p ← p·(1 - lr·wd) - lr · (m / (1-β1ᵗ)) / (sqrt(v / (1-β2ᵗ)) + ε)`.
     ///
-    /// `param`, `grad` and the moments are `[n]`; `moments` is `None` on a parameter's first
-    /// update (they start at zero). Returns the new `(param, m, v)`.
+    /// `param` and the moments are `[n]`; `grad` holds the same `n` elements in the parameter's
+    /// own shape, at any strides (a backend may read a view into a wider gradient without
+    /// copying it, as the GPU kernel reads a matrix). `moments` is `None` on a parameter's
+    /// first update (they start at zero). Returns the new `(param, m, v)`.
     fn adamw_update(
         param: FloatTensor<Self>,
         grad: FloatTensor<Self>,
@@ -70,7 +74,8 @@ pub fn tensor_ops_update<B: Backend>(
     s: &AdamWStep,
 ) -> AdamWUpdated<B> {
     let wrap = |x| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x));
-    let g = wrap(grad) * s.clip_scale;
+    let n = param.shape().num_elements();
+    let g = wrap(B::float_reshape(grad, Shape::new([n]))) * s.clip_scale;
     let (m, v) = match moments {
         Some((m, v)) => (
             wrap(m) * s.beta1 + g.clone() * (1.0 - s.beta1),

@@ -215,4 +215,49 @@ mod tests {
         assert_eq!(bits(got.1), bits(want.1));
         assert_eq!(bits(got.2), bits(want.2));
     }
+
+    /// The gradient in its parameter's shape, as a view into a wider one (the right half of
+    /// a `[12, 2·7]` product's gradient): the same bits as its flat copy, in the fused pass
+    /// and in the tensor-op form.
+    #[test]
+    fn a_matrix_gradient_at_its_strides_updates_as_its_flat_copy() {
+        let step = AdamWStep {
+            clip_scale: 0.5,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            lr: 1e-3,
+            weight_decay: 0.1,
+            t: 3,
+        };
+        let (rows, cols) = (12, 7);
+        let wide = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(random(
+            rows * 2 * cols,
+            5,
+            1e-3,
+        )))
+        .reshape([rows, 2 * cols]);
+        let half = wide.slice([0..rows, cols..2 * cols]);
+        let flat = half
+            .clone()
+            .reshape([rows * cols])
+            .into_primitive()
+            .tensor();
+        let g = half.into_primitive().tensor();
+        let n = rows * cols;
+        let (p, m) = (random(n, 1, 0.02), random(n, 3, 1e-3));
+        let v = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(random(n, 4, 1e-3)))
+            .square()
+            .into_primitive()
+            .tensor();
+        let moments = Some((m, v));
+        let want = tensor_ops_update::<Flex>(p.clone(), flat, moments.clone(), &step);
+        let ops = tensor_ops_update::<Flex>(p.clone(), g.clone(), moments.clone(), &step);
+        let got = <Flex as FusedAdamW>::adamw_update(p, g, moments, &step);
+        for (got, want) in [(got, want.clone()), (ops, want)] {
+            assert_eq!(bits(got.0), bits(want.0));
+            assert_eq!(bits(got.1), bits(want.1));
+            assert_eq!(bits(got.2), bits(want.2));
+        }
+    }
 }

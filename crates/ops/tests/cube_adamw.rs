@@ -31,8 +31,36 @@ fn get<B: Backend>(x: FloatTensor<B>) -> Vec<f32> {
         .unwrap()
 }
 
-/// Three updates of a parameter of `n` elements on backend `B`: `(p, m, v)` after each.
-fn three_updates<B: FusedAdamW>(n: usize) -> Vec<[Vec<f32>; 3]> {
+/// How an update's gradient reaches the op.
+#[derive(Clone, Copy, Debug)]
+enum Grad {
+    /// `[n]`, contiguous.
+    Flat,
+    /// A `[n / cols, cols]` matrix that is the right half of a wider one, a view at its
+    /// strides, as the feed-forward's up weight's gradient is of the joined gate and up
+    /// product's. The left half holds NaN, which must not leak into the update.
+    RightHalf { cols: usize },
+}
+
+fn grad<B: Backend>(g: &[f32], how: Grad) -> FloatTensor<B> {
+    let Grad::RightHalf { cols } = how else {
+        return put::<B>(g);
+    };
+    let rows = g.len() / cols;
+    let mut whole = vec![f32::NAN; rows * 2 * cols];
+    for r in 0..rows {
+        whole[(2 * r + 1) * cols..][..cols].copy_from_slice(&g[r * cols..][..cols]);
+    }
+    let data = TensorData::new(whole, [rows, 2 * cols]);
+    Tensor::<B, 2>::from_data(data, &Default::default())
+        .slice([0..rows, cols..2 * cols])
+        .into_primitive()
+        .tensor()
+}
+
+/// Three updates of a parameter of `n` elements on backend `B`, its gradients as `how` says:
+/// `(p, m, v)` after each.
+fn three_updates<B: FusedAdamW>(n: usize, how: Grad) -> Vec<[Vec<f32>; 3]> {
     let mut p = put::<B>(&floats(n, 1, 1.0));
     let mut moments = None;
     let mut after = vec![];
@@ -46,7 +74,7 @@ fn three_updates<B: FusedAdamW>(n: usize) -> Vec<[Vec<f32>; 3]> {
             weight_decay: 0.1,
             t,
         };
-        let g = put::<B>(&floats(n, 10 + t, 1.0));
+        let g = grad::<B>(&floats(n, 10 + t, 1.0), how);
         let (np, m, v) = B::adamw_update(p, g, moments, &step);
         after.push([
             get::<B>(np.clone()),
@@ -69,16 +97,32 @@ fn assert_within(what: &str, got: &[f32], want: &[f32], tol: f64) {
     }
 }
 
-#[test]
-fn three_updates_through_fusion_match_the_cpu() {
-    let n = 1000;
+/// The GPU's three updates, its gradients as `how` says, against the CPU's from flat ones.
+fn check(n: usize, how: Grad) {
     let start = floats(n, 1, 1.0);
     let change = |p: &[f32]| -> Vec<f32> { p.iter().zip(&start).map(|(a, b)| a - b).collect() };
-    let (gpu, cpu) = (three_updates::<Gpu>(n), three_updates::<Flex>(n));
+    let (gpu, cpu) = (
+        three_updates::<Gpu>(n, how),
+        three_updates::<Flex>(n, Grad::Flat),
+    );
     for (t, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
-        let ctx = |x: &str| format!("update {}: {x}", t + 1);
+        let ctx = |x: &str| format!("{how:?}, update {}: {x}", t + 1);
         assert_within(&ctx("p − p0"), &change(&g[0]), &change(&c[0]), 1e-4);
         assert_within(&ctx("m"), &g[1], &c[1], 1e-5);
         assert_within(&ctx("v"), &g[2], &c[2], 1e-5);
+    }
+}
+
+#[test]
+fn three_updates_through_fusion_match_the_cpu() {
+    check(1000, Grad::Flat);
+}
+
+/// A gradient that is half of a wider one reaches the kernel as a view (64 columns: its
+/// offset is aligned, so burn's slice does not copy it) or as burn's copy (50 columns).
+#[test]
+fn a_gradient_that_is_half_of_a_wider_one_updates_as_a_flat_one() {
+    for cols in [64, 50] {
+        check(20 * cols, Grad::RightHalf { cols });
     }
 }

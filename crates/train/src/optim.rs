@@ -273,9 +273,12 @@ where
             t: old.as_ref().map_or(1, |mo| mo.t + 1),
         };
         let flat = |t: Tensor<B, D>| t.reshape([numel]).into_primitive().tensor();
+        // The gradient keeps its shape: flattening a strided view (the feed-forward's gate
+        // and up halves of one product's gradient) would copy it, where the GPU kernel reads
+        // it at its strides.
         let (p, m, v) = B::adamw_update(
             flat(tensor.inner()),
-            flat(grad),
+            grad.into_primitive().tensor(),
             old.map(|mo| {
                 (
                     mo.m.into_primitive().tensor(),
