@@ -17,8 +17,8 @@ use burn::tensor::{
     DType, FloatDType, Shape, Tensor, TensorData,
 };
 use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor,
-    BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
+    ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, BoolElement, CubeBackend,
+    CubeRuntime, FloatElement, IntElement,
 };
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::{gemm::VendorMatmul, lm_head};
@@ -154,16 +154,17 @@ where
             }
         });
     }
-    drop(w); // the padded copy, before the weight gradient's last copy is made
+    drop(w); // the padded copy, before a narrower weight's gradient is cast
     let grads = grad_loss.map(|_| {
         let gh = Tensor::cat(grad_hidden, 0);
         // [d, Vp] in f32, then its [d, V] view: the rows keep their stride.
         let gw = prim(grad_weight.expect("at least one chunk"));
         let gw = lm_head::leading_columns(&gw, vocab);
-        // One copy either way: a cast reads through strides; an f32 weight needs its own
-        // (burn's cast to Flex32 is no copy, so it takes the f32 arm too).
+        // An f32 weight takes the view as its gradient: the optimizer and the gradient norm
+        // read a matrix at its strides (burn's cast to Flex32 is no copy, so it takes this
+        // arm too). A narrower weight's cast reads through the strides.
         let gw = match weight_dtype {
-            FloatDType::F32 | FloatDType::Flex32 => into_contiguous(gw),
+            FloatDType::F32 | FloatDType::Flex32 => gw,
             _ => prim(cast_to(float::<Cube<R, F, I, BT>, 2>(gw), weight_dtype)),
         };
         (prim(gh), gw)
