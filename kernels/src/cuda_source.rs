@@ -125,10 +125,12 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         elementwise, c.clone(), t(), t(), t(), [bf16, f32]);
     let join = join::join_columns_kernel::JoinColumnsKernel::new(
         settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), bf16);
+    let pad = join::pad_columns_kernel::PadColumnsKernel::new(
+        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), bf16);
     vec![
         ("swiglu-bf16", cuda_cpp(&swiglu_forward)),
         ("swiglu_backward-bf16", cuda_cpp(&swiglu_backward)),
-        ("join_columns-bf16", cuda_cpp(&join)),
+        ("join_columns-bf16", cuda_cpp(&join)), ("pad_columns-bf16", cuda_cpp(&pad)),
         ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
         ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
         ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),

@@ -4,7 +4,8 @@
 //! The feed-forward runs its gate and up projections as one product of their weights joined
 //! this way, forward and again in backward. burn's concatenation writes each input with its
 //! own launch (`SliceAssignKernel`); here one unit copies one output element, from `a` or `b`
-//! by its column. A copy: the same bits in any dtype.
+//! by its column. A copy: the same bits in any dtype. [`pad_columns`] is the same with zeros
+//! for `b`.
 
 use burn::tensor::Shape;
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
@@ -78,6 +79,71 @@ pub fn join_columns_into<R: CubeRuntime>(
         b.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         a.dtype.into(),
+    );
+    out
+}
+
+#[cube(launch)]
+pub(crate) fn pad_columns_kernel<F: Float>(
+    a: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[define(F)] _dtype: StorageType,
+) {
+    let (rows, width, split) = (out.shape(0), out.shape(1), a.shape(1));
+    let i = ABSOLUTE_POS;
+    if i < rows * width {
+        let (r, c) = (i / width, i % width);
+        let o = r * out.stride(0) + c * out.stride(1);
+        if c < split {
+            out[o] = a[r * a.stride(0) + c * a.stride(1)];
+        } else {
+            out[o] = F::new(0.0);
+        }
+    }
+}
+
+/// `[a | 0]`: `a [K, N_a]` (any strides) followed by zero columns up to `width ≥ N_a`, as a
+/// new contiguous `[K, width]` in `a`'s dtype. The LM-head loss pads its weight this way to
+/// an aligned vocabulary: one launch, where burn's concatenation with a tensor of zeros takes
+/// four (fill, cast, one copy per input).
+pub fn pad_columns<R: CubeRuntime>(a: CubeTensor<R>, width: usize) -> CubeTensor<R> {
+    let out = empty_device_contiguous_dtype(
+        a.client.clone(),
+        a.device.clone(),
+        Shape::from(vec![a.meta.shape()[0], width]),
+        a.dtype,
+    );
+    pad_columns_into(a, out)
+}
+
+/// [`pad_columns`] into an output the caller allocated (tests poison it to see unwritten
+/// elements): `[K, width]` in `a`'s dtype, `width ≥ N_a`, any non-overlapping strides.
+pub fn pad_columns_into<R: CubeRuntime>(a: CubeTensor<R>, out: CubeTensor<R>) -> CubeTensor<R> {
+    let (sa, so) = (a.meta.shape(), out.meta.shape());
+    assert!(
+        sa.num_dims() == 2 && so.num_dims() == 2 && sa[0] == so[0] && sa[1] <= so[1],
+        "pad_columns: a {sa:?} does not fit the output {so:?} as its leading columns"
+    );
+    assert_eq!(out.dtype, a.dtype, "pad_columns: output dtype");
+    let elements = so[0] * so[1];
+    if elements == 0 {
+        return out;
+    }
+    assert!(
+        out.is_nonoverlapping(),
+        "pad_columns: the output overlaps itself, strides {:?}",
+        out.meta.strides()
+    );
+    let client = a.client.clone();
+    let cube_dim = CubeDim::new_1d(UNITS);
+    let dtype = a.dtype;
+    pad_columns_kernel::launch::<R>(
+        &client,
+        cubecl::calculate_cube_count_elemwise(&client, elements, cube_dim),
+        cube_dim,
+        a.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        dtype.into(),
     );
     out
 }

@@ -1,7 +1,8 @@
 //! The join kernel against the host's `[a | b]`, bit for bit (a copy), on the GPU device
 //! (wgpu, lavapipe in CI; CUDA in a build with only `--features cuda`). The output is poisoned
 //! with NaN, so an element the kernel forgot fails; inputs come contiguous, transposed (strided
-//! rows) and padded, in f32 and f16; counts straddle the 256-unit cubes.
+//! rows) and padded, in f32 and f16; counts straddle the 256-unit cubes. The padding kernel
+//! (`[a | 0]`) is checked the same way, its zeros included.
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::DType;
@@ -79,5 +80,64 @@ proptest! {
         seed in 0u64..1000,
     ) {
         check([k, n_a, n_b], [a, b], DType::F32, seed);
+    }
+}
+
+/// `[a | 0]` of row-major `a [k, n_a]`, `width` columns, on the host.
+fn padded_with_zeros(a: &[f32], k: usize, width: usize) -> Vec<f32> {
+    joined(a, &vec![0.0; k * (width - a.len() / k.max(1))], k)
+}
+
+fn check_pad([k, n_a, width]: [usize; 3], layout: Input, dtype: DType, seed: u64) {
+    let a = values(k * n_a, seed, dtype);
+    let got = download(join::pad_columns_into(
+        layout.upload(&a, [k, n_a], dtype),
+        poisoned(&[k, width], dtype),
+    ));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let want = padded_with_zeros(&a, k, width);
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "{k}×{n_a} → {width} {layout:?} {dtype:?}"
+    );
+}
+
+/// x1-50m's head pads 50,257 words to 50,304; here the same kind of gap at small sizes, none,
+/// and rows wider than a cube.
+#[test]
+fn padding_f32_and_f16_is_the_hosts() {
+    common::assert_device_has_f16();
+    let cases = [
+        ([1, 1, 1], Input::Contiguous),
+        ([3, 5, 64], Input::Transposed),
+        ([7, 57, 64], Input::Padded),
+        ([2, 300, 320], Input::Contiguous),
+    ];
+    for (n, (dims, layout)) in cases.into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F16] {
+            check_pad(dims, layout, dtype, n as u64);
+        }
+    }
+}
+
+/// The allocating launch gives a new contiguous `[K, width]`.
+#[test]
+fn the_padding_is_a_new_contiguous_tensor() {
+    let a = values(12, 1, DType::F32);
+    let out = join::pad_columns(Input::Transposed.upload(&a, [4, 3], DType::F32), 5);
+    assert_eq!(out.meta.shape().as_slice(), [4, 5]);
+    assert!(out.is_contiguous());
+    assert_eq!(download(out), padded_with_zeros(&a, 4, 5));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn any_shape_pads_as_the_host(
+        k in 1usize..20, n_a in 1usize..40, pad in 0usize..70, a in Input::any(),
+        seed in 0u64..1000,
+    ) {
+        check_pad([k, n_a, n_a + pad], a, DType::F32, seed);
     }
 }

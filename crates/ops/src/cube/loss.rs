@@ -21,7 +21,7 @@ use burn_cubecl::{
     CubeRuntime, FloatElement, IntElement,
 };
 use burn_fusion::{Fusion, FusionBackend};
-use lab_kernels::{gemm::VendorMatmul, lm_head};
+use lab_kernels::{gemm::VendorMatmul, join, lm_head};
 
 use super::{custom_op, like};
 use crate::generic::{chunks, float, prim};
@@ -79,17 +79,12 @@ where
 /// `weight [d, V]` followed by zero columns up to [`padded_vocab`]`(V)`. The logits' extra
 /// columns are then exactly 0, the row kernels never see them (they get a view of the first
 /// V), so their gradient stays 0 and adds nothing to either product of the backward.
-fn padded_weight<B: burn::tensor::backend::Backend>(w: Tensor<B, 2>) -> Tensor<B, 2> {
-    let [d, v] = w.dims();
-    let pad = padded_vocab(v) - v;
-    if pad == 0 {
+fn padded_weight<R: CubeRuntime>(w: CubeTensor<R>) -> CubeTensor<R> {
+    let v = w.meta.shape()[1];
+    if padded_vocab(v) == v {
         return w;
     }
-    let zeros = cast_to(
-        Tensor::<B, 2>::zeros([d, pad], &w.device()),
-        w.dtype().into(),
-    );
-    Tensor::cat(vec![w, zeros], 1)
+    join::pad_columns(w, padded_vocab(v))
 }
 
 fn walk<R, F, I, BT>(
@@ -127,7 +122,7 @@ where
         }
     };
     let h: Tensor<Cube<R, F, I, BT>, 2> = float(hidden);
-    let w = padded_weight::<Cube<R, F, I, BT>>(float(weight)); // [d, Vp]
+    let w: Tensor<Cube<R, F, I, BT>, 2> = float(padded_weight(weight)); // [d, Vp]
     let inv_rows = 1.0 / n as f32;
     let mut grad_hidden = Vec::new(); // per chunk [c, d]
     let mut grad_weight: Option<Tensor<Cube<R, F, I, BT>, 2>> = None; // [d, Vp], fp32 sum
@@ -156,7 +151,11 @@ where
     }
     drop(w); // the padded copy, before a narrower weight's gradient is cast
     let grads = grad_loss.map(|_| {
-        let gh = Tensor::cat(grad_hidden, 0);
+        // One chunk is the whole gradient; burn's concatenation would copy it.
+        let gh = match grad_hidden.len() {
+            1 => grad_hidden.pop().expect("one chunk"),
+            _ => Tensor::cat(grad_hidden, 0),
+        };
         // [d, Vp] in f32, then its [d, V] view: the rows keep their stride.
         let gw = prim(grad_weight.expect("at least one chunk"));
         let gw = lm_head::leading_columns(&gw, vocab);
