@@ -125,6 +125,11 @@ pub fn pad_columns_into<R: CubeRuntime>(a: CubeTensor<R>, out: CubeTensor<R>) ->
         "pad_columns: a {sa:?} does not fit the output {so:?} as its leading columns"
     );
     assert_eq!(out.dtype, a.dtype, "pad_columns: output dtype");
+    // A buffer of no bytes cannot be bound on every runtime.
+    assert!(
+        sa[0] == 0 || sa[1] > 0,
+        "pad_columns: a has no columns: nothing to pad"
+    );
     let elements = so[0] * so[1];
     if elements == 0 {
         return out;

@@ -70,11 +70,8 @@ pub(crate) fn partial_squares_kernel<F: Float, A: Float>(
     #[comptime] x_is_matrix: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let n = if x_is_matrix {
-        x.shape(0) * x.shape(1)
-    } else {
-        x.len()
-    };
+    // The count of elements, whatever the strides.
+    let n = x.len();
     let stride = CUBE_COUNT_X as usize * CUBE_DIM_X as usize;
     let mut i = CUBE_POS_X as usize * CUBE_DIM_X as usize + UNIT_POS_X as usize;
     let mut sum = A::new(0.0);

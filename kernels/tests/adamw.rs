@@ -209,13 +209,18 @@ fn no_decay_and_no_clipping_match_too() {
     check(3001, plain, false, 7);
 }
 
-/// A weight's gradient read at its strides: a view into a wider gradient (padded rows, as the
-/// feed-forward's gate and up halves of one product's) and a transposed one.
+/// A weight's gradient read at its strides: views into a wider gradient (padded rows, and at an
+/// offset, as the feed-forward's up half of one product's) and a transposed one.
 #[test]
 fn a_strided_matrix_gradient_is_read_at_its_strides() {
-    for (seed, input) in [Input::Contiguous, Input::Padded, Input::Transposed]
-        .into_iter()
-        .enumerate()
+    for (seed, input) in [
+        Input::Contiguous,
+        Input::Padded,
+        Input::Transposed,
+        Input::Offset,
+    ]
+    .into_iter()
+    .enumerate()
     {
         for shape in [[1, 1], [3, 257], [64, 40]] {
             let shaped = Shaped::Matrix(shape, input);

@@ -40,8 +40,9 @@ fn check([k, n_a, n_b]: [usize; 3], layouts: [Input; 2], dtype: DType, seed: u64
     );
 }
 
-const CASES: [([usize; 3], [Input; 2]); 5] = [
+const CASES: [([usize; 3], [Input; 2]); 6] = [
     ([1, 1, 1], [Input::Contiguous, Input::Contiguous]),
+    ([5, 20, 31], [Input::Offset, Input::Offset]),
     ([3, 5, 2], [Input::Transposed, Input::Contiguous]),
     ([7, 64, 64], [Input::Contiguous, Input::Padded]),
     ([33, 100, 9], [Input::Padded, Input::Transposed]),
@@ -113,6 +114,7 @@ fn padding_f32_and_f16_is_the_hosts() {
         ([3, 5, 64], Input::Transposed),
         ([7, 57, 64], Input::Padded),
         ([2, 300, 320], Input::Contiguous),
+        ([4, 50, 64], Input::Offset),
     ];
     for (n, (dims, layout)) in cases.into_iter().enumerate() {
         for dtype in [DType::F32, DType::F16] {
@@ -140,4 +142,13 @@ proptest! {
     ) {
         check_pad([k, n_a, n_a + pad], a, DType::F32, seed);
     }
+}
+
+/// x1-50m's head is 768 × 50,304 after padding, ~151K cubes of 256 units: more than a grid
+/// axis holds (65,535), so the cubes spill onto its y axis. Here just past that count.
+#[test]
+fn padding_past_65535_cubes_writes_every_element() {
+    let (k, n_a, width) = (257, 65_500, 65_600);
+    assert!(k * width > 65_535 * 256);
+    check_pad([k, n_a, width], Input::Contiguous, DType::F32, 7);
 }

@@ -41,14 +41,17 @@ impl Input {
 }
 
 /// x1-50m's kinds of parameter at small sizes, and the edges: one element, an empty tensor,
-/// a transposed view, a padded one, and 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
+/// a transposed view, a padded one and one at an offset (a sum of squares ignores order, so it
+/// is these two that catch a view read as if contiguous: it would read their NaN), and
+/// 2 × 1,024 × 256 + 256 elements (over 1,024 cubes of 256 units every
 /// unit sums two, and cube 0's three).
-const INPUTS: [Input; 7] = [
+const INPUTS: [Input; 8] = [
     input([1, 1], Layout::Contiguous),
     input([7, 37], Layout::Contiguous),
     input([0, 5], Layout::Contiguous),
     input([300, 33], Layout::Transposed),
     input([61, 40], Layout::Padded),
+    input([9, 70], Layout::Offset),
     input([1, 257], Layout::Contiguous),
     input([2 * 1024 + 1, 256], Layout::Contiguous),
 ];

@@ -8,7 +8,9 @@
 //!
 //! The parameter and moments are updated in place when the tensor owns its buffer (it does
 //! after backward has dropped the graph); a shared buffer is copied first (Flex's
-//! copy-on-write), so a caller's other handle never sees the update.
+//! copy-on-write), so a caller's other handle never sees the update. A gradient that is a
+//! strided view (the gate's and up's halves of the joined product's) is copied contiguous
+//! first.
 
 use std::ops::Range;
 

@@ -112,14 +112,22 @@ impl Matrix {
 
 /// How a test hands a `[rows, cols]` input to a kernel: contiguous, as the transpose of a
 /// stored `[cols, rows]` tensor (strided rows, as a gradient through a matmul's transpose
-/// arrives), or padded (rows of `cols + 3` elements, the last 3 NaN, as CUDA pads a product's
-/// output).
+/// arrives), padded (rows of `cols + 3` elements, the last 3 NaN, as CUDA pads a product's
+/// output), or at an offset (the right-hand columns of a wider tensor, after
+/// [`OFFSET_COLUMNS`] NaN columns a row, as the up weight's gradient is the right half of the
+/// joined gate and up product's: a view that starts inside its buffer).
 #[derive(Clone, Copy, Debug)]
 pub enum Input {
     Contiguous,
     Transposed,
     Padded,
+    Offset,
 }
+
+/// The NaN columns before an [`Input::Offset`] view's: 128, so that its start, 256 bytes into
+/// the buffer in f16 and 512 in f32, is aligned for any device, and burn's slice gives a view,
+/// not a copy.
+pub const OFFSET_COLUMNS: usize = 128;
 
 impl Input {
     /// `data` (row-major) on the device in this layout.
@@ -128,16 +136,18 @@ impl Input {
             Input::Contiguous => matrix(shape, false).upload(data, dtype),
             Input::Transposed => matrix(shape, true).upload(data, dtype),
             Input::Padded => padded(data, shape, 3, dtype).0,
+            Input::Offset => at_an_offset(data, shape, dtype),
         }
     }
 
-    /// Any of the three, for proptest.
+    /// Any of the four, for proptest.
     pub fn any() -> impl proptest::strategy::Strategy<Value = Input> {
         use proptest::prelude::*;
         prop_oneof![
             Just(Input::Contiguous),
             Just(Input::Transposed),
-            Just(Input::Padded)
+            Just(Input::Padded),
+            Just(Input::Offset)
         ]
     }
 }
@@ -259,6 +269,31 @@ pub fn padded(data: &[f32], [rows, cols]: [usize; 2], pad: usize, dtype: DType) 
     }
     let whole = upload(&full, &[rows, width], dtype);
     (lab_kernels::lm_head::leading_columns(&whole, cols), whole)
+}
+
+/// `data` (`rows × cols`, row-major) on the device as [`Input::Offset`] lays it out; panics if
+/// burn's slice copied it instead of viewing it.
+fn at_an_offset(data: &[f32], [rows, cols]: [usize; 2], dtype: DType) -> Prim {
+    let width = OFFSET_COLUMNS + cols;
+    let mut full = vec![f32::NAN; rows * width];
+    for r in 0..rows {
+        full[r * width + OFFSET_COLUMNS..][..cols].copy_from_slice(&data[r * cols..][..cols]);
+    }
+    let whole = Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(upload(
+        &full,
+        &[rows, width],
+        dtype,
+    )));
+    let view = whole
+        .slice([0..rows, OFFSET_COLUMNS..width])
+        .into_primitive()
+        .tensor();
+    assert_eq!(
+        view.meta.strides()[0],
+        width,
+        "burn copied the slice: the offset is not aligned for this device"
+    );
+    view
 }
 
 /// Panics if a kernel wrote any padding column of [`padded`]'s whole buffer.
