@@ -63,7 +63,7 @@ pub(crate) fn settings(cube_dim: CubeDim) -> KernelSettings {
 /// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` bf16) at
 /// `d` columns: the backward keeps a column sum a unit per column it owns in registers.
 #[rustfmt::skip]
-fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
+fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
     use crate::rms_norm::{
         backward_blocks_kernel, backward_units, forward_kernel, gain_sums_kernel, ROW_UNITS,
         SUM_COLUMNS, SUM_LANES,
@@ -74,13 +74,14 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 3] {
     let forward = forward_kernel::ForwardKernel::new(
         rows, c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
     let units = backward_units(d);
-    let blocks = backward_blocks_kernel::BackwardBlocksKernel::new(
-        settings(CubeDim::new_1d(units as u32)), c.clone(), t(), t(), t(), t(), t(), (), (), (),
-        units, d.div_ceil(units), types);
+    let blocks = |adds_skip| backward_blocks_kernel::BackwardBlocksKernel::new(
+        settings(CubeDim::new_1d(units as u32)), c.clone(), t(), t(), t(), t(), t(), t(), (), (),
+        (), units, d.div_ceil(units), adds_skip, types);
     let lanes = settings(CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32));
     let sums = gain_sums_kernel::GainSumsKernel::new(
         lanes, c.clone(), t(), t(), SUM_COLUMNS, SUM_LANES, [DType::F32.into(), DType::F32.into()]);
-    [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks)), ("gain_sums", cuda_cpp(&sums))]
+    [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks(false))),
+     ("backward_blocks_skip", cuda_cpp(&blocks(true))), ("gain_sums", cuda_cpp(&sums))]
 }
 
 /// The other kernels, at bf16 training's dtypes: SwiGLU's gating, the weights' join and RoPE

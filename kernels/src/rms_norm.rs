@@ -25,9 +25,14 @@
 //! projections read, bf16, where `x` is the fp32 residual stream): the cast that would follow
 //! is fused into the norm, with the same bits (the f32 result rounded once), and backward reads
 //! `dy` in that dtype, widened exactly as the cast's backward would.
+//!
+//! [`backward_adding`] also adds the gradient that reached `x` by the residual stream's skip
+//! connection as it writes `dx`, where an add after it would read `dx` and the skip's
+//! gradient again and write their sum.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{
+    kernel::into_contiguous,
     ops::numeric::{empty_device_contiguous_dtype, zeros_client},
     tensor::CubeTensor,
     CubeRuntime,
@@ -139,8 +144,9 @@ pub(crate) fn forward_kernel<F: Float, G: Float, A: Float>(
     }
 }
 
-/// One cube per block of `block_rows` rows: each row's `dx`, and the block's column sums of
-/// `dy ⊙ q` into `partials[block]`. `dy` is stored as `G`, the output's type; `dx` as `x`.
+/// One cube per block of `block_rows` rows: each row's `dx` (plus `skip`'s, where `adds_skip`),
+/// and the block's column sums of `dy ⊙ q` into `partials[block]`. `dy` is stored as `G`, the
+/// output's type; `dx` and `skip` as `x`.
 /// Unit `u` owns columns `u, u + units, …`: `columns` of them, a comptime count, so that
 /// their sums live in registers.
 #[cube(launch)]
@@ -149,6 +155,7 @@ pub(crate) fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
     dy: &Tensor<G>,
+    skip: &Tensor<F>,
     dx: &mut Tensor<F>,
     partials: &mut Tensor<A>,
     block_rows: usize,
@@ -156,6 +163,7 @@ pub(crate) fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
     eps: f32,
     #[comptime] units: usize,
     #[comptime] columns: usize,
+    #[comptime] adds_skip: bool,
     #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
@@ -180,7 +188,9 @@ pub(crate) fn backward_blocks_kernel<F: Float, G: Float, A: Float>(
             let r = root_mean_square::<A>(squares, inv_d, eps);
             // mean(gy ⊙ q) = Σ gy ⊙ x / (r d)
             let along = gy_x / r * A::cast_from(inv_d);
-            row_grads::<F, G, A>(x, gain, dy, dx, &mut dg, row, r, along, units, columns);
+            row_grads::<F, G, A>(
+                x, gain, dy, skip, dx, &mut dg, row, r, along, units, columns, adds_skip,
+            );
             row += 1;
         }
         #[unroll]
@@ -232,16 +242,19 @@ fn column_terms<F: Float, G: Float, A: Float>(
     (v, g, g * A::cast_from(gain[j * gain.stride(0)]))
 }
 
-/// Row `row`'s `dx` in this unit's columns, `(gy − q · along) / r`, and `dy ⊙ q` added to
-/// their column sums `dg`. `q` is rounded two ways on purpose: `x / r` in `dx`, as the
-/// composition computes it, and `x · (1/r)` in `dg`, as the three-kernel version did (which
-/// kept `1/r`), so that `dx` kept its bits through the change.
+/// Row `row`'s `dx` in this unit's columns, `(gy − q · along) / r` (plus the gradient that
+/// reaches `x` by the residual stream's skip connection, `skip`, where `adds_skip`: the sum
+/// rounds once, as the add it replaces), and `dy ⊙ q` added to their column sums `dg`. `q` is
+/// rounded two ways on purpose: `x / r` in `dx`, as the composition computes it, and
+/// `x · (1/r)` in `dg`, as the three-kernel version did (which kept `1/r`), so that `dx` kept
+/// its bits through the change.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn row_grads<F: Float, G: Float, A: Float>(
     x: &Tensor<F>,
     gain: &Tensor<F>,
     dy: &Tensor<G>,
+    skip: &Tensor<F>,
     dx: &mut Tensor<F>,
     dg: &mut Array<A>,
     row: usize,
@@ -249,6 +262,7 @@ fn row_grads<F: Float, G: Float, A: Float>(
     along: A,
     #[comptime] units: usize,
     #[comptime] columns: usize,
+    #[comptime] adds_skip: bool,
 ) {
     let d = x.shape(1);
     let inv_r = A::new(1.0) / r;
@@ -257,7 +271,12 @@ fn row_grads<F: Float, G: Float, A: Float>(
         let j = UNIT_POS_X as usize + c * units;
         if j < d {
             let (v, g, gy) = column_terms::<F, G, A>(x, gain, dy, row, j);
-            dx[row * d + j] = F::cast_from((gy - v / r * along) / r);
+            let grad = (gy - v / r * along) / r;
+            dx[row * d + j] = if adds_skip {
+                F::cast_from(grad + A::cast_from(skip[row * d + j]))
+            } else {
+                F::cast_from(grad)
+            };
             dg[c] += g * (v * inv_r);
         }
     }
@@ -408,6 +427,22 @@ pub fn backward<R: CubeRuntime>(
     backward_into(x, gain, eps, dy, (dx, dg))
 }
 
+/// [`backward`] with `skip` (shaped and typed as `x`; copied contiguous first where it is not)
+/// added to `dx` in the same pass: the gradient that reaches `x` by the residual stream's skip connection, which an add
+/// after the norm's backward would otherwise read and write again. `dx` is then the f32 sum
+/// rounded once to `x`'s dtype: the add's bits where `x` is f32.
+pub fn backward_adding<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    gain: CubeTensor<R>,
+    eps: f64,
+    dy: CubeTensor<R>,
+    skip: CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let dx = new_tensor(&x, x.meta.shape().clone(), x.dtype);
+    let dg = new_tensor(&gain, gain.meta.shape().clone(), gain.dtype);
+    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, Some(skip), (dx, dg))
+}
+
 /// [`backward`] into outputs the caller allocated (tests poison them): `dx` contiguous,
 /// shaped and typed as `x`; `dg` as `gain`. With no rows, `dg` comes back as new zeros.
 pub fn backward_into<R: CubeRuntime>(
@@ -417,11 +452,12 @@ pub fn backward_into<R: CubeRuntime>(
     dy: CubeTensor<R>,
     outputs: (CubeTensor<R>, CubeTensor<R>),
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, outputs)
+    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, None, outputs)
 }
 
-/// [`backward_into`] with `block_rows` rows a cube instead of [`BLOCK_ROWS`]: tests take
-/// other sizes, and a grid of more blocks than an axis holds from few rows.
+/// [`backward_into`] with `block_rows` rows a cube instead of [`BLOCK_ROWS`] (tests take
+/// other sizes, and a grid of more blocks than an axis holds from few rows), and `skip` added
+/// to `dx` where there is one ([`backward_adding`]).
 #[doc(hidden)]
 pub fn backward_in_blocks_of<R: CubeRuntime>(
     block_rows: usize,
@@ -429,6 +465,7 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
     gain: CubeTensor<R>,
     eps: f64,
     dy: CubeTensor<R>,
+    skip: Option<CubeTensor<R>>,
     (dx, dg): (CubeTensor<R>, CubeTensor<R>),
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     assert!(block_rows > 0, "rms_norm: blocks of no rows");
@@ -439,6 +476,12 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
         "rms_norm: dy's shape is not x's"
     );
     assert!(supports(dy.dtype), "rms_norm: dy is {:?}", dy.dtype);
+    if let Some(skip) = &skip {
+        assert!(
+            skip.meta.shape() == x.meta.shape() && skip.dtype == x.dtype,
+            "rms_norm: the skip gradient is not shaped and typed as x"
+        );
+    }
     check_output(&dx, &x);
     check_output(&dg, &gain);
     assert!(
@@ -464,6 +507,10 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
     let partials = new_tensor(&x, Shape::new([blocks, d]), DType::F32);
     let types = [x.dtype.into(), dy.dtype.into(), DType::F32.into()];
     let units = backward_units(d);
+    let adds_skip = skip.is_some();
+    // Without one, `x` stands in as a binding, read by no unit (wgpu forbids binding `dx`,
+    // which is written, again as an input).
+    let skip = skip.map(into_contiguous).unwrap_or_else(|| x.clone());
     backward_blocks_kernel::launch::<R>(
         &client,
         row_grid(blocks),
@@ -471,6 +518,7 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
         x.into_tensor_arg(),
         gain.into_tensor_arg(),
         dy.into_tensor_arg(),
+        skip.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
         partials.clone().into_tensor_arg(),
         block_rows,
@@ -478,6 +526,7 @@ pub fn backward_in_blocks_of<R: CubeRuntime>(
         eps as f32,
         units,
         d.div_ceil(units),
+        adds_skip,
         types,
     );
     gain_sums_kernel::launch::<R>(

@@ -8,7 +8,9 @@
 //! and two are wide (4,096 columns on 128 units a cube, MedGemma-27B's 5,376 on 256); `x` and
 //! `dy` also come transposed (strided rows, as a gradient through a
 //! matmul's transpose arrives). Rows run from 1e-3 to 1e2 in scale, and one row is zeros,
-//! where `eps` alone sets `r`.
+//! where `eps` alone sets `r`. With the skip connection's gradient added in the same pass,
+//! `dx` is checked against the add after the norm's backward, bit for bit in f32, and against
+//! the fp64 reference in f16.
 //!
 //! Tolerances, per element, relative to the size of the terms that make it (`|y|`;
 //! `(|gy| + |q|·mean|gy·q|)/r` for `dx`, whose two terms can cancel; `Σ|dy·q|` for `dg`):
@@ -29,7 +31,7 @@ use lab_kernels::rms_norm;
 use proptest::prelude::*;
 
 use crate::common;
-use common::{download, matrix as case, poisoned, upload, values, Matrix};
+use common::{download, matrix as case, poisoned, upload, values, Input, Matrix};
 
 const EPS: f64 = 1e-5;
 
@@ -129,7 +131,7 @@ fn run_in_blocks_of(
     let y = rms_norm::forward_into(x(), gain(), EPS, poisoned(&[n, d], out));
     let outputs = (poisoned(&[n, d], dtype), poisoned(&[d], dtype));
     let dy = c.upload(&i.dy, out);
-    let (dx, dg) = rms_norm::backward_in_blocks_of(block_rows, x(), gain(), EPS, dy, outputs);
+    let (dx, dg) = rms_norm::backward_in_blocks_of(block_rows, x(), gain(), EPS, dy, None, outputs);
     [download(y), download(dx), download(dg)]
 }
 
@@ -297,5 +299,71 @@ proptest! {
     ) {
         let f32 = DType::F32;
         check_in_blocks_of(block_rows, case([n, d], transposed), f32, f32, seed);
+    }
+}
+
+/// `dx` with `skip` added in the kernel, and `dg`, for `x` and `dy` of case `c` in `dtype` and
+/// `skip` laid out as `layout`.
+fn run_adding(c: &Case, i: &Inputs, skip: &[f32], layout: Input, dtype: DType) -> [Vec<f32>; 2] {
+    let [_, d] = c.shape;
+    let skip = layout.upload(skip, c.shape, dtype);
+    let dy = c.upload(&i.dy, dtype);
+    let (dx, dg) = rms_norm::backward_adding(
+        c.upload(&i.x, dtype),
+        upload(&i.gain, &[d], dtype),
+        EPS,
+        dy,
+        skip,
+    );
+    [download(dx), download(dg)]
+}
+
+/// In f32 the sum in the kernel rounds once, as the add after the norm's backward does: the
+/// same bits, whatever the skip gradient's layout; `dg` is the plain backward's.
+#[test]
+fn adding_the_skip_gradient_has_the_bits_of_the_add_after() {
+    for (k, (c, layout)) in [
+        (case([70, 129], false), Input::Contiguous),
+        (case([130, 33], true), Input::Transposed),
+        (case([6, 300], false), Input::Padded),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let f32 = DType::F32;
+        let i = inputs(&c, 20 + k as u64, f32, f32);
+        let skip = values(c.shape[0] * c.shape[1], 30 + k as u64, f32);
+        let [_, dx, dg] = run(&c, &i, f32, f32);
+        let added: Vec<f32> = dx.iter().zip(&skip).map(|(a, b)| a + b).collect();
+        let [fused_dx, fused_dg] = run_adding(&c, &i, &skip, layout, f32);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fused_dx), bits(&added), "dx, {c:?} skip {layout:?}");
+        assert_eq!(bits(&fused_dg), bits(&dg), "dg, {c:?}");
+    }
+}
+
+/// In f16 storage the sum is rounded once to f16: within f16's tolerance of the fp64 `dx`
+/// plus the skip gradient, relative to the terms' sizes and the skip gradient's own.
+#[test]
+fn adding_the_skip_gradient_in_f16_matches_the_fp64_reference() {
+    common::assert_device_has_f16();
+    let f16 = DType::F16;
+    for (k, c) in CASES.into_iter().enumerate() {
+        let i = inputs(&c, 40 + k as u64, f16, f16);
+        let skip = values(c.shape[0] * c.shape[1], 50 + k as u64, f16);
+        let [dx, _] = run_adding(&c, &i, &skip, Input::Contiguous, f16);
+        let [_, want, _] = reference(c.shape[1], &i);
+        for (j, (got, (w, size))) in dx.iter().zip(want.value.iter().zip(&want.size)).enumerate() {
+            let s = skip[j] as f64;
+            let (err, bound) = (
+                (*got as f64 - (w + s)).abs(),
+                tolerance(f16) * (size + s.abs()),
+            );
+            assert!(
+                err <= bound,
+                "dx[{j}] {c:?}: got {got}, want {} ({err:.3e} > {bound:.3e})",
+                w + s
+            );
+        }
     }
 }

@@ -237,6 +237,15 @@ trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
         b: FloatTensor<B>,
         dy: FloatTensor<B>,
     ) -> [FloatTensor<B>; 2];
+    /// [`KeepsInputs::backward`] with `a_grad`, the gradient `a` already has, added to
+    /// `a`'s: what `Gradients::register` would add in a pass of its own.
+    fn backward_adding(
+        self,
+        a: FloatTensor<B>,
+        b: FloatTensor<B>,
+        dy: FloatTensor<B>,
+        a_grad: FloatTensor<B>,
+    ) -> [FloatTensor<B>; 2];
 }
 
 /// RMSNorm of `a` with the gain `b`.
@@ -260,6 +269,16 @@ impl<B: FusedRmsNorm> KeepsInputs<B> for RmsNormOp {
         let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy);
         [dx, dgain]
     }
+    fn backward_adding(
+        self,
+        x: FloatTensor<B>,
+        gain: FloatTensor<B>,
+        dy: FloatTensor<B>,
+        skip: FloatTensor<B>,
+    ) -> [FloatTensor<B>; 2] {
+        let (dx, dgain) = B::rms_norm_backward_adding(x, gain, self.eps, dy, skip);
+        [dx, dgain]
+    }
 }
 
 /// The node of a [`KeepsInputs`] op.
@@ -272,9 +291,22 @@ impl<B: Backend, Op: KeepsInputs<B>> Backward<B, 2> for KeptInputsBackward<Op> {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
         let (a, b) = ops.state;
-        let (a, b) = (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
+        let (a, b): (FloatTensor<B>, FloatTensor<B>) =
+            (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
         let dy = grads.consume::<B>(&ops.node);
-        let values = self.0.backward(a, b, dy);
+        // What already reached `a` (RMSNorm's input, the residual stream: the skip
+        // connection's gradient, registered by the add after the block) is added by the op's
+        // backward as it writes `a`'s gradient, not by `register` in another pass.
+        let a_grad = ops.parents[0].as_ref().and_then(|node| {
+            // `Gradients` finds a gradient by a tensor's node: a throwaway tensor carries it.
+            let mut key = FloatTensor::<Autodiff<B>>::new(a.clone());
+            key.node = node.clone();
+            grads.remove::<B>(&key)
+        });
+        let values = match a_grad {
+            Some(a_grad) => self.0.backward_adding(a, b, dy, a_grad),
+            None => self.0.backward(a, b, dy),
+        };
         register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), values);
     }
 }

@@ -21,6 +21,11 @@
 //! residual stream is fp32 and the projections read bf16, so the cast between them is part of
 //! the op (one kernel on the GPUs, with the same bits as the cast after it), and its backward
 //! takes `dy` in that dtype.
+//!
+//! In training the norm's input is the residual stream, whose gradient also arrives by the
+//! skip connection around the block. autodiff's node adds that gradient as the norm's backward
+//! writes `dx` ([`FusedRmsNorm::rms_norm_backward_adding`]), where burn would add it in a pass
+//! of its own.
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, FloatDType, Tensor};
 
@@ -52,6 +57,22 @@ pub trait FusedRmsNorm: Backend {
         dy: FloatTensor<Self>,
     ) -> RmsNormGrads<Self> {
         composed_backward::<Self>(x, gain, eps, dy)
+    }
+
+    /// [`FusedRmsNorm::rms_norm_backward`] with `skip` (shaped and typed as `x`) added to
+    /// `dx`: `(dx + skip, dg)`. `skip` is the gradient that already reached `x` by the
+    /// residual stream's skip connection; autodiff would add it in a pass of its own (read both,
+    /// write the sum). The default is that add; the GPU backends add it as they write `dx`.
+    fn rms_norm_backward_adding(
+        x: FloatTensor<Self>,
+        gain: FloatTensor<Self>,
+        eps: f64,
+        dy: FloatTensor<Self>,
+        skip: FloatTensor<Self>,
+    ) -> RmsNormGrads<Self> {
+        let (dx, dg) = Self::rms_norm_backward(x, gain, eps, dy);
+        // autodiff's own order: the new gradient, then the one registered before it.
+        (Self::float_add(dx, skip), dg)
     }
 }
 

@@ -137,6 +137,51 @@ fn through<A: AutodiffBackend>(c: &Case, norm: Norm<A>) -> (Vec<f32>, Vec<f32>, 
     )
 }
 
+/// `x`'s gradient under a skip connection: `Σ (norm(x) ⊙ dy + x ⊙ s)`, the skip term made
+/// after the norm, as the block's residual add is, so that backward reaches it first and `s`
+/// is registered for `x` when the norm's node runs. The node hands it to the op, which adds it
+/// as it writes `dx` (the GPUs in the kernel): the bits of the norm's gradient alone plus `s`
+/// in f32, which is what autodiff's own add gives.
+fn skip_adds_as_autodiff_would<A: AutodiffBackend + FusedRmsNorm>(c: &Case) {
+    let device = Default::default();
+    let n = c.x.len();
+    let tensor =
+        |v: &[f32]| Tensor::<A, 2>::from_data(TensorData::new(v.to_vec(), c.shape), &device);
+    let gain = Tensor::<A, 1>::from_data(TensorData::new(c.gain.clone(), [c.shape[1]]), &device);
+    let skip = floats(n, 77, 1.0);
+    let grad_of_x = |with_skip: bool| {
+        let x = tensor(&c.x).require_grad();
+        let mut y = op(x.clone(), gain.clone()) * tensor(&c.dy);
+        if with_skip {
+            y = y + x.clone() * tensor(&skip);
+        }
+        let grads = y.sum().backward();
+        x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
+    };
+    let alone = grad_of_x(false);
+    let want: Vec<f32> = alone.iter().zip(&skip).map(|(a, s)| a + s).collect();
+    assert_eq!(bits(&grad_of_x(true)), bits(&want), "{:?}", c.shape);
+}
+
+#[test]
+fn a_skip_connections_gradient_is_added_with_autodiffs_bits() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        skip_adds_as_autodiff_would::<B>(&case(shape, 60 + k as u64, true));
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_a_skip_connections_gradient_is_added_with_autodiffs_bits() {
+    for (k, shape) in SHAPES.into_iter().enumerate() {
+        skip_adds_as_autodiff_would::<Autodiff<burn::backend::Wgpu>>(&case(
+            shape,
+            70 + k as u64,
+            true,
+        ));
+    }
+}
+
 /// One element, odd widths, the model's widths (128, 768) and many rows.
 const SHAPES: [[usize; 2]; 5] = [[1, 1], [3, 7], [6, 128], [4, 768], [200, 33]];
 

@@ -1,6 +1,6 @@
 //! RMSNorm on `CubeBackend` (lab-kernels' kernels) and through Fusion.
 
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{ops::FloatTensorOps, DType, FloatDType};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::rms_norm::supports;
@@ -39,6 +39,22 @@ where
             lab_kernels::rms_norm::backward(x, gain, eps, dy)
         } else {
             composed_backward::<Self>(x, gain, eps, dy)
+        }
+    }
+
+    fn rms_norm_backward_adding(
+        x: Self::FloatTensorPrimitive,
+        gain: Self::FloatTensorPrimitive,
+        eps: f64,
+        dy: Self::FloatTensorPrimitive,
+        skip: Self::FloatTensorPrimitive,
+    ) -> RmsNormGrads<Self> {
+        let dtype = one_dtype(&[x.dtype, gain.dtype]);
+        if supports(dtype) && supports(dy.dtype) && skip.dtype == dtype {
+            lab_kernels::rms_norm::backward_adding(x, gain, eps, dy, skip)
+        } else {
+            let (dx, dg) = Self::rms_norm_backward(x, gain, eps, dy);
+            (Self::float_add(dx, skip), dg)
         }
     }
 }
@@ -88,6 +104,29 @@ impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
                 let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
                 let (x, gain, dy) = (get(0), get(1), get(2));
                 let (dx, dg) = B::rms_norm_backward(x, gain, eps, dy);
+                vec![dx, dg]
+            },
+        );
+        (dx, dg)
+    }
+
+    fn rms_norm_backward_adding(
+        x: Self::FloatTensorPrimitive,
+        gain: Self::FloatTensorPrimitive,
+        eps: f64,
+        dy: Self::FloatTensorPrimitive,
+        skip: Self::FloatTensorPrimitive,
+    ) -> RmsNormGrads<Self> {
+        one_dtype(&[x.dtype, gain.dtype]);
+        let outputs = [like(&x), like(&gain)];
+        let [dx, dg] = custom_op::<B, 2>(
+            "lab_rms_norm_backward_adding",
+            vec![x, gain, dy, skip],
+            outputs,
+            move |h, t| {
+                let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+                let (x, gain, dy, skip) = (get(0), get(1), get(2), get(3));
+                let (dx, dg) = B::rms_norm_backward_adding(x, gain, eps, dy, skip);
                 vec![dx, dg]
             },
         );
