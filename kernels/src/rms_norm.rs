@@ -428,9 +428,9 @@ pub fn backward<R: CubeRuntime>(
 }
 
 /// [`backward`] with `skip` (shaped and typed as `x`; copied contiguous first where it is not)
-/// added to `dx` in the same pass: the gradient that reaches `x` by the residual stream's skip connection, which an add
-/// after the norm's backward would otherwise read and write again. `dx` is then the f32 sum
-/// rounded once to `x`'s dtype: the add's bits where `x` is f32.
+/// added to `dx` in the same pass: the gradient that reaches `x` by the residual stream's skip
+/// connection, which an add after the norm's backward would otherwise read and write again.
+/// `dx` is then the f32 sum rounded once to `x`'s dtype: the add's bits where `x` is f32.
 pub fn backward_adding<R: CubeRuntime>(
     x: CubeTensor<R>,
     gain: CubeTensor<R>,

@@ -305,9 +305,22 @@ proptest! {
 /// `dx` with `skip` added in the kernel, and `dg`, for `x` and `dy` of case `c` in `dtype` and
 /// `skip` laid out as `layout`.
 fn run_adding(c: &Case, i: &Inputs, skip: &[f32], layout: Input, dtype: DType) -> [Vec<f32>; 2] {
+    run_adding_to(c, i, skip, layout, dtype, dtype)
+}
+
+/// [`run_adding`] with `dy` in `out` (bf16 training's layout: `x` f32, `dy` in the compute
+/// dtype).
+fn run_adding_to(
+    c: &Case,
+    i: &Inputs,
+    skip: &[f32],
+    layout: Input,
+    dtype: DType,
+    out: DType,
+) -> [Vec<f32>; 2] {
     let [_, d] = c.shape;
     let skip = layout.upload(skip, c.shape, dtype);
-    let dy = c.upload(&i.dy, dtype);
+    let dy = c.upload(&i.dy, out);
     let (dx, dg) = rms_norm::backward_adding(
         c.upload(&i.x, dtype),
         upload(&i.gain, &[d], dtype),
@@ -322,20 +335,23 @@ fn run_adding(c: &Case, i: &Inputs, skip: &[f32], layout: Input, dtype: DType) -
 /// same bits, whatever the skip gradient's layout; `dg` is the plain backward's.
 #[test]
 fn adding_the_skip_gradient_has_the_bits_of_the_add_after() {
-    for (k, (c, layout)) in [
-        (case([70, 129], false), Input::Contiguous),
-        (case([130, 33], true), Input::Transposed),
-        (case([6, 300], false), Input::Padded),
+    let f32 = DType::F32;
+    for (k, (c, layout, out)) in [
+        (case([70, 129], false), Input::Contiguous, f32),
+        (case([130, 33], true), Input::Transposed, f32),
+        (case([6, 300], false), Input::Padded, f32),
+        (case([9, 70], false), Input::Offset, f32),
+        // bf16 training's dtypes, f16 standing in: `dy` in the compute dtype.
+        (case([70, 129], false), Input::Contiguous, DType::F16),
     ]
     .into_iter()
     .enumerate()
     {
-        let f32 = DType::F32;
-        let i = inputs(&c, 20 + k as u64, f32, f32);
+        let i = inputs(&c, 20 + k as u64, f32, out);
         let skip = values(c.shape[0] * c.shape[1], 30 + k as u64, f32);
-        let [_, dx, dg] = run(&c, &i, f32, f32);
+        let [_, dx, dg] = run(&c, &i, f32, out);
         let added: Vec<f32> = dx.iter().zip(&skip).map(|(a, b)| a + b).collect();
-        let [fused_dx, fused_dg] = run_adding(&c, &i, &skip, layout, f32);
+        let [fused_dx, fused_dg] = run_adding_to(&c, &i, &skip, layout, f32, out);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&fused_dx), bits(&added), "dx, {c:?} skip {layout:?}");
         assert_eq!(bits(&fused_dg), bits(&dg), "dg, {c:?}");

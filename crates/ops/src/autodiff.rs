@@ -227,7 +227,8 @@ impl<B: FusedSwiglu> RetroForward for RetroSwiglu<B> {
 
 /// A two-input op whose graph node keeps only its inputs, as checkpoints (so selective
 /// checkpointing may recompute them), and recomputes in backward what its derivative needs:
-/// RMSNorm (`rms_norm.rs`).
+/// RMSNorm (`rms_norm.rs`). Its backward also folds in the gradient `a` already has, where
+/// there is one ([`KeepsInputs::backward_adding`]).
 trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
     fn forward(self, a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B>;
     /// The gradients of `a` and `b` for the output's gradient `dy`.
@@ -295,8 +296,9 @@ impl<B: Backend, Op: KeepsInputs<B>> Backward<B, 2> for KeptInputsBackward<Op> {
             (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
         let dy = grads.consume::<B>(&ops.node);
         // What already reached `a` (RMSNorm's input, the residual stream: the skip
-        // connection's gradient, registered by the add after the block) is added by the op's
-        // backward as it writes `a`'s gradient, not by `register` in another pass.
+        // connection's gradient, registered by the residual add around the block, which
+        // backward reaches first) is added by the op's backward as it writes `a`'s gradient,
+        // not by `register` in another pass.
         let a_grad = ops.parents[0].as_ref().and_then(|node| {
             // `Gradients` finds a gradient by a tensor's node: a throwaway tensor carries it.
             let mut key = FloatTensor::<Autodiff<B>>::new(a.clone());
@@ -304,11 +306,26 @@ impl<B: Backend, Op: KeepsInputs<B>> Backward<B, 2> for KeptInputsBackward<Op> {
             grads.remove::<B>(&key)
         });
         let values = match a_grad {
-            Some(a_grad) => self.0.backward_adding(a, b, dy, a_grad),
+            Some(a_grad) => {
+                GRADIENTS_FOLDED.with(|n| n.set(n.get() + 1));
+                self.0.backward_adding(a, b, dy, a_grad)
+            }
             None => self.0.backward(a, b, dy),
         };
         register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), values);
     }
+}
+
+thread_local! {
+    static GRADIENTS_FOLDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times a [`KeepsInputs`] node's backward on this thread found a gradient already
+/// registered for its first input and handed it to the op. The lookup goes through burn's
+/// `Gradients` by node: tests check that it still finds the skip connection's gradient.
+#[doc(hidden)]
+pub fn gradients_folded_on_this_thread() -> usize {
+    GRADIENTS_FOLDED.with(|n| n.get())
 }
 
 /// Recomputes a [`KeepsInputs`] op's output when a later node needs it and it was not kept.

@@ -53,7 +53,7 @@ pub use attention::{
     fused_attention, fused_attention_fn, AttentionFn, AttentionForward, AttentionGrads,
     FusedAttention,
 };
-pub use autodiff::projection_node;
+pub use autodiff::{gradients_folded_on_this_thread, projection_node};
 pub use embedding::{embedding, FusedEmbedding};
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]

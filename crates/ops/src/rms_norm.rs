@@ -62,7 +62,9 @@ pub trait FusedRmsNorm: Backend {
     /// [`FusedRmsNorm::rms_norm_backward`] with `skip` (shaped and typed as `x`) added to
     /// `dx`: `(dx + skip, dg)`. `skip` is the gradient that already reached `x` by the
     /// residual stream's skip connection; autodiff would add it in a pass of its own (read both,
-    /// write the sum). The default is that add; the GPU backends add it as they write `dx`.
+    /// write the sum). The default is that add; the GPU backends add it as they write `dx`, in
+    /// f32 and rounded once: the add's bits where `x` is f32 (the residual stream is, in both
+    /// precisions); an f16 or bf16 `x` would round once where the add rounds twice.
     fn rms_norm_backward_adding(
         x: FloatTensor<Self>,
         gain: FloatTensor<Self>,

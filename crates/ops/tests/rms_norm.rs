@@ -137,11 +137,12 @@ fn through<A: AutodiffBackend>(c: &Case, norm: Norm<A>) -> (Vec<f32>, Vec<f32>, 
     )
 }
 
-/// `x`'s gradient under a skip connection: `Σ (norm(x) ⊙ dy + x ⊙ s)`, the skip term made
-/// after the norm, as the block's residual add is, so that backward reaches it first and `s`
-/// is registered for `x` when the norm's node runs. The node hands it to the op, which adds it
-/// as it writes `dx` (the GPUs in the kernel): the bits of the norm's gradient alone plus `s`
-/// in f32, which is what autodiff's own add gives.
+/// `x`'s gradient under a skip connection, built as a block is: `z = x + norm(x) ⊙ dy`, then
+/// `Σ z ⊙ s`. Backward reaches the residual add before the norm (it comes after the norm in
+/// the graph), so `s` is registered for `x` when the norm's node runs. The node hands it to
+/// the op, which adds it as it writes `dx` (the GPUs in the kernel): the bits of the norm's
+/// gradient alone (for the same upstream `s ⊙ dy`) plus `s` in f32, which is what autodiff's
+/// own add gives. The node must have found the gradient: the count of folded gradients grows.
 fn skip_adds_as_autodiff_would<A: AutodiffBackend + FusedRmsNorm>(c: &Case) {
     let device = Default::default();
     let n = c.x.len();
@@ -151,16 +152,25 @@ fn skip_adds_as_autodiff_would<A: AutodiffBackend + FusedRmsNorm>(c: &Case) {
     let skip = floats(n, 77, 1.0);
     let grad_of_x = |with_skip: bool| {
         let x = tensor(&c.x).require_grad();
-        let mut y = op(x.clone(), gain.clone()) * tensor(&c.dy);
-        if with_skip {
-            y = y + x.clone() * tensor(&skip);
-        }
-        let grads = y.sum().backward();
+        let branch = op(x.clone(), gain.clone()) * tensor(&c.dy);
+        let z = if with_skip {
+            x.clone() + branch
+        } else {
+            branch
+        };
+        let grads = (z * tensor(&skip)).sum().backward();
         x.grad(&grads).unwrap().into_data().to_vec::<f32>().unwrap()
     };
     let alone = grad_of_x(false);
+    let folded = lab_ops::gradients_folded_on_this_thread();
+    let with_skip = grad_of_x(true);
+    assert_eq!(
+        lab_ops::gradients_folded_on_this_thread(),
+        folded + 1,
+        "the norm's node did not find the skip connection's gradient"
+    );
     let want: Vec<f32> = alone.iter().zip(&skip).map(|(a, s)| a + s).collect();
-    assert_eq!(bits(&grad_of_x(true)), bits(&want), "{:?}", c.shape);
+    assert_eq!(bits(&with_skip), bits(&want), "{:?}", c.shape);
 }
 
 #[test]
@@ -280,8 +290,9 @@ fn same_forward_bits_and_close_gradients_as_the_composition() {
     }
 }
 
-/// A norm of a residual sum between projections, as a block runs it: `norm(x·W₁ + x·W₃)·W₂`
-/// summed, and the weights' and gain's gradients. The sum is memory-bound, so under selective
+/// A norm of a residual sum between projections, with the skip connection around it, as a
+/// block runs it: `r + norm(r)·W₂` for `r = x·W₁ + x·W₃`, squared and summed, and the weights'
+/// and gain's gradients. The sum is memory-bound, so under selective
 /// checkpointing the norm's input is itself recomputed, as the residual stream is. The norm
 /// writes `dtype`, which `W₂` is cast to (bf16 training's block).
 fn block<A: AutodiffBackend + FusedRmsNorm>(dtype: FloatDType) -> Vec<Vec<f32>> {
@@ -289,14 +300,18 @@ fn block<A: AutodiffBackend + FusedRmsNorm>(dtype: FloatDType) -> Vec<Vec<f32>> 
     let x = block_input::<A>();
     let (w1, w2, w3) = (
         weight::<A>(2, [8, 12]),
-        weight(3, [12, 8]),
+        weight(3, [12, 12]),
         weight(5, [8, 12]),
     );
     let gain = Tensor::<A, 1>::from_data(TensorData::new(floats(12, 4, 1.0), [12]), &device)
         .require_grad();
     let residual = x.clone().matmul(w1.clone()) + x.matmul(w3.clone());
-    let y = rms_norm_to(residual, gain.clone(), EPS, dtype).matmul(cast_to(w2.clone(), dtype));
-    let grads = y.sum().backward();
+    let branch = rms_norm_to(residual.clone(), gain.clone(), EPS, dtype);
+    let branch = branch.matmul(cast_to(w2.clone(), dtype));
+    // The residual add around the branch, in fp32 as the block's: the norm's node folds its
+    // gradient into the norm's `dx`.
+    let y = residual + cast_to(branch, FloatDType::F32);
+    let grads = (y.clone() * y).sum().backward();
     let data = |d: TensorData| d.to_vec::<f32>().unwrap();
     vec![
         data(w1.grad(&grads).unwrap().into_data()),
@@ -312,15 +327,47 @@ fn block<A: AutodiffBackend + FusedRmsNorm>(dtype: FloatDType) -> Vec<Vec<f32>> 
 #[test]
 fn selective_checkpointing_gives_the_same_gradients() {
     for dtype in [FloatDType::F32, FloatDType::BF16] {
-        let plain = block::<B>(dtype);
-        let selective = block::<Autodiff<Flex, BalancedCheckpointing>>(dtype);
-        for (p, s) in plain.iter().zip(&selective) {
-            assert_eq!(
-                bits(p),
-                bits(s),
-                "selective checkpointing changed a gradient ({dtype:?})"
-            );
-        }
+        same_gradients_under_selective_checkpointing::<B, Autodiff<Flex, BalancedCheckpointing>>(
+            dtype,
+        );
+    }
+}
+
+/// The GPU path, f16 standing in for bf16 on lavapipe.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_selective_checkpointing_gives_the_same_gradients() {
+    type Gpu = burn::backend::Wgpu;
+    for dtype in [FloatDType::F32, FloatDType::F16] {
+        same_gradients_under_selective_checkpointing::<
+            Autodiff<Gpu>,
+            Autodiff<Gpu, BalancedCheckpointing>,
+        >(dtype);
+    }
+}
+
+/// [`block`]'s gradients on `Plain` and on `Selective`, its checkpointing twin: the same bits,
+/// and under both the norm's node folds the skip connection's gradient into its own.
+fn same_gradients_under_selective_checkpointing<Plain, Selective>(dtype: FloatDType)
+where
+    Plain: AutodiffBackend + FusedRmsNorm,
+    Selective: AutodiffBackend + FusedRmsNorm,
+{
+    let folded = lab_ops::gradients_folded_on_this_thread;
+    let before = folded();
+    let plain = block::<Plain>(dtype);
+    let between = folded();
+    let selective = block::<Selective>(dtype);
+    assert!(
+        between > before && folded() > between,
+        "the skip connection's gradient was not folded ({dtype:?})"
+    );
+    for (p, s) in plain.iter().zip(&selective) {
+        assert_eq!(
+            bits(p),
+            bits(s),
+            "selective checkpointing changed a gradient ({dtype:?})"
+        );
     }
 }
 

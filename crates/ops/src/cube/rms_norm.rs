@@ -50,7 +50,8 @@ where
         skip: Self::FloatTensorPrimitive,
     ) -> RmsNormGrads<Self> {
         let dtype = one_dtype(&[x.dtype, gain.dtype]);
-        if supports(dtype) && supports(dy.dtype) && skip.dtype == dtype {
+        let like_x = skip.dtype == dtype && skip.meta.shape() == x.meta.shape();
+        if supports(dtype) && supports(dy.dtype) && like_x {
             lab_kernels::rms_norm::backward_adding(x, gain, eps, dy, skip)
         } else {
             let (dx, dg) = Self::rms_norm_backward(x, gain, eps, dy);
