@@ -124,14 +124,13 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         elementwise.clone(), c.clone(), t(), t(), [bf16, f32]);
     let swiglu_backward = swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
         elementwise, c.clone(), t(), t(), t(), [bf16, f32]);
-    let join = join::join_columns_kernel::JoinColumnsKernel::new(
-        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), bf16);
-    let pad = join::pad_columns_kernel::PadColumnsKernel::new(
-        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), bf16);
+    let join = |zeros_for_b| join::join_columns_kernel::JoinColumnsKernel::new(
+        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), zeros_for_b, bf16);
     vec![
         ("swiglu-bf16", cuda_cpp(&swiglu_forward)),
         ("swiglu_backward-bf16", cuda_cpp(&swiglu_backward)),
-        ("join_columns-bf16", cuda_cpp(&join)), ("pad_columns-bf16", cuda_cpp(&pad)),
+        ("join_columns-bf16", cuda_cpp(&join(false))),
+        ("pad_columns-bf16", cuda_cpp(&join(true))),
         ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
         ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
         ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),

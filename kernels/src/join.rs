@@ -4,8 +4,8 @@
 //! The feed-forward runs its gate and up projections as one product of their weights joined
 //! this way, forward and again in backward. burn's concatenation writes each input with its
 //! own launch (`SliceAssignKernel`); here one unit copies one output element, from `a` or `b`
-//! by its column. A copy: the same bits in any dtype. [`pad_columns`] is the same with zeros
-//! for `b`.
+//! by its column. A copy: the same bits in any dtype. [`pad_columns`] is the same kernel with
+//! zeros for `b`.
 
 use burn::tensor::Shape;
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
@@ -14,11 +14,14 @@ use cubecl::prelude::*;
 /// Units per cube.
 pub(crate) const UNITS: u32 = 256;
 
+/// `out = [a | b]`, or `[a | 0]` where `zeros_for_b` (then `b` is a stand-in binding, never
+/// read).
 #[cube(launch)]
 pub(crate) fn join_columns_kernel<F: Float>(
     a: &Tensor<F>,
     b: &Tensor<F>,
     out: &mut Tensor<F>,
+    #[comptime] zeros_for_b: bool,
     #[define(F)] _dtype: StorageType,
 ) {
     let (rows, width, split) = (out.shape(0), out.shape(1), a.shape(1));
@@ -28,6 +31,8 @@ pub(crate) fn join_columns_kernel<F: Float>(
         let o = r * out.stride(0) + c * out.stride(1);
         if c < split {
             out[o] = a[r * a.stride(0) + c * a.stride(1)];
+        } else if zeros_for_b {
+            out[o] = F::new(0.0);
         } else {
             out[o] = b[r * b.stride(0) + (c - split) * b.stride(1)];
         }
@@ -38,12 +43,7 @@ pub(crate) fn join_columns_kernel<F: Float>(
 /// `[K, N_a + N_b]`.
 pub fn join_columns<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
     let [rows, width] = joined_dims(&a, &b);
-    let out = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::from(vec![rows, width]),
-        a.dtype,
-    );
+    let out = empty_like(&a, [rows, width]);
     join_columns_into(a, b, out)
 }
 
@@ -60,46 +60,7 @@ pub fn join_columns_into<R: CubeRuntime>(
         [rows, width],
         "join_columns: output shape"
     );
-    assert_eq!(out.dtype, a.dtype, "join_columns: output dtype");
-    if rows * width == 0 {
-        return out;
-    }
-    assert!(
-        out.is_nonoverlapping(),
-        "join_columns: the output overlaps itself, strides {:?}",
-        out.meta.strides()
-    );
-    let client = a.client.clone();
-    let cube_dim = CubeDim::new_1d(UNITS);
-    join_columns_kernel::launch::<R>(
-        &client,
-        cubecl::calculate_cube_count_elemwise(&client, rows * width, cube_dim),
-        cube_dim,
-        a.clone().into_tensor_arg(),
-        b.into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        a.dtype.into(),
-    );
-    out
-}
-
-#[cube(launch)]
-pub(crate) fn pad_columns_kernel<F: Float>(
-    a: &Tensor<F>,
-    out: &mut Tensor<F>,
-    #[define(F)] _dtype: StorageType,
-) {
-    let (rows, width, split) = (out.shape(0), out.shape(1), a.shape(1));
-    let i = ABSOLUTE_POS;
-    if i < rows * width {
-        let (r, c) = (i / width, i % width);
-        let o = r * out.stride(0) + c * out.stride(1);
-        if c < split {
-            out[o] = a[r * a.stride(0) + c * a.stride(1)];
-        } else {
-            out[o] = F::new(0.0);
-        }
-    }
+    launch(a, Some(b), out)
 }
 
 /// `[a | 0]`: `a [K, N_a]` (any strides) followed by zero columns up to `width ≥ N_a`, as a
@@ -107,12 +68,7 @@ pub(crate) fn pad_columns_kernel<F: Float>(
 /// an aligned vocabulary: one launch, where burn's concatenation with a tensor of zeros takes
 /// four (fill, cast, one copy per input).
 pub fn pad_columns<R: CubeRuntime>(a: CubeTensor<R>, width: usize) -> CubeTensor<R> {
-    let out = empty_device_contiguous_dtype(
-        a.client.clone(),
-        a.device.clone(),
-        Shape::from(vec![a.meta.shape()[0], width]),
-        a.dtype,
-    );
+    let out = empty_like(&a, [a.meta.shape()[0], width]);
     pad_columns_into(a, out)
 }
 
@@ -124,30 +80,50 @@ pub fn pad_columns_into<R: CubeRuntime>(a: CubeTensor<R>, out: CubeTensor<R>) ->
         sa.num_dims() == 2 && so.num_dims() == 2 && sa[0] == so[0] && sa[1] <= so[1],
         "pad_columns: a {sa:?} does not fit the output {so:?} as its leading columns"
     );
-    assert_eq!(out.dtype, a.dtype, "pad_columns: output dtype");
     // A buffer of no bytes cannot be bound on every runtime.
     assert!(
         sa[0] == 0 || sa[1] > 0,
         "pad_columns: a has no columns: nothing to pad"
     );
-    let elements = so[0] * so[1];
+    launch(a, None, out)
+}
+
+fn empty_like<R: CubeRuntime>(a: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor<R> {
+    let (client, device) = (a.client.clone(), a.device.clone());
+    empty_device_contiguous_dtype(client, device, Shape::from(shape.to_vec()), a.dtype)
+}
+
+/// One launch of the kernel into `out` (shaped by the caller): `[a | b]`, or `[a | 0]`
+/// without `b`.
+fn launch<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    b: Option<CubeTensor<R>>,
+    out: CubeTensor<R>,
+) -> CubeTensor<R> {
+    assert_eq!(out.dtype, a.dtype, "join_columns: output dtype");
+    let elements = out.meta.shape().num_elements();
     if elements == 0 {
         return out;
     }
     assert!(
         out.is_nonoverlapping(),
-        "pad_columns: the output overlaps itself, strides {:?}",
+        "join_columns: the output overlaps itself, strides {:?}",
         out.meta.strides()
     );
+    let zeros_for_b = b.is_none();
+    // Without `b`, `a` stands in for its binding (read-only twice, which every runtime allows).
+    let b = b.unwrap_or_else(|| a.clone());
     let client = a.client.clone();
     let cube_dim = CubeDim::new_1d(UNITS);
     let dtype = a.dtype;
-    pad_columns_kernel::launch::<R>(
+    join_columns_kernel::launch::<R>(
         &client,
         cubecl::calculate_cube_count_elemwise(&client, elements, cube_dim),
         cube_dim,
         a.into_tensor_arg(),
+        b.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        zeros_for_b,
         dtype.into(),
     );
     out

@@ -81,10 +81,10 @@ where
 /// V), so their gradient stays 0 and adds nothing to either product of the backward.
 fn padded_weight<R: CubeRuntime>(w: CubeTensor<R>) -> CubeTensor<R> {
     let v = w.meta.shape()[1];
-    if padded_vocab(v) == v {
-        return w;
+    match padded_vocab(v) {
+        padded if padded == v => w,
+        padded => join::pad_columns(w, padded),
     }
-    join::pad_columns(w, padded_vocab(v))
 }
 
 fn walk<R, F, I, BT>(
