@@ -26,7 +26,7 @@
 //! is fused into the norm, with the same bits (the f32 result rounded once), and backward reads
 //! `dy` in that dtype, widened exactly as the cast's backward would.
 //!
-//! [`backward_adding`] also adds the gradient that reached `x` by the residual stream's skip
+//! [`backward`] can also add the gradient that reached `x` by the residual stream's skip
 //! connection as it writes `dx`, where an add after it would read `dx` and the skip's
 //! gradient again and write their sum.
 
@@ -416,48 +416,27 @@ fn check_output<R: CubeRuntime>(out: &CubeTensor<R>, like: &CubeTensor<R>) {
 
 /// `(dx, dg)` of RMSNorm for the upstream gradient `dy` (shaped as `x`, typed as the
 /// forward's output, any strides): new contiguous tensors typed as `x` and `gain`.
+///
+/// With `skip` (shaped and typed as `x`; copied contiguous first where it is not), it is added
+/// to `dx` in the same pass: the gradient that reaches `x` by the residual stream's skip
+/// connection, which an add after the norm's backward would otherwise read and write again.
+/// `dx` is then the f32 sum rounded once to `x`'s dtype: the add's bits where `x` is f32.
 pub fn backward<R: CubeRuntime>(
     x: CubeTensor<R>,
     gain: CubeTensor<R>,
     eps: f64,
     dy: CubeTensor<R>,
+    skip: Option<CubeTensor<R>>,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let dx = new_tensor(&x, x.meta.shape().clone(), x.dtype);
     let dg = new_tensor(&gain, gain.meta.shape().clone(), gain.dtype);
-    backward_into(x, gain, eps, dy, (dx, dg))
+    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, skip, (dx, dg))
 }
 
-/// [`backward`] with `skip` (shaped and typed as `x`; copied contiguous first where it is not)
-/// added to `dx` in the same pass: the gradient that reaches `x` by the residual stream's skip
-/// connection, which an add after the norm's backward would otherwise read and write again.
-/// `dx` is then the f32 sum rounded once to `x`'s dtype: the add's bits where `x` is f32.
-pub fn backward_adding<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    gain: CubeTensor<R>,
-    eps: f64,
-    dy: CubeTensor<R>,
-    skip: CubeTensor<R>,
-) -> (CubeTensor<R>, CubeTensor<R>) {
-    let dx = new_tensor(&x, x.meta.shape().clone(), x.dtype);
-    let dg = new_tensor(&gain, gain.meta.shape().clone(), gain.dtype);
-    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, Some(skip), (dx, dg))
-}
-
-/// [`backward`] into outputs the caller allocated (tests poison them): `dx` contiguous,
-/// shaped and typed as `x`; `dg` as `gain`. With no rows, `dg` comes back as new zeros.
-pub fn backward_into<R: CubeRuntime>(
-    x: CubeTensor<R>,
-    gain: CubeTensor<R>,
-    eps: f64,
-    dy: CubeTensor<R>,
-    outputs: (CubeTensor<R>, CubeTensor<R>),
-) -> (CubeTensor<R>, CubeTensor<R>) {
-    backward_in_blocks_of(BLOCK_ROWS, x, gain, eps, dy, None, outputs)
-}
-
-/// [`backward_into`] with `block_rows` rows a cube instead of [`BLOCK_ROWS`] (tests take
-/// other sizes, and a grid of more blocks than an axis holds from few rows), and `skip` added
-/// to `dx` where there is one ([`backward_adding`]).
+/// [`backward`] with `block_rows` rows a cube instead of [`BLOCK_ROWS`] (tests take other
+/// sizes, and a grid of more blocks than an axis holds from few rows), into outputs the caller
+/// allocated (tests poison them): `dx` contiguous, shaped and typed as `x`; `dg` as `gain`.
+/// With no rows, `dg` comes back as new zeros.
 #[doc(hidden)]
 pub fn backward_in_blocks_of<R: CubeRuntime>(
     block_rows: usize,

@@ -321,12 +321,12 @@ fn run_adding_to(
     let [_, d] = c.shape;
     let skip = layout.upload(skip, c.shape, dtype);
     let dy = c.upload(&i.dy, out);
-    let (dx, dg) = rms_norm::backward_adding(
+    let (dx, dg) = rms_norm::backward(
         c.upload(&i.x, dtype),
         upload(&i.gain, &[d], dtype),
         EPS,
         dy,
-        skip,
+        Some(skip),
     );
     [download(dx), download(dg)]
 }

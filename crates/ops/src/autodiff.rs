@@ -225,94 +225,38 @@ impl<B: FusedSwiglu> RetroForward for RetroSwiglu<B> {
     }
 }
 
-/// A two-input op whose graph node keeps only its inputs, as checkpoints (so selective
-/// checkpointing may recompute them), and recomputes in backward what its derivative needs:
-/// RMSNorm (`rms_norm.rs`). Its backward also folds in the gradient `a` already has, where
-/// there is one ([`KeepsInputs::backward_adding`]).
-trait KeepsInputs<B: Backend>: Copy + std::fmt::Debug + Send + Sync + 'static {
-    fn forward(self, a: FloatTensor<B>, b: FloatTensor<B>) -> FloatTensor<B>;
-    /// The gradients of `a` and `b` for the output's gradient `dy`.
-    fn backward(
-        self,
-        a: FloatTensor<B>,
-        b: FloatTensor<B>,
-        dy: FloatTensor<B>,
-    ) -> [FloatTensor<B>; 2];
-    /// [`KeepsInputs::backward`] with `a_grad`, the gradient `a` already has, added to
-    /// `a`'s: what `Gradients::register` would add in a pass of its own.
-    fn backward_adding(
-        self,
-        a: FloatTensor<B>,
-        b: FloatTensor<B>,
-        dy: FloatTensor<B>,
-        a_grad: FloatTensor<B>,
-    ) -> [FloatTensor<B>; 2];
-}
-
-/// RMSNorm of `a` with the gain `b`.
+/// RMSNorm's node (`rms_norm.rs`): keeps its input `x` and the gain as checkpoints (so
+/// selective checkpointing may recompute them) and recomputes the rows' rms in backward.
 #[derive(Debug, Clone, Copy)]
-struct RmsNormOp {
+struct RmsNormBackward {
     eps: f64,
     /// The output's dtype.
     dtype: FloatDType,
 }
 
-impl<B: FusedRmsNorm> KeepsInputs<B> for RmsNormOp {
-    fn forward(self, x: FloatTensor<B>, gain: FloatTensor<B>) -> FloatTensor<B> {
-        B::rms_norm(x, gain, self.eps, self.dtype)
-    }
-    fn backward(
-        self,
-        x: FloatTensor<B>,
-        gain: FloatTensor<B>,
-        dy: FloatTensor<B>,
-    ) -> [FloatTensor<B>; 2] {
-        let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy);
-        [dx, dgain]
-    }
-    fn backward_adding(
-        self,
-        x: FloatTensor<B>,
-        gain: FloatTensor<B>,
-        dy: FloatTensor<B>,
-        skip: FloatTensor<B>,
-    ) -> [FloatTensor<B>; 2] {
-        let (dx, dgain) = B::rms_norm_backward_adding(x, gain, self.eps, dy, skip);
-        [dx, dgain]
-    }
-}
-
-/// The node of a [`KeepsInputs`] op.
-#[derive(Debug)]
-struct KeptInputsBackward<Op>(Op);
-
-impl<B: Backend, Op: KeepsInputs<B>> Backward<B, 2> for KeptInputsBackward<Op> {
-    /// The nodes of the two inputs.
+impl<B: FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
+    /// The nodes of `x` and the gain.
     type State = (NodeId, NodeId);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, cp: &mut Checkpointer) {
-        let (a, b) = ops.state;
-        let (a, b): (FloatTensor<B>, FloatTensor<B>) =
-            (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
+        let (x, gain) = ops.state;
+        let (x, gain): (FloatTensor<B>, FloatTensor<B>) =
+            (cp.retrieve_node_output(x), cp.retrieve_node_output(gain));
         let dy = grads.consume::<B>(&ops.node);
-        // What already reached `a` (RMSNorm's input, the residual stream: the skip
-        // connection's gradient, registered by the residual add around the block, which
-        // backward reaches first) is added by the op's backward as it writes `a`'s gradient,
-        // not by `register` in another pass.
-        let a_grad = ops.parents[0].as_ref().and_then(|node| {
+        // What already reached `x` (the residual stream: the skip connection's gradient,
+        // registered by the residual add around the block, which backward reaches first) is
+        // added by the op's backward as it writes `dx`, not by `register` in another pass.
+        let skip = ops.parents[0].as_ref().and_then(|node| {
             // `Gradients` finds a gradient by a tensor's node: a throwaway tensor carries it.
-            let mut key = FloatTensor::<Autodiff<B>>::new(a.clone());
+            let mut key = FloatTensor::<Autodiff<B>>::new(x.clone());
             key.node = node.clone();
             grads.remove::<B>(&key)
         });
-        let values = match a_grad {
-            Some(a_grad) => {
-                GRADIENTS_FOLDED.with(|n| n.set(n.get() + 1));
-                self.0.backward_adding(a, b, dy, a_grad)
-            }
-            None => self.0.backward(a, b, dy),
-        };
-        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), values);
+        if skip.is_some() {
+            GRADIENTS_FOLDED.with(|n| n.set(n.get() + 1));
+        }
+        let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy, skip);
+        register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dx, dgain]);
     }
 }
 
@@ -320,53 +264,28 @@ thread_local! {
     static GRADIENTS_FOLDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// How many times a [`KeepsInputs`] node's backward on this thread found a gradient already
-/// registered for its first input and handed it to the op. The lookup goes through burn's
-/// `Gradients` by node: tests check that it still finds the skip connection's gradient.
+/// How many times RMSNorm's backward on this thread found a gradient already registered for
+/// its input and handed it to the op. The lookup goes through burn's `Gradients` by node:
+/// tests check that it still finds the skip connection's gradient.
 #[doc(hidden)]
 pub fn gradients_folded_on_this_thread() -> usize {
     GRADIENTS_FOLDED.with(|n| n.get())
 }
 
-/// Recomputes a [`KeepsInputs`] op's output when a later node needs it and it was not kept.
+/// Recomputes RMSNorm's output from its input and gain when a later node needs it and it was
+/// not kept.
 #[derive(Debug, Clone)]
-struct RetroKeptInputs<B, Op> {
+struct RetroRmsNorm<B> {
     inputs: (NodeId, NodeId),
-    op: Op,
+    op: RmsNormBackward,
     _backend: PhantomData<B>,
 }
 
-impl<B: Backend, Op: KeepsInputs<B>> RetroForward for RetroKeptInputs<B, Op> {
+impl<B: FusedRmsNorm> RetroForward for RetroRmsNorm<B> {
     fn forward(&self, states: &mut BackwardStates, out_node: NodeId) {
-        let a = states.get_state::<FloatTensor<B>>(&self.inputs.0);
-        let b = states.get_state::<FloatTensor<B>>(&self.inputs.1);
-        states.save(out_node, self.op.forward(a, b))
-    }
-}
-
-/// Applies `op` to `a` and `b`, recording its one node when a gradient is wanted.
-fn keeping_inputs<B: Backend, C: CheckpointStrategy, Op: KeepsInputs<B>>(
-    op: Op,
-    a: FloatTensor<Autodiff<B, C>>,
-    b: FloatTensor<Autodiff<B, C>>,
-) -> FloatTensor<Autodiff<B, C>> {
-    let retro = RetroKeptInputs::<B, Op> {
-        inputs: (a.node.id, b.node.id),
-        op,
-        _backend: PhantomData,
-    };
-    match KeptInputsBackward(op)
-        .prepare::<C>([a.node.clone(), b.node.clone()])
-        .memory_bound()
-        .retro_forward(retro)
-        .parents([&a, &b])
-        .stateful()
-    {
-        OpsKind::Tracked(mut prep) => {
-            let state = (prep.checkpoint(&a), prep.checkpoint(&b));
-            prep.finish(state, op.forward(a.primitive, b.primitive))
-        }
-        OpsKind::UnTracked(prep) => prep.finish(op.forward(a.primitive, b.primitive)),
+        let x = states.get_state::<FloatTensor<B>>(&self.inputs.0);
+        let gain = states.get_state::<FloatTensor<B>>(&self.inputs.1);
+        states.save(out_node, B::rms_norm(x, gain, self.op.eps, self.op.dtype))
     }
 }
 
@@ -399,7 +318,27 @@ impl<B: FusedRmsNorm, C: CheckpointStrategy> FusedRmsNorm for Autodiff<B, C> {
         eps: f64,
         dtype: FloatDType,
     ) -> FloatTensor<Self> {
-        keeping_inputs::<B, C, _>(RmsNormOp { eps, dtype }, x, gain)
+        let op = RmsNormBackward { eps, dtype };
+        let retro = RetroRmsNorm::<B> {
+            inputs: (x.node.id, gain.node.id),
+            op,
+            _backend: PhantomData,
+        };
+        match op
+            .prepare::<C>([x.node.clone(), gain.node.clone()])
+            .memory_bound()
+            .retro_forward(retro)
+            .parents([&x, &gain])
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&x), prep.checkpoint(&gain));
+                prep.finish(state, B::rms_norm(x.primitive, gain.primitive, eps, dtype))
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rms_norm(x.primitive, gain.primitive, eps, dtype))
+            }
+        }
     }
 }
 

@@ -24,7 +24,7 @@
 //!
 //! In training the norm's input is the residual stream, whose gradient also arrives by the
 //! skip connection around the block. autodiff's node adds that gradient as the norm's backward
-//! writes `dx` ([`FusedRmsNorm::rms_norm_backward_adding`]), where burn would add it in a pass
+//! writes `dx` (`skip` of [`FusedRmsNorm::rms_norm_backward`]), where burn would add it in a pass
 //! of its own.
 
 use burn::tensor::{backend::Backend, ops::FloatTensor, FloatDType, Tensor};
@@ -50,31 +50,34 @@ pub trait FusedRmsNorm: Backend {
 
     /// `(dx, dg)` for the upstream gradient `dy` (of the forward's output dtype), typed as
     /// `x` and `gain` (see the module docs).
+    ///
+    /// With `skip` (shaped and typed as `x`), `dx + skip` in place of `dx`. `skip` is the
+    /// gradient that already reached `x` by the residual stream's skip connection; autodiff
+    /// would add it in a pass of its own (read both, write the sum). The default is that add;
+    /// the GPU backends add it as they write `dx`, in f32 and rounded once: the add's bits
+    /// where `x` is f32 (the residual stream is, in both precisions); an f16 or bf16 `x` would
+    /// round once where the add rounds twice.
     fn rms_norm_backward(
         x: FloatTensor<Self>,
         gain: FloatTensor<Self>,
         eps: f64,
         dy: FloatTensor<Self>,
+        skip: Option<FloatTensor<Self>>,
     ) -> RmsNormGrads<Self> {
-        composed_backward::<Self>(x, gain, eps, dy)
+        let (dx, dg) = composed_backward::<Self>(x, gain, eps, dy);
+        (plus_skip::<Self>(dx, skip), dg)
     }
+}
 
-    /// [`FusedRmsNorm::rms_norm_backward`] with `skip` (shaped and typed as `x`) added to
-    /// `dx`: `(dx + skip, dg)`. `skip` is the gradient that already reached `x` by the
-    /// residual stream's skip connection; autodiff would add it in a pass of its own (read both,
-    /// write the sum). The default is that add; the GPU backends add it as they write `dx`, in
-    /// f32 and rounded once: the add's bits where `x` is f32 (the residual stream is, in both
-    /// precisions); an f16 or bf16 `x` would round once where the add rounds twice.
-    fn rms_norm_backward_adding(
-        x: FloatTensor<Self>,
-        gain: FloatTensor<Self>,
-        eps: f64,
-        dy: FloatTensor<Self>,
-        skip: FloatTensor<Self>,
-    ) -> RmsNormGrads<Self> {
-        let (dx, dg) = Self::rms_norm_backward(x, gain, eps, dy);
-        // autodiff's own order: the new gradient, then the one registered before it.
-        (Self::float_add(dx, skip), dg)
+/// `dx + skip` in autodiff's own order (the new gradient, then the one registered before
+/// it), or `dx` where there is no skip.
+pub(crate) fn plus_skip<B: Backend>(
+    dx: FloatTensor<B>,
+    skip: Option<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    match skip {
+        Some(skip) => B::float_add(dx, skip),
+        None => dx,
     }
 }
 

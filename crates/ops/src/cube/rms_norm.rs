@@ -1,12 +1,12 @@
 //! RMSNorm on `CubeBackend` (lab-kernels' kernels) and through Fusion.
 
-use burn::tensor::{ops::FloatTensorOps, DType, FloatDType};
+use burn::tensor::{DType, FloatDType};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::rms_norm::supports;
 
 use super::{custom_op, like};
-use crate::rms_norm::{composed_backward, composed_to};
+use crate::rms_norm::{composed_backward, composed_to, plus_skip};
 use crate::{FusedRmsNorm, RmsNormGrads};
 
 impl<R, F, I, BT> FusedRmsNorm for CubeBackend<R, F, I, BT>
@@ -34,29 +34,20 @@ where
         gain: Self::FloatTensorPrimitive,
         eps: f64,
         dy: Self::FloatTensorPrimitive,
-    ) -> RmsNormGrads<Self> {
-        if supports(one_dtype(&[x.dtype, gain.dtype])) && supports(dy.dtype) {
-            lab_kernels::rms_norm::backward(x, gain, eps, dy)
-        } else {
-            composed_backward::<Self>(x, gain, eps, dy)
-        }
-    }
-
-    fn rms_norm_backward_adding(
-        x: Self::FloatTensorPrimitive,
-        gain: Self::FloatTensorPrimitive,
-        eps: f64,
-        dy: Self::FloatTensorPrimitive,
-        skip: Self::FloatTensorPrimitive,
+        skip: Option<Self::FloatTensorPrimitive>,
     ) -> RmsNormGrads<Self> {
         let dtype = one_dtype(&[x.dtype, gain.dtype]);
-        let like_x = skip.dtype == dtype && skip.meta.shape() == x.meta.shape();
-        if supports(dtype) && supports(dy.dtype) && like_x {
-            lab_kernels::rms_norm::backward_adding(x, gain, eps, dy, skip)
-        } else {
-            let (dx, dg) = Self::rms_norm_backward(x, gain, eps, dy);
-            (Self::float_add(dx, skip), dg)
+        if !(supports(dtype) && supports(dy.dtype)) {
+            let (dx, dg) = composed_backward::<Self>(x, gain, eps, dy);
+            return (plus_skip::<Self>(dx, skip), dg);
         }
+        // A skip gradient the kernel cannot take (never the model's) is added after it.
+        let (in_kernel, after) = match skip {
+            Some(s) if s.dtype != dtype || s.meta.shape() != x.meta.shape() => (None, Some(s)),
+            skip => (skip, None),
+        };
+        let (dx, dg) = lab_kernels::rms_norm::backward(x, gain, eps, dy, in_kernel);
+        (plus_skip::<Self>(dx, after), dg)
     }
 }
 
@@ -94,43 +85,19 @@ impl<B: FusionBackend + FusedRmsNorm> FusedRmsNorm for Fusion<B> {
         gain: Self::FloatTensorPrimitive,
         eps: f64,
         dy: Self::FloatTensorPrimitive,
+        skip: Option<Self::FloatTensorPrimitive>,
     ) -> RmsNormGrads<Self> {
         one_dtype(&[x.dtype, gain.dtype]);
         let outputs = [like(&x), like(&gain)];
-        let [dx, dg] = custom_op::<B, 2>(
-            "lab_rms_norm_backward",
-            vec![x, gain, dy],
-            outputs,
-            move |h, t| {
-                let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
-                let (x, gain, dy) = (get(0), get(1), get(2));
-                let (dx, dg) = B::rms_norm_backward(x, gain, eps, dy);
-                vec![dx, dg]
-            },
-        );
-        (dx, dg)
-    }
-
-    fn rms_norm_backward_adding(
-        x: Self::FloatTensorPrimitive,
-        gain: Self::FloatTensorPrimitive,
-        eps: f64,
-        dy: Self::FloatTensorPrimitive,
-        skip: Self::FloatTensorPrimitive,
-    ) -> RmsNormGrads<Self> {
-        one_dtype(&[x.dtype, gain.dtype]);
-        let outputs = [like(&x), like(&gain)];
-        let [dx, dg] = custom_op::<B, 2>(
-            "lab_rms_norm_backward_adding",
-            vec![x, gain, dy, skip],
-            outputs,
-            move |h, t| {
-                let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
-                let (x, gain, dy, skip) = (get(0), get(1), get(2), get(3));
-                let (dx, dg) = B::rms_norm_backward_adding(x, gain, eps, dy, skip);
-                vec![dx, dg]
-            },
-        );
+        let mut inputs = vec![x, gain, dy];
+        inputs.extend(skip);
+        let [dx, dg] = custom_op::<B, 2>("lab_rms_norm_backward", inputs, outputs, move |h, t| {
+            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
+            let (x, gain, dy) = (get(0), get(1), get(2));
+            let skip = (t.len() == 4).then(|| get(3));
+            let (dx, dg) = B::rms_norm_backward(x, gain, eps, dy, skip);
+            vec![dx, dg]
+        });
         (dx, dg)
     }
 }
