@@ -189,19 +189,27 @@ mod tests {
         }
     }
 
+    /// A later update, clipped and decayed.
+    const STEP: AdamWStep = AdamWStep {
+        clip_scale: 0.5,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        lr: 1e-3,
+        weight_decay: 0.1,
+        t: 3,
+    };
+
+    fn assert_same_bits(got: AdamWUpdated<Flex>, want: AdamWUpdated<Flex>) {
+        assert_eq!(bits(got.0), bits(want.0), "parameter");
+        assert_eq!(bits(got.1), bits(want.1), "m");
+        assert_eq!(bits(got.2), bits(want.2), "v");
+    }
+
     /// Views that start inside their buffer (what `narrow` gives) are read and written at
     /// their own offset.
     #[test]
     fn views_at_an_offset_update_their_own_elements() {
-        let step = AdamWStep {
-            clip_scale: 0.5,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            lr: 1e-3,
-            weight_decay: 0.1,
-            t: 3,
-        };
         let view = |seed, scale| {
             Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(random(40, seed, scale)))
                 .abs()
@@ -211,11 +219,9 @@ mod tests {
         };
         let (p, g, m, v) = (view(1, 0.02), view(2, 1e-3), view(3, 1e-3), view(4, 1e-6));
         let want =
-            tensor_ops_update::<Flex>(p.clone(), g.clone(), Some((m.clone(), v.clone())), &step);
-        let got = <Flex as FusedAdamW>::adamw_update(p, g, Some((m, v)), &step);
-        assert_eq!(bits(got.0), bits(want.0));
-        assert_eq!(bits(got.1), bits(want.1));
-        assert_eq!(bits(got.2), bits(want.2));
+            tensor_ops_update::<Flex>(p.clone(), g.clone(), Some((m.clone(), v.clone())), &STEP);
+        let got = <Flex as FusedAdamW>::adamw_update(p, g, Some((m, v)), &STEP);
+        assert_same_bits(got, want);
     }
 
     /// The gradient in its parameter's shape, as a view into a wider one (the right half of
@@ -223,15 +229,6 @@ mod tests {
     /// and in the tensor-op form.
     #[test]
     fn a_matrix_gradient_at_its_strides_updates_as_its_flat_copy() {
-        let step = AdamWStep {
-            clip_scale: 0.5,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            lr: 1e-3,
-            weight_decay: 0.1,
-            t: 3,
-        };
         let (rows, cols) = (12, 7);
         let wide = Tensor::<Flex, 1>::from_primitive(TensorPrimitive::Float(random(
             rows * 2 * cols,
@@ -253,13 +250,10 @@ mod tests {
             .into_primitive()
             .tensor();
         let moments = Some((m, v));
-        let want = tensor_ops_update::<Flex>(p.clone(), flat, moments.clone(), &step);
-        let ops = tensor_ops_update::<Flex>(p.clone(), g.clone(), moments.clone(), &step);
-        let got = <Flex as FusedAdamW>::adamw_update(p, g, moments, &step);
-        for (got, want) in [(got, want.clone()), (ops, want)] {
-            assert_eq!(bits(got.0), bits(want.0));
-            assert_eq!(bits(got.1), bits(want.1));
-            assert_eq!(bits(got.2), bits(want.2));
-        }
+        let want = tensor_ops_update::<Flex>(p.clone(), flat, moments.clone(), &STEP);
+        let ops = tensor_ops_update::<Flex>(p.clone(), g.clone(), moments.clone(), &STEP);
+        let got = <Flex as FusedAdamW>::adamw_update(p, g, moments, &STEP);
+        assert_same_bits(got, want.clone());
+        assert_same_bits(ops, want);
     }
 }
