@@ -91,12 +91,18 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
 /// (fp32 gradients).
 #[rustfmt::skip]
 fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
-    use crate::{adamw, embedding, join, lm_head, rope, square_sums, swiglu};
+    use crate::{accumulate, adamw, embedding, join, lm_head, rope, square_sums, swiglu};
     let (c, t) = (client, tensor);
     let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
     let rows = settings(CubeDim::new_1d(lm_head::ROW_UNITS as u32));
     let rope = rope::rope_kernel::RopeKernel::new(
-        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), false, [bf16, f32]);
+        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), false, false,
+        [bf16, f32]);
+    let rope_added = rope::rope_kernel::RopeKernel::new(
+        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), true, true,
+        [bf16, f32]);
+    let add_into = accumulate::add_into_kernel::AddIntoKernel::new(
+        settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (), [bf16, f32]);
     let row_loss = lm_head::row_loss_kernel::RowLossKernel::new(
         rows.clone(), c.clone(), t(), t(), t(), t(), (), lm_head::ROW_UNITS, [bf16, i32, f32]);
     let softmax_grad = lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
@@ -124,14 +130,17 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         elementwise.clone(), c.clone(), t(), t(), [bf16, f32]);
     let swiglu_backward = swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
         elementwise, c.clone(), t(), t(), t(), [bf16, f32]);
-    let join = |zeros_for_b| join::join_columns_kernel::JoinColumnsKernel::new(
-        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), zeros_for_b, bf16);
+    let join = |parts| join::join_columns_kernel::JoinColumnsKernel::new(
+        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), t(), parts, bf16);
     vec![
         ("swiglu-bf16", cuda_cpp(&swiglu_forward)),
         ("swiglu_backward-bf16", cuda_cpp(&swiglu_backward)),
-        ("join_columns-bf16", cuda_cpp(&join(false))),
-        ("pad_columns-bf16", cuda_cpp(&join(true))),
-        ("rope-bf16", cuda_cpp(&rope)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
+        ("join_columns-bf16", cuda_cpp(&join(2))),
+        ("join_three_columns-bf16", cuda_cpp(&join(3))),
+        ("pad_columns-bf16", cuda_cpp(&join(1))),
+        ("rope-bf16", cuda_cpp(&rope)),
+        ("rope_transposed_added-bf16", cuda_cpp(&rope_added)),
+        ("add_into-bf16", cuda_cpp(&add_into)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
         ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
         ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),
         ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw(false))),

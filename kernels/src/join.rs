@@ -1,11 +1,12 @@
-//! Two matrices side by side in one launch: `[a | b]`, `[K, N_a + N_b]`, from `a [K, N_a]` and
-//! `b [K, N_b]` at their own strides.
+//! Matrices side by side in one launch: `[a | b]` or `[a | b | c]`, `[K, N_a + N_b (+ N_c)]`,
+//! from `a [K, N_a]`, `b [K, N_b]` (and `c [K, N_c]`) at their own strides.
 //!
 //! The feed-forward runs its gate and up projections as one product of their weights joined
-//! this way, forward and again in backward. burn's concatenation writes each input with its
-//! own launch (`SliceAssignKernel`); here one unit copies one output element, from `a` or `b`
-//! by its column. A copy: the same bits in any dtype. [`pad_columns`] is the same kernel with
-//! zeros for `b`.
+//! this way, and the attention its q, k and v projections (three parts), forward and again in
+//! backward. burn's concatenation writes each input with its own launch
+//! (`SliceAssignKernel`); here one unit copies one output element, from the part its column
+//! falls in. A copy: the same bits in any dtype. [`pad_columns`] is the same kernel with zeros
+//! after `a`.
 
 use burn::tensor::Shape;
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
@@ -14,53 +15,56 @@ use cubecl::prelude::*;
 /// Units per cube.
 pub(crate) const UNITS: u32 = 256;
 
-/// `out = [a | b]`, or `[a | 0]` where `zeros_for_b` (then `b` is a stand-in binding, never
-/// read).
+/// `out = [a | 0]` (`parts` 1: `b` and `c` are stand-in bindings, never read), `[a | b]`
+/// (`parts` 2: `c` a stand-in) or `[a | b | c]` (`parts` 3).
 #[cube(launch)]
 pub(crate) fn join_columns_kernel<F: Float>(
     a: &Tensor<F>,
     b: &Tensor<F>,
+    c: &Tensor<F>,
     out: &mut Tensor<F>,
-    #[comptime] zeros_for_b: bool,
+    #[comptime] parts: u32,
     #[define(F)] _dtype: StorageType,
 ) {
-    let (rows, width, split) = (out.shape(0), out.shape(1), a.shape(1));
+    let (rows, width) = (out.shape(0), out.shape(1));
+    let (at_b, at_c) = (a.shape(1), a.shape(1) + b.shape(1));
     let i = ABSOLUTE_POS;
     if i < rows * width {
-        let (r, c) = (i / width, i % width);
-        let o = r * out.stride(0) + c * out.stride(1);
-        if c < split {
-            out[o] = a[r * a.stride(0) + c * a.stride(1)];
-        } else if zeros_for_b {
+        let (r, col) = (i / width, i % width);
+        let o = r * out.stride(0) + col * out.stride(1);
+        if col < at_b {
+            out[o] = a[r * a.stride(0) + col * a.stride(1)];
+        } else if parts == 1 {
             out[o] = F::new(0.0);
+        } else if parts == 2 || col < at_c {
+            out[o] = b[r * b.stride(0) + (col - at_b) * b.stride(1)];
         } else {
-            out[o] = b[r * b.stride(0) + (c - split) * b.stride(1)];
+            out[o] = c[r * c.stride(0) + (col - at_c) * c.stride(1)];
         }
     }
 }
 
-/// `[a | b]` of `a [K, N_a]` and `b [K, N_b]` (any strides, one dtype): a new contiguous
-/// `[K, N_a + N_b]`.
-pub fn join_columns<R: CubeRuntime>(a: CubeTensor<R>, b: CubeTensor<R>) -> CubeTensor<R> {
-    let [rows, width] = joined_dims(&a, &b);
-    let out = empty_like(&a, [rows, width]);
-    join_columns_into(a, b, out)
+/// `[a | b]` or `[a | b | c]` of `parts` `[K, N_i]` (any strides, one dtype): a new contiguous
+/// `[K, Σ N_i]`.
+pub fn join_columns<R: CubeRuntime>(parts: Vec<CubeTensor<R>>) -> CubeTensor<R> {
+    let [rows, width] = joined_dims(&parts);
+    let out = empty_like(&parts[0], [rows, width]);
+    join_columns_into(parts, out)
 }
 
 /// [`join_columns`] into an output the caller allocated (tests poison it to see unwritten
-/// elements): `[K, N_a + N_b]` in the inputs' dtype, any non-overlapping strides.
+/// elements): `[K, Σ N_i]` in the parts' dtype, any non-overlapping strides.
 pub fn join_columns_into<R: CubeRuntime>(
-    a: CubeTensor<R>,
-    b: CubeTensor<R>,
+    parts: Vec<CubeTensor<R>>,
     out: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    let [rows, width] = joined_dims(&a, &b);
+    let [rows, width] = joined_dims(&parts);
     assert_eq!(
         out.meta.shape().as_slice(),
         [rows, width],
         "join_columns: output shape"
     );
-    launch(a, Some(b), out)
+    launch(parts, out)
 }
 
 /// `[a | 0]`: `a [K, N_a]` (any strides) followed by zero columns up to `width ≥ N_a`, as a
@@ -85,7 +89,7 @@ pub fn pad_columns_into<R: CubeRuntime>(a: CubeTensor<R>, out: CubeTensor<R>) ->
         sa[0] == 0 || sa[1] > 0,
         "pad_columns: a has no columns: nothing to pad"
     );
-    launch(a, None, out)
+    launch(vec![a], out)
 }
 
 fn empty_like<R: CubeRuntime>(a: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor<R> {
@@ -93,13 +97,10 @@ fn empty_like<R: CubeRuntime>(a: &CubeTensor<R>, shape: [usize; 2]) -> CubeTenso
     empty_device_contiguous_dtype(client, device, Shape::from(shape.to_vec()), a.dtype)
 }
 
-/// One launch of the kernel into `out` (shaped by the caller): `[a | b]`, or `[a | 0]`
-/// without `b`.
-fn launch<R: CubeRuntime>(
-    a: CubeTensor<R>,
-    b: Option<CubeTensor<R>>,
-    out: CubeTensor<R>,
-) -> CubeTensor<R> {
+/// One launch of the kernel into `out` (shaped by the caller): the parts side by side, or
+/// `[a | 0]` for one part.
+fn launch<R: CubeRuntime>(parts: Vec<CubeTensor<R>>, out: CubeTensor<R>) -> CubeTensor<R> {
+    let a = parts[0].clone();
     assert_eq!(out.dtype, a.dtype, "join_columns: output dtype");
     let elements = out.meta.shape().num_elements();
     if elements == 0 {
@@ -110,32 +111,48 @@ fn launch<R: CubeRuntime>(
         "join_columns: the output overlaps itself, strides {:?}",
         out.meta.strides()
     );
-    let zeros_for_b = b.is_none();
-    // Without `b`, `a` stands in for its binding (read-only twice, which every runtime allows).
-    let b = b.unwrap_or_else(|| a.clone());
+    let count = parts.len() as u32;
+    // `a` stands in for the bindings of absent parts (read-only more than once, which every
+    // runtime allows).
+    let mut parts = parts.into_iter();
+    let mut next = || parts.next().unwrap_or_else(|| a.clone()).into_tensor_arg();
+    let (a_arg, b_arg, c_arg) = (next(), next(), next());
     let client = a.client.clone();
     let cube_dim = CubeDim::new_1d(UNITS);
-    let dtype = a.dtype;
     join_columns_kernel::launch::<R>(
         &client,
         cubecl::calculate_cube_count_elemwise(&client, elements, cube_dim),
         cube_dim,
-        a.into_tensor_arg(),
-        b.into_tensor_arg(),
+        a_arg,
+        b_arg,
+        c_arg,
         out.clone().into_tensor_arg(),
-        zeros_for_b,
-        dtype.into(),
+        count,
+        a.dtype.into(),
     );
     out
 }
 
-/// `[K, N_a + N_b]`, checked.
-fn joined_dims<R: CubeRuntime>(a: &CubeTensor<R>, b: &CubeTensor<R>) -> [usize; 2] {
-    let (sa, sb) = (a.meta.shape(), b.meta.shape());
+/// `[K, Σ N_i]` of two or three parts, checked.
+fn joined_dims<R: CubeRuntime>(parts: &[CubeTensor<R>]) -> [usize; 2] {
     assert!(
-        sa.num_dims() == 2 && sb.num_dims() == 2 && sa[0] == sb[0],
-        "join_columns: a {sa:?} and b {sb:?} are not [K, N_a] and [K, N_b]"
+        (2..=3).contains(&parts.len()),
+        "join_columns: two or three parts, got {}",
+        parts.len()
     );
-    assert_eq!(a.dtype, b.dtype, "join_columns: a and b differ in dtype");
-    [sa[0], sa[1] + sb[1]]
+    let rows = parts[0].meta.shape().as_slice().first().copied();
+    let mut width = 0;
+    for (i, p) in parts.iter().enumerate() {
+        let s = p.meta.shape();
+        assert!(
+            s.num_dims() == 2 && Some(s[0]) == rows,
+            "join_columns: part {i} is {s:?}, not [K, N] with the first part's K"
+        );
+        assert_eq!(
+            p.dtype, parts[0].dtype,
+            "join_columns: part {i} differs in dtype"
+        );
+        width += s[1];
+    }
+    [rows.unwrap_or(0), width]
 }

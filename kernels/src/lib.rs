@@ -5,14 +5,18 @@
 //! their speed and bf16 need a GPU. Everything here sits behind the `cube` feature (turned on
 //! by `wgpu` or `cuda`): the default CPU build compiles none of it.
 //!
-//! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise
-//! halves of the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]),
-//! RMSNorm forward and backward ([`rms_norm`]), SwiGLU's gating on the fused gate and up
-//! projections, forward and backward ([`swiglu`]), two matrices side by side in one launch
-//! ([`join`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in one pass
-//! ([`adamw`]), the sum of squares of many tensors under the gradient norm ([`square_sums`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
+//! Today: causal GQA flash attention, forward and backward ([`attention`]), the row-wise halves of
+//! the fused LM-head cross-entropy ([`lm_head`]), RoPE in one pass ([`rope`]; its backward may add
+//! into the joined q|k|v product's gradient), RMSNorm forward and backward ([`rms_norm`]), SwiGLU's
+//! gating on the fused gate and up projections, forward and backward ([`swiglu`]), two or three
+//! matrices side by side in one launch ([`join`]), a gradient added into a view of a wider one
+//! ([`accumulate`]), the embedding's backward ([`embedding`]), one AdamW update of a parameter in
+//! one pass ([`adamw`]), the sum of squares of many tensors under the gradient norm
+//! ([`square_sums`]); and matrix products on the vendor's BLAS where the runtime has one (cuBLASLt
 //! on CUDA, [`gemm`]).
 
+#[cfg(feature = "cube")]
+pub mod accumulate;
 #[cfg(feature = "cube")]
 pub mod adamw;
 #[cfg(feature = "cube")]

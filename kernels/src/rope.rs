@@ -37,7 +37,9 @@ pub(crate) fn rope_kernel<F: Float, A: Float>(
     cos: &Tensor<F>,
     sin: &Tensor<F>,
     out: &mut Tensor<F>,
+    out_head: usize,
     #[comptime] transposed: bool,
+    #[comptime] adding: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (heads, seq, half) = (x.shape(1), x.shape(2), x.shape(3) / 2);
@@ -60,9 +62,14 @@ pub(crate) fn rope_kernel<F: Float, A: Float>(
         }
         let ya = xa * entry::<F, A>(cos, t, i) - xb * sa;
         let yb = xb * entry::<F, A>(cos, t, i + half) + xa * sb;
-        let o = b * out.stride(0) + h * out.stride(1) + t * out.stride(2) + i;
-        out[o] = F::cast_from(ya);
-        out[o + half] = F::cast_from(yb);
+        let o = b * out.stride(0) + (out_head + h) * out.stride(1) + t * out.stride(2) + i;
+        if adding {
+            out[o] = F::cast_from(A::cast_from(out[o]) + ya);
+            out[o + half] = F::cast_from(A::cast_from(out[o + half]) + yb);
+        } else {
+            out[o] = F::cast_from(ya);
+            out[o + half] = F::cast_from(yb);
+        }
     }
 }
 
@@ -100,7 +107,7 @@ pub fn rope<R: CubeRuntime>(
     sin: CubeTensor<R>,
 ) -> CubeTensor<R> {
     let out = output_for(&x, &cos, &sin);
-    launch(x, cos, sin, out, false)
+    launch(x, cos, sin, (out, 0), Rotation::Forward)
 }
 
 /// RoPE's transpose (its backward) of `dy [B, H, T, hd]` by the forward's tables: [`rope`]
@@ -111,7 +118,7 @@ pub fn rope_transposed<R: CubeRuntime>(
     sin: CubeTensor<R>,
 ) -> CubeTensor<R> {
     let out = output_for(&dy, &cos, &sin);
-    launch(dy, cos, sin, out, true)
+    launch(dy, cos, sin, (out, 0), Rotation::Transposed)
 }
 
 /// A new tensor shaped, typed and laid out as `x`, checked against the tables.
@@ -132,7 +139,7 @@ pub fn rope_into<R: CubeRuntime>(
     sin: CubeTensor<R>,
     out: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    launch(x, cos, sin, out, false)
+    launch(x, cos, sin, (out, 0), Rotation::Forward)
 }
 
 /// [`rope_transposed`] into an output the caller allocated, as [`rope_into`].
@@ -142,18 +149,49 @@ pub fn rope_transposed_into<R: CubeRuntime>(
     sin: CubeTensor<R>,
     out: CubeTensor<R>,
 ) -> CubeTensor<R> {
-    launch(dy, cos, sin, out, true)
+    launch(dy, cos, sin, (out, 0), Rotation::Transposed)
+}
+
+/// `out[:, first + h] += ` [`rope_transposed`]`(dy)[:, h]`, in place: the sum in f32, rounded
+/// once to `out`'s dtype. `out [B, H_out, T, hd]` is typed as `dy`, alike but in its heads
+/// (`first + H ≤ H_out`), in any layout whose head rows have unit stride: the model's q and k
+/// gradients go straight into their heads of the joined q|k|v product's gradient (that
+/// whole gradient seen as heads, lab-ops' `rope_heads`), where a copy would follow. (Heads
+/// picked by `first`, not by a view starting inside the buffer, which is a copy wherever
+/// that start is not aligned for binding.)
+pub fn rope_transposed_added_into<R: CubeRuntime>(
+    dy: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    out: CubeTensor<R>,
+    first: usize,
+) -> CubeTensor<R> {
+    launch(dy, cos, sin, (out, first), Rotation::TransposedAdded)
+}
+
+/// Which rotation a launch computes, and whether it adds to the output.
+#[derive(Clone, Copy, PartialEq)]
+enum Rotation {
+    Forward,
+    Transposed,
+    TransposedAdded,
 }
 
 fn launch<R: CubeRuntime>(
     x: CubeTensor<R>,
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
-    out: CubeTensor<R>,
-    transposed: bool,
+    (out, out_head): (CubeTensor<R>, usize),
+    rotation: Rotation,
 ) -> CubeTensor<R> {
     let [b, h, t, hd] = dims(&x, &cos, &sin);
-    assert_eq!(out.meta.shape(), x.meta.shape(), "rope: output shape");
+    let outer = out.meta.shape();
+    assert!(
+        outer.num_dims() == 4
+            && [outer[0], outer[2], outer[3]] == [b, t, hd]
+            && out_head + h <= outer[1],
+        "rope: the output {outer:?} does not hold [{b}, {h}, {t}, {hd}] from head {out_head}"
+    );
     assert_eq!(out.dtype, x.dtype, "rope: output dtype");
     let pairs = b * h * t * hd / 2;
     if pairs == 0 {
@@ -176,7 +214,9 @@ fn launch<R: CubeRuntime>(
         cos.into_tensor_arg(),
         sin.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        transposed,
+        out_head,
+        rotation != Rotation::Forward,
+        rotation == Rotation::TransposedAdded,
         types,
     );
     out

@@ -1,4 +1,5 @@
-//! The join kernel against the host's `[a | b]`, bit for bit (a copy), on the GPU device
+//! The join kernel against the host's `[a | b]` and `[a | b | c]`, bit for bit (a copy), on
+//! the GPU device
 //! (wgpu, lavapipe in CI; CUDA in a build with only `--features cuda`). The output is poisoned
 //! with NaN, so an element the kernel forgot fails; inputs come contiguous, transposed (strided
 //! rows) and padded, in f32 and f16; counts straddle the 256-unit cubes. The padding kernel
@@ -12,50 +13,75 @@ use proptest::prelude::*;
 use crate::common;
 use common::{download, poisoned, values, Input};
 
-/// `[a | b]` of row-major `a [k, n_a]` and `b [k, n_b]` on the host.
-fn joined(a: &[f32], b: &[f32], k: usize) -> Vec<f32> {
-    let (n_a, n_b) = (a.len() / k.max(1), b.len() / k.max(1));
+/// The parts (row-major `[k, n_i]`) side by side on the host.
+fn joined(parts: &[&[f32]], k: usize) -> Vec<f32> {
+    let widths: Vec<usize> = parts.iter().map(|p| p.len() / k.max(1)).collect();
     (0..k)
-        .flat_map(|r| a[r * n_a..][..n_a].iter().chain(&b[r * n_b..][..n_b]))
-        .copied()
+        .flat_map(|r| {
+            let rows = parts.iter().zip(&widths);
+            rows.flat_map(move |(p, &n)| p[r * n..][..n].iter().copied())
+        })
         .collect()
 }
 
-fn check([k, n_a, n_b]: [usize; 3], layouts: [Input; 2], dtype: DType, seed: u64) {
-    let (a, b) = (
-        values(k * n_a, seed, dtype),
-        values(k * n_b, seed + 1, dtype),
-    );
+fn check(k: usize, widths: &[usize], layouts: &[Input], dtype: DType, seed: u64) {
+    let parts: Vec<Vec<f32>> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| values(k * n, seed + i as u64, dtype))
+        .collect();
+    let uploaded = parts
+        .iter()
+        .zip(widths.iter().zip(layouts))
+        .map(|(p, (&n, layout))| layout.upload(p, [k, n], dtype))
+        .collect();
+    let width = widths.iter().sum();
     let got = download(join::join_columns_into(
-        layouts[0].upload(&a, [k, n_a], dtype),
-        layouts[1].upload(&b, [k, n_b], dtype),
-        poisoned(&[k, n_a + n_b], dtype),
+        uploaded,
+        poisoned(&[k, width], dtype),
     ));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    let want = joined(&a, &b, k);
+    let refs: Vec<&[f32]> = parts.iter().map(|p| &p[..]).collect();
+    let want = joined(&refs, k);
     assert_eq!(
         bits(&got),
         bits(&want),
-        "{k}×({n_a} | {n_b}) {layouts:?} {dtype:?}"
+        "{k}×{widths:?} {layouts:?} {dtype:?}"
     );
 }
 
-const CASES: [([usize; 3], [Input; 2]); 6] = [
-    ([1, 1, 1], [Input::Contiguous, Input::Contiguous]),
-    ([5, 20, 31], [Input::Offset, Input::Offset]),
-    ([3, 5, 2], [Input::Transposed, Input::Contiguous]),
-    ([7, 64, 64], [Input::Contiguous, Input::Padded]),
-    ([33, 100, 9], [Input::Padded, Input::Transposed]),
+const CASES: [(usize, &[usize], &[Input]); 9] = [
+    (1, &[1, 1], &[Input::Contiguous, Input::Contiguous]),
+    (5, &[20, 31], &[Input::Offset, Input::Offset]),
+    (3, &[5, 2], &[Input::Transposed, Input::Contiguous]),
+    (7, &[64, 64], &[Input::Contiguous, Input::Padded]),
+    (33, &[100, 9], &[Input::Padded, Input::Transposed]),
     // More than one cube of 256 units along a row.
-    ([2, 300, 500], [Input::Contiguous, Input::Contiguous]),
+    (2, &[300, 500], &[Input::Contiguous, Input::Contiguous]),
+    // Three parts: the attention's q, k and v weights.
+    (
+        1,
+        &[1, 1, 1],
+        &[Input::Contiguous, Input::Contiguous, Input::Contiguous],
+    ),
+    (
+        6,
+        &[48, 16, 16],
+        &[Input::Contiguous, Input::Transposed, Input::Offset],
+    ),
+    (
+        33,
+        &[7, 100, 2],
+        &[Input::Padded, Input::Contiguous, Input::Transposed],
+    ),
 ];
 
 #[test]
 fn f32_and_f16_are_the_hosts_join() {
     common::assert_device_has_f16();
-    for (n, (dims, layouts)) in CASES.into_iter().enumerate() {
+    for (n, (k, widths, layouts)) in CASES.into_iter().enumerate() {
         for dtype in [DType::F32, DType::F16] {
-            check(dims, layouts, dtype, n as u64);
+            check(k, widths, layouts, dtype, n as u64);
         }
     }
 }
@@ -64,29 +90,29 @@ fn f32_and_f16_are_the_hosts_join() {
 #[test]
 fn the_join_is_a_new_contiguous_tensor() {
     let (a, b) = (values(12, 1, DType::F32), values(8, 2, DType::F32));
-    let out = join::join_columns(
+    let out = join::join_columns(vec![
         Input::Transposed.upload(&a, [4, 3], DType::F32),
         Input::Padded.upload(&b, [4, 2], DType::F32),
-    );
+    ]);
     assert_eq!(out.meta.shape().as_slice(), [4, 5]);
     assert!(out.is_contiguous());
-    assert_eq!(download(out), joined(&a, &b, 4));
+    assert_eq!(download(out), joined(&[&a, &b], 4));
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]
     fn any_shape_is_the_hosts_join(
-        k in 1usize..20, n_a in 1usize..40, n_b in 1usize..40, a in Input::any(), b in Input::any(),
-        seed in 0u64..1000,
+        k in 1usize..20, widths in proptest::collection::vec(1usize..40, 2..=3),
+        layouts in proptest::collection::vec(Input::any(), 3), seed in 0u64..1000,
     ) {
-        check([k, n_a, n_b], [a, b], DType::F32, seed);
+        check(k, &widths, &layouts[..widths.len()], DType::F32, seed);
     }
 }
 
 /// `[a | 0]` of row-major `a [k, n_a]`, `width` columns, on the host.
 fn padded_with_zeros(a: &[f32], k: usize, width: usize) -> Vec<f32> {
-    joined(a, &vec![0.0; k * (width - a.len() / k.max(1))], k)
+    joined(&[a, &vec![0.0; k * (width - a.len() / k.max(1))]], k)
 }
 
 fn check_pad([k, n_a, width]: [usize; 3], layout: Input, dtype: DType, seed: u64) {

@@ -1,6 +1,8 @@
 //! The kernels' tests as one binary, each file a module: the backends' generic code is compiled and
 //! linked once instead of once per file (on 2 cores that was most of CI's time).
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod accumulate;
 mod adamw;
 mod attention;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

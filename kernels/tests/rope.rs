@@ -188,6 +188,60 @@ fn the_transpose_has_the_bits_of_rope_by_the_backward_table() {
     }
 }
 
+/// `rope_transposed_added_into` adds the transpose into heads `1..1 + H` of a wider output
+/// (`H + 2` heads, in the case's output layout): there, what the output held plus the
+/// transpose, within the transpose's bound (the terms grown by the held value, for the add's
+/// rounding) of the fp64 reference; the other heads keep their bits.
+#[test]
+fn the_added_transpose_adds_into_its_heads_of_a_wider_output() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (k, c) in CASES.into_iter().enumerate() {
+        for dtype in [DType::F32, DType::F16] {
+            let [b, h, t, hd] = c.shape;
+            let wide = [b, h + 2, t, hd];
+            let rows = c.offset + t + 2;
+            let seed = 30 * k as u64;
+            let dy = inputs(c.shape.iter().product(), seed, dtype);
+            let (cos, sin) = (
+                inputs(rows * hd, seed + 1, dtype),
+                inputs(rows * hd, seed + 2, dtype),
+            );
+            let held = inputs(wide.iter().product(), seed + 3, dtype);
+            let table = |all: &[f32]| upload_table(all, rows, hd, c.offset, t, dtype);
+            let got = download(rope::rope_transposed_added_into(
+                upload_x(&c, &dy, dtype),
+                table(&cos),
+                table(&sin),
+                c.out.upload(&held, wide, dtype),
+                1,
+            ));
+            let window = |all: &[f32]| all[c.offset * hd..(c.offset + t) * hd].to_vec();
+            let backward_sin = backward_table(&window(&sin), hd);
+            let (y, terms) = reference(c.shape, &dy, &window(&cos), &backward_sin);
+            let what = format!("{c:?} {dtype:?}");
+            for (i, (g, was)) in got.iter().zip(&held).enumerate() {
+                let (head, row) = (i / (t * hd) % (h + 2), i / ((h + 2) * t * hd));
+                if !(1..=h).contains(&head) {
+                    assert_eq!(
+                        bits(&[*g]),
+                        bits(&[*was]),
+                        "{what}: element {i} of head {head}"
+                    );
+                    continue;
+                }
+                let j = ((row * h + head - 1) * t * hd) + i % (t * hd);
+                let want = *was as f64 + y[j];
+                let bound = bound(dtype, want, terms[j] + was.abs() as f64);
+                let err = (*g as f64 - want).abs();
+                assert!(
+                    err <= bound,
+                    "{what}: element {i}: got {g}, want {want} (error {err:.3e} > {bound:.3e})"
+                );
+            }
+        }
+    }
+}
+
 const fn case(shape: [usize; 4], layout: Layout, offset: usize) -> Case {
     case_into(shape, layout, output_layout(layout), offset)
 }

@@ -6,7 +6,7 @@
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Bool, FloatDType, Tensor};
-use lab_ops::{AttentionFn, FusedProjection, FusedRope};
+use lab_ops::{cast_to, AttentionFn, FusedHeads, FusedProjection, HeadColumns};
 
 use crate::layers::{Linear, Rope};
 
@@ -50,7 +50,7 @@ impl<B: Backend> Attention<B> {
     }
 }
 
-impl<B: FusedRope + FusedProjection> Attention<B> {
+impl<B: FusedHeads + FusedProjection> Attention<B> {
     /// `x: [B·T, d]` → `[B·T, d]`, causal.
     pub fn forward(
         &self,
@@ -95,7 +95,32 @@ impl<B: FusedRope + FusedProjection> Attention<B> {
         self.merge_heads(self.attend(q, k, v, future))
     }
 
-    /// q `[B, h, T, hd]`, k and v `[B, kv, T, hd]`, rotated for positions `offset..`.
+    /// `x: [B·T, d]` → `[x·W_q | x·W_k | x·W_v]`, `[B·T, (h + 2·kv)·hd]`: the three projections as
+    /// one product with the weights side by side (`lab_ops::project_joined`), in `x`'s dtype.
+    /// In backward `dx` is one product where three were summed. The parameters, checkpoints
+    /// and exports keep `wq`, `wk` and `wv` apart.
+    pub fn qkv(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let dtype = x.dtype().into();
+        let weight = |w: &Linear<B>| cast_to(w.weight.val(), dtype);
+        let weights = vec![weight(&self.wq), weight(&self.wk), weight(&self.wv)];
+        lab_ops::project_joined(x, weights)
+    }
+
+    /// Where q (`group` 0), k (1) and v (2) lie in [`Attention::qkv`]'s columns.
+    pub fn head_columns(&self, group: usize, batch: usize) -> HeadColumns {
+        let (h, kv) = (self.n_head, self.n_kv_head);
+        let (first_head, heads) = [(0, h), (h, kv), (h + kv, kv)][group];
+        HeadColumns {
+            first: first_head * self.head_dim,
+            heads,
+            head_dim: self.head_dim,
+            batch,
+        }
+    }
+
+    /// q `[B, h, T, hd]`, k and v `[B, kv, T, hd]`, rotated for positions `offset..`: column
+    /// blocks of [`Attention::qkv`] read as heads (`lab_ops::rope_heads`, `lab_ops::heads`),
+    /// whose backward adds each gradient into the product's in place.
     fn project(
         &self,
         x: Tensor<B, 2>,
@@ -103,13 +128,11 @@ impl<B: FusedRope + FusedProjection> Attention<B> {
         rope: &Rope<B>,
         offset: usize,
     ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
-        let (h, kv, hd) = (self.n_head, self.n_kv_head, self.head_dim);
-        let t = x.dims()[0] / batch;
-        let heads =
-            |y: Tensor<B, 2>, n_heads: usize| y.reshape([batch, t, n_heads, hd]).swap_dims(1, 2);
-        let q = rope.apply_at(heads(self.wq.forward(x.clone()), h), offset);
-        let k = rope.apply_at(heads(self.wk.forward(x.clone()), kv), offset);
-        let v = heads(self.wv.forward(x), kv);
+        let y = self.qkv(x);
+        let at = |group| self.head_columns(group, batch);
+        let q = rope.apply_heads(y.clone(), at(0), offset);
+        let k = rope.apply_heads(y.clone(), at(1), offset);
+        let v = lab_ops::heads(y, at(2));
         (q, k, v)
     }
 

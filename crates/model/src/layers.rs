@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
-use lab_ops::{FusedProjection, FusedRmsNorm, FusedRope};
+use lab_ops::{FusedHeads, FusedProjection, FusedRmsNorm, FusedRope, HeadColumns};
 
 use crate::init;
 
@@ -131,10 +131,23 @@ impl<B: FusedRope> Rope<B> {
 
     /// [`Rope::apply`] for positions `offset..offset + seq` (tokens after a KV cache).
     pub fn apply_at(&self, x: Tensor<B, 4>, offset: usize) -> Tensor<B, 4> {
-        let t = x.dims()[2];
-        let cos = self.cos.clone().narrow(0, offset, t);
-        let sin = self.sin.clone().narrow(0, offset, t);
+        let (cos, sin) = self.window(offset, x.dims()[2]);
         lab_ops::rope(x, cos, sin)
+    }
+
+    /// The tables' rows for positions `offset..offset + t`.
+    fn window(&self, offset: usize, t: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let rows = |table: &Tensor<B, 2>| table.clone().narrow(0, offset, t);
+        (rows(&self.cos), rows(&self.sin))
+    }
+}
+
+impl<B: FusedHeads> Rope<B> {
+    /// [`Rope::apply_at`] of the heads `at` of the joined q|k|v product `y [B·T, W]`
+    /// (`lab_ops::rope_heads`): `[B, heads, T, head_dim]`.
+    pub fn apply_heads(&self, y: Tensor<B, 2>, at: HeadColumns, offset: usize) -> Tensor<B, 4> {
+        let (cos, sin) = self.window(offset, y.dims()[0] / at.batch);
+        lab_ops::rope_heads(y, at, cos, sin)
     }
 }
 

@@ -50,7 +50,7 @@ impl<B: FusedSwiglu + FusedProjection> FeedForward<B> {
     pub fn gate_up(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let dtype = x.dtype().into();
         let weight = |w: &Linear<B>| cast_to(w.weight.val(), dtype);
-        lab_ops::project_joined(x, weight(&self.gate), weight(&self.up))
+        lab_ops::project_joined(x, vec![weight(&self.gate), weight(&self.up)])
     }
 }
 

@@ -19,11 +19,11 @@ use burn::backend::autodiff::{
 };
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
-use burn::tensor::{FloatDType, Slice, TensorMetadata};
+use burn::tensor::{FloatDType, Shape, Slice, TensorMetadata};
 
 use crate::{
-    FusedAttention, FusedEmbedding, FusedLoss, FusedProjection, FusedRmsNorm, FusedRope,
-    FusedSwiglu,
+    FusedAttention, FusedEmbedding, FusedHeads, FusedLoss, FusedProjection, FusedRmsNorm,
+    FusedRope, FusedSwiglu, HeadColumns,
 };
 
 #[derive(Debug)]
@@ -246,27 +246,39 @@ impl<B: FusedRmsNorm> Backward<B, 2> for RmsNormBackward {
         // What already reached `x` (the residual stream: the skip connection's gradient,
         // registered by the residual add around the block, which backward reaches first) is
         // added by the op's backward as it writes `dx`, not by `register` in another pass.
-        let skip = ops.parents[0].as_ref().and_then(|node| {
-            // `Gradients` finds a gradient by a tensor's node: a throwaway tensor carries it.
-            let mut key = FloatTensor::<Autodiff<B>>::new(x.clone());
-            key.node = node.clone();
-            grads.remove::<B>(&key)
-        });
-        if skip.is_some() {
-            GRADIENTS_FOLDED.with(|n| n.set(n.get() + 1));
-        }
+        let skip = ops.parents[0]
+            .as_ref()
+            .and_then(|node| take_gradient::<B>(grads, &x, |key| key.node = node.clone()));
         let (dx, dgain) = B::rms_norm_backward(x, gain, self.eps, dy, skip);
         register_each::<B, 2>(grads, ops.parents.map(|p| p.map(|n| n.id)), [dx, dgain]);
     }
+}
+
+/// What backward has registered so far for a parent's tensor, taken out of `Gradients` for
+/// an op to add to (and register again). `Gradients` finds a gradient by a tensor's node: a
+/// throwaway tensor (`like`'s primitive) carries it, `set_node` gives it the parent's.
+fn take_gradient<B: Backend>(
+    grads: &mut Gradients,
+    like: &FloatTensor<B>,
+    set_node: impl FnOnce(&mut FloatTensor<Autodiff<B>>),
+) -> Option<FloatTensor<B>> {
+    let mut key = FloatTensor::<Autodiff<B>>::new(like.clone());
+    set_node(&mut key);
+    let taken = grads.remove::<B>(&key);
+    if taken.is_some() {
+        GRADIENTS_FOLDED.with(|n| n.set(n.get() + 1));
+    }
+    taken
 }
 
 thread_local! {
     static GRADIENTS_FOLDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// How many times RMSNorm's backward on this thread found a gradient already registered for
-/// its input and handed it to the op. The lookup goes through burn's `Gradients` by node:
-/// tests check that it still finds the skip connection's gradient.
+/// How many times a backward on this thread (RMSNorm's, the joined q|k|v product's heads')
+/// found a gradient already registered for its input and handed it to the op. The lookup
+/// goes through burn's `Gradients` by node: tests check that it still finds the skip
+/// connection's gradient and the other heads'.
 #[doc(hidden)]
 pub fn gradients_folded_on_this_thread() -> usize {
     GRADIENTS_FOLDED.with(|n| n.get())
@@ -419,74 +431,77 @@ pub fn projection_node<B: FusedProjection, C: CheckpointStrategy>(
     }
 }
 
-/// The node of `x · [a | b]` ([`FusedProjection::project_joined`]): keeps `x` and the two
-/// weights themselves (alive anyway as parameters), never their joined copy, which backward
-/// makes again for `dx`. `dW = xᵀ · dy` is one product, whose column halves (views) are the two
-/// weights' gradients.
+/// The node of `x · [a | b | …]` ([`FusedProjection::project_joined`]) with `P − 1` weights:
+/// keeps `x` and the weights themselves (alive anyway as parameters), never their joined copy,
+/// which backward makes again for `dx`. `dW = xᵀ · dy` is one product, whose column blocks
+/// (views) are the weights' gradients.
 #[derive(Debug)]
-struct JoinedProjectionBackward {
-    /// `a`'s columns: where `dW` splits.
-    split: usize,
+struct JoinedProjectionBackward<const P: usize> {
+    /// Each weight's columns, in order: where `dW` splits.
+    widths: Vec<usize>,
 }
 
-impl<B: FusedProjection> Backward<B, 3> for JoinedProjectionBackward {
+impl<B: FusedProjection, const P: usize> Backward<B, P> for JoinedProjectionBackward<P> {
     /// `x` if a weight wants a gradient; the weights if `x` does.
-    type State = (Option<NodeId>, Option<(NodeId, NodeId)>);
+    type State = (Option<NodeId>, Option<Vec<NodeId>>);
 
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, cp: &mut Checkpointer) {
+    fn backward(self, ops: Ops<Self::State, P>, grads: &mut Gradients, cp: &mut Checkpointer) {
         let (x, weights) = ops.state;
-        let [x_node, a_node, b_node] = ops.parents.map(|p| p.map(|n| n.id));
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        let (x_node, weight_nodes) = (parents[0], &parents[1..]);
         let dy = grads.consume::<B>(&ops.node);
-        if let (Some(id), Some((a, b))) = (x_node, weights) {
-            let (a, b) = (cp.retrieve_node_output(a), cp.retrieve_node_output(b));
-            let joined = B::join_columns(a, b);
+        if let (Some(id), Some(weights)) = (x_node, weights) {
+            let weights = weights.into_iter().map(|w| cp.retrieve_node_output(w));
+            let joined = B::join_columns(weights.collect());
             grads.register::<B>(id, B::project(dy.clone(), B::float_transpose(joined)));
         }
         // `x` is kept exactly when a weight is tracked (`joined_projection_node`).
         if let Some(x) = x {
             let x = cp.retrieve_node_output::<FloatTensor<B>>(x);
             let dw = B::project(B::float_transpose(x), dy);
-            let [rows, cols] = [dw.shape()[0], dw.shape()[1]];
-            let columns = |from: usize, to: usize| {
-                let slices = [
-                    Slice::new(0, Some(rows as isize), 1),
-                    Slice::new(from as isize, Some(to as isize), 1),
-                ];
-                B::float_slice(dw.clone(), &slices)
-            };
-            if let Some(id) = a_node {
-                grads.register::<B>(id, columns(0, self.split));
-            }
-            if let Some(id) = b_node {
-                grads.register::<B>(id, columns(self.split, cols));
+            let rows = dw.shape()[0];
+            let mut from = 0;
+            for (node, width) in weight_nodes.iter().zip(&self.widths) {
+                if let Some(id) = node {
+                    let slices = [
+                        Slice::new(0, Some(rows as isize), 1),
+                        Slice::new(from as isize, Some((from + width) as isize), 1),
+                    ];
+                    grads.register::<B>(*id, B::float_slice(dw.clone(), &slices));
+                }
+                from += width;
             }
         }
     }
 }
 
-/// `x · [a | b]` through [`JoinedProjectionBackward`].
-fn joined_projection_node<B: FusedProjection, C: CheckpointStrategy>(
+/// `x · [a | b | …]` through [`JoinedProjectionBackward`], `P − 1` weights.
+fn joined_projection_node<B: FusedProjection, C: CheckpointStrategy, const P: usize>(
     x: FloatTensor<Autodiff<B, C>>,
-    a: FloatTensor<Autodiff<B, C>>,
-    b: FloatTensor<Autodiff<B, C>>,
+    weights: Vec<FloatTensor<Autodiff<B, C>>>,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let weights_tracked = a.is_tracked() || b.is_tracked();
+    assert_eq!(weights.len() + 1, P, "joined_projection_node: {P} parents");
+    let weights_tracked = weights.iter().any(|w| w.is_tracked());
     let x_tracked = x.is_tracked();
-    let split = a.primitive.shape()[1];
-    match (JoinedProjectionBackward { split })
-        .prepare::<C>([x.node.clone(), a.node.clone(), b.node.clone()])
+    let widths = weights.iter().map(|w| w.primitive.shape()[1]).collect();
+    let nodes = std::array::from_fn(|i| match i {
+        0 => x.node.clone(),
+        i => weights[i - 1].node.clone(),
+    });
+    let inner =
+        |ws: Vec<FloatTensor<Autodiff<B, C>>>| ws.into_iter().map(|w| w.primitive).collect();
+    match (JoinedProjectionBackward::<P> { widths })
+        .prepare::<C>(nodes)
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(mut prep) => {
             let x_kept = weights_tracked.then(|| prep.checkpoint(&x));
-            let kept = x_tracked.then(|| (prep.checkpoint(&a), prep.checkpoint(&b)));
-            let y = B::project_joined(x.primitive, a.primitive, b.primitive);
+            let kept = x_tracked.then(|| weights.iter().map(|w| prep.checkpoint(w)).collect());
+            let y = B::project_joined(x.primitive, inner(weights));
             prep.finish((x_kept, kept), y)
         }
-        OpsKind::UnTracked(prep) => {
-            prep.finish(B::project_joined(x.primitive, a.primitive, b.primitive))
-        }
+        OpsKind::UnTracked(prep) => prep.finish(B::project_joined(x.primitive, inner(weights))),
     }
 }
 
@@ -503,13 +518,115 @@ impl<B: FusedProjection, C: CheckpointStrategy> FusedProjection for Autodiff<B, 
         }
     }
 
-    /// Always lab's node: burn's concatenation and matmul would keep the joined copy.
-    fn project_joined(
-        x: FloatTensor<Self>,
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
+    /// Always lab's node: burn's concatenation and matmul would keep the joined copy. Two
+    /// weights (the feed-forward's gate and up) or three (the attention's q, k and v).
+    fn project_joined(x: FloatTensor<Self>, weights: Vec<FloatTensor<Self>>) -> FloatTensor<Self> {
+        match weights.len() {
+            2 => joined_projection_node::<B, C, 3>(x, weights),
+            3 => joined_projection_node::<B, C, 4>(x, weights),
+            n => panic!("project_joined: two or three weights under autodiff, got {n}"),
+        }
+    }
+}
+
+/// A group of heads of the joined q|k|v product `y`, rotated by RoPE (`heads.rs`): keeps the
+/// tables. Backward adds RoPE's transpose of the gradient into `y`'s gradient, in place.
+#[derive(Debug)]
+struct RopeHeadsBackward {
+    at: HeadColumns,
+    /// `y`'s columns.
+    width: usize,
+}
+
+impl<B: FusedHeads> Backward<B, 1> for RopeHeadsBackward {
+    /// cos, sin.
+    type State = (FloatTensor<B>, FloatTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (cos, sin) = ops.state;
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(y)] = ops.parents {
+            let acc = gradient_so_far::<B>(grads, &dy, self.at.batch, self.width, |key| {
+                key.node = y.clone()
+            });
+            let acc = B::add_rope_transposed_into(acc, self.at, dy, cos, sin);
+            grads.register::<B>(y.id, acc);
+        }
+    }
+}
+
+/// A group of heads of the joined q|k|v product `y`, copied (`heads.rs`): backward adds the
+/// gradient into `y`'s gradient, in place.
+#[derive(Debug)]
+struct HeadsBackward {
+    at: HeadColumns,
+    /// `y`'s columns.
+    width: usize,
+}
+
+impl<B: FusedHeads> Backward<B, 1> for HeadsBackward {
+    type State = ();
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dy = grads.consume::<B>(&ops.node);
+        if let [Some(y)] = ops.parents {
+            let acc = gradient_so_far::<B>(grads, &dy, self.at.batch, self.width, |key| {
+                key.node = y.clone()
+            });
+            grads.register::<B>(y.id, B::add_heads_into(acc, self.at, dy));
+        }
+    }
+}
+
+/// The gradient the other groups of heads registered for `y [B·T, width]` so far, or zeros of
+/// its shape (`dy [B, heads, T, hd]`'s dtype and device) for the first group to run.
+fn gradient_so_far<B: Backend>(
+    grads: &mut Gradients,
+    dy: &FloatTensor<B>,
+    batch: usize,
+    width: usize,
+    set_node: impl FnOnce(&mut FloatTensor<Autodiff<B>>),
+) -> FloatTensor<B> {
+    take_gradient::<B>(grads, dy, set_node).unwrap_or_else(|| {
+        let rows = batch * dy.shape()[2];
+        B::float_zeros(
+            Shape::new([rows, width]),
+            &B::float_device(dy),
+            dy.dtype().into(),
+        )
+    })
+}
+
+impl<B: FusedHeads, C: CheckpointStrategy> FusedHeads for Autodiff<B, C> {
+    /// The tables get no gradient: they are made from positions, never trained.
+    fn rope_heads(
+        y: FloatTensor<Self>,
+        at: HeadColumns,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        joined_projection_node::<B, C>(x, a, b)
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        let width = y.primitive.shape()[1];
+        // The state is the tables, not activations: nothing to recompute.
+        match (RopeHeadsBackward { at, width })
+            .prepare::<C>([y.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::rope_heads(y.primitive, at, cos.clone(), sin.clone());
+                prep.finish((cos, sin), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rope_heads(y.primitive, at, cos, sin)),
+        }
+    }
+
+    fn heads(y: FloatTensor<Self>, at: HeadColumns) -> FloatTensor<Self> {
+        let width = y.primitive.shape()[1];
+        (HeadsBackward { at, width })
+            .prepare::<C>([y.node.clone()])
+            .compute_bound()
+            .stateless(B::heads(y.primitive, at))
     }
 }
 

@@ -7,7 +7,9 @@
 //! only ([`rms_norm`]), one AdamW update of one parameter in one pass ([`FusedAdamW`]), the sum of squares of
 //! many tensors under the gradient norm ([`SumOfSquares`]), the
 //! projections' `x · w` as one op that a GPU may run on its vendor's BLAS ([`project`]) and
-//! two weights' products as one ([`project_joined`]), and
+//! several weights' products as one ([`project_joined`]), the attention's heads read out of
+//! the joined q|k|v product with their gradients added back in place ([`rope_heads`],
+//! [`heads`]), and
 //! the token embedding with a GPU kernel for its backward ([`embedding`]).
 //!
 //! The plain composition `log_softmax(hidden @ W)` + gather + mean writes several fp32
@@ -41,6 +43,7 @@ mod embedding;
 mod flex;
 mod flex_tensor;
 mod generic;
+mod heads;
 mod memory;
 mod projection;
 mod rms_norm;
@@ -55,6 +58,7 @@ pub use attention::{
 };
 pub use autodiff::{gradients_folded_on_this_thread, projection_node};
 pub use embedding::{embedding, FusedEmbedding};
+pub use heads::{heads, rope_heads, FusedHeads, HeadColumns};
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
@@ -78,10 +82,10 @@ pub fn cast_to<B: Backend, const D: usize>(x: Tensor<B, D>, dtype: FloatDType) -
 /// The fused ops inside the model's blocks and its embedding: what a backend must provide to
 /// run the forward.
 pub trait FusedLayers:
-    FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbedding
+    FusedRmsNorm + FusedHeads + FusedSwiglu + FusedProjection + FusedEmbedding
 {
 }
-impl<B: FusedRmsNorm + FusedRope + FusedSwiglu + FusedProjection + FusedEmbedding> FusedLayers
+impl<B: FusedRmsNorm + FusedHeads + FusedSwiglu + FusedProjection + FusedEmbedding> FusedLayers
     for B
 {
 }

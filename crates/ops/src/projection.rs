@@ -16,8 +16,9 @@
 //!
 //! [`project_joined`] always records lab's node (`JoinedProjectionBackward`): burn's
 //! concatenation and matmul would keep the joined copy of the weights until backward. Its node
-//! keeps `x` and the two weights instead, and joins them again in backward; the join is
-//! [`FusedProjection::join_columns`], one launch on the GPUs (lab-kernels' `join`).
+//! keeps `x` and the weights instead, and joins them again in backward; the join is
+//! [`FusedProjection::join_columns`], one launch on the GPUs for two or three weights
+//! (lab-kernels' `join`).
 
 use burn::backend::flex::Flex;
 use burn::tensor::{backend::Backend, ops::FloatTensor, Tensor, TensorPrimitive};
@@ -35,18 +36,14 @@ pub trait FusedProjection: Backend {
         Self::float_matmul(a, b)
     }
 
-    /// `[a | b]`: `a [K, N_a]` and `b [K, N_b]` side by side, a new `[K, N_a + N_b]`.
-    fn join_columns(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        Self::float_cat(vec![a, b], 1)
+    /// `[a | b | …]`: matrices `[K, N_i]` side by side, a new `[K, Σ N_i]`.
+    fn join_columns(parts: Vec<FloatTensor<Self>>) -> FloatTensor<Self> {
+        Self::float_cat(parts, 1)
     }
 
-    /// `x · [a | b]`: two weights' products as one (see [`project_joined`]).
-    fn project_joined(
-        x: FloatTensor<Self>,
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        Self::project(x, Self::join_columns(a, b))
+    /// `x · [a | b | …]`: the weights' products as one (see [`project_joined`]).
+    fn project_joined(x: FloatTensor<Self>, weights: Vec<FloatTensor<Self>>) -> FloatTensor<Self> {
+        Self::project(x, Self::join_columns(weights))
     }
 }
 
@@ -59,27 +56,30 @@ pub fn project<B: FusedProjection>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
-/// `x [N, d_in] · [a | b]` with `a [d_in, n_a]` and `b [d_in, n_b]` side by side: one product
-/// `[N, n_a + n_b]` where two would each read `x`, differentiable on autodiff backends. The
-/// joined copy of the weights lives only while a product runs: autodiff keeps `a` and `b`
-/// (parameters, alive anyway) and joins them again in backward for `dx = dy · [a | b]ᵀ`, one
-/// product where two were summed; `dW = xᵀ · dy` is one product too, its column halves the
-/// two weights' gradients (views).
+/// `x [N, d_in] · [a | b | …]` with the weights `[d_in, n_i]` side by side: one product
+/// `[N, Σ n_i]` where each weight's would read `x` again, differentiable on autodiff backends.
+/// The joined copy of the weights lives only while a product runs: autodiff keeps the weights
+/// (parameters, alive anyway) and joins them again in backward for `dx = dy · [a | b | …]ᵀ`,
+/// one product where several were summed; `dW = xᵀ · dy` is one product too, its column
+/// blocks the weights' gradients (views).
 pub fn project_joined<B: FusedProjection>(
     x: Tensor<B, 2>,
-    a: Tensor<B, 2>,
-    b: Tensor<B, 2>,
+    weights: Vec<Tensor<B, 2>>,
 ) -> Tensor<B, 2> {
     let [_, d_in] = x.dims();
-    for (name, w) in [("a", &a), ("b", &b)] {
+    assert!(!weights.is_empty(), "project_joined: no weights");
+    for (i, w) in weights.iter().enumerate() {
         let [w_in, _] = w.dims();
         assert_eq!(
             d_in, w_in,
-            "project_joined: x has {d_in} columns, {name} {w_in} rows"
+            "project_joined: x has {d_in} columns, weight {i} {w_in} rows"
         );
     }
-    let prim = |t: Tensor<B, 2>| t.into_primitive().tensor();
-    let y = B::project_joined(prim(x), prim(a), prim(b));
+    let weights = weights
+        .into_iter()
+        .map(|w| w.into_primitive().tensor())
+        .collect();
+    let y = B::project_joined(x.into_primitive().tensor(), weights);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

@@ -7,6 +7,7 @@ mod cube_loss;
 mod cube_square_sums;
 mod embedding;
 mod fused_loss;
+mod heads;
 mod projection;
 mod rms_norm;
 mod rope;

@@ -4,8 +4,9 @@
 //! `wgpu`, the op as the GPU backends run it (its node, its Fusion custom op, cubecl's matmul)
 //! under `LAB_MATMUL=op`'s choice, on lavapipe in CI; built with `cuda` alone, on a GPU host,
 //! the same on cuBLASLt (`LAB_MATMUL=cublaslt`'s choice), bf16 included. The joined product
-//! `x · [a | b]` (`project_joined`, the feed-forward's gate and up) against burn's matmul of
-//! the joined weight, and its gradients to each weight.
+//! `x · [a | b]` and `x · [a | b | c]` (`project_joined`: the feed-forward's gate and up, the
+//! attention's q, k and v) against burn's matmul of the joined weight, and its gradients to
+//! each weight.
 
 use burn::backend::{autodiff::checkpoint::strategy::NoCheckpointing, Autodiff, Flex};
 use burn::tensor::{
@@ -163,34 +164,43 @@ fn the_cpu_keeps_burns_own_matmul_node() {
     assert!(!<B as FusedProjection>::projects_on_op());
 }
 
-/// `x · w` as `project_joined` of `w`'s first `split` columns and the rest: `w`'s gradient is
-/// its halves' gradients joined back by the narrows' backward (zeros added, exactly).
-fn joined(split: usize) -> impl Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2> {
-    move |x, w| {
-        let m = w.dims()[1];
-        let (a, b) = (w.clone().narrow(1, 0, split), w.narrow(1, split, m - split));
-        lab_ops::project_joined(x, a, b)
-    }
+/// `x · w` as `project_joined` of `w`'s column blocks cut at `cuts` (increasing, inside `w`):
+/// `w`'s gradient is its blocks' gradients joined back by the narrows' backward (zeros added,
+/// exactly).
+fn joined(cuts: Vec<usize>) -> impl Fn(Tensor<B, 2>, Tensor<B, 2>) -> Tensor<B, 2> {
+    move |x, w| lab_ops::project_joined(x, blocks(&w, &cuts))
+}
+
+/// `w`'s column blocks between `0`, `cuts` and its width.
+fn blocks<Bk: Backend>(w: &Tensor<Bk, 2>, cuts: &[usize]) -> Vec<Tensor<Bk, 2>> {
+    let m = w.dims()[1];
+    let edges: Vec<usize> = [&[0][..], cuts, &[m]].concat();
+    edges
+        .windows(2)
+        .map(|e| w.clone().narrow(1, e[0], e[1] - e[0]))
+        .collect()
 }
 
 #[test]
 fn the_joined_product_is_burns_matmul_of_the_joined_weight_bit_for_bit() {
-    for (dims, seed, split) in [
-        ([1, 1, 2], 1, 1),
-        ([5, 7, 3], 2, 2),
-        ([33, 64, 17], 3, 9),
-        ([8, 96, 130], 4, 65),
+    for (dims, seed, cuts) in [
+        ([1, 1, 2], 1, vec![1]),
+        ([5, 7, 3], 2, vec![2]),
+        ([5, 7, 3], 5, vec![1, 2]),
+        ([33, 64, 17], 3, vec![9]),
+        ([8, 96, 130], 4, vec![65]),
+        // The attention's q, k and v at x1-50m's proportions (12 : 4 : 4 heads).
+        ([8, 96, 120], 6, vec![72, 96]),
     ] {
-        assert_burns_bits_and_fp64(joined(split), dims, seed);
+        assert_burns_bits_and_fp64(joined(cuts), dims, seed);
     }
 }
 
-/// Which of `x`, `a` and `b` want a gradient decides which get one, each the right one: `x`
-/// all of `g · wᵀ`, each weight its columns of `xᵀ · g`.
+/// Which of `x` and the weights want a gradient decides which get one, each the right one:
+/// `x` all of `g · wᵀ`, each weight its columns of `xᵀ · g`; with two weights and with three.
 #[test]
 fn the_joined_product_gives_each_tracked_input_its_gradient() {
     let dims @ [n, k, m] = [4, 6, 5];
-    let split = 2;
     let (x, w, g) = inputs(dims, 11);
     let want = reference(&x, &w, &g, dims);
     let device = Default::default();
@@ -213,31 +223,35 @@ fn the_joined_product_gives_each_tracked_input_its_gradient() {
             t
         }
     };
-    for tracked @ [x_wants, a_wants, b_wants] in [
-        [true, false, false],
-        [false, true, false],
-        [false, false, true],
-        [true, true, true],
-    ] {
-        let xt = leaf(&x, [n, k], x_wants);
-        let a = leaf(&columns(0, split), [k, split], a_wants);
-        let b = leaf(&columns(split, m), [k, m - split], b_wants);
-        let y = lab_ops::project_joined(xt.clone(), a.clone(), b.clone());
+    let cases: [(&[usize], &[bool]); 7] = [
+        (&[0, 2, 5], &[true, false, false]),
+        (&[0, 2, 5], &[false, true, false]),
+        (&[0, 2, 5], &[false, false, true]),
+        (&[0, 2, 5], &[true, true, true]),
+        (&[0, 1, 3, 5], &[false, false, false, true]),
+        (&[0, 1, 3, 5], &[false, true, false, true]),
+        (&[0, 1, 3, 5], &[true, true, true, true]),
+    ];
+    for (edges, wants) in cases {
+        let xt = leaf(&x, [n, k], wants[0]);
+        let weights: Vec<_> = edges
+            .windows(2)
+            .zip(&wants[1..])
+            .map(|(e, &w)| leaf(&columns(e[0], e[1]), [k, e[1] - e[0]], w))
+            .collect();
+        let y = lab_ops::project_joined(xt.clone(), weights.clone());
         let grads = (y * tensor::<B>(&g, [n, m], &device)).sum().backward();
-        let what = format!("tracked {tracked:?}");
-        assert_eq!(xt.grad(&grads).is_some(), x_wants, "{what}");
-        assert_eq!(a.grad(&grads).is_some(), a_wants, "{what}");
-        assert_eq!(b.grad(&grads).is_some(), b_wants, "{what}");
+        let what = format!("edges {edges:?} tracked {wants:?}");
+        assert_eq!(xt.grad(&grads).is_some(), wants[0], "{what}");
         if let Some(dx) = xt.grad(&grads) {
             assert_close(&format!("dx {what}"), &values(dx), &want.dx, 1e-5);
         }
-        if let Some(da) = a.grad(&grads) {
-            let want_a = want_columns(0, split);
-            assert_close(&format!("da {what}"), &values(da), &want_a, 1e-5);
-        }
-        if let Some(db) = b.grad(&grads) {
-            let want_b = want_columns(split, m);
-            assert_close(&format!("db {what}"), &values(db), &want_b, 1e-5);
+        for (i, (w, e)) in weights.iter().zip(edges.windows(2)).enumerate() {
+            assert_eq!(w.grad(&grads).is_some(), wants[i + 1], "weight {i} {what}");
+            if let Some(dw) = w.grad(&grads) {
+                let want_w = want_columns(e[0], e[1]);
+                assert_close(&format!("dw {i} {what}"), &values(dw), &want_w, 1e-5);
+            }
         }
     }
 }
@@ -246,12 +260,15 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
     fn the_joined_product_matches_fp64_on_any_shape(
-        n in 1usize..12, k in 1usize..12, m in 2usize..12, cut in 0.0f64..1.0,
-        seed in 0u64..1000, view: bool,
+        n in 1usize..12, k in 1usize..12, m in 3usize..12, cut in 1usize..100,
+        second_cut in proptest::option::of(1usize..100), seed in 0u64..1000, view: bool,
     ) {
-        let split = 1 + ((m - 1) as f64 * cut) as usize % (m - 1);
+        // One cut in 1..m (two weights), or two distinct ones (three).
+        let mut cuts = vec![1 + cut % (m - 1)];
+        cuts.extend(second_cut.map(|c| 1 + c % (m - 1)).filter(|c| *c != cuts[0]));
+        cuts.sort_unstable();
         let (x, w, g) = inputs([n, k, m], seed);
-        let (y, dx, dw) = run::<B>(joined(split), (&x, &w, &g), [n, k, m], F32, view);
+        let (y, dx, dw) = run::<B>(joined(cuts), (&x, &w, &g), [n, k, m], F32, view);
         let want = reference(&x, &w, &g, [n, k, m]);
         assert_close("y", &y, &want.y, 1e-5);
         assert_close("dx", &dx, &want.dx, 1e-5);
@@ -316,22 +333,25 @@ mod gpu {
         }
     }
 
-    /// The joined product (the feed-forward's gate and up) through Fusion: the weights joined
-    /// on the device, forward and again in backward, the gradient's column halves to each.
+    /// The joined product through Fusion, of two weights (the feed-forward's gate and up) and
+    /// of three (the attention's q, k and v): the weights joined on the device, forward and
+    /// again in backward, the gradient's column blocks to each.
     #[test]
     fn the_joined_product_through_fusion_matches_fp64() {
-        let split = |x: Tensor<G, 2>, w: Tensor<G, 2>| {
-            let m = w.dims()[1];
-            let (a, b) = (w.clone().narrow(1, 0, 5), w.narrow(1, 5, m - 5));
-            lab_ops::project_joined(x, a, b)
-        };
-        for (seed, (dtype, tol, x_as_view)) in [
-            (FloatDType::F32, 1e-4, false),
-            (FloatDType::F16, 2e-2, true),
+        // Its products go through the op too: fix the process's choice before the first.
+        common::choose_products();
+        for (seed, (dtype, tol, x_as_view, cuts)) in [
+            (FloatDType::F32, 1e-4, false, vec![5]),
+            (FloatDType::F16, 2e-2, true, vec![5]),
+            (FloatDType::F32, 1e-4, true, vec![5, 11]),
+            (FloatDType::F16, 2e-2, false, vec![9, 13]),
         ]
         .into_iter()
         .enumerate()
         {
+            let split = move |x: Tensor<G, 2>, w: Tensor<G, 2>| {
+                lab_ops::project_joined(x, blocks(&w, &cuts))
+            };
             let dims = [33, 64, 17];
             let (x, w, g) = inputs(dims, 20 + seed as u64);
             let (y, dx, dw) = run::<G>(split, (&x, &w, &g), dims, dtype, x_as_view);

@@ -188,12 +188,12 @@ pub fn block_bytes_per_token(
         // themselves in fp32 runs). The norms' outputs are recomputed: in mixed precision the
         // cast to the compute dtype is part of the norm op (`lab_ops::rms_norm_to`).
         let residual = 2.0 * h * f32;
-        // q and k after RoPE and as the score matmul reads them, v, the attention output
-        // (RoPE is one op that keeps only its tables, so q and k before it are not kept).
-        // The same on the flash kernel at fp32 (lavapipe); in bf16 it may not need the score
-        // matmul's copies of q and k, so on a GPU this may count (a + kv)·c too many (the
-        // CUDA build of gpu_memory.rs checks it).
-        let attention_side = (3.0 * a + 3.0 * kv) * c;
+        // q and k after RoPE, v, the attention output. The joined q|k|v product's output is
+        // not kept: q and k are read out of it by RoPE's op, which keeps only its tables, and
+        // v is a copy of its columns (lab-ops' `heads`). (When q, k and v were three products
+        // split into heads by burn's reshapes, those elementwise nodes kept q's and k's
+        // products too, (a + kv)·c more.)
+        let attention_side = (2.0 * a + 2.0 * kv) * c;
         // SwiGLU's gate and up.
         let ffn = 2.0 * ff * c;
         let attend = match attention {
@@ -384,14 +384,13 @@ mod tests {
             + 4.0 * 32.0;
         assert_eq!(per_token_layer, 135_808.0);
         // Selective: the branch outputs in fp32 2·4h (the norms, their cast to bf16 included,
-        // are recomputed); q and k after RoPE and as the score matmul reads them, v and the
-        // attention output 2 × (3·4,096 + 3·1,024); SwiGLU's gate and up 2 × 2·ff; the same
-        // log-sum-exp.
+        // are recomputed); q and k after RoPE, v and the attention output
+        // 2 × (2·4,096 + 2·1,024); SwiGLU's gate and up 2 × 2·ff; the same log-sum-exp.
         let selective_token_layer = 2.0 * 4.0 * 4096.0
-            + 2.0 * (3.0 * 4096.0 + 3.0 * 1024.0)
+            + 2.0 * (2.0 * 4096.0 + 2.0 * 1024.0)
             + 2.0 * 2.0 * 11008.0
             + 4.0 * 32.0;
-        assert_eq!(selective_token_layer, 107_648.0);
+        assert_eq!(selective_token_layer, 97_408.0);
         // Both split over TP 2, plus the fused loss over half the vocabulary and half the
         // tokens: d hidden and d head kept (2 bytes), one chunk of logits (all 4,096 rows: 8,384
         // fit in 1 GiB of 32,000 words) at 2 bytes, one chunk's d head at 2 and their fp32 sum

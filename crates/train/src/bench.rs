@@ -591,8 +591,8 @@ impl MatmulBench {
     pub fn shapes(cfg: &lab_config::ModelConfig) -> Vec<(&'static str, usize, usize)> {
         let (d, hd) = (cfg.d_model, cfg.head_dim());
         let mut shapes = vec![
-            ("wq", d, cfg.d_attn()),
-            ("wk/wv", d, cfg.n_kv_head * hd),
+            // The q, k and v weights side by side: one product (`lab_ops::project_joined`).
+            ("attn.qkv", d, cfg.d_attn() + 2 * cfg.n_kv_head * hd),
             ("wo", cfg.d_attn(), d),
             // The gate and up weights side by side: one product (`lab_ops::project_joined`).
             ("ffn.gate_up", d, 2 * cfg.d_ff),
@@ -676,7 +676,7 @@ mod tests {
         aligned.vocab_size = 50_304;
         let shapes = MatmulBench::shapes(&aligned);
         assert_eq!(shapes.last(), Some(&("lm_head", 768, 50_304)));
-        assert_eq!(shapes.len(), 6, "nothing to pad");
+        assert_eq!(shapes.len(), 5, "nothing to pad");
     }
 
     /// The GPU gauge reports the largest memory reading taken after the timed steps and the
@@ -744,7 +744,8 @@ mod tests {
         assert!(phases > 0.0 && r.phased_ms_per_step >= phases, "{r:?}");
     }
 
-    /// `--matmul` times the six projection shapes and the LM head as the GPU loss pads it, at
+    /// `--matmul` times the projections' shapes (q, k and v as one, the output, gate and up as
+    /// one, down, the LM head) and the LM head as the GPU loss pads it, at
     /// `micro_batch × seq_len` rows, and
     /// `--steps 0` is refused rather than quietly timing one product.
     #[test]
@@ -763,8 +764,7 @@ mod tests {
         assert_eq!(
             names,
             [
-                "wq",
-                "wk/wv",
+                "attn.qkv",
                 "wo",
                 "ffn.gate_up",
                 "ffn.down",
@@ -773,7 +773,9 @@ mod tests {
             ]
         );
         let m = &config.model;
-        let [gate_up, lm_head, padded] = [&shapes[3], &shapes[5], &shapes[6]];
+        let [qkv, gate_up, lm_head, padded] = [&shapes[0], &shapes[2], &shapes[4], &shapes[5]];
+        let kv = m.n_kv_head * m.head_dim();
+        assert_eq!((qkv.k, qkv.n), (m.d_model, m.d_attn() + 2 * kv));
         assert_eq!((gate_up.k, gate_up.n), (m.d_model, 2 * m.d_ff));
         assert_eq!(
             (lm_head.m, lm_head.k, lm_head.n),

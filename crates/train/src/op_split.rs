@@ -247,12 +247,11 @@ pub fn probes<'a, B: TrainBackend>(
         compute: model.compute_dtype(),
         device,
     };
-    // Attention and RoPE read the same queries and keys.
     let (q, k) = (s.heads(cfg.model.n_head), s.heads(cfg.model.n_kv_head));
     vec![
         projections(model, &s),
-        attention(model, &s, q.clone(), k.clone()),
-        rope(&s, q, k),
+        attention(model, &s, q, k),
+        rope(model, &s),
         rms_norm(model, &s),
         swiglu(&s),
         embedding(model, tokens),
@@ -260,18 +259,16 @@ pub fn probes<'a, B: TrainBackend>(
     ]
 }
 
-/// Block 0's projections, each on its own input: the attention's four and the feed-forward's
-/// gate and up side by side as one product, then its down.
+/// Block 0's projections, each on its own input: the attention's q, k and v side by side as
+/// one product, then its output; the feed-forward's gate and up as one product, then its down.
 fn projections<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
     let (block, m) = (&model.blocks[0], s.cfg);
     let (attn, ffn) = (&block.attn, &block.ffn);
     type Product<'a, B> = Box<dyn Fn(Tensor<B, 2>) -> Tensor<B, 2> + 'a>;
     let linear =
         |l: &'a lab_model::layers::Linear<B>| -> Product<'a, B> { Box::new(move |x| l.forward(x)) };
-    let products: [(Product<'a, B>, usize); 6] = [
-        (linear(&attn.wq), m.d_model),
-        (linear(&attn.wk), m.d_model),
-        (linear(&attn.wv), m.d_model),
+    let products: [(Product<'a, B>, usize); 4] = [
+        (Box::new(move |x| attn.qkv(x)), m.d_model),
         (linear(&attn.wo), m.d_attn()),
         (Box::new(move |x| ffn.gate_up(x)), m.d_model),
         (linear(&ffn.down), m.d_ff),
@@ -317,18 +314,19 @@ fn attention<'a, B: TrainBackend>(
     }
 }
 
-/// RoPE on the queries and the keys.
-fn rope<'a, B: TrainBackend>(s: &Shapes<B>, q: Tensor<B, 4>, k: Tensor<B, 4>) -> Probe<'a, B> {
-    let (m, t) = (s.cfg, s.t);
+/// RoPE on the queries and the keys, read out of the joined q|k|v product as training reads
+/// them (`Rope::apply_heads`): its backward adds into the product's gradient.
+fn rope<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B> {
+    let (m, t, batch) = (s.cfg, s.t, s.batch);
     let rope = lab_model::layers::Rope::new(t, m.head_dim(), m.rope_base, s.device).cast(s.compute);
+    let y = s.input([s.rows, m.d_attn() + 2 * m.n_kv_head * m.head_dim()]);
+    let attn = &model.blocks[0].attn;
     Probe {
         class: OpClass::Rope,
-        inputs: vec![reached(q.clone()), reached(k.clone())],
+        inputs: vec![reached(y.clone())],
         run: Box::new(move || {
-            vec![
-                rope.apply(q.clone()).backward(),
-                rope.apply(k.clone()).backward(),
-            ]
+            let rotated = |group| rope.apply_heads(y.clone(), attn.head_columns(group, batch), 0);
+            vec![rotated(0).backward(), rotated(1).backward()]
         }),
     }
 }

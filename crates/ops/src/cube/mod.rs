@@ -12,6 +12,7 @@ use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 mod adamw;
 mod attention;
 mod embedding;
+mod heads;
 mod loss;
 mod memory;
 mod projection;

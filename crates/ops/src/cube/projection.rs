@@ -33,11 +33,17 @@ where
         }
     }
 
-    fn join_columns(
-        a: Self::FloatTensorPrimitive,
-        b: Self::FloatTensorPrimitive,
-    ) -> Self::FloatTensorPrimitive {
-        lab_kernels::join::join_columns(a, b)
+    /// One launch for two or three parts; more are joined three at a time.
+    fn join_columns(mut parts: Vec<Self::FloatTensorPrimitive>) -> Self::FloatTensorPrimitive {
+        match parts.len() {
+            1 => parts.remove(0),
+            2 | 3 => lab_kernels::join::join_columns(parts),
+            _ => {
+                let rest = parts.split_off(3);
+                let first = lab_kernels::join::join_columns(parts);
+                Self::join_columns([vec![first], rest].concat())
+            }
+        }
     }
 }
 
@@ -61,14 +67,13 @@ impl<B: FusionBackend + FusedProjection> FusedProjection for Fusion<B> {
         y
     }
 
-    fn join_columns(
-        a: Self::FloatTensorPrimitive,
-        b: Self::FloatTensorPrimitive,
-    ) -> Self::FloatTensorPrimitive {
-        let out = (a.dtype, Shape::new([a.shape[0], a.shape[1] + b.shape[1]]));
-        let [joined] = custom_op::<B, 1>("lab_join_columns", vec![a, b], [out], |h, t| {
-            let mut get = |i: usize| h.get_float_tensor::<B>(&t[i]);
-            vec![B::join_columns(get(0), get(1))]
+    fn join_columns(parts: Vec<Self::FloatTensorPrimitive>) -> Self::FloatTensorPrimitive {
+        let width = parts.iter().map(|p| p.shape[1]).sum::<usize>();
+        let out = (parts[0].dtype, Shape::new([parts[0].shape[0], width]));
+        let [joined] = custom_op::<B, 1>("lab_join_columns", parts, [out], |h, t| {
+            vec![B::join_columns(
+                t.iter().map(|p| h.get_float_tensor::<B>(p)).collect(),
+            )]
         });
         joined
     }
