@@ -42,7 +42,8 @@ pub(crate) fn add_into_kernel<F: Float, A: Float>(
 }
 
 /// `out[:, first..first + n] += value` (see the module docs); returns `out`. Both are 4-D of
-/// one dtype (f32, f16 or bf16), alike but in their second axis; `out` must not overlap itself.
+/// one dtype (f32, f16 or bf16), alike but in their second axis; `out` must not overlap itself
+/// nor share memory with `value`.
 pub fn add_into<R: CubeRuntime>(
     value: CubeTensor<R>,
     out: CubeTensor<R>,

@@ -152,6 +152,11 @@ fn joined_dims<R: CubeRuntime>(parts: &[CubeTensor<R>]) -> [usize; 2] {
             p.dtype, parts[0].dtype,
             "join_columns: part {i} differs in dtype"
         );
+        // A buffer of no bytes cannot be bound on every runtime.
+        assert!(
+            s[0] == 0 || s[1] > 0,
+            "join_columns: part {i} has no columns"
+        );
         width += s[1];
     }
     [rows.unwrap_or(0), width]

@@ -158,7 +158,7 @@ pub fn rope_transposed_into<R: CubeRuntime>(
 /// gradients go straight into their heads of the joined q|k|v product's gradient (that
 /// whole gradient seen as heads, lab-ops' `rope_heads`), where a copy would follow. (Heads
 /// picked by `first`, not by a view starting inside the buffer, which is a copy wherever
-/// that start is not aligned for binding.)
+/// that start is not aligned for binding.) `out` must not share memory with `dy`.
 pub fn rope_transposed_added_into<R: CubeRuntime>(
     dy: CubeTensor<R>,
     cos: CubeTensor<R>,
@@ -186,10 +186,13 @@ fn launch<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let [b, h, t, hd] = dims(&x, &cos, &sin);
     let outer = out.meta.shape();
+    // Only the adding transpose writes into some heads of a wider output.
+    let heads_fit = match rotation {
+        Rotation::TransposedAdded => out_head + h <= outer[1],
+        _ => outer[1] == h,
+    };
     assert!(
-        outer.num_dims() == 4
-            && [outer[0], outer[2], outer[3]] == [b, t, hd]
-            && out_head + h <= outer[1],
+        outer.num_dims() == 4 && [outer[0], outer[2], outer[3]] == [b, t, hd] && heads_fit,
         "rope: the output {outer:?} does not hold [{b}, {h}, {t}, {hd}] from head {out_head}"
     );
     assert_eq!(out.dtype, x.dtype, "rope: output dtype");

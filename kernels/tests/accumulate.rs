@@ -142,10 +142,35 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]
     fn any_shape_and_layouts_are_the_hosts_sum(
-        b in 1usize..3, h in 1usize..4, t in 1usize..12, hd in 1usize..12, first in 0usize..3,
-        extra in 0usize..3, value in 0usize..4, out in 0usize..4, seed in 0u64..1000,
+        b in 1usize..3, h in 1usize..4, t in 1usize..12, hd in 1usize..12,
+        heads in (0usize..3).prop_flat_map(|extra| (0..=extra, Just(extra))),
+        value in 0usize..4, out in 0usize..4, seed in 0u64..1000,
     ) {
-        let heads = (first.min(extra), extra);
         check([b, h, t, hd], [Layout::ALL[value], Layout::ALL[out]], heads, DType::F32, seed);
     }
+}
+
+/// No elements: nothing launches, and the output comes back as it went in.
+#[test]
+fn an_empty_value_adds_nothing() {
+    let out = upload(&[], &[2, 3, 0, 4], DType::F32);
+    let got = accumulate::add_into(upload(&[], &[2, 1, 0, 4], DType::F32), out, 1);
+    assert_eq!(got.meta.shape().as_slice(), [2, 3, 0, 4]);
+}
+
+/// Heads past the output's are refused, not written out of bounds.
+#[test]
+#[should_panic(expected = "does not fit out")]
+fn heads_past_the_outputs_are_refused() {
+    let value = upload(
+        &values(2 * 2 * 3 * 4, 1, DType::F32),
+        &[2, 2, 3, 4],
+        DType::F32,
+    );
+    let out = upload(
+        &values(2 * 3 * 3 * 4, 2, DType::F32),
+        &[2, 3, 3, 4],
+        DType::F32,
+    );
+    accumulate::add_into(value, out, 2);
 }

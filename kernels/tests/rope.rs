@@ -194,51 +194,57 @@ fn the_transpose_has_the_bits_of_rope_by_the_backward_table() {
 /// rounding) of the fp64 reference; the other heads keep their bits.
 #[test]
 fn the_added_transpose_adds_into_its_heads_of_a_wider_output() {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for (k, c) in CASES.into_iter().enumerate() {
         for dtype in [DType::F32, DType::F16] {
-            let [b, h, t, hd] = c.shape;
-            let wide = [b, h + 2, t, hd];
-            let rows = c.offset + t + 2;
-            let seed = 30 * k as u64;
-            let dy = inputs(c.shape.iter().product(), seed, dtype);
-            let (cos, sin) = (
-                inputs(rows * hd, seed + 1, dtype),
-                inputs(rows * hd, seed + 2, dtype),
-            );
-            let held = inputs(wide.iter().product(), seed + 3, dtype);
-            let table = |all: &[f32]| upload_table(all, rows, hd, c.offset, t, dtype);
-            let got = download(rope::rope_transposed_added_into(
-                upload_x(&c, &dy, dtype),
-                table(&cos),
-                table(&sin),
-                c.out.upload(&held, wide, dtype),
-                1,
-            ));
-            let window = |all: &[f32]| all[c.offset * hd..(c.offset + t) * hd].to_vec();
-            let backward_sin = backward_table(&window(&sin), hd);
-            let (y, terms) = reference(c.shape, &dy, &window(&cos), &backward_sin);
-            let what = format!("{c:?} {dtype:?}");
-            for (i, (g, was)) in got.iter().zip(&held).enumerate() {
-                let (head, row) = (i / (t * hd) % (h + 2), i / ((h + 2) * t * hd));
-                if !(1..=h).contains(&head) {
-                    assert_eq!(
-                        bits(&[*g]),
-                        bits(&[*was]),
-                        "{what}: element {i} of head {head}"
-                    );
-                    continue;
-                }
-                let j = ((row * h + head - 1) * t * hd) + i % (t * hd);
-                let want = *was as f64 + y[j];
-                let bound = bound(dtype, want, terms[j] + was.abs() as f64);
-                let err = (*g as f64 - want).abs();
-                assert!(
-                    err <= bound,
-                    "{what}: element {i}: got {g}, want {want} (error {err:.3e} > {bound:.3e})"
-                );
-            }
+            check_added(c, (1, 2), dtype, 30 * k as u64);
         }
+    }
+}
+
+/// The adding transpose of case `c` into heads `first..first + H` of an output with `extra`
+/// heads more, checked as the test above says.
+fn check_added(c: Case, (first, extra): (usize, usize), dtype: DType, seed: u64) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let [b, h, t, hd] = c.shape;
+    let wide = [b, h + extra, t, hd];
+    let rows = c.offset + t + 2;
+    let dy = inputs(c.shape.iter().product(), seed, dtype);
+    let (cos, sin) = (
+        inputs(rows * hd, seed + 1, dtype),
+        inputs(rows * hd, seed + 2, dtype),
+    );
+    let held = inputs(wide.iter().product(), seed + 3, dtype);
+    let table = |all: &[f32]| upload_table(all, rows, hd, c.offset, t, dtype);
+    let got = download(rope::rope_transposed_added_into(
+        upload_x(&c, &dy, dtype),
+        table(&cos),
+        table(&sin),
+        c.out.upload(&held, wide, dtype),
+        first,
+    ));
+    let window = |all: &[f32]| all[c.offset * hd..(c.offset + t) * hd].to_vec();
+    let backward_sin = backward_table(&window(&sin), hd);
+    let (y, terms) = reference(c.shape, &dy, &window(&cos), &backward_sin);
+    let what = format!("{c:?} from head {first} of {} {dtype:?}", h + extra);
+    let head_len = t * hd;
+    for (i, (g, was)) in got.iter().zip(&held).enumerate() {
+        let (head, row) = (i / head_len % (h + extra), i / ((h + extra) * head_len));
+        if !(first..first + h).contains(&head) {
+            assert_eq!(
+                bits(&[*g]),
+                bits(&[*was]),
+                "{what}: element {i} of head {head}"
+            );
+            continue;
+        }
+        let j = (row * h + head - first) * head_len + i % head_len;
+        let want = *was as f64 + y[j];
+        let bound = bound(dtype, want, terms[j] + was.abs() as f64);
+        let err = (*g as f64 - want).abs();
+        assert!(
+            err <= bound,
+            "{what}: element {i}: got {g}, want {want} (error {err:.3e} > {bound:.3e})"
+        );
     }
 }
 
@@ -338,6 +344,19 @@ fn an_empty_input_gives_an_empty_output() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
+    /// The adding transpose into random heads of a wider output, random shapes and layouts,
+    /// in f32.
+    #[test]
+    fn the_added_transpose_adds_into_any_heads(
+        b in 1usize..3, h in 1usize..4, t in 1usize..12, half in 1usize..8,
+        heads in (0usize..3).prop_flat_map(|extra| (0..=extra, Just(extra))),
+        layout in 0usize..4, out in 0usize..3, seed in 0u64..1000,
+    ) {
+        let out = [Layout::Contiguous, Layout::HeadsSwapped, Layout::Padded][out];
+        let c = case_into([b, h, t, 2 * half], Layout::ALL[layout], out, 1);
+        check_added(c, heads, DType::F32, seed);
+    }
+
     /// Random shapes, input and output layouts and table windows in f32.
     #[test]
     fn any_shape_and_layout_matches_the_reference(

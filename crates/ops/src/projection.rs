@@ -61,7 +61,8 @@ pub fn project<B: FusedProjection>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B
 /// The joined copy of the weights lives only while a product runs: autodiff keeps the weights
 /// (parameters, alive anyway) and joins them again in backward for `dx = dy · [a | b | …]ᵀ`,
 /// one product where several were summed; `dW = xᵀ · dy` is one product too, its column
-/// blocks the weights' gradients (views).
+/// blocks the weights' gradients (views). Autodiff backends take two or three weights (the
+/// feed-forward's gate and up, the attention's q, k and v).
 pub fn project_joined<B: FusedProjection>(
     x: Tensor<B, 2>,
     weights: Vec<Tensor<B, 2>>,

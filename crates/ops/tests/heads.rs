@@ -189,7 +189,7 @@ fn selective_checkpointing_gives_the_same_bits() {
 /// ulp of f32, or of f16 (2^-10 relative).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn the_gpus_heads_are_burns_slices_bit_for_bit() {
+fn the_gpus_heads_match_burns_slices() {
     for (dtype, tol) in [(FloatDType::F32, 2e-7), (FloatDType::F16, 1e-3)] {
         same_as_slices::<Autodiff<crate::common::Gpu>>(dtype, tol);
     }

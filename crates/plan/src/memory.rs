@@ -191,8 +191,8 @@ pub fn block_bytes_per_token(
         // q and k after RoPE, v, the attention output. The joined q|k|v product's output is
         // not kept: q and k are read out of it by RoPE's op, which keeps only its tables, and
         // v is a copy of its columns (lab-ops' `heads`). (When q, k and v were three products
-        // split into heads by burn's reshapes, those elementwise nodes kept q's and k's
-        // products too, (a + kv)·c more.)
+        // split into heads by burn's reshapes, those memory-bound view nodes had q's and k's
+        // products kept for their recomputation, (a + kv)·c more.)
         let attention_side = (2.0 * a + 2.0 * kv) * c;
         // SwiGLU's gate and up.
         let ffn = 2.0 * ff * c;

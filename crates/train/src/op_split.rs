@@ -5,8 +5,9 @@
 //! and its time per run is multiplied by how often one step runs it. The optimizer (gradient
 //! norm and AdamW) is timed inside the bench's phased steps (a sync ending each phase), and
 //! the split is set against those steps. What the measured step holds beyond the classes is
-//! `other`: residual adds, dtype casts, head reshapes, gradient accumulation, the batches'
-//! upload, and the launches a lazy backend saves by fusing across the classes' borders
+//! `other`: residual adds, dtype casts, head reshapes, v's copy out of the joined q|k|v
+//! product and its gradient's add back, gradient accumulation, the batches' upload, and the
+//! launches a lazy backend saves by fusing across the classes' borders
 //! (which can make it negative). PyTorch's profiler would split by kernel; burn has no such hook, so this is
 //! the split by the model's own pieces.
 
@@ -23,7 +24,8 @@ use crate::backend::TrainBackend;
 /// The pieces a step's time is split into (serialized as [`OpClass::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpClass {
-    /// The projections of a block (q, k, v, o, gate and up as one product, down).
+    /// The projections of a block (q, k and v as one product, o, gate and up as one product,
+    /// down).
     Projections,
     /// Attention between the projections: scores, mask, softmax and weighted values, or
     /// the fused kernel.
@@ -324,9 +326,10 @@ fn rope<'a, B: TrainBackend>(model: &'a Llama<B>, s: &Shapes<B>) -> Probe<'a, B>
     Probe {
         class: OpClass::Rope,
         inputs: vec![reached(y.clone())],
+        // One backward for both, as training's: the product's gradient is zeroed once.
         run: Box::new(move || {
             let rotated = |group| rope.apply_heads(y.clone(), attn.head_columns(group, batch), 0);
-            vec![rotated(0).backward(), rotated(1).backward()]
+            vec![(rotated(0).sum() + rotated(1).sum()).backward()]
         }),
     }
 }

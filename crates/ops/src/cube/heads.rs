@@ -90,6 +90,11 @@ where
     assert_eq!(
         &view.meta.strides()[..],
         [t * width, at.head_dim, width, 1],
+        "heads: the gradient seen as heads is not laid out as the kernels expect"
+    );
+    // `acc`'s buffer was its own (`writable`): a view shares it, a copy would not.
+    assert!(
+        !acc.can_mut(),
         "heads: the gradient seen as heads is a copy, not a view"
     );
     view
