@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, FloatDType, Tensor, TensorData};
 
-use lab_ops::{FusedHeads, FusedProjection, FusedRmsNorm, FusedRope, HeadColumns};
+use lab_ops::{FusedHeads, FusedProjection, FusedRmsNorm, HeadColumns};
 
 use crate::init;
 
@@ -121,33 +121,16 @@ impl<B: Backend> Rope<B> {
     }
 }
 
-impl<B: FusedRope> Rope<B> {
-    /// Rotates `x: [batch, heads, seq, head_dim]`: `x·cos + rotate_half(x)·sin`, where
-    /// `rotate_half([a, b]) = [-b, a]` over the two halves of the head dimension
-    /// (lab-ops' one-node op: its backward keeps only the tables).
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.apply_at(x, 0)
-    }
-
-    /// [`Rope::apply`] for positions `offset..offset + seq` (tokens after a KV cache).
-    pub fn apply_at(&self, x: Tensor<B, 4>, offset: usize) -> Tensor<B, 4> {
-        let (cos, sin) = self.window(offset, x.dims()[2]);
-        lab_ops::rope(x, cos, sin)
-    }
-
-    /// The tables' rows for positions `offset..offset + t`.
-    fn window(&self, offset: usize, t: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        let rows = |table: &Tensor<B, 2>| table.clone().narrow(0, offset, t);
-        (rows(&self.cos), rows(&self.sin))
-    }
-}
-
 impl<B: FusedHeads> Rope<B> {
-    /// [`Rope::apply_at`] of the heads `at` of the joined q|k|v product `y [B·T, W]`
-    /// (`lab_ops::rope_heads`): `[B, heads, T, head_dim]`.
+    /// RoPE (`x·cos + rotate_half(x)·sin`, `rotate_half([a, b]) = [-b, a]` over the two halves
+    /// of the head dimension) of the heads `at` of the joined q|k|v product `y [B·T, W]`, for
+    /// positions `offset..offset + T` (tokens after a KV cache): `[B, heads, T, head_dim]`.
+    /// lab-ops' one-node op (`lab_ops::rope_heads`): its backward keeps only the tables and adds
+    /// into `y`'s gradient.
     pub fn apply_heads(&self, y: Tensor<B, 2>, at: HeadColumns, offset: usize) -> Tensor<B, 4> {
-        let (cos, sin) = self.window(offset, y.dims()[0] / at.batch);
-        lab_ops::rope_heads(y, at, cos, sin)
+        let t = y.dims()[0] / at.batch;
+        let rows = |table: &Tensor<B, 2>| table.clone().narrow(0, offset, t);
+        lab_ops::rope_heads(y, at, rows(&self.cos), rows(&self.sin))
     }
 }
 

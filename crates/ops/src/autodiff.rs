@@ -529,34 +529,9 @@ impl<B: FusedProjection, C: CheckpointStrategy> FusedProjection for Autodiff<B, 
     }
 }
 
-/// A group of heads of the joined q|k|v product `y`, rotated by RoPE (`heads.rs`): keeps the
-/// tables. Backward adds RoPE's transpose of the gradient into `y`'s gradient, in place.
-#[derive(Debug)]
-struct RopeHeadsBackward {
-    at: HeadColumns,
-    /// `y`'s columns.
-    width: usize,
-}
-
-impl<B: FusedHeads> Backward<B, 1> for RopeHeadsBackward {
-    /// cos, sin.
-    type State = (FloatTensor<B>, FloatTensor<B>);
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (cos, sin) = ops.state;
-        let dy = grads.consume::<B>(&ops.node);
-        if let [Some(y)] = ops.parents {
-            let acc = gradient_so_far::<B>(grads, &dy, self.at.batch, self.width, |key| {
-                key.node = y.clone()
-            });
-            let acc = B::add_rope_transposed_into(acc, self.at, dy, cos, sin);
-            grads.register::<B>(y.id, acc);
-        }
-    }
-}
-
-/// A group of heads of the joined q|k|v product `y`, copied (`heads.rs`): backward adds the
-/// gradient into `y`'s gradient, in place.
+/// A group of heads of the joined q|k|v product `y` (`heads.rs`): rotated by RoPE where it
+/// keeps the tables (q, k), copied where it keeps nothing (v). Backward adds its gradient (for
+/// q and k RoPE's transpose of it) into `y`'s gradient, in place.
 #[derive(Debug)]
 struct HeadsBackward {
     at: HeadColumns,
@@ -565,7 +540,8 @@ struct HeadsBackward {
 }
 
 impl<B: FusedHeads> Backward<B, 1> for HeadsBackward {
-    type State = ();
+    /// cos and sin, for the rotated heads.
+    type State = Option<(FloatTensor<B>, FloatTensor<B>)>;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = grads.consume::<B>(&ops.node);
@@ -573,7 +549,11 @@ impl<B: FusedHeads> Backward<B, 1> for HeadsBackward {
             let acc = gradient_so_far::<B>(grads, &dy, self.at.batch, self.width, |key| {
                 key.node = y.clone()
             });
-            grads.register::<B>(y.id, B::add_heads_into(acc, self.at, dy));
+            let acc = match ops.state {
+                Some((cos, sin)) => B::add_rope_transposed_into(acc, self.at, dy, cos, sin),
+                None => B::add_heads_into(acc, self.at, dy),
+            };
+            grads.register::<B>(y.id, acc);
         }
     }
 }
@@ -597,36 +577,44 @@ fn gradient_so_far<B: Backend>(
     })
 }
 
+/// The heads `at` of `y` through [`HeadsBackward`]: rotated by the tables where given, copied
+/// otherwise. The tables get no gradient (they are made from positions, never trained), and
+/// are all the node keeps: nothing to recompute.
+fn heads_node<B: FusedHeads, C: CheckpointStrategy>(
+    y: FloatTensor<Autodiff<B, C>>,
+    at: HeadColumns,
+    tables: Option<(FloatTensor<B>, FloatTensor<B>)>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let width = y.primitive.shape()[1];
+    let forward = |y, tables| match tables {
+        Some((cos, sin)) => B::rope_heads(y, at, cos, sin),
+        None => B::heads(y, at),
+    };
+    match (HeadsBackward { at, width })
+        .prepare::<C>([y.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let out = forward(y.primitive, tables.clone());
+            prep.finish(tables, out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(y.primitive, tables)),
+    }
+}
+
 impl<B: FusedHeads, C: CheckpointStrategy> FusedHeads for Autodiff<B, C> {
-    /// The tables get no gradient: they are made from positions, never trained.
     fn rope_heads(
         y: FloatTensor<Self>,
         at: HeadColumns,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let (cos, sin) = (cos.primitive, sin.primitive);
-        let width = y.primitive.shape()[1];
-        // The state is the tables, not activations: nothing to recompute.
-        match (RopeHeadsBackward { at, width })
-            .prepare::<C>([y.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = B::rope_heads(y.primitive, at, cos.clone(), sin.clone());
-                prep.finish((cos, sin), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::rope_heads(y.primitive, at, cos, sin)),
-        }
+        heads_node::<B, C>(y, at, Some((cos.primitive, sin.primitive)))
     }
 
     fn heads(y: FloatTensor<Self>, at: HeadColumns) -> FloatTensor<Self> {
-        let width = y.primitive.shape()[1];
-        (HeadsBackward { at, width })
-            .prepare::<C>([y.node.clone()])
-            .compute_bound()
-            .stateless(B::heads(y.primitive, at))
+        heads_node::<B, C>(y, at, None)
     }
 }
 

@@ -36,12 +36,13 @@ pub trait FusedProjection: Backend {
         Self::float_matmul(a, b)
     }
 
-    /// `[a | b | …]`: matrices `[K, N_i]` side by side, a new `[K, Σ N_i]`.
+    /// `[a | b]` or `[a | b | c]`: matrices `[K, N_i]` side by side, a new `[K, Σ N_i]`.
     fn join_columns(parts: Vec<FloatTensor<Self>>) -> FloatTensor<Self> {
         Self::float_cat(parts, 1)
     }
 
-    /// `x · [a | b | …]`: the weights' products as one (see [`project_joined`]).
+    /// `x · [a | b]` or `x · [a | b | c]`: the weights' products as one (see
+    /// [`project_joined`]).
     fn project_joined(x: FloatTensor<Self>, weights: Vec<FloatTensor<Self>>) -> FloatTensor<Self> {
         Self::project(x, Self::join_columns(weights))
     }
@@ -61,14 +62,18 @@ pub fn project<B: FusedProjection>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> Tensor<B
 /// The joined copy of the weights lives only while a product runs: autodiff keeps the weights
 /// (parameters, alive anyway) and joins them again in backward for `dx = dy · [a | b | …]ᵀ`,
 /// one product where several were summed; `dW = xᵀ · dy` is one product too, its column
-/// blocks the weights' gradients (views). Autodiff backends take two or three weights (the
-/// feed-forward's gate and up, the attention's q, k and v).
+/// blocks the weights' gradients (views). Two or three weights: the feed-forward's gate and
+/// up, the attention's q, k and v.
 pub fn project_joined<B: FusedProjection>(
     x: Tensor<B, 2>,
     weights: Vec<Tensor<B, 2>>,
 ) -> Tensor<B, 2> {
     let [_, d_in] = x.dims();
-    assert!(!weights.is_empty(), "project_joined: no weights");
+    let n = weights.len();
+    assert!(
+        (2..=3).contains(&n),
+        "project_joined: two or three weights, got {n}"
+    );
     for (i, w) in weights.iter().enumerate() {
         let [w_in, _] = w.dims();
         assert_eq!(

@@ -7,7 +7,7 @@ use burn_cubecl::{
     FloatElement, IntElement,
 };
 use burn_fusion::{Fusion, FusionBackend};
-use lab_kernels::{accumulate, join, rope};
+use lab_kernels::{accumulate, rope};
 
 use super::{custom_op, like};
 use crate::heads::{add_heads_tensor_ops, heads_view};
@@ -64,9 +64,7 @@ fn writable<R: CubeRuntime>(acc: CubeTensor<R>) -> CubeTensor<R> {
     } else if acc.can_mut() {
         acc
     } else {
-        // The padding kernel to `acc`'s own width: a plain copy, into a new buffer.
-        let width = acc.meta.shape()[1];
-        join::pad_columns(acc, width)
+        acc.copy()
     }
 }
 

@@ -33,17 +33,9 @@ where
         }
     }
 
-    /// One launch for two or three parts; more are joined three at a time.
-    fn join_columns(mut parts: Vec<Self::FloatTensorPrimitive>) -> Self::FloatTensorPrimitive {
-        match parts.len() {
-            1 => parts.remove(0),
-            2 | 3 => lab_kernels::join::join_columns(parts),
-            _ => {
-                let rest = parts.split_off(3);
-                let first = lab_kernels::join::join_columns(parts);
-                Self::join_columns([vec![first], rest].concat())
-            }
-        }
+    /// One launch (two or three parts, as `project_joined` takes).
+    fn join_columns(parts: Vec<Self::FloatTensorPrimitive>) -> Self::FloatTensorPrimitive {
+        lab_kernels::join::join_columns(parts)
     }
 }
 
