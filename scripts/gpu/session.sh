@@ -30,7 +30,7 @@
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; lab as it trains by default (the split, to set against the H100's
-#          557 ms); the other kernel tests; 200 bf16 steps with both paths on; a bench with
+#          557 ms, then each kernel's time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with both paths on; a bench with
 #          each of cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests
 #          (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
@@ -297,6 +297,9 @@ lease() {
   within 150 step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
   if [ "$device" = cuda ]; then
+    # Each kernel's time in a step as it trains by default (cubecl's products included).
+    within 90 step kernel-times "$repo/scripts/launches.sh" --lab "$lab" --config "$cfg" \
+      --backend cuda --times
     for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: square_sums::; do
       within 60 test_module kernels "$filter"
     done
