@@ -20,8 +20,27 @@ use lab_plan::memory::AttentionKind;
 use crate::common;
 
 #[path = "../../plan/tests/support/forward_memory.rs"]
+#[allow(dead_code)] // its SHAPES are the CPU test's; this test has its own, below
 mod forward_memory;
-use forward_memory::{assert_planned, config, kept_by_forward, per_layer_per_token, SHAPES};
+use forward_memory::{assert_planned, config, kept_by_forward, per_layer_per_token, Shape};
+
+/// The CPU test's shapes (`forward_memory::SHAPES`: a base, then one term moved in each) at
+/// widths CUDA's allocator does not pad. cubecl-cuda pitches the rows of every new tensor
+/// (`PitchedMemoryLayoutPolicy`: a row of 512 bytes or more to a multiple of 512, a shorter
+/// one to a power of two), and cubecl's pool counts the padding: there the CPU's feed-forward
+/// rows of 160 and 320 columns, and q|k|v products of 192, would take 256, 384 or 512 columns'
+/// bytes, which the planner does not count. Real models' widths are multiples of 256
+/// (x1-50m's 768, 1,280, 2,048; the 7B's and MedGemma's too), which no precision pads. Here
+/// every row (d_model, (h + 2·kv)·hd, h·hd, d_ff, 2·d_ff) is a power of two under 512 bytes
+/// or a multiple of 512, in f32 and in two-byte types.
+const SHAPES: [Shape; 6] = [
+    (64, 4, 2, 16, 256, 32),
+    (64, 4, 2, 16, 512, 32),  // d_ff
+    (64, 8, 4, 16, 256, 32),  // key/value heads (query heads too: 256 q|k|v columns)
+    (64, 4, 2, 32, 256, 32),  // head width: d_attn 128 ≠ d_model
+    (128, 4, 2, 16, 256, 32), // d_model
+    (64, 4, 2, 16, 256, 64),  // sequence
+];
 
 #[cfg(feature = "wgpu")]
 type Inner = burn::backend::Wgpu;

@@ -56,7 +56,13 @@ pub fn rounded(x: f32, dtype: DType) -> f32 {
     }
 }
 
-/// `data` on the device as a contiguous tensor of `shape` (1 to 4 dims) in `dtype`.
+/// `data` on the device as a contiguous tensor of `shape` (1 to 4 dims) in `dtype`, on every
+/// runtime. CUDA's allocator pitches the rows of a new tensor (cubecl's
+/// `PitchedMemoryLayoutPolicy`: a row of 512 bytes or more padded to a multiple of 512, a
+/// shorter one to a power of two), so burn's `from_data` and `cast` give a 69-column f32
+/// matrix rows 128 elements apart there; `into_contiguous` copies such a tensor into an
+/// unpadded buffer (and leaves a contiguous one as it is), so that the layouts the tests build
+/// from it are the layouts they say.
 pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
     let data = TensorData::new(data.to_vec(), shape.to_vec());
     fn on_device<const D: usize>(data: TensorData, dtype: DType) -> Prim {
@@ -66,7 +72,7 @@ pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
         } else {
             t.cast(dtype)
         };
-        t.into_primitive().tensor()
+        burn_cubecl::kernel::into_contiguous(t.into_primitive().tensor())
     }
     // Built in its shape, not reshaped: burn reads a 0 in a reshape as "keep this axis",
     // so an empty tensor's `[cols, 0]` would not be a shape there.

@@ -64,7 +64,9 @@ fn writable<R: CubeRuntime>(acc: CubeTensor<R>) -> CubeTensor<R> {
     } else if acc.can_mut() {
         acc
     } else {
-        acc.copy()
+        // burn's copy allocates as a new tensor: on CUDA with its rows pitched (a width whose
+        // bytes are not a multiple of 512 or a power of two), so it is made contiguous again.
+        into_contiguous(acc.copy())
     }
 }
 
