@@ -523,8 +523,10 @@ fn backward_matches_the_decomposed_attention_under_autodiff() {
         c.scale(),
     );
     let f64s = |x: Vec<f32>| x.into_iter().map(f64::from).collect::<Vec<_>>();
-    assert_close("out", &download(fwd.out), &f64s(want_out), 2e-5);
-    assert_close("dq", &download(got.q), &f64s(want_dq), 2e-5);
-    assert_close("dk", &download(got.k), &f64s(want_dk), 2e-5);
-    assert_close("dv", &download(got.v), &f64s(want_dv), 2e-5);
+    // The decomposed attention's products run as TF32 on CUDA (`f32_products`).
+    let tol = common::f32_products(2e-5);
+    assert_close("out", &download(fwd.out), &f64s(want_out), tol);
+    assert_close("dq", &download(got.q), &f64s(want_dq), tol);
+    assert_close("dk", &download(got.k), &f64s(want_dk), tol);
+    assert_close("dv", &download(got.v), &f64s(want_dv), tol);
 }

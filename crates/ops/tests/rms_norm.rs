@@ -180,15 +180,11 @@ fn a_skip_connections_gradient_is_added_with_autodiffs_bits() {
     }
 }
 
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn wgpu_a_skip_connections_gradient_is_added_with_autodiffs_bits() {
+fn gpu_a_skip_connections_gradient_is_added_with_autodiffs_bits() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        skip_adds_as_autodiff_would::<Autodiff<burn::backend::Wgpu>>(&case(
-            shape,
-            70 + k as u64,
-            true,
-        ));
+        skip_adds_as_autodiff_would::<Autodiff<common::Gpu>>(&case(shape, 70 + k as u64, true));
     }
 }
 
@@ -333,12 +329,17 @@ fn selective_checkpointing_gives_the_same_gradients() {
     }
 }
 
-/// The GPU path, f16 standing in for bf16 on lavapipe.
-#[cfg(feature = "wgpu")]
+/// The GPU path, f16 standing in for bf16 on lavapipe (CUDA runs both).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn wgpu_selective_checkpointing_gives_the_same_gradients() {
-    type Gpu = burn::backend::Wgpu;
-    for dtype in [FloatDType::F32, FloatDType::F16] {
+fn gpu_selective_checkpointing_gives_the_same_gradients() {
+    use common::Gpu;
+    let dtypes: &[FloatDType] = if cfg!(feature = "wgpu") {
+        &[FloatDType::F32, FloatDType::F16]
+    } else {
+        &[FloatDType::F32, FloatDType::F16, FloatDType::BF16]
+    };
+    for &dtype in dtypes {
         same_gradients_under_selective_checkpointing::<
             Autodiff<Gpu>,
             Autodiff<Gpu, BalancedCheckpointing>,
@@ -383,12 +384,13 @@ proptest! {
 }
 
 /// The GPU path (lab-kernels' RMSNorm kernels as Fusion custom ops under the op's one-node
-/// backward), through Fusion as the trainer runs it, on the wgpu device.
-#[cfg(feature = "wgpu")]
+/// backward), through Fusion as the trainer runs it, on the GPU device (wgpu, lavapipe in CI;
+/// CUDA when built with only `--features cuda`).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn wgpu_fp32_matches_the_fp64_reference() {
+fn gpu_fp32_matches_the_fp64_reference() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        check_reference::<Autodiff<burn::backend::Wgpu>>(&case(shape, 30 + k as u64, true));
+        check_reference::<Autodiff<common::Gpu>>(&case(shape, 30 + k as u64, true));
     }
 }
 

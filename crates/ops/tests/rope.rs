@@ -226,16 +226,24 @@ proptest! {
 }
 
 /// The GPU kernel (lab-kernels' `rope`) wired into `CubeBackend` and through Fusion (what
-/// `burn::backend::Wgpu` and `Cuda` are), forward and backward, on the wgpu device.
-#[cfg(feature = "wgpu")]
+/// `burn::backend::Wgpu` and `Cuda` are), forward and backward, on the GPU device (wgpu,
+/// lavapipe in CI; CUDA when built with only `--features cuda`).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu {
     use super::*;
-    use burn::backend::wgpu::{CubeBackend, WgpuRuntime};
-    use burn::backend::Wgpu;
     use burn::tensor::{backend::Backend, f16, DType};
+    use common::Gpu;
 
-    type ThroughFusion = Autodiff<Wgpu>;
-    type Plain = Autodiff<CubeBackend<WgpuRuntime, f32, i32, u32>>;
+    /// The backend inside Fusion.
+    trait Unfused {
+        type Inner;
+    }
+    impl<B: burn_fusion::FusionBackend> Unfused for burn_fusion::Fusion<B> {
+        type Inner = B;
+    }
+
+    type ThroughFusion = Autodiff<Gpu>;
+    type Plain = Autodiff<<Gpu as Unfused>::Inner>;
 
     /// fp32 on both backends, the model's tables and random ones (the backward's tables are
     /// `−swap_halves(sin)`, exercised only by the gradient): within 1e-6 of |y| + 1 as on the
@@ -279,11 +287,8 @@ mod gpu {
     #[test]
     fn f16_is_rounded_once() {
         assert!(
-            <Wgpu as Backend>::supports_dtype(
-                &burn::backend::wgpu::WgpuDevice::default(),
-                DType::F16
-            ),
-            "this wgpu device has no f16 (lavapipe has it)"
+            <Gpu as Backend>::supports_dtype(&Default::default(), DType::F16),
+            "this GPU device has no f16 (lavapipe and CUDA have it)"
         );
         for (k, shape) in SHAPES.into_iter().enumerate() {
             let c = rounded_to_f16(case(shape, 100 + k as u64));

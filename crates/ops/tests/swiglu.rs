@@ -219,12 +219,13 @@ proptest! {
 }
 
 /// The GPU path (lab-kernels' two kernels under the op's one-node backward), through Fusion
-/// as the trainer runs it, on the wgpu device.
-#[cfg(feature = "wgpu")]
+/// as the trainer runs it, on the GPU device (wgpu, lavapipe in CI; CUDA when built with only
+/// `--features cuda`).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
-fn wgpu_fp32_matches_the_fp64_reference() {
+fn gpu_fp32_matches_the_fp64_reference() {
     for (k, shape) in SHAPES.into_iter().enumerate() {
-        check_reference::<Autodiff<burn::backend::Wgpu>>(
+        check_reference::<Autodiff<common::Gpu>>(
             &case(shape, 30 + k as u64),
             FloatDType::F32,
             2e-6,

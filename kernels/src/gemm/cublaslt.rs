@@ -34,8 +34,9 @@ struct Library {
     stream: Arc<CudaStream>,
 }
 
-/// `a · b` on cuBLASLt, or `None` for dtypes other than f16 and bf16 (f32 would run as TF32
-/// there, which cubecl's f32 matmul does not) or layouts [`plan`] refuses.
+/// `a · b` on cuBLASLt, or `None` for dtypes other than f16 and bf16 or layouts [`plan`]
+/// refuses. f32 stays with cubecl's matmul, which itself runs f32 on tensor cores as TF32
+/// where its autotune finds that faster (cubek-matmul's `adjust_dtypes`).
 pub(super) fn matmul(
     a: &CubeTensor<CudaRuntime>,
     b: &CubeTensor<CudaRuntime>,

@@ -6,6 +6,12 @@ use std::sync::{Mutex, MutexGuard};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use lab_config::ModelConfig;
 
+// The GPU tests' tolerance for f32 through cubecl's products (TF32 on CUDA), lab-kernels'.
+#[path = "../../../../kernels/tests/common/close.rs"]
+mod close;
+#[allow(unused_imports)] // the GPU tests' only
+pub use close::f32_products;
+
 /// Held by each test that runs on the GPU backend, so they run one at a time: `gpu_memory`
 /// reads the bytes of live tensors in the device's pool, which another test's would change.
 /// A GPU test added to this binary without it makes `gpu_memory` fail now and then.

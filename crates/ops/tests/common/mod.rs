@@ -39,6 +39,8 @@ pub fn floats(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 #[path = "../../../../kernels/tests/common/close.rs"]
 mod close;
+#[allow(unused_imports)] // the GPU tests' only
+pub use close::f32_products;
 
 /// Every element within `tol · (1 + |want|)`; NaN fails.
 pub fn assert_close(name: &str, got: &[f32], want: &[f64], tol: f64) {
