@@ -304,7 +304,7 @@ lease() {
       within 60 test_module kernels "$filter"
     done
     within 60 test_module kernels attention:: --skip attention::tensor_core
-    for filter in cube_loss:: cube_square_sums:: embedding:: rms_norm::; do
+    for filter in cube_loss:: cube_square_sums:: embedding:: rms_norm:: rope:: swiglu:: heads::; do
       within 60 test_module ops "$filter"
     done
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
