@@ -14,10 +14,12 @@
 # are not counted, and a cubecl.toml takes the place of lab's kernel cache, so every kernel
 # compiles again.
 #
-# --times: cubecl's profiler instead (CUBECL_DEBUG_OPTION=profile-full, no cubecl.toml, so on
-# CUDA lab's kernel cache still applies): each launch waits for the device before and after,
-# and its time is the host's between the two, so a kernel's figure includes a launch and a
-# sync (microseconds on CUDA) and the step runs slower than in training. Prints, per timed
+# --times: cubecl's profiler instead (CUBECL_DEBUG_LOG and CUBECL_DEBUG_OPTION=profile-full, no
+# cubecl.toml, so on CUDA lab's kernel cache still applies): each launch waits for the device
+# before and after. On CUDA its time is the host's between the two, so a kernel's figure
+# includes a launch and a sync (microseconds); wgpu reads the device's timestamps where it has
+# them. The step runs slower than in training. The same log takes cubecl's compilation and
+# autotune logs too (on a fresh host, every kernel's source); only timed launches are read. Prints, per timed
 # step on average, each kernel's launches, milliseconds and share of the kernels' sum, by
 # kernel path (lab_kernels::rms_norm::ForwardKernel and lab_kernels::attention::ForwardKernel
 # apart); every product cubecl runs is one `MatmulEntry` line whatever its shape (`lab bench

@@ -30,9 +30,9 @@
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; lab as it trains by default (the split, to set against the H100's
-#          557 ms, then each kernel's time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with both paths on; a bench with
-#          each of cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests
-#          (scripts/gpu/build.sh).
+#          557 ms, then each kernel's time: scripts/launches.sh --times); the other kernel
+#          tests; 200 bf16 steps with both paths on; a bench with each of cubecl's pool
+#          layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
 #          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
 #          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on

@@ -194,3 +194,47 @@ fn the_gpus_heads_match_burns_slices() {
         same_as_slices::<Autodiff<crate::common::Gpu>>(dtype, tol);
     }
 }
+
+/// A gradient that another tensor still holds is not written in place: the heads are added
+/// into a copy of it (one in a flat buffer, which the kernels' view of the heads needs), and
+/// the holder keeps its values. Through Fusion the op then gets the gradient read-only.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[test]
+fn a_shared_gradient_is_added_into_a_copy() {
+    type G = crate::common::Gpu;
+    let c = Case {
+        batch: 2,
+        t: 3,
+        h: 2,
+        kv: 1,
+        hd: 4,
+    };
+    let (rows, width, at) = (c.rows(), c.width(), c.at(1));
+    let device = Default::default();
+    let before = floats(rows * width, 1, 1.0);
+    let value = floats(c.batch * at.heads * c.t * c.hd, 2, 1.0);
+    let acc = Tensor::<G, 2>::from_data(TensorData::new(before.clone(), [rows, width]), &device);
+    let dims = [c.batch, at.heads, c.t, c.hd];
+    let added = Tensor::<G, 4>::from_data(TensorData::new(value.clone(), dims), &device);
+    let kept = acc.clone();
+    let out = <G as FusedHeads>::add_heads_into(
+        acc.into_primitive().tensor(),
+        at,
+        added.into_primitive().tensor(),
+    );
+    let out = Tensor::<G, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(out));
+    let host = |t: Tensor<G, 2>| t.into_data().to_vec::<f32>().unwrap();
+    // Row `b·T + t`, column `first + h·hd + i` gains value[b, h, t, i].
+    let mut want = before.clone();
+    for (k, v) in value.iter().enumerate() {
+        let (i, t, h, b) = (
+            k % c.hd,
+            k / c.hd % c.t,
+            k / (c.hd * c.t) % at.heads,
+            k / (c.hd * c.t * at.heads),
+        );
+        want[(b * c.t + t) * width + at.first + h * c.hd + i] += v;
+    }
+    assert_eq!(bits(&host(out)), bits(&want), "the heads added");
+    assert_eq!(bits(&host(kept)), bits(&before), "the holder's values");
+}

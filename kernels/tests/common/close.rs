@@ -1,5 +1,6 @@
-//! The comparison against an fp64 reference that lab-kernels' and lab-ops' tests share
-//! (lab-ops' test common includes this file by path).
+//! The comparison against an fp64 reference that lab-kernels' and lab-ops' tests share, and
+//! the GPU tests' tolerance for f32 through cubecl's products (lab-ops' and lab-model's test
+//! commons include this file by path).
 
 /// Every element within `tol` × the largest reference magnitude, or × `floor` if that is
 /// larger; NaN fails.

@@ -62,8 +62,19 @@ pub fn rounded(x: f32, dtype: DType) -> f32 {
 /// shorter one to a power of two), so burn's `from_data` and `cast` give a 69-column f32
 /// matrix rows 128 elements apart there; `into_contiguous` copies such a tensor into an
 /// unpadded buffer (and leaves a contiguous one as it is), so that the layouts the tests build
-/// from it are the layouts they say.
+/// from it are the layouts they say. An empty tensor is made with no launch: CUDA pads even
+/// an empty tensor's rows, and refuses a launch of no cubes (the copy's, or a cast's).
 pub fn upload(data: &[f32], shape: &[usize], dtype: DType) -> Prim {
+    if shape.contains(&0) {
+        let client = <Runtime as cubecl::Runtime>::client(&device());
+        let shape = shape.to_vec().into();
+        return burn_cubecl::ops::numeric::empty_device_contiguous_dtype(
+            client,
+            device(),
+            shape,
+            dtype,
+        );
+    }
     let data = TensorData::new(data.to_vec(), shape.to_vec());
     fn on_device<const D: usize>(data: TensorData, dtype: DType) -> Prim {
         let t = Tensor::<B, D>::from_data(data, &device());

@@ -64,9 +64,13 @@ fn writable<R: CubeRuntime>(acc: CubeTensor<R>) -> CubeTensor<R> {
     } else if acc.can_mut() {
         acc
     } else {
-        // burn's copy allocates as a new tensor: on CUDA with its rows pitched (a width whose
-        // bytes are not a multiple of 512 or a power of two), so it is made contiguous again.
-        into_contiguous(acc.copy())
+        // cubecl's copy into a flat buffer: burn's own `copy` allocates as a new tensor, with
+        // its rows padded on CUDA (to a multiple of 512 bytes, or under 512 to a power of two
+        // of at least 16), which the kernels' view of the heads cannot take.
+        let (client, device, dtype) = (acc.client.clone(), acc.device.clone(), acc.dtype);
+        let flat =
+            burn_cubecl::cubecl::std::tensor::into_contiguous(&client, acc.binding(), dtype.into());
+        CubeTensor::new(client, flat.handle, *flat.metadata, device, dtype)
     }
 }
 
