@@ -6,7 +6,7 @@
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Bool, FloatDType, Tensor};
-use lab_ops::{cast_to, AttentionFn, FusedHeads, FusedProjection, HeadColumns};
+use lab_ops::{AttentionFn, FusedHeads, FusedProjection, HeadColumns};
 
 use crate::layers::{Linear, Rope};
 
@@ -101,9 +101,8 @@ impl<B: FusedHeads + FusedProjection> Attention<B> {
     /// and exports keep `wq`, `wk` and `wv` apart.
     pub fn qkv(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let dtype = x.dtype().into();
-        let weight = |w: &Linear<B>| cast_to(w.weight.val(), dtype);
-        let weights = vec![weight(&self.wq), weight(&self.wk), weight(&self.wv)];
-        lab_ops::project_joined(x, weights)
+        let weights = [&self.wq, &self.wk, &self.wv].map(|w| w.weight_as(dtype));
+        lab_ops::project_joined(x, weights.to_vec())
     }
 
     /// Where q (`group` 0), k (1) and v (2) lie in [`Attention::qkv`]'s columns.

@@ -26,16 +26,21 @@ impl<B: Backend> Linear<B> {
             weight: init::normal(seed, &format!("{path}.weight"), [d_in, d_out], std, device),
         }
     }
+
+    /// The weight in `dtype`: cast where it is another (evaluation's fp32 masters; training
+    /// casts them once a step instead, in `Llama::step_copy`).
+    pub fn weight_as(&self, dtype: FloatDType) -> Tensor<B, 2> {
+        lab_ops::cast_to(self.weight.val(), dtype)
+    }
 }
 
 impl<B: FusedProjection> Linear<B> {
-    /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype: a weight of another dtype is
-    /// cast here (evaluation's fp32 masters; training casts them once a step instead, in
-    /// `Llama::step_copy`). The product is lab-ops' projection op: burn's matmul unless `LAB_MATMUL` sends
-    /// it to a GPU's vendor BLAS.
+    /// `x: [n, d_in]` → `[n, d_out]`, computed in `x`'s dtype ([`Linear::weight_as`]). The
+    /// product is lab-ops' projection op: burn's matmul unless `LAB_MATMUL` sends it to a GPU's
+    /// vendor BLAS.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let dtype = x.dtype().into();
-        lab_ops::project(x, lab_ops::cast_to(self.weight.val(), dtype))
+        let weight = self.weight_as(x.dtype().into());
+        lab_ops::project(x, weight)
     }
 }
 

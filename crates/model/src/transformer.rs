@@ -49,8 +49,8 @@ impl<B: FusedSwiglu + FusedProjection> FeedForward<B> {
     /// `gate` and `up` apart.
     pub fn gate_up(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let dtype = x.dtype().into();
-        let weight = |w: &Linear<B>| cast_to(w.weight.val(), dtype);
-        lab_ops::project_joined(x, vec![weight(&self.gate), weight(&self.up)])
+        let weights = vec![self.gate.weight_as(dtype), self.up.weight_as(dtype)];
+        lab_ops::project_joined(x, weights)
     }
 }
 

@@ -138,9 +138,7 @@ fn check<B: Backend>(y: &Tensor<B, 2>, at: HeadColumns) {
 /// backend's slices and reshapes are views, as the GPU backends' are).
 pub(crate) fn heads_view<B: Backend>(y: FloatTensor<B>, at: HeadColumns) -> FloatTensor<B> {
     let rows = y.shape()[0];
-    let block = B::float_slice(y, &columns(rows, at));
-    let split = Shape::new([at.batch, rows / at.batch, at.heads, at.head_dim]);
-    B::float_swap_dims(B::float_reshape(block, split), 1, 2)
+    split_heads::<B>(B::float_slice(y, &columns(rows, at)), rows, at)
 }
 
 /// [`FusedHeads::heads`] by tensor ops: the column block flattened (a copy: it is strided)
@@ -149,8 +147,14 @@ fn heads_copy<B: Backend>(y: FloatTensor<B>, at: HeadColumns) -> FloatTensor<B> 
     let rows = y.shape()[0];
     let block = B::float_slice(y, &columns(rows, at));
     let flat = B::float_reshape(block, Shape::new([rows * at.width()]));
+    split_heads::<B>(flat, rows, at)
+}
+
+/// The heads `at`'s columns of `rows` rows (`[rows, width]`, or flat) as `[batch, heads, T,
+/// head_dim]`.
+fn split_heads<B: Backend>(block: FloatTensor<B>, rows: usize, at: HeadColumns) -> FloatTensor<B> {
     let split = Shape::new([at.batch, rows / at.batch, at.heads, at.head_dim]);
-    B::float_swap_dims(B::float_reshape(flat, split), 1, 2)
+    B::float_swap_dims(B::float_reshape(block, split), 1, 2)
 }
 
 /// [`FusedHeads::add_heads_into`] by tensor ops: the columns plus `value` as rows, assigned

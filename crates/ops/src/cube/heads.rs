@@ -3,8 +3,7 @@
 
 use burn::tensor::DType;
 use burn_cubecl::{
-    kernel::into_contiguous, tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime,
-    FloatElement, IntElement,
+    tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement,
 };
 use burn_fusion::{Fusion, FusionBackend};
 use lab_kernels::{accumulate, rope};
@@ -56,22 +55,19 @@ fn first_head<R: CubeRuntime>(acc: &CubeTensor<R>, at: HeadColumns) -> Option<us
     (whole_heads && kernels_add).then_some(at.first / hd)
 }
 
-/// `acc` where the kernels may write it in place: contiguous, and its buffer its own (a
-/// copy otherwise; the model's is both).
+/// `acc` where the kernels may write it in place: contiguous, and its buffer its own (the
+/// model's is both); otherwise a copy that is. The copy is cubecl's into a flat buffer: burn's
+/// own `copy` allocates as a new tensor, with its rows padded on CUDA (to a multiple of 512
+/// bytes, or under 512 to a power of two of at least 16), which the kernels' view of the
+/// heads cannot take.
 fn writable<R: CubeRuntime>(acc: CubeTensor<R>) -> CubeTensor<R> {
-    if !acc.is_contiguous() {
-        into_contiguous(acc)
-    } else if acc.can_mut() {
-        acc
-    } else {
-        // cubecl's copy into a flat buffer: burn's own `copy` allocates as a new tensor, with
-        // its rows padded on CUDA (to a multiple of 512 bytes, or under 512 to a power of two
-        // of at least 16), which the kernels' view of the heads cannot take.
-        let (client, device, dtype) = (acc.client.clone(), acc.device.clone(), acc.dtype);
-        let flat =
-            burn_cubecl::cubecl::std::tensor::into_contiguous(&client, acc.binding(), dtype.into());
-        CubeTensor::new(client, flat.handle, *flat.metadata, device, dtype)
+    if acc.is_contiguous() && acc.can_mut() {
+        return acc;
     }
+    let (client, device, dtype) = (acc.client.clone(), acc.device.clone(), acc.dtype);
+    let flat =
+        burn_cubecl::cubecl::std::tensor::into_contiguous(&client, acc.binding(), dtype.into());
+    CubeTensor::new(client, flat.handle, *flat.metadata, device, dtype)
 }
 
 /// The whole of the contiguous `acc [B·T, W]` as heads, `[B, W / hd, T, hd]`: a view sharing
