@@ -12,6 +12,9 @@ pub struct HardwareSpec {
     pub peak_bf16_flops: f64,
     /// Peak fp32 FLOP/s (no TF32).
     pub peak_fp32_flops: f64,
+    /// Peak dense TF32 tensor-core FLOP/s: an f32 product's peak where it runs as TF32 (cubecl
+    /// on CUDA). Half the bf16 peak on every GPU here; the CPU's is its fp32 peak.
+    pub peak_tf32_flops: f64,
     pub memory_bytes: f64,
     /// Memory bandwidth, bytes/s.
     pub memory_bandwidth: f64,
@@ -27,6 +30,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "cpu",
         peak_bf16_flops: 160e9,
         peak_fp32_flops: 160e9,
+        peak_tf32_flops: 160e9,
         memory_bytes: 24.0 * GIB,
         memory_bandwidth: 20.0 * GB,
     },
@@ -34,6 +38,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "a100-40gb",
         peak_bf16_flops: 312e12,
         peak_fp32_flops: 19.5e12,
+        peak_tf32_flops: 156e12,
         memory_bytes: 40.0 * GIB,
         memory_bandwidth: 1555.0 * GB,
     },
@@ -41,6 +46,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "a100-80gb",
         peak_bf16_flops: 312e12,
         peak_fp32_flops: 19.5e12,
+        peak_tf32_flops: 156e12,
         memory_bytes: 80.0 * GIB,
         memory_bandwidth: 2039.0 * GB,
     },
@@ -48,6 +54,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "h100-sxm",
         peak_bf16_flops: 989e12,
         peak_fp32_flops: 67e12,
+        peak_tf32_flops: 494.5e12,
         memory_bytes: 80.0 * GIB,
         memory_bandwidth: 3350.0 * GB,
     },
@@ -55,6 +62,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "h100-pcie",
         peak_bf16_flops: 756e12,
         peak_fp32_flops: 51e12,
+        peak_tf32_flops: 378e12,
         memory_bytes: 80.0 * GIB,
         memory_bandwidth: 2000.0 * GB,
     },
@@ -62,6 +70,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "h100-nvl",
         peak_bf16_flops: 835e12,
         peak_fp32_flops: 60e12,
+        peak_tf32_flops: 417.5e12,
         memory_bytes: 94.0 * GB,
         memory_bandwidth: 3900.0 * GB,
     },
@@ -69,6 +78,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "h200",
         peak_bf16_flops: 989e12,
         peak_fp32_flops: 67e12,
+        peak_tf32_flops: 494.5e12,
         memory_bytes: 141.0 * GB,
         memory_bandwidth: 4800.0 * GB,
     },
@@ -76,6 +86,7 @@ pub const DEVICES: &[HardwareSpec] = &[
         name: "l4",
         peak_bf16_flops: 121e12,
         peak_fp32_flops: 30.3e12,
+        peak_tf32_flops: 60e12,
         memory_bytes: 24.0 * GIB,
         memory_bandwidth: 300.0 * GB,
     },
@@ -126,6 +137,11 @@ pub struct Hardware {
     /// Overrides the table's peak FLOP/s for the run's precision (for MFU).
     #[serde(default)]
     pub peak_flops: Option<f64>,
+    /// Whether fp32 products run on tensor cores as TF32, as cubecl's do on CUDA wherever its
+    /// autotune finds that faster: an fp32 run's MFU is then against the TF32 peak. Set by the
+    /// trainer for the backend it computes on; never read from or written to a config file.
+    #[serde(skip)]
+    pub tf32_products: bool,
 }
 
 fn default_device() -> String {
@@ -137,6 +153,7 @@ impl Default for Hardware {
         Self {
             device: default_device(),
             peak_flops: None,
+            tf32_products: false,
         }
     }
 }
@@ -163,12 +180,43 @@ impl Hardware {
         lookup(&self.device).expect("validated device")
     }
 
-    /// Peak FLOP/s for MFU at the given precision.
+    /// Peak FLOP/s for MFU at the given precision: the peak of the units its products run on.
     pub fn peak_flops(&self, precision: crate::Precision) -> f64 {
-        self.peak_flops.unwrap_or(match precision {
-            crate::Precision::Fp32 => self.spec().peak_fp32_flops,
-            crate::Precision::Bf16 => self.spec().peak_bf16_flops,
-        })
+        let spec = self.spec();
+        self.peak_flops
+            .unwrap_or(match self.products_in(precision) {
+                Products::Bf16 => spec.peak_bf16_flops,
+                Products::Tf32 => spec.peak_tf32_flops,
+                Products::Fp32 => spec.peak_fp32_flops,
+            })
+    }
+
+    /// What a run's products compute in: bf16, or for fp32 storage TF32 where they run on
+    /// tensor cores (see `tf32_products`) and fp32 elsewhere.
+    pub fn products_in(&self, precision: crate::Precision) -> Products {
+        match precision {
+            crate::Precision::Bf16 => Products::Bf16,
+            crate::Precision::Fp32 if self.tf32_products => Products::Tf32,
+            crate::Precision::Fp32 => Products::Fp32,
+        }
+    }
+}
+
+/// The number format a run's matrix products compute in, whose peak its MFU divides by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    Bf16,
+    Tf32,
+    Fp32,
+}
+
+impl Products {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Products::Bf16 => "bf16",
+            Products::Tf32 => "tf32",
+            Products::Fp32 => "fp32",
+        }
     }
 }
 
@@ -202,5 +250,18 @@ mod tests {
             let got = from_gpu_name(name, memory).map(|d| d.name);
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    /// The datasheets' dense TF32 peak is half the dense bf16 one on every GPU in the table,
+    /// above the CUDA cores' fp32; a typo in the table would break one of these.
+    #[test]
+    fn each_gpu_s_tf32_peak_is_half_its_bf16_peak() {
+        for d in DEVICES.iter().filter(|d| d.name != "cpu") {
+            let half = d.peak_bf16_flops / 2.0;
+            assert!((d.peak_tf32_flops - half).abs() <= 0.01 * half, "{}", d.name);
+            assert!(d.peak_fp32_flops < d.peak_tf32_flops, "{}", d.name);
+        }
+        let cpu = lookup("cpu").unwrap();
+        assert_eq!(cpu.peak_tf32_flops, cpu.peak_fp32_flops);
     }
 }

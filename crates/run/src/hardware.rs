@@ -86,8 +86,12 @@ pub struct MfuPeak {
     pub device: String,
     pub peak_bf16_flops: f64,
     pub peak_fp32_flops: f64,
-    /// The precision the run computes in, and the peak MFU uses (the table's for that
-    /// precision, or the config's `hardware.peak_flops`).
+    /// Absent from the hardware.json of runs before lab knew TF32 (read as 0).
+    #[serde(default)]
+    pub peak_tf32_flops: f64,
+    /// The precision the run's products compute in (`bf16`, `fp32`, or `tf32` for fp32 on
+    /// CUDA), and the peak MFU uses (the table's for that precision, or the config's
+    /// `hardware.peak_flops`).
     pub precision: String,
     pub flops: f64,
 }

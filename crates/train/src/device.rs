@@ -2,7 +2,7 @@
 //! was written for. The x1-50m recipe says `a100-80gb`; trained on an H100 its MFU against the
 //! A100's 312 TFLOP/s would read 3.2× too high.
 
-use lab_config::{hardware, LabConfig};
+use lab_config::{hardware, LabConfig, Precision};
 use lab_run::hardware::MfuPeak;
 
 use crate::BackendKind;
@@ -18,7 +18,11 @@ pub struct Found<'a> {
 /// warning to print when that differs from the config's. A `hardware.peak_flops` the config
 /// sets wins: its writer knows the machine. The device is not part of the training recipe
 /// (`training_sha256`), so a run may resume on another GPU and measure against that one.
+/// On CUDA an fp32 run's products compute as TF32 (cubecl's matmul on tensor cores), so its
+/// MFU is against the TF32 peak.
 pub fn measure_on(cfg: &mut LabConfig, found: Found) -> Option<String> {
+    cfg.hardware.tf32_products =
+        found.backend == BackendKind::Cuda && cfg.train.precision == Precision::Fp32;
     if cfg.hardware.peak_flops.is_some() {
         return None;
     }
@@ -44,7 +48,7 @@ pub fn measure_on(cfg: &mut LabConfig, found: Found) -> Option<String> {
     Some(format!(
         "hardware.device = \"{written}\" but {what}: MFU is against {}'s {} peak, {}",
         spec.name,
-        cfg.train.precision.as_str(),
+        cfg.hardware.products_in(cfg.train.precision).as_str(),
         flops(peak)
     ))
 }
@@ -56,7 +60,12 @@ pub fn mfu_peak(cfg: &LabConfig) -> MfuPeak {
         device: spec.name.to_string(),
         peak_bf16_flops: spec.peak_bf16_flops,
         peak_fp32_flops: spec.peak_fp32_flops,
-        precision: cfg.train.precision.as_str().to_string(),
+        peak_tf32_flops: spec.peak_tf32_flops,
+        precision: cfg
+            .hardware
+            .products_in(cfg.train.precision)
+            .as_str()
+            .to_string(),
         flops: cfg.hardware.peak_flops(cfg.train.precision),
     }
 }
@@ -132,6 +141,48 @@ mod tests {
         assert!(
             note.ends_with("MFU is against cpu's bf16 peak, 160 GFLOP/s"),
             "{note}"
+        );
+    }
+
+    /// An fp32 run on CUDA multiplies in TF32 (cubecl's matmul on tensor cores): its MFU is
+    /// against the TF32 peak, not the CUDA cores' fp32 one, which it could exceed.
+    #[test]
+    fn fp32_on_cuda_measures_against_the_tf32_peak() {
+        let mut cfg = x1();
+        cfg.train.precision = Precision::Fp32;
+        let note = measure_on(&mut cfg, cuda("NVIDIA H100 80GB HBM3")).unwrap();
+        assert_eq!(cfg.hardware.peak_flops(Precision::Fp32), 494.5e12);
+        assert!(
+            note.ends_with("MFU is against h100-sxm's tf32 peak, 494 TFLOP/s"),
+            "{note}"
+        );
+        let peak = mfu_peak(&cfg);
+        assert_eq!((peak.precision.as_str(), peak.flops), ("tf32", 494.5e12));
+        // The recipe a resume checks is untouched, and a config file never holds the flag.
+        let mut fp32 = x1();
+        fp32.train.precision = Precision::Fp32;
+        assert_eq!(cfg.training_sha256(), fp32.training_sha256());
+        assert!(!cfg.to_toml().contains("tf32"));
+    }
+
+    /// fp32 elsewhere (the CPU, WebGPU) multiplies in fp32, and bf16 is bf16 on CUDA too.
+    #[test]
+    fn other_backends_and_bf16_keep_their_peaks() {
+        let mut fp32 = x1();
+        fp32.train.precision = Precision::Fp32;
+        for backend in [BackendKind::Cpu, BackendKind::Wgpu] {
+            let mut cfg = fp32.clone();
+            measure_on(&mut cfg, unnamed(backend));
+            assert_eq!(mfu_peak(&cfg).precision, "fp32", "{backend:?}");
+        }
+        let mut cfg = fp32.clone();
+        measure_on(&mut cfg, unnamed(BackendKind::Wgpu));
+        assert_eq!(cfg.hardware.peak_flops(Precision::Fp32), 19.5e12);
+        let mut bf16 = x1();
+        measure_on(&mut bf16, cuda("NVIDIA A100-SXM4-80GB"));
+        assert_eq!(
+            (mfu_peak(&bf16).precision.as_str(), mfu_peak(&bf16).flops),
+            ("bf16", 312e12)
         );
     }
 
