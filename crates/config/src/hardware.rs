@@ -258,7 +258,11 @@ mod tests {
     fn each_gpu_s_tf32_peak_is_half_its_bf16_peak() {
         for d in DEVICES.iter().filter(|d| d.name != "cpu") {
             let half = d.peak_bf16_flops / 2.0;
-            assert!((d.peak_tf32_flops - half).abs() <= 0.01 * half, "{}", d.name);
+            assert!(
+                (d.peak_tf32_flops - half).abs() <= 0.01 * half,
+                "{}",
+                d.name
+            );
             assert!(d.peak_fp32_flops < d.peak_tf32_flops, "{}", d.name);
         }
         let cpu = lookup("cpu").unwrap();
