@@ -92,6 +92,17 @@ pub const DEVICES: &[HardwareSpec] = &[
     },
 ];
 
+impl HardwareSpec {
+    /// The dense peak of products computed in `products`.
+    pub fn peak_flops(&self, products: Products) -> f64 {
+        match products {
+            Products::Bf16 => self.peak_bf16_flops,
+            Products::Tf32 => self.peak_tf32_flops,
+            Products::Fp32 => self.peak_fp32_flops,
+        }
+    }
+}
+
 pub fn lookup(name: &str) -> Option<&'static HardwareSpec> {
     DEVICES.iter().find(|d| d.name == name)
 }
@@ -182,13 +193,9 @@ impl Hardware {
 
     /// Peak FLOP/s for MFU at the given precision: the peak of the units its products run on.
     pub fn peak_flops(&self, precision: crate::Precision) -> f64 {
-        let spec = self.spec();
+        let products = self.products_in(precision);
         self.peak_flops
-            .unwrap_or(match self.products_in(precision) {
-                Products::Bf16 => spec.peak_bf16_flops,
-                Products::Tf32 => spec.peak_tf32_flops,
-                Products::Fp32 => spec.peak_fp32_flops,
-            })
+            .unwrap_or_else(|| self.spec().peak_flops(products))
     }
 
     /// What a run's products compute in: bf16, or for fp32 storage TF32 where they run on
@@ -211,6 +218,14 @@ pub enum Products {
 }
 
 impl Products {
+    /// What lab's products compute in on CUDA, the GPU backend: TF32 for fp32 storage.
+    pub fn on_cuda(precision: crate::Precision) -> Products {
+        match precision {
+            crate::Precision::Bf16 => Products::Bf16,
+            crate::Precision::Fp32 => Products::Tf32,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Products::Bf16 => "bf16",

@@ -134,11 +134,10 @@ impl PlanInputs {
             .hardware
             .peak_flops
             .filter(|_| device_name == cfg.hardware.device);
-        let peak_flops_per_gpu = config_peak.unwrap_or(match precision {
-            Precision::Bf16 => device.peak_bf16_flops,
-            Precision::Fp32 => device.peak_fp32_flops,
-        });
-        let precision_name = precision.as_str();
+        // A GPU trains through CUDA, whose fp32 products run as TF32 (on the CPU, one peak).
+        let products = hardware::Products::on_cuda(precision);
+        let peak_flops_per_gpu = config_peak.unwrap_or(device.peak_flops(products));
+        let precision_name = products.as_str();
         note(
             "device",
             format!(
@@ -150,6 +149,7 @@ impl PlanInputs {
             match (&req.device, config_peak) {
                 (Some(_), _) => "--device; peak from the hardware table".into(),
                 (None, Some(_)) => "config [hardware]; peak from hardware.peak_flops".into(),
+                (None, None) if products == hardware::Products::Tf32 => "config [hardware]; dense tf32 peak from the hardware table (train.precision fp32: CUDA multiplies f32 as TF32)".into(),
                 (None, None) => format!(
                     "config [hardware]; dense {precision_name} peak (train.precision) from the hardware table"
                 ),
@@ -575,11 +575,11 @@ mod tests {
         })
         .unwrap();
         assert_eq!((i.layout.zero_stage, i.layout.shard), (2, 8));
-        // fp32 configs plan against the fp32 peak.
+        // fp32 configs plan against the TF32 peak: CUDA multiplies their f32 as TF32.
         let mut cfg = x1();
         cfg.train.precision = Precision::Fp32;
         let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
-        assert_eq!(i.peak_flops_per_gpu, 19.5e12);
+        assert_eq!(i.peak_flops_per_gpu, 156e12);
     }
 
     /// `[parallel]` is the layout the trainer launches: the plan reads its defaults there,
