@@ -584,6 +584,8 @@ fn bench_reports_peak_memory_and_on_request_every_op_class_with_its_runs_per_ste
     let (mfu, peak, tps) = (&plain["mfu"], &plain["peak_flops"], &plain["tokens_per_s"]);
     let implied = mfu.as_f64().unwrap() * peak.as_f64().unwrap() / tps.as_f64().unwrap();
     assert!((implied / fpt - 1.0).abs() < 1e-9, "{plain}");
+    // Against the peak of what its products compute in: fp32 on the CPU (TF32 on CUDA).
+    assert_eq!(plain["products"], plain["precision"], "{plain}");
 
     let r = bench(&["--split"]);
     let classes = r["split"]["classes"].as_array().unwrap();

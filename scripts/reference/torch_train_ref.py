@@ -31,7 +31,9 @@ except ModuleNotFoundError:  # Python < 3.11 (Ubuntu 22.04): pip install tomli
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 from torch_tiny import Llama  # noqa: E402  (the model, shared with the CPU reference)
 
-# Dense peak FLOP/s by device name (as lab's hardware table), bf16 and fp32.
+# Dense peak FLOP/s by device name (as lab's hardware table), bf16 and fp32. fp32 here is
+# PyTorch's default, products in full fp32 (allow_tf32 off); lab's fp32 on CUDA multiplies
+# as TF32 and measures its MFU against the TF32 peak, so compare fp32 runs by tokens/s.
 PEAKS = [("H200", 989e12, 67e12), ("H100", 989e12, 67e12), ("A100", 312e12, 19.5e12)]
 
 

@@ -145,12 +145,13 @@ pub struct Hardware {
     /// A name from [`DEVICES`].
     #[serde(default = "default_device")]
     pub device: String,
-    /// Overrides the table's peak FLOP/s for the run's precision (for MFU).
+    /// Overrides the table's peak FLOP/s for the run's products (for MFU): for an fp32 run on
+    /// CUDA, the GPU's TF32 peak.
     #[serde(default)]
     pub peak_flops: Option<f64>,
-    /// Whether fp32 products run on tensor cores as TF32, as cubecl's do on CUDA wherever its
-    /// autotune finds that faster: an fp32 run's MFU is then against the TF32 peak. Set by the
-    /// trainer for the backend it computes on; never read from or written to a config file.
+    /// Whether the run's fp32 products run on tensor cores as TF32, as cubecl's do on CUDA
+    /// wherever its autotune finds that faster: its MFU is then against the TF32 peak. Set by
+    /// the trainer for an fp32 run on CUDA; never read from or written to a config file.
     #[serde(skip)]
     pub tf32_products: bool,
 }
@@ -218,10 +219,12 @@ pub enum Products {
 }
 
 impl Products {
-    /// What lab's products compute in on CUDA, the GPU backend: TF32 for fp32 storage.
-    pub fn on_cuda(precision: crate::Precision) -> Products {
+    /// What lab's products compute in when it trains on `device`: as stored on the CPU; on a
+    /// GPU through CUDA, where an fp32 run's products are TF32.
+    pub fn training_on(device: &HardwareSpec, precision: crate::Precision) -> Products {
         match precision {
             crate::Precision::Bf16 => Products::Bf16,
+            crate::Precision::Fp32 if device.name == "cpu" => Products::Fp32,
             crate::Precision::Fp32 => Products::Tf32,
         }
     }

@@ -134,10 +134,14 @@ impl PlanInputs {
             .hardware
             .peak_flops
             .filter(|_| device_name == cfg.hardware.device);
-        // A GPU trains through CUDA, whose fp32 products run as TF32 (on the CPU, one peak).
-        let products = hardware::Products::on_cuda(precision);
+        // A GPU trains through CUDA, whose fp32 products run as TF32.
+        let products = hardware::Products::training_on(device, precision);
         let peak_flops_per_gpu = config_peak.unwrap_or(device.peak_flops(products));
         let precision_name = products.as_str();
+        let tf32 = match products {
+            hardware::Products::Tf32 => " fp32: CUDA multiplies f32 as TF32",
+            _ => "",
+        };
         note(
             "device",
             format!(
@@ -149,9 +153,8 @@ impl PlanInputs {
             match (&req.device, config_peak) {
                 (Some(_), _) => "--device; peak from the hardware table".into(),
                 (None, Some(_)) => "config [hardware]; peak from hardware.peak_flops".into(),
-                (None, None) if products == hardware::Products::Tf32 => "config [hardware]; dense tf32 peak from the hardware table (train.precision fp32: CUDA multiplies f32 as TF32)".into(),
                 (None, None) => format!(
-                    "config [hardware]; dense {precision_name} peak (train.precision) from the hardware table"
+                    "config [hardware]; dense {precision_name} peak (train.precision{tf32}) from the hardware table"
                 ),
             },
         );
@@ -575,11 +578,25 @@ mod tests {
         })
         .unwrap();
         assert_eq!((i.layout.zero_stage, i.layout.shard), (2, 8));
-        // fp32 configs plan against the TF32 peak: CUDA multiplies their f32 as TF32.
+        // fp32 configs plan a GPU against its TF32 peak (CUDA multiplies their f32 as TF32),
+        // the CPU against its fp32 peak.
         let mut cfg = x1();
         cfg.train.precision = Precision::Fp32;
         let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
         assert_eq!(i.peak_flops_per_gpu, 156e12);
+        assert!(
+            i.assumptions[0].value.contains("tf32 peak"),
+            "{:?}",
+            i.assumptions[0]
+        );
+        cfg.hardware.device = "cpu".into();
+        let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
+        assert_eq!(i.peak_flops_per_gpu, 160e9);
+        assert!(
+            i.assumptions[0].value.contains("fp32 peak"),
+            "{:?}",
+            i.assumptions[0]
+        );
     }
 
     /// `[parallel]` is the layout the trainer launches: the plan reads its defaults there,

@@ -129,8 +129,11 @@ impl PoolMemory {
 pub struct BenchReport {
     pub config: String,
     pub lm_head_loss: String,
-    /// `fp32` or `bf16` (mixed precision); MFU is against the peak of this precision.
+    /// `fp32` or `bf16` (mixed precision).
     pub precision: String,
+    /// What the products compute in, whose peak MFU is against: `bf16`, `fp32`, or `tf32` for
+    /// an fp32 run on CUDA.
+    pub products: String,
     /// `none` or `selective` activation checkpointing.
     pub activation_checkpointing: String,
     /// Tokens this process computes per step (one replica's share of a data-parallel step).
@@ -147,7 +150,7 @@ pub struct BenchReport {
     /// GPU's work. (On the CPU nothing tells the two apart: a sync waits for nothing.)
     pub phased_ms_per_step: f64,
     pub mfu: f64,
-    /// The FLOP/s MFU divides by (the detected device's peak at the run's precision, or
+    /// The FLOP/s MFU divides by (the detected device's peak for the run's products, or
     /// `hardware.peak_flops`): bench.sh puts every row of its table over this same peak.
     pub peak_flops: f64,
     /// The peak memory the gauge saw over the whole timed steps, and which gauge it was.
@@ -270,6 +273,11 @@ fn bench<B: TrainBackend>(opts: BenchOptions, device: B::Device) -> Result<Bench
         config: cfg.name.clone(),
         lm_head_loss: cfg.train.lm_head_loss.as_str().into(),
         precision: cfg.train.precision.as_str().into(),
+        products: cfg
+            .hardware
+            .products_in(cfg.train.precision)
+            .as_str()
+            .into(),
         activation_checkpointing: cfg.train.activation_checkpointing.as_str().into(),
         tokens_per_step,
         steps: opts.steps,

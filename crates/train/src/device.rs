@@ -49,7 +49,7 @@ pub fn measure_on(cfg: &mut LabConfig, found: Found) -> Option<String> {
         "hardware.device = \"{written}\" but {what}: MFU is against {}'s {} peak, {}",
         spec.name,
         cfg.hardware.products_in(cfg.train.precision).as_str(),
-        flops(peak)
+        format_flops(peak)
     ))
 }
 
@@ -70,7 +70,8 @@ pub fn mfu_peak(cfg: &LabConfig) -> MfuPeak {
     }
 }
 
-fn flops(x: f64) -> String {
+/// FLOP/s as people read them: `989 TFLOP/s`, `160 GFLOP/s`.
+pub fn format_flops(x: f64) -> String {
     if x >= 1e12 {
         format!("{:.0} TFLOP/s", x / 1e12)
     } else {

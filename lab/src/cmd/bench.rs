@@ -204,8 +204,10 @@ fn print_report(r: &BenchReport, backend: &str, threads: &str, last_step: usize)
         r.steps
     );
     println!(
-        "  MFU {:.1}% | loss at step {last_step} {:.4}",
+        "  MFU {:.1}% of the {} peak, {} | loss at step {last_step} {:.4}",
         r.mfu * 100.0,
+        r.products,
+        lab_train::device::format_flops(r.peak_flops),
         r.last_loss
     );
     println!(
