@@ -19,11 +19,11 @@
 # before and after. On CUDA its time is the host's between the two, so a kernel's figure
 # includes a launch and a sync (microseconds); wgpu reads the device's timestamps where it has
 # them. The step runs slower than in training. The same log takes cubecl's compilation and
-# autotune logs too (on a fresh host, every kernel's source); only timed launches are read. Prints, per timed
-# step on average, each kernel's launches, milliseconds and share of the kernels' sum, by
-# kernel path (lab_kernels::rms_norm::ForwardKernel and lab_kernels::attention::ForwardKernel
-# apart); every product cubecl runs is one `MatmulEntry` line whatever its shape (`lab bench
-# --matmul` times them by shape).
+# autotune logs too (on a fresh host, every kernel's source); only timed launches are read.
+# Prints, per timed step on average, each kernel's launches, milliseconds and share of the
+# kernels' sum, by kernel path (lab_kernels::rms_norm::ForwardKernel and
+# lab_kernels::attention::ForwardKernel apart); every product cubecl runs is one `MatmulEntry`
+# line whatever its shape (`lab bench --matmul` times them by shape).
 set -euo pipefail
 lab="" config="" backend=wgpu steps=2 times=0
 while [ $# -gt 0 ]; do
@@ -93,14 +93,16 @@ for line in open(log, encoding="utf-8", errors="replace"):
 if not launches:
     sys.exit("launches.sh: no launches in cubecl's log")
 
-def is_adamw(i):
-    return launches[i][0].endswith("AdamwKernel")
+def is_adamw(name):
+    return name.endswith("AdamwKernel")
+
+names = [name for name, _ in launches]
 
 # A step ends with the optimizer's run of AdamW launches (one per parameter), between which a
 # strided gradient's copy may come (a gradient that is a view into a wider one, such as a
 # concatenation's backward hands out): the last AdamW launch with no other in the 3 after it.
-ends = [i for i in range(len(launches))
-        if is_adamw(i) and not any(is_adamw(j) for j in range(i + 1, min(i + 4, len(launches))))]
+ends = [i for i, name in enumerate(names)
+        if is_adamw(name) and not any(map(is_adamw, names[i + 1:i + 4]))]
 steps, start = [], 0
 for end in ends:
     steps.append(launches[start:end + 1])
@@ -110,7 +112,7 @@ if len(steps) < 2:
 # The first is the warm-up (it also runs autotune's trials); the log's tail may be cut short
 # at exit, so only steps whose AdamW run is as long as the warm-up's count.
 def adamw_count(step):
-    return sum(name.endswith("AdamwKernel") for name, _ in step)
+    return sum(is_adamw(name) for name, _ in step)
 params = adamw_count(steps[0])
 timed = [s for s in steps[1:] if adamw_count(s) == params]
 if not timed:

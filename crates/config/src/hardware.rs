@@ -202,11 +202,7 @@ impl Hardware {
     /// What a run's products compute in: bf16, or for fp32 storage TF32 where they run on
     /// tensor cores (see `tf32_products`) and fp32 elsewhere.
     pub fn products_in(&self, precision: crate::Precision) -> Products {
-        match precision {
-            crate::Precision::Bf16 => Products::Bf16,
-            crate::Precision::Fp32 if self.tf32_products => Products::Tf32,
-            crate::Precision::Fp32 => Products::Fp32,
-        }
+        Products::of(precision, self.tf32_products)
     }
 }
 
@@ -219,13 +215,12 @@ pub enum Products {
 }
 
 impl Products {
-    /// What lab's products compute in when it trains on `device`: as stored on the CPU; on a
-    /// GPU through CUDA, where an fp32 run's products are TF32.
-    pub fn training_on(device: &HardwareSpec, precision: crate::Precision) -> Products {
+    /// What products compute in at `precision`, where fp32 ones run as TF32 or not.
+    pub fn of(precision: crate::Precision, tf32: bool) -> Products {
         match precision {
             crate::Precision::Bf16 => Products::Bf16,
-            crate::Precision::Fp32 if device.name == "cpu" => Products::Fp32,
-            crate::Precision::Fp32 => Products::Tf32,
+            crate::Precision::Fp32 if tf32 => Products::Tf32,
+            crate::Precision::Fp32 => Products::Fp32,
         }
     }
 

@@ -134,8 +134,8 @@ impl PlanInputs {
             .hardware
             .peak_flops
             .filter(|_| device_name == cfg.hardware.device);
-        // A GPU trains through CUDA, whose fp32 products run as TF32.
-        let products = hardware::Products::training_on(device, precision);
+        // lab trains on a GPU through CUDA, whose fp32 products run as TF32.
+        let products = hardware::Products::of(precision, device.name != "cpu");
         let peak_flops_per_gpu = config_peak.unwrap_or(device.peak_flops(products));
         let precision_name = products.as_str();
         let tf32 = match products {
@@ -582,21 +582,16 @@ mod tests {
         // the CPU against its fp32 peak.
         let mut cfg = x1();
         cfg.train.precision = Precision::Fp32;
-        let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
-        assert_eq!(i.peak_flops_per_gpu, 156e12);
-        assert!(
-            i.assumptions[0].value.contains("tf32 peak"),
-            "{:?}",
-            i.assumptions[0]
-        );
-        cfg.hardware.device = "cpu".into();
-        let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
-        assert_eq!(i.peak_flops_per_gpu, 160e9);
-        assert!(
-            i.assumptions[0].value.contains("fp32 peak"),
-            "{:?}",
-            i.assumptions[0]
-        );
+        for (device, peak, named) in [
+            ("a100-80gb", 156e12, "tf32 peak"),
+            ("cpu", 160e9, "fp32 peak"),
+        ] {
+            cfg.hardware.device = device.into();
+            let i = PlanInputs::resolve(&cfg, &PlanRequest::default()).unwrap();
+            assert_eq!(i.peak_flops_per_gpu, peak, "{device}");
+            let note = i.assumptions.iter().find(|a| a.name == "device").unwrap();
+            assert!(note.value.contains(named), "{note:?}");
+        }
     }
 
     /// `[parallel]` is the layout the trainer launches: the plan reads its defaults there,
