@@ -30,6 +30,10 @@ pub mod stop_rules;
 pub mod stream;
 pub mod trainer;
 
+/// The whole loop on the GPU backend's kernels against the CPU's, step for step (lavapipe in CI).
+#[cfg(all(test, feature = "wgpu"))]
+mod gpu_follows_cpu;
+
 pub use backend::{BackendKind, TrainBackend};
 pub use policy::{Decision, Journal, StepPolicy, StepView, Stop};
 pub use trainer::{train, AlertSink, Outcome, TrainOptions};
