@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Compiles every lab-kernels kernel's CUDA C++ with NVRTC and prints ptxas's registers and
-# spills, and the shared memory cubecl allots, for each, on a machine with no GPU and no CUDA
-# toolkit: the check a
-# kernel change can have before a GPU host runs it (a kernel that does not compile there
-# costs a device call). Speed and results still need the GPU.
+# spills, the shared memory cubecl allots and NVRTC's seconds, for each, on a machine with no
+# GPU and no CUDA toolkit: the check a kernel change can have before a GPU host runs it (a
+# kernel that does not compile there costs a device call). Speed and results still need the
+# GPU.
 #
 #   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...]
 #
@@ -57,7 +57,7 @@ fi
 echo "== NVRTC and ptxas (${archs[*]})"
 LD_LIBRARY_PATH="$cuda/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   python3 - "$cuda" "$out" "${archs[@]}" <<'EOF'
-import ctypes, glob, os, re, subprocess, sys
+import ctypes, glob, os, re, subprocess, sys, time
 
 cuda, out, archs = sys.argv[1], sys.argv[2], sys.argv[3:]
 nvrtc = ctypes.CDLL(os.path.join(cuda, "cuda_nvrtc/lib/libnvrtc.so.12"))
@@ -66,7 +66,8 @@ ptxas = os.path.join(cuda, "cuda_nvcc/bin/ptxas")
 
 
 def ptx(source, arch):
-    """NVRTC's PTX for `source`, with cubecl-cuda's options; raises with the log on error."""
+    """NVRTC's PTX for `source`, with cubecl-cuda's options, and the seconds NVRTC took;
+    raises with the log on error."""
     prog = ctypes.c_void_p()
     text = open(source, "rb").read()
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), text, source.encode(), 0, None, None):
@@ -74,7 +75,9 @@ def ptx(source, arch):
     opts = [f"--gpu-architecture={arch}".encode(), b"-lineinfo"]
     opts += [f"--include-path={p}".encode() for p in includes]
     try:
+        started = time.perf_counter()
         failed = nvrtc.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+        seconds = time.perf_counter() - started
         size = ctypes.c_size_t()
         if failed:
             nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -84,7 +87,7 @@ def ptx(source, arch):
         nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size))
         buf = ctypes.create_string_buffer(size.value)
         nvrtc.nvrtcGetPTX(prog, buf)
-        return buf.value
+        return buf.value, seconds
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -104,19 +107,23 @@ def shared_bytes(source):
 
 
 failed = 0
-print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9}")
+compile_s = 0.0
+print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9} {'nvrtc s':>8}")
 for source in sorted(glob.glob(os.path.join(out, "*.cu"))):
     name = os.path.basename(source)[:-3]
     for arch in archs:
         try:
             ptx_file = os.path.join(out, f"{name}.{arch}.ptx")
-            open(ptx_file, "wb").write(ptx(source, arch))
+            text, seconds = ptx(source, arch)
+            compile_s += seconds
+            open(ptx_file, "wb").write(text)
             regs, spill = usage(ptx_file, arch)
-            print(f"{name:38} {arch:7} {regs:5} {spill:8} {shared_bytes(source):9}")
+            print(f"{name:38} {arch:7} {regs:5} {spill:8} {shared_bytes(source):9} {seconds:8.2f}")
         except (RuntimeError, subprocess.CalledProcessError) as err:
             failed += 1
             detail = getattr(err, "stderr", None) or str(err)
             print(f"{name:38} {arch:7} FAILED\n{detail[:4000]}")
+print(f"NVRTC: {compile_s:.1f} s for all, one after another (a GPU host's first run pays this)")
 print(f"{failed} failed" if failed else "all compiled")
 sys.exit(1 if failed else 0)
 EOF
