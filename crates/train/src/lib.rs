@@ -30,7 +30,8 @@ pub mod stop_rules;
 pub mod stream;
 pub mod trainer;
 
-/// The whole loop on the GPU backend's kernels against the CPU's, step for step (lavapipe in CI).
+/// The whole loop on the GPU backend's kernels against the CPU's, step for step: a unit test
+/// so that CI's lavapipe run of lab-train's `--lib` tests takes it without another binary.
 #[cfg(all(test, feature = "wgpu"))]
 mod gpu_follows_cpu;
 
