@@ -79,8 +79,8 @@ impl<B: FusedHeads + FusedProjection> Attention<B> {
     }
 
     /// As [`Attention::forward`] for tokens that follow the `cache` (decoding): their keys and
-    /// values (n_kv_head heads, RoPE at their positions) are appended to it first. `future` is
-    /// [`causal_mask_after`] for the cache length.
+    /// values (n_kv_head heads, RoPE at their positions) are written into it first. `future` is
+    /// [`causal_mask_after`] for the cache's filled length and capacity.
     pub fn forward_cached(
         &self,
         x: Tensor<B, 2>,
@@ -172,46 +172,77 @@ impl<B: FusedHeads + FusedProjection> Attention<B> {
     }
 }
 
-/// One layer's cached keys and values, `[B, n_kv_head, T, head_dim]` each: GQA caches the
-/// shared key/value heads only, not one per query head.
-#[derive(Debug, Clone, Default)]
+/// One layer's cached keys and values, `[B, n_kv_head, capacity, head_dim]` each, the first
+/// `len` positions filled: GQA caches the shared key/value heads only, not one per query head.
+///
+/// The buffers have the model's whole context from the first token on, and attention reads
+/// all of it, masking the positions not yet filled ([`causal_mask_after`]). So every decoding
+/// step has the same shapes: a GPU backend compiles its kernels once, where a cache that grew
+/// by a token a step had new shapes, and new kernels to compile, at every step.
+#[derive(Debug, Clone)]
 pub struct LayerCache<B: Backend> {
     pub k: Option<Tensor<B, 4>>,
     pub v: Option<Tensor<B, 4>>,
+    len: usize,
+    capacity: usize,
 }
 
 impl<B: Backend> LayerCache<B> {
+    /// An empty cache for up to `capacity` positions.
+    pub fn with_capacity(capacity: usize) -> Self {
+        LayerCache {
+            k: None,
+            v: None,
+            len: 0,
+            capacity,
+        }
+    }
+
+    /// Positions filled.
     pub fn len(&self) -> usize {
-        self.k.as_ref().map_or(0, |k| k.dims()[2])
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// Appends new keys and values along the sequence and returns the whole cache.
+    /// Writes new keys and values after the filled positions and returns the whole buffers.
     fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let cat = |old: Option<Tensor<B, 4>>, new: Tensor<B, 4>| match old {
-            Some(old) => Tensor::cat(vec![old, new], 2),
-            None => new,
+        let [batch, heads, t, hd] = k.dims();
+        let (start, end) = (self.len, self.len + t);
+        assert!(
+            end <= self.capacity,
+            "{end} positions exceed the cache's {}",
+            self.capacity
+        );
+        let empty = |like: &Tensor<B, 4>| {
+            let zeros = Tensor::<B, 4>::zeros([batch, heads, self.capacity, hd], &like.device());
+            lab_ops::cast_to(zeros, like.dtype().into())
         };
-        let k = cat(self.k.take(), k);
-        let v = cat(self.v.take(), v);
+        let write = |buffer: Option<Tensor<B, 4>>, new: Tensor<B, 4>| {
+            let buffer = buffer.unwrap_or_else(|| empty(&new));
+            buffer.slice_assign([0..batch, 0..heads, start..end, 0..hd], new)
+        };
+        let k = write(self.k.take(), k);
+        let v = write(self.v.take(), v);
         self.k = Some(k.clone());
         self.v = Some(v.clone());
+        self.len = end;
         (k, v)
     }
 }
 
-/// True where a new query may not see a key, `[group·T, offset + T]` in the stacked layout:
-/// query `i` (position `offset + i`) sees keys `0..=offset + i`.
+/// True where a new query may not see a key, `[group·T, keys]` in the stacked layout, for
+/// a cache of `keys` positions: query `i` (position `offset + i`) sees keys `0..=offset + i`,
+/// and neither its future nor the cache's unfilled positions.
 pub fn causal_mask_after<B: Backend>(
     t: usize,
     offset: usize,
+    keys: usize,
     group: usize,
     device: &B::Device,
 ) -> Tensor<B, 2, Bool> {
-    let keys = offset + t;
     let mut future = Vec::with_capacity(group * t * keys);
     for _ in 0..group {
         for i in 0..t {

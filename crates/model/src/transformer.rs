@@ -234,7 +234,7 @@ impl<B: Backend> Llama<B> {
         let device = self.embed.val().device();
         KvCache {
             layers: (0..self.blocks.len())
-                .map(|_| LayerCache::default())
+                .map(|_| LayerCache::with_capacity(self.seq_len))
                 .collect(),
             rope: Rope::new(self.seq_len, self.head_dim, self.rope_base, &device),
         }
@@ -311,7 +311,8 @@ impl<B: FusedLayers> Llama<B> {
             self.seq_len
         );
         let device = tokens.device();
-        let future = crate::attention::causal_mask_after::<B>(t, offset, self.group, &device);
+        let future =
+            crate::attention::causal_mask_after::<B>(t, offset, self.seq_len, self.group, &device);
         let mut x = self.embed_tokens(tokens);
         for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(x, batch, &cache.rope, &future, layer);

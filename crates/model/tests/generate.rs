@@ -87,7 +87,30 @@ fn the_cache_holds_the_kv_heads_only_and_matches_the_full_forward() {
     let k = cache.layers[0].k.as_ref().unwrap();
     assert_eq!(
         k.dims(),
-        [1, c.n_kv_head, 30, c.head_dim()],
-        "n_kv_head heads cached, not n_head"
+        [1, c.n_kv_head, c.seq_len, c.head_dim()],
+        "n_kv_head heads cached, not n_head, in a buffer of the whole context"
     );
+}
+
+/// Decoding on a GPU backend (lavapipe in CI; CUDA when built with only `--features cuda`):
+/// the cache's writes into its whole-context buffers and the attention masked past what they
+/// hold give the CPU's greedy tokens, up to the end of the context.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[test]
+fn decoding_on_the_gpu_gives_the_cpus_tokens() {
+    #[cfg(feature = "wgpu")]
+    type Gpu = burn::backend::Wgpu;
+    #[cfg(not(feature = "wgpu"))]
+    type Gpu = burn::backend::Cuda;
+    let _gpu = crate::common::gpu_alone();
+    let cpu = Llama::<B>::new(&cfg(), 11, &Default::default());
+    let gpu = Llama::<Gpu>::new(&cfg(), 11, &Default::default());
+    for prompt in [vec![5u32], (0..19).map(|i| (i * 7) % 97).collect()] {
+        let new = 40 - prompt.len();
+        let greedy = Sampling::greedy();
+        let (on_cpu, _) = generate(&cpu, &prompt, new, &greedy, None, &mut |_| {});
+        let (on_gpu, _) = generate(&gpu, &prompt, new, &greedy, None, &mut |_| {});
+        assert_eq!(on_gpu.len(), new);
+        assert_eq!(on_gpu, on_cpu, "prompt of {}", prompt.len());
+    }
 }
