@@ -175,14 +175,15 @@ impl<B: FusedHeads + FusedProjection> Attention<B> {
 /// One layer's cached keys and values, `[B, n_kv_head, capacity, head_dim]` each, the first
 /// `len` positions filled: GQA caches the shared key/value heads only, not one per query head.
 ///
-/// The buffers have the model's whole context from the first token on, and attention reads
-/// all of it, masking the positions not yet filled ([`causal_mask_after`]). So every decoding
-/// step has the same shapes: a GPU backend compiles its kernels once, where a cache that grew
-/// by a token a step had new shapes, and new kernels to compile, at every step.
+/// The buffers have the capacity a decoding call asks for from its first token on, and
+/// attention reads all of them, masking the positions not yet filled ([`causal_mask_after`]).
+/// So every decoding step of a call has the same shapes: a GPU backend compiles its kernels
+/// once, where a cache that grew by a token a step had new shapes, and new kernels to
+/// compile, at every step.
 #[derive(Debug, Clone)]
 pub struct LayerCache<B: Backend> {
-    pub k: Option<Tensor<B, 4>>,
-    pub v: Option<Tensor<B, 4>>,
+    k: Option<Tensor<B, 4>>,
+    v: Option<Tensor<B, 4>>,
     len: usize,
     capacity: usize,
 }
@@ -207,6 +208,11 @@ impl<B: Backend> LayerCache<B> {
         self.len == 0
     }
 
+    /// The keys' buffer, `[B, n_kv_head, capacity, head_dim]`, once a token is in.
+    pub fn keys(&self) -> Option<&Tensor<B, 4>> {
+        self.k.as_ref()
+    }
+
     /// Writes new keys and values after the filled positions and returns the whole buffers.
     fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, heads, t, hd] = k.dims();
@@ -216,6 +222,8 @@ impl<B: Backend> LayerCache<B> {
             "{end} positions exceed the cache's {}",
             self.capacity
         );
+        // Zeros, not uninitialised memory: a masked position's weight is exactly 0, and 0
+        // times a zero value keeps a NaN out of the output.
         let empty = |like: &Tensor<B, 4>| {
             let zeros = Tensor::<B, 4>::zeros([batch, heads, self.capacity, hd], &like.device());
             lab_ops::cast_to(zeros, like.dtype().into())

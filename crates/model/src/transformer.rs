@@ -228,15 +228,19 @@ impl<B: Backend> Llama<B> {
         }
     }
 
-    /// A cache for decoding up to `seq_len` tokens: one [`LayerCache`] per block and the RoPE
-    /// tables of every position.
-    pub fn new_cache(&self) -> KvCache<B> {
+    /// A cache for decoding up to `tokens` tokens (prompt and new ones): one [`LayerCache`] per
+    /// block, with room for `tokens` rounded up to a power of two (at most `seq_len`), and the
+    /// RoPE tables of every position. The rounding keeps the kinds of shapes, and so the
+    /// kernels a GPU compiles, to a few, while the buffers stay within twice what is used.
+    pub fn new_cache(&self, tokens: usize) -> KvCache<B> {
         let device = self.embed.val().device();
+        let capacity = tokens.next_power_of_two().min(self.seq_len);
         KvCache {
             layers: (0..self.blocks.len())
-                .map(|_| LayerCache::with_capacity(self.seq_len))
+                .map(|_| LayerCache::with_capacity(capacity))
                 .collect(),
             rope: Rope::new(self.seq_len, self.head_dim, self.rope_base, &device),
+            capacity,
         }
     }
 
@@ -295,24 +299,25 @@ impl<B: FusedLayers> Llama<B> {
         self.norm.forward(x)
     }
 
-    /// Logits `[B, T, vocab]` of `tokens` that follow what `cache` holds, appending their keys
-    /// and values to it: incremental decoding, positions and causal mask offset by the cache.
+    /// Logits `[B, T, vocab]` of `tokens` that follow what `cache` holds, writing their keys
+    /// and values into it: incremental decoding, positions and causal mask offset by the cache,
+    /// the cache's positions not yet filled masked too.
     pub fn forward_cached(
         &self,
         tokens: Tensor<B, 2, Int>,
         cache: &mut KvCache<B>,
     ) -> Tensor<B, 3> {
         let [batch, t] = tokens.dims();
-        let offset = cache.len();
+        let (offset, capacity) = (cache.len(), cache.capacity);
         assert!(
-            offset + t <= self.seq_len,
-            "{} tokens exceed seq_len {}",
+            offset + t <= capacity,
+            "{} tokens exceed the cache's {capacity} (seq_len {})",
             offset + t,
             self.seq_len
         );
         let device = tokens.device();
         let future =
-            crate::attention::causal_mask_after::<B>(t, offset, self.seq_len, self.group, &device);
+            crate::attention::causal_mask_after::<B>(t, offset, capacity, self.group, &device);
         let mut x = self.embed_tokens(tokens);
         for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
             x = block.forward_cached(x, batch, &cache.rope, &future, layer);
@@ -344,9 +349,15 @@ pub fn compute_dtype(precision: Precision) -> FloatDType {
 pub struct KvCache<B: Backend> {
     pub layers: Vec<LayerCache<B>>,
     rope: Rope<B>,
+    capacity: usize,
 }
 
 impl<B: Backend> KvCache<B> {
+    /// Tokens the cache has room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Tokens cached.
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, LayerCache::len)

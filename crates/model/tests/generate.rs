@@ -64,7 +64,7 @@ fn the_cache_holds_the_kv_heads_only_and_matches_the_full_forward() {
         .convert::<f32>()
         .into_vec()
         .unwrap();
-    let mut cache = model.new_cache();
+    let mut cache = model.new_cache(30);
     let first: Vec<f32> = model
         .forward_cached(tokens(0..20), &mut cache)
         .into_data()
@@ -84,11 +84,13 @@ fn the_cache_holds_the_kv_heads_only_and_matches_the_full_forward() {
         .fold(0.0f32, f32::max);
     assert!(max_diff < 1e-4, "cached logits differ by {max_diff}");
     assert_eq!(cache.len(), 30);
-    let k = cache.layers[0].k.as_ref().unwrap();
+    // 30 tokens rounded up to a power of two, within the context of 40.
+    assert_eq!(cache.capacity(), 32);
+    let k = cache.layers[0].keys().unwrap();
     assert_eq!(
         k.dims(),
-        [1, c.n_kv_head, c.seq_len, c.head_dim()],
-        "n_kv_head heads cached, not n_head, in a buffer of the whole context"
+        [1, c.n_kv_head, 32, c.head_dim()],
+        "n_kv_head heads cached, not n_head, in a buffer of the cache's capacity"
     );
 }
 

@@ -150,7 +150,7 @@ fn a_bf16_head_reads_as_its_values_in_fp32() {
         copy.token_losses(x.clone(), y.clone()).unsqueeze(),
         rounded.token_losses(x.clone(), y).unsqueeze(),
     );
-    let (mut c1, mut c2) = (copy.new_cache(), rounded.new_cache());
+    let (mut c1, mut c2) = (copy.new_cache(6), rounded.new_cache(6));
     same(
         copy.forward_cached(x.clone(), &mut c1),
         rounded.forward_cached(x, &mut c2),
