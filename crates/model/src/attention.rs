@@ -213,23 +213,22 @@ impl<B: Backend> LayerCache<B> {
         self.k.as_ref()
     }
 
-    /// Writes new keys and values after the filled positions and returns the whole buffers.
+    /// Tokens the buffers have room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Writes new keys and values after the filled positions and returns the whole buffers
+    /// (the caller, [`crate::Llama::forward_cached`], has checked that they fit).
     fn append(&mut self, k: Tensor<B, 4>, v: Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, heads, t, hd] = k.dims();
         let (start, end) = (self.len, self.len + t);
-        assert!(
-            end <= self.capacity,
-            "{end} positions exceed the cache's {}",
-            self.capacity
-        );
         // Zeros, not uninitialised memory: a masked position's weight is exactly 0, and 0
         // times a zero value keeps a NaN out of the output.
-        let empty = |like: &Tensor<B, 4>| {
-            let zeros = Tensor::<B, 4>::zeros([batch, heads, self.capacity, hd], &like.device());
-            lab_ops::cast_to(zeros, like.dtype().into())
-        };
+        let shape = [batch, heads, self.capacity, hd];
         let write = |buffer: Option<Tensor<B, 4>>, new: Tensor<B, 4>| {
-            let buffer = buffer.unwrap_or_else(|| empty(&new));
+            let buffer =
+                buffer.unwrap_or_else(|| Tensor::zeros(shape, (&new.device(), new.dtype())));
             buffer.slice_assign([0..batch, 0..heads, start..end, 0..hd], new)
         };
         let k = write(self.k.take(), k);

@@ -71,7 +71,7 @@ pub fn generate<B: lab_ops::FusedLayers>(
     let device = model.embed.val().device();
     let prompt = fit(prompt, model.seq_len());
     let mut rng = ChaCha8Rng::seed_from_u64(sampling.seed);
-    let mut cache = model.new_cache(prompt.len() + max_new);
+    let mut cache = model.new_cache(prompt.len().saturating_add(max_new));
     let mut logits = last_row(model.forward_cached(ids::<B>(prompt, &device), &mut cache));
     let mut out = Vec::new();
     loop {

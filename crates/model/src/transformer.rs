@@ -234,13 +234,16 @@ impl<B: Backend> Llama<B> {
     /// kernels a GPU compiles, to a few, while the buffers stay within twice what is used.
     pub fn new_cache(&self, tokens: usize) -> KvCache<B> {
         let device = self.embed.val().device();
-        let capacity = tokens.next_power_of_two().min(self.seq_len);
+        // Clamped before rounding: a count past 2⁶³ has no power of two in a usize.
+        let capacity = tokens
+            .min(self.seq_len)
+            .next_power_of_two()
+            .min(self.seq_len);
         KvCache {
             layers: (0..self.blocks.len())
                 .map(|_| LayerCache::with_capacity(capacity))
                 .collect(),
             rope: Rope::new(self.seq_len, self.head_dim, self.rope_base, &device),
-            capacity,
         }
     }
 
@@ -308,7 +311,7 @@ impl<B: FusedLayers> Llama<B> {
         cache: &mut KvCache<B>,
     ) -> Tensor<B, 3> {
         let [batch, t] = tokens.dims();
-        let (offset, capacity) = (cache.len(), cache.capacity);
+        let (offset, capacity) = (cache.len(), cache.capacity());
         assert!(
             offset + t <= capacity,
             "{} tokens exceed the cache's {capacity} (seq_len {})",
@@ -349,13 +352,12 @@ pub fn compute_dtype(precision: Precision) -> FloatDType {
 pub struct KvCache<B: Backend> {
     pub layers: Vec<LayerCache<B>>,
     rope: Rope<B>,
-    capacity: usize,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Tokens the cache has room for.
+    /// Tokens the cache has room for (every layer has the same).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.layers.first().map_or(0, LayerCache::capacity)
     }
 
     /// Tokens cached.

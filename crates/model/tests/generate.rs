@@ -47,6 +47,27 @@ fn greedy_with_the_cache_gives_exactly_the_tokens_of_recomputing() {
     assert_eq!(a, b);
 }
 
+/// `lab generate --max-new-tokens` past the context decodes to the end of it and says so,
+/// rather than sizing a cache from a count no power of two holds.
+#[test]
+fn asking_for_more_tokens_than_the_context_stops_when_it_is_full() {
+    let model = Llama::<B>::new(&cfg(), 11, &Default::default());
+    let (out, stop) = generate(
+        &model,
+        &[5, 6],
+        usize::MAX,
+        &Sampling::greedy(),
+        None,
+        &mut |_| {},
+    );
+    assert_eq!(stop, lab_model::generate::Stop::ContextFull);
+    assert_eq!(
+        out.len(),
+        40 - 2 + 1,
+        "the context's free positions, and the token after them"
+    );
+}
+
 #[test]
 fn the_cache_holds_the_kv_heads_only_and_matches_the_full_forward() {
     let c = cfg();
@@ -95,8 +116,8 @@ fn the_cache_holds_the_kv_heads_only_and_matches_the_full_forward() {
 }
 
 /// Decoding on a GPU backend (lavapipe in CI; CUDA when built with only `--features cuda`):
-/// the cache's writes into its whole-context buffers and the attention masked past what they
-/// hold give the CPU's greedy tokens, up to the end of the context.
+/// the cache's writes into its buffers and the attention masked past what they hold give the
+/// CPU's greedy tokens, up to the end of the context.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[test]
 fn decoding_on_the_gpu_gives_the_cpus_tokens() {
