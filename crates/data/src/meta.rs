@@ -14,12 +14,29 @@ pub enum TokenDtype {
 }
 
 impl TokenDtype {
-    /// The narrowest dtype that holds every id below `vocab_size`.
+    /// The dtype lab writes for `vocab_size`: uint32 when the vocabulary exceeds 65,535, as
+    /// DESIGN.md's file contract says, so an outside reader can pick it from the vocabulary
+    /// alone. (A vocabulary of exactly 65,536 would fit uint16; files lab wrote that way
+    /// before still load, see [`TokenDtype::holds`].)
     pub fn for_vocab(vocab_size: usize) -> Self {
-        if vocab_size <= 1 << 16 {
+        if vocab_size <= 65_535 {
             Self::Uint16
         } else {
             Self::Uint32
+        }
+    }
+    /// Whether every id below `vocab_size` fits this dtype.
+    pub fn holds(self, vocab_size: usize) -> bool {
+        match self {
+            Self::Uint16 => vocab_size <= 1 << 16,
+            Self::Uint32 => vocab_size as u64 <= 1 << 32,
+        }
+    }
+    /// The name meta.json uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Uint16 => "uint16",
+            Self::Uint32 => "uint32",
         }
     }
     pub fn bytes(self) -> usize {
@@ -103,12 +120,12 @@ impl Meta {
         })?;
         let meta: Meta = serde_json::from_str(&text)
             .with_context(|| format!("{} is not a valid meta.json", path.display()))?;
-        if TokenDtype::for_vocab(meta.vocab_size) != meta.dtype && meta.dtype == TokenDtype::Uint16
-        {
+        if !meta.dtype.holds(meta.vocab_size) {
             bail!(
-                "{}: vocab_size {} does not fit dtype uint16; re-prepare with uint32",
+                "{}: vocab_size {} does not fit dtype {}; re-prepare the data with `lab data prepare`",
                 path.display(),
-                meta.vocab_size
+                meta.vocab_size,
+                meta.dtype.name()
             );
         }
         Ok(meta)
@@ -145,5 +162,40 @@ impl Meta {
     pub fn save(&self, dir: &Path) -> Result<()> {
         let json = serde_json::to_string_pretty(self)? + "\n";
         lab_fsio::write_atomic(&dir.join("meta.json"), json.as_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lab_writes_uint32_once_the_vocabulary_exceeds_65535() {
+        assert_eq!(TokenDtype::for_vocab(50_257), TokenDtype::Uint16);
+        assert_eq!(TokenDtype::for_vocab(65_535), TokenDtype::Uint16);
+        assert_eq!(TokenDtype::for_vocab(65_536), TokenDtype::Uint32);
+        assert_eq!(TokenDtype::for_vocab(262_144), TokenDtype::Uint32);
+    }
+
+    fn load_with(dir: &Path, vocab_size: usize, dtype: &str) -> Result<Meta> {
+        let meta = serde_json::json!({
+            "tokenizer": "test", "vocab_size": vocab_size, "dtype": dtype,
+            "eot_token": 0, "files": {}
+        });
+        std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+        Meta::load(dir)
+    }
+
+    #[test]
+    fn data_loads_in_any_dtype_that_holds_its_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        // Written by lab before the contract's cut-over: every id still fits.
+        assert!(load_with(dir.path(), 65_536, "uint16").is_ok());
+        assert!(load_with(dir.path(), 65_536, "uint32").is_ok());
+        let err = load_with(dir.path(), 65_537, "uint16").unwrap_err();
+        assert!(
+            format!("{err:#}").contains("does not fit dtype uint16"),
+            "{err:#}"
+        );
     }
 }
