@@ -542,6 +542,43 @@ fn stale_sidecar_file_stops_the_run_after_the_grace_period() {
     assert!(f["remaining_hours"].as_f64().is_some(), "{f}");
 }
 
+/// A sidecar that serves budget.json over http (or writes it outside the run folder): the run
+/// folder keeps the last numbers the guard read, so the export's manifest reports the spend.
+#[test]
+fn the_run_keeps_the_spend_it_read_from_an_http_sidecar() {
+    let server = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let served = dir.path().join("served.json");
+    fresh_budget_json(&served, 2.5, 1.29, 300.0);
+    let body = std::fs::read_to_string(&served).unwrap();
+    server.script("GET /budget.json", vec![Reply::Body(200, body)]);
+    let cfg = write_config(dir.path(), 5, "cap_usd = 35");
+    let uri = format!("{}/budget.json", server.url());
+    let out = train_cmd(&cfg, &run)
+        .args(["--budget-curr-cost-uri", &uri])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let kept: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("budget.json")).unwrap()).unwrap();
+    assert_eq!(kept["spent_usd"], 2.5, "{kept}");
+
+    let export = dir.path().join("export");
+    let out = lab()
+        .args(["export", "--run"])
+        .arg(&run)
+        .arg("--output")
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(export.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["cost"]["total_usd"], 2.5, "{}", manifest["cost"]);
+}
+
 #[test]
 fn planted_api_key_appears_in_no_output_or_file() {
     let server = Server::start();
@@ -635,7 +672,7 @@ fn planted_api_key_appears_in_no_output_or_file() {
 }
 
 #[test]
-fn bad_input_is_one_line_exit_1() {
+fn bad_input_is_one_line_exit_1_and_bad_flags_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     let cfg = write_config(dir.path(), 10, "cap_usd = 35\nalert_usd = 40");
@@ -648,9 +685,14 @@ fn bad_input_is_one_line_exit_1() {
     );
 
     let cfg = write_config(dir.path(), 10, "cap_usd = 35");
+    // A flag's value out of range is a usage error: exit 2, the same one line.
     let out = train(&cfg, &run, &["--budget-cap-usd=-3"]);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--budget-cap-usd"));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.starts_with("error: --budget-cap-usd (-3) must be") && err.lines().count() == 1,
+        "{err}"
+    );
 
     let out = lab()
         .args(["budget", "sidecar", "--provider", "runpod", "--out"])

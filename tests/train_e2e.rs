@@ -212,6 +212,10 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
         train(&cfg, &run).args(["--spike-batches", "3"]),
         "--spike-batches and --spike-kind need --inject-spike-at-step",
     );
+    expect_usage_error(
+        train(&cfg, &run).arg("--dry-run-budget"),
+        "--dry-run-budget needs a budget: pass --budget-cap-usd",
+    );
 
     assert!(no_checkpoint(&run), "a failed start left a checkpoint");
 

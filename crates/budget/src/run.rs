@@ -67,7 +67,7 @@ pub struct RunGuard {
 fn check_usd(flag: &str, v: Option<f64>) -> Result<()> {
     if let Some(v) = v {
         if !(v.is_finite() && v >= 0.0) {
-            bail!("{flag} ({v}) must be a finite number >= 0");
+            lab_config::bail_usage!("{flag} ({v}) must be a finite number >= 0");
         }
     }
     Ok(())
@@ -107,7 +107,7 @@ impl RunGuard {
                     (flags.terminate_on_exit, "--terminate-on-exit"),
                 ];
                 if let Some((_, flag)) = needs_cap.iter().find(|(set, _)| *set) {
-                    bail!("{flag} needs a budget: pass --budget-cap-usd or add [budget] cap_usd to the config");
+                    lab_config::bail_usage!("{flag} needs a budget: pass --budget-cap-usd or add [budget] cap_usd to the config");
                 }
                 return Ok(None);
             }
@@ -190,11 +190,49 @@ impl RunGuard {
     fn read(&mut self, now: f64) -> Reading {
         let poll = self.config.poll_interval_s;
         match &mut self.source {
-            Source::File(uri) => read_budget(uri, now, poll),
+            Source::File(uri) => {
+                let reading = read_budget(uri, now, poll);
+                self.keep_in_run(&reading);
+                reading
+            }
             Source::Meter(sidecar, out) => {
                 sidecar.poll_once(now);
                 read_budget(&BudgetUri::File(out.clone()), now, poll)
             }
+        }
+    }
+
+    /// The run folder keeps the last budget numbers read (RUN/budget.json), so `lab status` and
+    /// the export's manifest report the spend wherever the sidecar writes: another path or an
+    /// http URL. (The meter, and a sidecar writing there, already do; a dry run writes nothing.)
+    fn keep_in_run(&self, reading: &Reading) {
+        let kept = self.run_dir.join("budget.json");
+        let source = match &self.source {
+            Source::File(uri) => uri,
+            Source::Meter(..) => return,
+        };
+        if let BudgetUri::File(path) = source {
+            let same =
+                matches!((path.canonicalize(), kept.canonicalize()), (Ok(a), Ok(b)) if a == b);
+            if same {
+                return; // the sidecar writes the run's own budget.json
+            }
+        }
+        let file = match reading {
+            Reading::Fresh { file, .. }
+            | Reading::Bad {
+                file: Some(file), ..
+            } => file,
+            Reading::Bad { file: None, .. } => return,
+        };
+        if self.dry_run {
+            return;
+        }
+        if let Err(err) = file.write(&kept) {
+            eprintln!(
+                "budget warning: cannot keep the budget reading in {}: {err:#}",
+                kept.display()
+            );
         }
     }
 

@@ -11,6 +11,7 @@ pub mod model;
 pub mod parallel;
 pub mod stability;
 pub mod train;
+pub mod usage;
 
 use std::path::Path;
 
@@ -26,6 +27,7 @@ pub use model::{ModelConfig, ParamCount};
 pub use parallel::ParallelConfig;
 pub use stability::{Escalation, SpikeConfig, SpikeKind, SpikePolicy, Stability, StabilityConfig};
 pub use train::{ActivationCheckpointing, LmHeadLoss, Precision, TrainConfig};
+pub use usage::Usage;
 
 /// One `configs/*.toml` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

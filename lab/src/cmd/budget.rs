@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use lab_budget::clock::{now_unix, parse_utc};
 use lab_budget::guard::GuardSettings;
 use lab_budget::prelaunch::prelaunch;
@@ -187,7 +187,7 @@ fn provider_settings(p: &ProviderArgs) -> Result<(ProviderSettings, BudgetConfig
     ] {
         if let Some(v) = v {
             if !(v.is_finite() && v >= 0.0) {
-                bail!("{flag} ({v}) must be a finite number >= 0");
+                super::bail_usage!("{flag} ({v}) must be a finite number >= 0");
             }
         }
     }
@@ -206,7 +206,7 @@ fn provider_settings(p: &ProviderArgs) -> Result<(ProviderSettings, BudgetConfig
 
 fn positive(flag: &str, v: f64) -> Result<f64> {
     if !(v.is_finite() && v > 0.0) {
-        bail!("{flag} ({v}) must be a finite number > 0");
+        super::bail_usage!("{flag} ({v}) must be a finite number > 0");
     }
     Ok(v)
 }

@@ -17,19 +17,7 @@ pub mod supervise;
 pub mod tokenizer;
 pub mod train;
 
-/// A command line that is wrong as given (a flag that needs another flag or a config
-/// section, a value of the wrong form) where clap cannot judge it alone: exit 2, as clap's
-/// own usage errors.
-#[derive(Debug)]
-pub struct Usage(pub String);
-
-impl std::fmt::Display for Usage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Usage {}
+pub use lab_config::Usage;
 
 /// A message's non-blank lines, trimmed and joined by "; " (errors are one line).
 pub fn one_line(message: &str) -> String {
@@ -58,13 +46,7 @@ fn parse_flag<T: std::str::FromStr<Err = anyhow::Error>>(value: &str) -> anyhow:
         .map_err(|e: anyhow::Error| anyhow::Error::new(Usage(e.to_string())))
 }
 
-/// `bail!` for a [`Usage`] error (exit 2).
-macro_rules! bail_usage {
-    ($($arg:tt)*) => {
-        return Err(anyhow::Error::new($crate::cmd::Usage(format!($($arg)*))))
-    };
-}
-pub(crate) use bail_usage;
+pub(crate) use lab_config::bail_usage;
 
 /// This rank's GPU through NVML, opened once: None off CUDA, the error's text where NVML
 /// cannot be read. Its description picks MFU's peak and `--fit-micro-batch`'s memory; its

@@ -306,7 +306,7 @@ fn fit_micro_batch(
         Some(g) if g.is_finite() && g > 0.0 => g * lab_plan::units::GIB,
         Some(g) => super::bail_usage!("--fit-micro-batch {g}: give the device's memory in GiB, e.g. 80"),
         // Every rank must choose the same split: one number, not each GPU's own reading.
-        None if launch.world > 1 => bail!(
+        None if launch.world > 1 => super::bail_usage!(
             "--fit-micro-batch on {} ranks: give the smallest GPU's memory in GiB (--fit-micro-batch 80) so every rank splits the step alike",
             launch.world
         ),
