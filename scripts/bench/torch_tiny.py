@@ -38,8 +38,38 @@ def rope_tables(t, hd, base):
 
 
 def apply_rope(x, cos, sin):  # x: [B, H, T, hd]
+    # The tables in x's dtype, as Hugging Face Llama does: under bf16 autocast, fp32 tables
+    # would turn q and k to fp32 and add casts.
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention(q, k, v):
+    """Causal SDPA with K/V heads shared by groups of query heads."""
+    try:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    except TypeError:  # PyTorch < 2.5 has no enable_gqa: repeat the K/V heads
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class _RMSNorm(nn.Module):
+    """nn.RMSNorm for PyTorch < 2.4 (weight initialised to ones, statistics in fp32)."""
+
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return y.to(x.dtype) * self.weight
+
+
+RMSNorm = getattr(nn, "RMSNorm", _RMSNorm)
 
 
 class Attention(nn.Module):
@@ -58,7 +88,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         v = self.wv(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        y = attention(q, k, v)
         return self.wo(y.transpose(1, 2).reshape(b, t, self.h * self.hd))
 
 
@@ -77,9 +107,9 @@ class FeedForward(nn.Module):  # SwiGLU
 class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(c["d_model"], eps=c["norm_eps"])
+        self.attn_norm = RMSNorm(c["d_model"], eps=c["norm_eps"])
         self.attn = Attention(c)
-        self.ffn_norm = nn.RMSNorm(c["d_model"], eps=c["norm_eps"])
+        self.ffn_norm = RMSNorm(c["d_model"], eps=c["norm_eps"])
         self.ffn = FeedForward(c)
 
     def forward(self, x, cos, sin):
@@ -92,7 +122,7 @@ class Llama(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(c["vocab"], c["d_model"])
         self.blocks = nn.ModuleList(Block(c) for _ in range(c["n_layer"]))
-        self.norm = nn.RMSNorm(c["d_model"], eps=c["norm_eps"])
+        self.norm = RMSNorm(c["d_model"], eps=c["norm_eps"])
         self.lm_head = nn.Linear(c["d_model"], c["vocab"], bias=False)  # untied
         cos, sin = rope_tables(c["seq_len"], c["d_model"] // c["n_head"], c["rope_base"])
         self.register_buffer("cos", cos, persistent=False)

@@ -95,12 +95,17 @@ esac
 case "$device" in cuda|cpu) ;; *)
   echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
 esac
-# A compressed binary (see above) is unpacked next to itself.
-if [ ! -x "$lab" ] && [ -f "$lab.xz" ]; then
+# `unxz_to PACKED BINARY`: an executable from its xz (python3's lzma: xz may be missing).
+unxz_to() {
   python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-    "$lab.xz" "$lab" && chmod +x "$lab"
+    "$1" "$2" && chmod +x "$2"
+}
+# A compressed binary (see above) is unpacked next to itself. Without lab, the lease still runs
+# the kernel tests (each lab step then fails on its own).
+if [ ! -x "$lab" ] && [ -f "$lab.xz" ]; then
+  unxz_to "$lab.xz" "$lab" || { echo "session.sh: cannot unpack $lab.xz" >&2; rm -f "$lab"; }
 fi
-[ -x "$lab" ] || [ "$stage" = kernels ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
+[ -x "$lab" ] || [ "$stage" = kernels ] || [ "$stage" = lease ] || { echo "session.sh: no lab binary at $lab; pass --lab PATH" >&2; exit 2; }
 # NCCL (and NVRTC) from PyTorch's pip wheels when the system has no libnccl: cudarc loads them
 # by name at run time.
 # (grep without -q: under pipefail, -q's early exit can fail ldconfig with a broken pipe.)
@@ -240,13 +245,18 @@ compare() {
 
 # The GPU test binaries in .bin/tests (each crate's tests/main.rs), unpacked when compressed.
 tests="$repo/.bin/tests"
+# A binary that does not unpack (a truncated carry, a full disk) is recorded and removed; the
+# others still run.
 unpack_tests() {
   for packed in "$tests"/*.xz; do
     [ -f "$packed" ] || continue
     [ -x "${packed%.xz}" ] && continue
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$packed" "${packed%.xz}" && chmod +x "${packed%.xz}"
+    if ! unxz_to "$packed" "${packed%.xz}"; then
+      echo "FAILED unpack $(basename "$packed")" | tee -a "$summary"
+      rm -f "${packed%.xz}"
+    fi
   done
+  return 0
 }
 
 kernels() {
@@ -283,7 +293,9 @@ lease() {
     within 20 step gpu nvidia-smi
     # The headline first: lab with both opt-in paths against PyTorch eager, same GPU, same
     # windows (its first lab run also compiles most kernels, ~100 s on a fresh host).
-    LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt within 300 step compare-new "$here/bench.sh" \
+    # Its figures are kept in the archive as each is measured (BENCH_OUT).
+    BENCH_OUT="$logs/compare-new" LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt \
+      within 300 step compare-new "$here/bench.sh" \
       --lab "$lab" --config "$cfg" --device "$device" --steps 20 --warmup 3 --no-compile
     # Whether the opt-in paths are right on this GPU: they become the default only if so.
     unpack_tests
@@ -321,6 +333,7 @@ pack() {
   # Under a temporary name beside it, renamed when whole: a call cut off mid-write still
   # returns the last whole archive.
   tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='.step-*' --exclude='latest' \
+    --exclude='*.u32' \
     "logs-$stage" ${runs[@]+"${runs[@]}"}
   mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz"
 }
@@ -328,6 +341,7 @@ pack() {
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
 if [ -f "$repo/.bin/BUILT" ]; then echo "session.sh: .bin built from $(cat "$repo/.bin/BUILT")"; fi
 : > "$summary"
+[ -x "$lab" ] || echo "FAILED lab: no binary at $lab (lab's steps fail below)" | tee -a "$summary"
 "$stage"
 echo "== summary ($summary; logs in $out/$stage.tar.gz)"
 cat "$summary"

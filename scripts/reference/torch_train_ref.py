@@ -21,15 +21,21 @@ import os
 import sys
 import time
 
-import torch
-
 try:
     import tomllib
-except ModuleNotFoundError:  # Python < 3.11 (Ubuntu 22.04): pip install tomli
-    import tomli as tomllib
+except ModuleNotFoundError:  # Python < 3.11 (Ubuntu 22.04): tomli, else pip's own copy of it
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:  # a GPU host without internet: pip has bundled tomli since 21.2
+        from pip._vendor import tomli as tomllib
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from torch_tiny import Llama  # noqa: E402  (the model, shared with the CPU reference)
+try:
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    from torch_tiny import Llama  # the model, shared with the CPU reference
+except ModuleNotFoundError:  # bench.sh's table needs only the FLOP count below
+    torch = None
 
 # Dense peak FLOP/s by device name (as lab's hardware table), bf16 and fp32. fp32 here is
 # PyTorch's default, products in full fp32 (allow_tf32 off); lab's fp32 on CUDA multiplies
@@ -102,6 +108,8 @@ def sync(dev):
 
 
 def main():
+    if torch is None:
+        sys.exit("torch_train_ref.py: PyTorch is not installed for this python; pip install torch")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("--tokens", help="lab bench --tokens-out FILE")
