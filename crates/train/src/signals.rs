@@ -1,7 +1,8 @@
 //! SIGINT / SIGTERM while a trainer runs: the first one asks it to write an emergency
 //! checkpoint and exit (130 / 143); a second one, while the first is pending, ends the process
 //! at once. Outside training (before it, or after it, as in `lab run`'s evaluation and export)
-//! both keep their default action: the first one ends the process.
+//! each keeps the disposition the process started with: by default the first one ends the
+//! process, and one a shell set to be ignored (`lab run … &`) stays ignored.
 //!
 //! signal-hook's handlers cannot be taken back once installed, so they are installed once per
 //! process and a [`StopSignal`] arms them while it lives. Without that, a process that had
@@ -39,16 +40,35 @@ fn handlers() -> Result<Arc<Handlers>> {
         armed: Mutex::new(0),
     });
     for sig in [SIGINT, SIGTERM] {
-        // Handlers run in registration order. Idle: the default action, nothing after it.
-        // Armed: the shutdown check sees `pending` as it was before this signal, so only a
-        // second signal exits immediately.
-        signal_hook::flag::register_conditional_default(sig, h.idle.clone())?;
-        signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, h.pending.clone())?;
-        signal_hook::flag::register(sig, h.pending.clone())?;
-        signal_hook::flag::register_usize(sig, h.which.clone(), sig as usize)?;
+        let ignored = ignored_at_start(sig);
+        let (idle, pending, which) = (h.idle.clone(), h.pending.clone(), h.which.clone());
+        let action = move || {
+            if idle.load(Ordering::SeqCst) {
+                if !ignored {
+                    let _ = signal_hook::low_level::emulate_default_handler(sig);
+                }
+            } else if pending.swap(true, Ordering::SeqCst) {
+                signal_hook::low_level::exit(128 + sig);
+            } else {
+                which.store(sig as usize, Ordering::SeqCst);
+            }
+        };
+        // Safety: the action only touches atomics and calls signal-hook's async-signal-safe
+        // default action and `_exit`.
+        unsafe { signal_hook::low_level::register(sig, action)? };
     }
     *slot = Some(h.clone());
     Ok(h)
+}
+
+/// Whether `sig` was set to be ignored when this process started (a shell does that for
+/// SIGINT in `cmd &`): read before lab's handler replaces the disposition.
+fn ignored_at_start(sig: i32) -> bool {
+    // Safety: sigaction with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
+    }
 }
 
 /// Which stop signal arrived while this trainer was armed, if any. Dropping it disarms.
@@ -105,7 +125,7 @@ mod tests {
     //! Each case raises real signals, so each runs in a child process: this test binary run
     //! again on `child_case` alone, with the case named in the environment.
 
-    use std::os::unix::process::ExitStatusExt;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
     use std::process::{Command, ExitStatus};
 
     use signal_hook::low_level::raise;
@@ -116,18 +136,38 @@ mod tests {
     /// The child's exit status when its case saw what it expected and was not ended.
     const SURVIVED: i32 = 3;
 
-    fn run_case(case: &str) -> ExitStatus {
-        Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "signals::tests::child_case",
-                "--ignored",
-                "--quiet",
-            ])
-            .args(["--test-threads", "1"])
-            .env(CASE, case)
-            .status()
-            .unwrap()
+    /// Runs `case` in a child (started with SIGINT ignored when `sigint_ignored`, as a shell
+    /// starts `cmd &`): its status, and its output for the failure message.
+    fn run_case(case: &str, sigint_ignored: bool) -> (ExitStatus, String) {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args(["--exact", "signals::tests::child_case", "--ignored"])
+            .args(["--test-threads", "1", "--nocapture"])
+            .env(CASE, case);
+        if sigint_ignored {
+            // Safety: signal() is async-signal-safe; the child execs right after.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status, format!("case {case}: {}\n{text}", out.status))
+    }
+
+    /// Signals blocked by whoever started the tests would never be delivered.
+    fn unblock_stop_signals() {
+        // Safety: a sigset on the stack, filled by libc, then applied to this thread.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, SIGINT);
+            libc::sigaddset(&mut set, SIGTERM);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        }
     }
 
     #[test]
@@ -136,6 +176,7 @@ mod tests {
         let Ok(case) = std::env::var(CASE) else {
             return;
         };
+        unblock_stop_signals();
         let stop = |signal| {
             raise(signal).unwrap();
         };
@@ -152,7 +193,7 @@ mod tests {
             }
             "after_training" => {
                 drop(StopSignal::install().unwrap());
-                stop(SIGINT); // the default action ends the process here
+                stop(SIGINT); // the default action ends the process here, unless ignored
             }
             "trained_again" => {
                 let first = StopSignal::install().unwrap();
@@ -181,23 +222,36 @@ mod tests {
 
     #[test]
     fn an_armed_trainer_is_asked_to_stop_by_the_first_signal() {
-        assert_eq!(run_case("armed_once").code(), Some(SURVIVED));
-        assert_eq!(run_case("two_trainers").code(), Some(SURVIVED));
+        for case in ["armed_once", "two_trainers"] {
+            let (status, text) = run_case(case, false);
+            assert_eq!(status.code(), Some(SURVIVED), "{text}");
+        }
     }
 
     #[test]
     fn a_second_signal_while_armed_exits_at_once() {
-        assert_eq!(run_case("armed_twice").code(), Some(128 + SIGINT));
+        let (status, text) = run_case("armed_twice", false);
+        assert_eq!(status.code(), Some(128 + SIGINT), "{text}");
     }
 
     #[test]
     fn after_training_the_first_signal_ends_the_process() {
-        let status = run_case("after_training");
-        assert_eq!(status.signal(), Some(SIGINT), "{status}");
+        let (status, text) = run_case("after_training", false);
+        assert_eq!(status.signal(), Some(SIGINT), "{text}");
+    }
+
+    #[test]
+    fn a_signal_the_process_started_ignoring_stays_ignored_outside_training() {
+        let (status, text) = run_case("after_training", true);
+        assert_eq!(status.code(), Some(SURVIVED), "{text}");
+        // Armed, it still stops the trainer.
+        let (status, text) = run_case("armed_twice", true);
+        assert_eq!(status.code(), Some(128 + SIGINT), "{text}");
     }
 
     #[test]
     fn training_again_starts_without_the_last_trainings_signal() {
-        assert_eq!(run_case("trained_again").code(), Some(SURVIVED));
+        let (status, text) = run_case("trained_again", false);
+        assert_eq!(status.code(), Some(SURVIVED), "{text}");
     }
 }
