@@ -372,6 +372,7 @@ fn fresh_budget_json(path: &Path, spent: f64, rate: f64, poll: f64) {
         error: None,
         consecutive_failures: 0,
         written_utc: None,
+        kept_from: None,
     };
     f.write(path).unwrap();
 }
@@ -563,6 +564,7 @@ fn the_run_keeps_the_spend_it_read_from_an_http_sidecar() {
     let kept: Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("budget.json")).unwrap()).unwrap();
     assert_eq!(kept["spent_usd"], 2.5, "{kept}");
+    assert_eq!(kept["kept_from"], uri.as_str(), "{kept}");
 
     let export = dir.path().join("export");
     let out = lab()

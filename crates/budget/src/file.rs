@@ -52,6 +52,10 @@ pub struct BudgetFile {
     /// When this file was written.
     #[serde(default)]
     pub written_utc: Option<String>,
+    /// Set on the copy a trainer keeps in its run folder of numbers it read elsewhere (the
+    /// source's address): a copy, never the meter's own record of the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_from: Option<String>,
 }
 
 impl BudgetFile {

@@ -60,6 +60,8 @@ pub struct RunGuard {
     config: BudgetConfig,
     webhook: Option<Secret>,
     terminate_on_exit: bool,
+    /// The numbers last kept in RUN/budget.json (see `keep_in_run`).
+    last_kept: Option<BudgetFile>,
     dry_run: bool,
     warned: bool,
 }
@@ -135,15 +137,17 @@ impl RunGuard {
                     );
                 }
                 let out = run_dir.join("budget.json");
-                // A resumed run's meter starts from what the run already spent.
+                // A resumed run's meter starts from what the run already spent, which counts
+                // the configured prior spend already (a kept copy of another source's numbers
+                // is not the meter's record).
                 let before = std::fs::read_to_string(&out)
                     .ok()
                     .filter(|_| resume)
                     .and_then(|t| serde_json::from_str::<BudgetFile>(&t).ok())
-                    .filter(|f| f.provider.as_deref() == Some("meter"))
-                    .map(|f| f.spent_usd)
-                    .unwrap_or(0.0);
-                let meter = Meter::new(c.rate_usd_per_hr, c.prior_spend_usd + before, now_unix());
+                    .filter(|f| f.provider.as_deref() == Some("meter") && f.kept_from.is_none())
+                    .map(|f| f.spent_usd);
+                let spent = before.unwrap_or(c.prior_spend_usd);
+                let meter = Meter::new(c.rate_usd_per_hr, spent, now_unix());
                 let sidecar = Sidecar::new(Box::new(meter), out.clone(), None, c.poll_interval_s);
                 Source::Meter(Box::new(sidecar), out)
             }
@@ -163,6 +167,7 @@ impl RunGuard {
             terminate_on_exit: flags.terminate_on_exit,
             dry_run: flags.dry_run_budget,
             warned: false,
+            last_kept: None,
         }))
     }
 
@@ -202,21 +207,17 @@ impl RunGuard {
         }
     }
 
-    /// The run folder keeps the last budget numbers read (RUN/budget.json), so `lab status` and
-    /// the export's manifest report the spend wherever the sidecar writes: another path or an
-    /// http URL. (The meter, and a sidecar writing there, already do; a dry run writes nothing.)
-    fn keep_in_run(&self, reading: &Reading) {
-        let kept = self.run_dir.join("budget.json");
-        let source = match &self.source {
-            Source::File(uri) => uri,
-            Source::Meter(..) => return,
+    /// The run folder keeps the last budget numbers read (RUN/budget.json, marked `kept_from`),
+    /// so `lab status` and the export's manifest report the spend wherever the sidecar writes:
+    /// another path or an http URL. Never over a file another writer keeps there (the meter's,
+    /// a sidecar's), never on a dry run, and only when the numbers changed.
+    fn keep_in_run(&mut self, reading: &Reading) {
+        let Source::File(uri) = &self.source else {
+            return;
         };
-        if let BudgetUri::File(path) = source {
-            let same =
-                matches!((path.canonicalize(), kept.canonicalize()), (Ok(a), Ok(b)) if a == b);
-            if same {
-                return; // the sidecar writes the run's own budget.json
-            }
+        let kept = self.run_dir.join("budget.json");
+        if self.dry_run || matches!(uri, BudgetUri::File(path) if same_file(path, &kept)) {
+            return;
         }
         let file = match reading {
             Reading::Fresh { file, .. }
@@ -225,10 +226,21 @@ impl RunGuard {
             } => file,
             Reading::Bad { file: None, .. } => return,
         };
-        if self.dry_run {
+        let copy = BudgetFile {
+            kept_from: Some(uri.to_string()), // redacted: no credentials, no query
+            ..file.clone()
+        };
+        if self.last_kept.as_ref() == Some(&copy) {
             return;
         }
-        if let Err(err) = file.write(&kept) {
+        let another_writers = std::fs::read_to_string(&kept).ok().map(|t| {
+            serde_json::from_str::<BudgetFile>(&t).map_or(true, |f| f.kept_from.is_none())
+        });
+        if another_writers == Some(true) {
+            return;
+        }
+        self.last_kept = Some(copy.clone());
+        if let Err(err) = copy.write(&kept) {
             eprintln!(
                 "budget warning: cannot keep the budget reading in {}: {err:#}",
                 kept.display()
@@ -369,5 +381,142 @@ impl EndOfRun {
             out.display()
         ));
         Ok(())
+    }
+}
+
+/// Whether `a` and `b` are one file (the same device and inode: links included).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::format_utc;
+
+    fn meter(prior_spend_usd: f64) -> BudgetConfig {
+        BudgetConfig {
+            rate_usd_per_hr: 1.0,
+            prior_spend_usd,
+            ..BudgetConfig::course_default()
+        }
+    }
+
+    fn plan() -> PlannedRun {
+        PlannedRun {
+            total_steps: 10,
+            start_step: 0,
+            sec_per_step: None,
+            planned_hours: Some(0.01),
+        }
+    }
+
+    fn spent(path: &Path) -> BudgetFile {
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn fresh(path: &Path, spent_usd: f64, provider: &str) {
+        let now = now_unix();
+        BudgetFile {
+            spent_usd,
+            rate_usd_per_hr: 1.0,
+            hours_elapsed: 1.0,
+            projected_total_usd: spent_usd,
+            last_update_utc: format_utc(now),
+            provider: Some(provider.into()),
+            instance_id: None,
+            method: None,
+            remaining_hours: None,
+            poll_interval_s: Some(300.0),
+            stale: false,
+            error: None,
+            consecutive_failures: 0,
+            written_utc: None,
+            kept_from: None,
+        }
+        .write(path)
+        .unwrap();
+    }
+
+    /// The meter's record already holds the configured prior spend; a resume adds it once.
+    #[test]
+    fn a_resumed_meter_counts_the_prior_spend_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("budget.json");
+        let start = |resume| {
+            let flags = BudgetFlags::default();
+            let mut g = RunGuard::new(&flags, Some(&meter(2.0)), dir.path(), resume);
+            assert!(g
+                .as_mut()
+                .unwrap()
+                .as_mut()
+                .unwrap()
+                .prelaunch(&plan())
+                .launch());
+            spent(&record).spent_usd
+        };
+        let first = start(false);
+        assert!((2.0..2.01).contains(&first), "{first}");
+        let resumed = start(true);
+        assert!(
+            (first..first + 0.01).contains(&resumed),
+            "{resumed} after {first}"
+        );
+    }
+
+    /// Numbers read elsewhere are kept in the run folder, marked as a copy, and never over a
+    /// record another writer keeps there; a resumed meter does not take a copy for its own.
+    #[test]
+    fn the_run_keeps_a_copy_of_what_it_read_but_no_other_writers_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).unwrap();
+        let kept = run.join("budget.json");
+        let sidecar = dir.path().join("sidecar.json");
+        fresh(&sidecar, 3.0, "lambda");
+        let flags = BudgetFlags {
+            budget_cap_usd: Some(35.0),
+            budget_curr_cost_uri: Some(sidecar.display().to_string()),
+            ..Default::default()
+        };
+        let check = || {
+            let mut g = RunGuard::new(&flags, None, &run, true).unwrap().unwrap();
+            assert!(g.prelaunch(&plan()).launch());
+        };
+
+        fresh(&kept, 9.0, "meter"); // an earlier attempt's meter
+        check();
+        assert_eq!(spent(&kept).spent_usd, 9.0);
+
+        std::fs::remove_file(&kept).unwrap();
+        check();
+        let copy = spent(&kept);
+        assert_eq!(copy.spent_usd, 3.0);
+        assert_eq!(
+            copy.kept_from.as_deref(),
+            Some(&*sidecar.display().to_string())
+        );
+
+        fresh(&sidecar, 4.0, "lambda");
+        check(); // a copy is refreshed
+        assert_eq!(spent(&kept).spent_usd, 4.0);
+
+        let mut g = RunGuard::new(&BudgetFlags::default(), Some(&meter(0.5)), &run, true);
+        assert!(g
+            .as_mut()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .prelaunch(&plan())
+            .launch());
+        let own = spent(&kept);
+        assert!(
+            (0.5..0.51).contains(&own.spent_usd) && own.kept_from.is_none(),
+            "{own:?}"
+        );
     }
 }

@@ -90,6 +90,7 @@ impl Sidecar {
                     error: None,
                     consecutive_failures: 0,
                     written_utc: Some(format_utc(now)),
+                    kept_from: None,
                 };
                 if let Err(e) = file.write(&self.out) {
                     return self.fail(format!("{e:#}"), now);

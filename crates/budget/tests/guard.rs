@@ -34,6 +34,7 @@ fn file(spent: f64, rate: f64, updated: f64) -> BudgetFile {
         error: None,
         consecutive_failures: 0,
         written_utc: None,
+        kept_from: None,
     }
 }
 

@@ -24,6 +24,7 @@ fn budget_json(spent: f64, rate: f64, updated: f64, poll: f64) -> String {
         error: None,
         consecutive_failures: 0,
         written_utc: None,
+        kept_from: None,
     })
     .unwrap()
 }
