@@ -45,14 +45,17 @@ def apply_rope(x, cos, sin):  # x: [B, H, T, hd]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+# SDPA shares K/V heads itself from PyTorch 2.5 (enable_gqa); before, they are repeated.
+SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def attention(q, k, v):
     """Causal SDPA with K/V heads shared by groups of query heads."""
-    try:
+    if SDPA_GQA:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    except TypeError:  # PyTorch < 2.5 has no enable_gqa: repeat the K/V heads
-        group = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class _RMSNorm(nn.Module):

@@ -34,7 +34,7 @@ try:
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
     from torch_tiny import Llama  # the model, shared with the CPU reference
-except ModuleNotFoundError:  # bench.sh's table needs only the FLOP count below
+except (ImportError, OSError):  # no or a broken PyTorch: bench.sh's table needs only the FLOP count
     torch = None
 
 # Dense peak FLOP/s by device name (as lab's hardware table), bf16 and fp32. fp32 here is
