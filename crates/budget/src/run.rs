@@ -420,48 +420,34 @@ mod tests {
     }
 
     fn fresh(path: &Path, spent_usd: f64, provider: &str) {
-        let now = now_unix();
-        BudgetFile {
-            spent_usd,
-            rate_usd_per_hr: 1.0,
-            hours_elapsed: 1.0,
-            projected_total_usd: spent_usd,
-            last_update_utc: format_utc(now),
-            provider: Some(provider.into()),
-            instance_id: None,
-            method: None,
-            remaining_hours: None,
-            poll_interval_s: Some(300.0),
-            stale: false,
-            error: None,
-            consecutive_failures: 0,
-            written_utc: None,
-            kept_from: None,
-        }
-        .write(path)
-        .unwrap();
+        let file = serde_json::json!({
+            "spent_usd": spent_usd, "rate_usd_per_hr": 1.0, "hours_elapsed": 1.0,
+            "projected_total_usd": spent_usd, "last_update_utc": format_utc(now_unix()),
+            "provider": provider, "poll_interval_s": 300.0,
+        });
+        std::fs::write(path, file.to_string()).unwrap();
+    }
+
+    /// The meter's numbers in `run` after a pre-launch check by a guard with no flags.
+    fn meter_reads(run: &Path, prior_spend_usd: f64, resume: bool) -> BudgetFile {
+        let mut g = RunGuard::new(
+            &BudgetFlags::default(),
+            Some(&meter(prior_spend_usd)),
+            run,
+            resume,
+        );
+        let g = g.as_mut().unwrap().as_mut().unwrap();
+        assert!(g.prelaunch(&plan()).launch());
+        spent(&run.join("budget.json"))
     }
 
     /// The meter's record already holds the configured prior spend; a resume adds it once.
     #[test]
     fn a_resumed_meter_counts_the_prior_spend_once() {
         let dir = tempfile::tempdir().unwrap();
-        let record = dir.path().join("budget.json");
-        let start = |resume| {
-            let flags = BudgetFlags::default();
-            let mut g = RunGuard::new(&flags, Some(&meter(2.0)), dir.path(), resume);
-            assert!(g
-                .as_mut()
-                .unwrap()
-                .as_mut()
-                .unwrap()
-                .prelaunch(&plan())
-                .launch());
-            spent(&record).spent_usd
-        };
-        let first = start(false);
+        let first = meter_reads(dir.path(), 2.0, false).spent_usd;
         assert!((2.0..2.01).contains(&first), "{first}");
-        let resumed = start(true);
+        let resumed = meter_reads(dir.path(), 2.0, true).spent_usd;
         assert!(
             (first..first + 0.01).contains(&resumed),
             "{resumed} after {first}"
@@ -505,15 +491,7 @@ mod tests {
         check(); // a copy is refreshed
         assert_eq!(spent(&kept).spent_usd, 4.0);
 
-        let mut g = RunGuard::new(&BudgetFlags::default(), Some(&meter(0.5)), &run, true);
-        assert!(g
-            .as_mut()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .prelaunch(&plan())
-            .launch());
-        let own = spent(&kept);
+        let own = meter_reads(&run, 0.5, true);
         assert!(
             (0.5..0.51).contains(&own.spent_usd) && own.kept_from.is_none(),
             "{own:?}"
