@@ -143,14 +143,20 @@ mod tests {
         cmd.args(["--exact", "signals::tests::child_case", "--ignored"])
             .args(["--test-threads", "1", "--nocapture"])
             .env(CASE, case);
-        if sigint_ignored {
-            // Safety: signal() is async-signal-safe; the child execs right after.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::signal(libc::SIGINT, libc::SIG_IGN);
-                    Ok(())
-                });
-            }
+        // Set either way: a test process run in the background by a shell (as CI's side-by-side
+        // runs are) starts with SIGINT ignored, and the child would inherit that.
+        let sigint = if sigint_ignored {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        // Safety: signal() is async-signal-safe; the child execs right after.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::signal(libc::SIGINT, sigint);
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                Ok(())
+            });
         }
         let out = cmd.output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).to_string()
