@@ -9,56 +9,47 @@
 //! trained once swallowed the next Ctrl-C into a flag nobody read.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use anyhow::Result;
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-/// The process's one set of handlers and the flags they write.
-struct Handlers {
-    /// The last stop signal's number while armed, else 0.
-    which: Arc<AtomicUsize>,
-    /// A stop signal arrived while armed: the next one exits at once.
-    pending: Arc<AtomicBool>,
-    /// No trainer is armed: the signal takes its default action.
-    idle: Arc<AtomicBool>,
-    /// How many trainers are armed (tests train side by side in one process).
-    armed: Mutex<usize>,
+/// The last stop signal's number while armed, else 0.
+static WHICH: AtomicUsize = AtomicUsize::new(0);
+/// A stop signal arrived while armed: the next one exits at once.
+static PENDING: AtomicBool = AtomicBool::new(false);
+/// No trainer is armed: a signal acts as it did when the process started.
+static IDLE: AtomicBool = AtomicBool::new(true);
+/// Whether the handlers are installed, and how many trainers are armed (tests train side by
+/// side in one process).
+static ARMED: Mutex<Armed> = Mutex::new(Armed {
+    installed: false,
+    trainers: 0,
+});
+
+struct Armed {
+    installed: bool,
+    trainers: usize,
 }
 
-static HANDLERS: Mutex<Option<Arc<Handlers>>> = Mutex::new(None);
-
-fn handlers() -> Result<Arc<Handlers>> {
-    let mut slot = HANDLERS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(h) = slot.as_ref() {
-        return Ok(h.clone());
-    }
-    let h = Arc::new(Handlers {
-        which: Arc::default(),
-        pending: Arc::default(),
-        idle: Arc::new(AtomicBool::new(true)),
-        armed: Mutex::new(0),
-    });
-    for sig in [SIGINT, SIGTERM] {
-        let ignored = ignored_at_start(sig);
-        let (idle, pending, which) = (h.idle.clone(), h.pending.clone(), h.which.clone());
-        let action = move || {
-            if idle.load(Ordering::SeqCst) {
-                if !ignored {
-                    let _ = signal_hook::low_level::emulate_default_handler(sig);
-                }
-            } else if pending.swap(true, Ordering::SeqCst) {
-                signal_hook::low_level::exit(128 + sig);
-            } else {
-                which.store(sig as usize, Ordering::SeqCst);
+/// Installs the one handler of `sig`; it reads the state above.
+fn install_handler(sig: i32) -> Result<()> {
+    let ignored = ignored_at_start(sig);
+    let action = move || {
+        if IDLE.load(Ordering::SeqCst) {
+            if !ignored {
+                let _ = signal_hook::low_level::emulate_default_handler(sig);
             }
-        };
-        // Safety: the action only touches atomics and calls signal-hook's async-signal-safe
-        // default action and `_exit`.
-        unsafe { signal_hook::low_level::register(sig, action)? };
-    }
-    *slot = Some(h.clone());
-    Ok(h)
+        } else if PENDING.swap(true, Ordering::SeqCst) {
+            signal_hook::low_level::exit(128 + sig);
+        } else {
+            WHICH.store(sig as usize, Ordering::SeqCst);
+        }
+    };
+    // Safety: the action only touches atomics and calls signal-hook's async-signal-safe
+    // default action and `_exit`.
+    unsafe { signal_hook::low_level::register(sig, action)? };
+    Ok(())
 }
 
 /// Whether `sig` was set to be ignored when this process started (a shell does that for
@@ -72,29 +63,30 @@ fn ignored_at_start(sig: i32) -> bool {
 }
 
 /// Which stop signal arrived while this trainer was armed, if any. Dropping it disarms.
-pub struct StopSignal {
-    handlers: Arc<Handlers>,
-}
+pub struct StopSignal(());
 
 impl StopSignal {
     /// Arms the SIGINT and SIGTERM handlers (installing them the first time) until dropped.
     pub fn install() -> Result<Self> {
-        let handlers = handlers()?;
-        let mut armed = handlers.armed.lock().unwrap_or_else(|e| e.into_inner());
-        if *armed == 0 {
-            // A signal from an earlier training was answered by it; this one starts clean.
-            handlers.which.store(0, Ordering::SeqCst);
-            handlers.pending.store(false, Ordering::SeqCst);
-            handlers.idle.store(false, Ordering::SeqCst);
+        let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        if !armed.installed {
+            install_handler(SIGINT)?;
+            install_handler(SIGTERM)?;
+            armed.installed = true;
         }
-        *armed += 1;
-        drop(armed);
-        Ok(Self { handlers })
+        if armed.trainers == 0 {
+            // A signal from an earlier training was answered by it; this one starts clean.
+            WHICH.store(0, Ordering::SeqCst);
+            PENDING.store(false, Ordering::SeqCst);
+            IDLE.store(false, Ordering::SeqCst);
+        }
+        armed.trainers += 1;
+        Ok(Self(()))
     }
 
     /// Some(signal number) once a stop was requested.
     pub fn received(&self) -> Option<i32> {
-        match self.handlers.which.load(Ordering::SeqCst) {
+        match WHICH.load(Ordering::SeqCst) {
             0 => None,
             s => Some(s as i32),
         }
@@ -103,14 +95,10 @@ impl StopSignal {
 
 impl Drop for StopSignal {
     fn drop(&mut self) {
-        let mut armed = self
-            .handlers
-            .armed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *armed -= 1;
-        if *armed == 0 {
-            self.handlers.idle.store(true, Ordering::SeqCst);
+        let mut armed = ARMED.lock().unwrap_or_else(|e| e.into_inner());
+        armed.trainers -= 1;
+        if armed.trainers == 0 {
+            IDLE.store(true, Ordering::SeqCst);
         }
     }
 }
@@ -226,38 +214,50 @@ mod tests {
         std::process::exit(SURVIVED);
     }
 
+    /// How a child case ends.
+    #[derive(Debug, PartialEq)]
+    enum Ends {
+        Survives,
+        Exits(i32),
+        KilledBy(i32),
+    }
+
+    fn assert_ends(case: &str, sigint_ignored: bool, want: Ends) {
+        let (status, text) = run_case(case, sigint_ignored);
+        let got = match (status.code(), status.signal()) {
+            (Some(SURVIVED), _) => Ends::Survives,
+            (Some(code), _) => Ends::Exits(code),
+            (None, Some(signal)) => Ends::KilledBy(signal),
+            (None, None) => panic!("{text}"),
+        };
+        assert_eq!(got, want, "{text}");
+    }
+
     #[test]
     fn an_armed_trainer_is_asked_to_stop_by_the_first_signal() {
-        for case in ["armed_once", "two_trainers"] {
-            let (status, text) = run_case(case, false);
-            assert_eq!(status.code(), Some(SURVIVED), "{text}");
-        }
+        assert_ends("armed_once", false, Ends::Survives);
+        assert_ends("two_trainers", false, Ends::Survives);
     }
 
     #[test]
     fn a_second_signal_while_armed_exits_at_once() {
-        let (status, text) = run_case("armed_twice", false);
-        assert_eq!(status.code(), Some(128 + SIGINT), "{text}");
+        assert_ends("armed_twice", false, Ends::Exits(128 + SIGINT));
     }
 
     #[test]
     fn after_training_the_first_signal_ends_the_process() {
-        let (status, text) = run_case("after_training", false);
-        assert_eq!(status.signal(), Some(SIGINT), "{text}");
+        assert_ends("after_training", false, Ends::KilledBy(SIGINT));
     }
 
     #[test]
     fn a_signal_the_process_started_ignoring_stays_ignored_outside_training() {
-        let (status, text) = run_case("after_training", true);
-        assert_eq!(status.code(), Some(SURVIVED), "{text}");
+        assert_ends("after_training", true, Ends::Survives);
         // Armed, it still stops the trainer.
-        let (status, text) = run_case("armed_twice", true);
-        assert_eq!(status.code(), Some(128 + SIGINT), "{text}");
+        assert_ends("armed_twice", true, Ends::Exits(128 + SIGINT));
     }
 
     #[test]
     fn training_again_starts_without_the_last_trainings_signal() {
-        let (status, text) = run_case("trained_again", false);
-        assert_eq!(status.code(), Some(SURVIVED), "{text}");
+        assert_ends("trained_again", false, Ends::Survives);
     }
 }
