@@ -60,7 +60,10 @@ pub struct RunGuard {
     config: BudgetConfig,
     webhook: Option<Secret>,
     terminate_on_exit: bool,
-    /// The numbers last kept in RUN/budget.json (see `keep_in_run`).
+    /// Where the run keeps a copy of the numbers it reads elsewhere (see `keep_in_run`):
+    /// RUN/budget.json, unless the meter or the sidecar writes there, or this is a dry run.
+    keep_at: Option<PathBuf>,
+    /// The numbers last kept there.
     last_kept: Option<BudgetFile>,
     dry_run: bool,
     warned: bool,
@@ -158,6 +161,12 @@ impl RunGuard {
             })?),
             None => None,
         };
+        let kept = run_dir.join("budget.json");
+        let keep_at = match &source {
+            Source::File(BudgetUri::File(path)) if same_file(path, &kept) => None,
+            Source::File(_) if !flags.dry_run_budget => Some(kept),
+            _ => None,
+        };
         Ok(Some(RunGuard {
             guard: Guard::new(GuardSettings::from_config(&c)),
             source,
@@ -167,6 +176,7 @@ impl RunGuard {
             terminate_on_exit: flags.terminate_on_exit,
             dry_run: flags.dry_run_budget,
             warned: false,
+            keep_at,
             last_kept: None,
         }))
     }
@@ -209,43 +219,33 @@ impl RunGuard {
 
     /// The run folder keeps the last budget numbers read (RUN/budget.json, marked `kept_from`),
     /// so `lab status` and the export's manifest report the spend wherever the sidecar writes:
-    /// another path or an http URL. Never over a file another writer keeps there (the meter's,
-    /// a sidecar's), never on a dry run, and only when the numbers changed.
+    /// another path or an http URL. Only when the numbers changed, and never over a file
+    /// another writer keeps there (the meter's of an earlier attempt, say).
     fn keep_in_run(&mut self, reading: &Reading) {
-        let Source::File(uri) = &self.source else {
+        let (Some(kept), Source::File(uri)) = (&self.keep_at, &self.source) else {
             return;
         };
-        let kept = self.run_dir.join("budget.json");
-        if self.dry_run || matches!(uri, BudgetUri::File(path) if same_file(path, &kept)) {
+        let (Reading::Fresh { file, .. }
+        | Reading::Bad {
+            file: Some(file), ..
+        }) = reading
+        else {
             return;
-        }
-        let file = match reading {
-            Reading::Fresh { file, .. }
-            | Reading::Bad {
-                file: Some(file), ..
-            } => file,
-            Reading::Bad { file: None, .. } => return,
         };
         let copy = BudgetFile {
             kept_from: Some(uri.to_string()), // redacted: no credentials, no query
             ..file.clone()
         };
-        if self.last_kept.as_ref() == Some(&copy) {
+        if self.last_kept.as_ref() == Some(&copy) || written_by_another(kept) {
             return;
         }
-        let another_writers = std::fs::read_to_string(&kept).ok().map(|t| {
-            serde_json::from_str::<BudgetFile>(&t).map_or(true, |f| f.kept_from.is_none())
-        });
-        if another_writers == Some(true) {
-            return;
-        }
-        self.last_kept = Some(copy.clone());
-        if let Err(err) = copy.write(&kept) {
+        if let Err(err) = copy.write(kept) {
             eprintln!(
                 "budget warning: cannot keep the budget reading in {}: {err:#}",
                 kept.display()
             );
         }
+        self.last_kept = Some(copy);
     }
 
     /// The pre-launch decision for `plan` (the caller prints [`Report::render`] when it
@@ -384,9 +384,21 @@ impl EndOfRun {
     }
 }
 
-/// Whether `a` and `b` are one file (the same device and inode: links included).
+/// Whether a budget.json that is not a kept copy is at `path` (or one that does not parse).
+fn written_by_another(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    serde_json::from_str::<BudgetFile>(&text).map_or(true, |f| f.kept_from.is_none())
+}
+
+/// Whether `a` and `b` are one file (the same path, or the same device and inode).
 fn same_file(a: &Path, b: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
+    let absolute = |p: &Path| std::path::absolute(p).ok();
+    if absolute(a).is_some() && absolute(a) == absolute(b) {
+        return true;
+    }
     match (std::fs::metadata(a), std::fs::metadata(b)) {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
