@@ -118,16 +118,16 @@ def load(n):
         return json.load(open(os.path.join(out, n)))
     except (OSError, ValueError):
         return None
-runs = [(name, key, load(key + ".json")) for name, key in
-        [("lab", "lab"), ("torch eager", "eager"), ("torch.compile", "compile")]]
-runs = [(name, key, r) for name, key, r in runs if r]
+names = {"lab": "lab", "eager": "torch eager", "compile": "torch.compile"}
+loaded = {key: load(key + ".json") for key in names}
+runs = [(names[key], key, r) for key, r in loaded.items() if r]
 if not runs:
     sys.exit("bench.sh: no run left figures; see the log above")
 first = runs[0][2]
 device = next((r["device"] for _, _, r in runs if "device" in r), first.get("backend", "?"))
 # Every row over lab's peak: the one its hardware table gives the detected GPU (H100 PCIe is
 # 756 TF there, not SXM's 989), so lab's MFU and PyTorch's divide by the same number.
-lab = load("lab.json") or {}
+lab = loaded["lab"] or {}
 peak = lab.get("peak_flops")
 torch_peaks = {round(r["tokens_per_s"] * fpt / r["mfu"] / 1e12) for _, key, r in runs
                if key != "lab" and r.get("mfu")}
@@ -137,9 +137,8 @@ def mem(name):
         return f"{int(open(os.path.join(out, name + '.mem')).read()) / 1024:.1f} GiB"
     except (OSError, ValueError):
         return "-"
-print(f"\n{device}, bf16, {first['tokens_per_step']} tokens/step, {first['steps']} timed steps, "
-      f"MFU against {peak / 1e12:.1f} TFLOP/s (lab's peak for this device)" if peak else
-      f"\n{device}, bf16, {first['tokens_per_step']} tokens/step, no peak known: no MFU")
+basis = f"MFU against {peak / 1e12:.1f} TFLOP/s (lab's peak for this device)" if peak else "no peak known: no MFU"
+print(f"\n{device}, bf16, {first['tokens_per_step']} tokens/step, {first['steps']} timed steps, {basis}")
 if peak and torch_peaks and torch_peaks != {round(peak / 1e12)}:
     print(f"WARNING: PyTorch's table gives this GPU {sorted(torch_peaks)} TFLOP/s, lab {peak / 1e12:.1f}: "
           f"check which peak is the card's before quoting MFU")
