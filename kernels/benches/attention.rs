@@ -8,8 +8,8 @@
 //! after one warm-up (which compiles the kernels), and GFLOP/s counting the causal half of
 //! the products by FlashAttention-2's convention: 2 forward, 5 backward. The backward runs 7
 //! (`dQ` and `dK/dV` each recompute the scores and `dO·vᵀ`), so its figure understates the
-//! work done. `LAB_ATTENTION_UNROLL=0|1` picks the loop variant,
-//! `LAB_ATTENTION_MMA=1` the tensor-core kernels (CUDA, f16/bf16).
+//! work done. `LAB_ATTENTION_UNROLL=0|1` picks the loop variant, `LAB_ATTENTION_SHUFFLE=0`
+//! one unit a row on CUDA, `LAB_ATTENTION_MMA=1` the tensor-core kernels (CUDA, f16/bf16).
 //! lavapipe runs kernels on the CPU, so its figures only compare kernel versions with
 //! each other on the same machine.
 

@@ -1,9 +1,11 @@
-// Runs cubecl's CUDA C++ of the tensor-core attention (forward, dQ, dK/dV: the .cu files
-// that kernels/src/attention/cuda_source.rs writes) on the CPU emulation in include/emu.h,
+// Runs cubecl's CUDA C++ of the attention (forward, dQ, dK/dV: the .cu files that
+// kernels/src/attention/cuda_source.rs writes) on the CPU emulation in include/emu.h,
 // against an fp64 reference, as kernels/tests/attention.rs checks the kernels on a GPU.
-// Built and run by scripts/cuda-source-check.sh, once per storage type and head width:
+// Built and run by that file's tests, once per set of kernels, storage type and head width:
 //   -DSTORAGE=__half -DSUFFIX=f16 -DHEAD_DIM=64, with forward.cu, grad_q.cu, grad_kv.cu on
-//   the include path (each `info_st` renamed after its kernel).
+//   the include path (each `info_st` renamed after its kernel); for the f32-arithmetic
+//   kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube as
+//   -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE). The defaults are the tensor cores'.
 #include "emu.h"
 
 #include <cstdio>
@@ -25,7 +27,15 @@
 
 using T = STORAGE;
 constexpr unsigned hd = HEAD_DIM;
-constexpr unsigned rows = 64;  // 16 rows per warp, 4 warps a block (tensor_cores::PLANES)
+#ifndef ROWS
+// The tensor-core kernels: 16 rows per warp, 4 warps a block (tensor_cores::PLANES).
+#define KERNELS mma
+#define ROWS 64
+#define FORWARD_CUBE 32, 4, 1
+#define GRAD_Q_CUBE 32, 4, 1
+#define GRAD_KV_CUBE 32, 4, 1
+#endif
+constexpr unsigned rows = ROWS;
 
 // Which tensors a case stores [B, T, heads, hd] and passes as [B, heads, T, hd] views (the
 // middle axes swapped, as the model passes its projections); the others are contiguous.
@@ -204,11 +214,10 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     Arg arow{{c.batch, c.heads, c.seq}, {}};
     auto sq = stored(c, group_qkv, c.heads, q), sk = stored(c, group_qkv, c.kv_heads, k);
     auto sv = stored(c, group_qkv, c.kv_heads, v), s_do = stored(c, group_rest, c.heads, d_out);
-    emu::dim3 block{32, 4, 1};
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
 
     auto fwd = metadata<info_forward>(scale, {aq, akv, akv, arq, arow});
-    emu::launch(FORWARD, grid, block, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
+    emu::launch(FORWARD, grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
     out = stored(c, group_rest, c.heads, out, true);
     for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
@@ -217,11 +226,11 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
         delta[r] = s;
     }
     auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, arq, arow, arow, arq});
-    emu::launch(GRAD_Q, grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(GRAD_Q, grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
     auto gkv = metadata<info_grad_kv>(scale, {aq, akv, akv, arq, arow, arow, arkv, arkv});
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
-    emu::launch(GRAD_KV, kv_grid, block, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(GRAD_KV, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dk.data(), dv.data(), gkv.dynamic.data(), gkv.info);
     dq = stored(c, group_rest, c.heads, dq, true);
     dk = stored(c, group_rest, c.kv_heads, dk, true);
@@ -232,7 +241,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
                        error(dk, want.dk), error(dv, want.dv)};
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     bool ok = true;
-    std::printf("%-5s hd %2u  B %u H %u KV %u T %3u %s:", QUOTE(SUFFIX), hd, c.batch, c.heads,
+    std::printf("%-10s %-5s hd %3u  B %u H %u KV %u T %3u %s:", QUOTE(KERNELS), QUOTE(SUFFIX), hd, c.batch, c.heads,
                 c.kv_heads, c.seq, c.swapped == swap_all ? "swapped   " : c.swapped == swap_qkv ? "qkv swapped" : "contiguous");
     for (int i = 0; i < 5; ++i) {
         bool pass = errors[i] <= tolerance;

@@ -10,7 +10,7 @@
 //! middle axes, need no copy in, and the output and gradients need none on the way out.
 //!
 //! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive query rows of one
-//! head, one unit per row. Key/value rows come through shared memory `block` at a time; each
+//! head, one unit per row (or a few: see below). Key/value rows come through shared memory `block` at a time; each
 //! unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
 //! the max grows (online softmax). It writes the output and `lse = m + ln l` per row: the one
 //! number per row backward needs to rebuild a probability, `p = exp(s − lse)`. No `T × T`
@@ -27,7 +27,11 @@
 //! On CUDA, loops over the head width are unrolled where a kernel's per-unit rows fit the
 //! register budget: the head width is a compile-time constant, so each unit's rows (`q_i`,
 //! its accumulators) get constant indices and can stay in registers, where a run-time index
-//! puts them in local memory. See [`unrolls`] and [`unrolled_rows`].
+//! puts them in local memory. See [`unrolls`] and [`unrolled_rows`]. Where a kernel's rows
+//! would not fit (`dQ` holds 3 rows, `dK/dV` 4: 256 floats at hd = 64), 2 or 4 units share
+//! each row, each holding every 2nd or 4th element, and add their partial products by warp
+//! shuffles ([`row_lanes`]): the rows stay in registers rather than in local memory, where
+//! the first H100 run found them. Each unit still reads every shared-memory row it needs.
 //!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
 //! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
@@ -70,21 +74,21 @@ fn forward_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * block;
-    let u = UNIT_POS_X as usize;
-    let i = row0 + u;
+    let (i, lane) = row_and_lane(row0, lanes);
     let live = i < seq;
     let kv_head = h / (heads / kv_heads);
     let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
 
     let q_at = row_at(q, b, h, i);
-    let qi = row_of::<F, A>(q, q_at, live, A::cast_from(scale), head_dim, unroll);
-    let mut acc = zeros::<A>(head_dim, unroll);
+    let qi = row_of::<F, A>(q, q_at, live, A::cast_from(scale), head_dim, lanes, unroll);
+    let mut acc = zeros::<A>(head_dim, lanes, unroll);
     let mut k_tile = SharedMemory::<A>::new(block * head_dim);
     let mut v_tile = SharedMemory::<A>::new(block * head_dim);
     let mut m = A::min_value();
@@ -97,30 +101,45 @@ fn forward_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, k_base, start, seq, head_dim, block, unroll);
-        load_rows::<F, A>(v, &mut v_tile, v_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(
+            k,
+            &mut k_tile,
+            k_base,
+            start,
+            seq,
+            head_dim,
+            block,
+            lanes,
+            unroll,
+        );
+        load_rows::<F, A>(
+            v,
+            &mut v_tile,
+            v_base,
+            start,
+            seq,
+            head_dim,
+            block,
+            lanes,
+            unroll,
+        );
         sync_cube();
-        if live {
-            for jj in 0..block {
-                if start + jj <= i {
-                    let mut s = A::new(0.0);
-                    #[unroll(unroll)]
-                    for d in 0..head_dim {
-                        s += qi[d] * k_tile[jj * head_dim + d];
-                    }
-                    let mut m_new = m;
-                    if s > m {
-                        m_new = s;
-                    }
-                    let rescale = (m - m_new).exp();
-                    let p = (s - m_new).exp();
-                    l = l * rescale + p;
-                    #[unroll(unroll)]
-                    for d in 0..head_dim {
-                        acc[d] = acc[d] * rescale + p * v_tile[jj * head_dim + d];
-                    }
-                    m = m_new;
+        for jj in 0..block {
+            // Every unit reaches the lanes' exchange, visible key or not (see `lanes_sum`).
+            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, head_dim, lanes, unroll), lanes);
+            if live && start + jj <= i {
+                let mut m_new = m;
+                if s > m {
+                    m_new = s;
                 }
+                let rescale = (m - m_new).exp();
+                let p = (s - m_new).exp();
+                l = l * rescale + p;
+                #[unroll(unroll)]
+                for c in 0..comptime!(head_dim / lanes) {
+                    acc[c] = acc[c] * rescale + p * v_tile[jj * head_dim + c * lanes + lane];
+                }
+                m = m_new;
             }
         }
         sync_cube();
@@ -129,11 +148,59 @@ fn forward_kernel<F: Float, A: Float>(
     if live {
         let o = row_at(out, b, h, i);
         #[unroll(unroll)]
-        for d in 0..head_dim {
-            out[o + d] = F::cast_from(acc[d] / l);
+        for c in 0..comptime!(head_dim / lanes) {
+            out[o + c * lanes + lane] = F::cast_from(acc[c] / l);
         }
-        lse[(b * heads + h) * seq + i] = m + l.ln();
+        if lane == 0 {
+            lse[(b * heads + h) * seq + i] = m + l.ln();
+        }
     }
+}
+
+/// The row (of the cube's `block` starting at `row0`) this unit works on, and its lane:
+/// `lanes` consecutive units share a row, lane `e` holding the row's elements `e`,
+/// `e + lanes`, `e + 2·lanes`, … Interleaved rather than in halves, so that the lanes of a
+/// row read neighbouring shared-memory words (different banks), not words a bank apart.
+#[cube]
+fn row_and_lane(row0: usize, #[comptime] lanes: usize) -> (usize, usize) {
+    let unit = UNIT_POS_X as usize;
+    (row0 + unit / lanes, unit % lanes)
+}
+
+/// `Σ_c x[c] · tile[jj, c·lanes + lane]`: this lane's part of a row's product with the
+/// tile's row `jj`.
+#[cube]
+fn dot<A: Float>(
+    x: &Array<A>,
+    tile: &SharedMemory<A>,
+    jj: usize,
+    lane: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+    #[comptime] unroll: bool,
+) -> A {
+    let mut s = A::new(0.0);
+    #[unroll(unroll)]
+    for c in 0..comptime!(head_dim / lanes) {
+        s += x[c] * tile[jj * head_dim + c * lanes + lane];
+    }
+    s
+}
+
+/// The sum of `x` over the `lanes` units of a row (1, 2 or 4), the same bits in each:
+/// float addition commutes, and every lane adds the same pairs. A warp shuffle needs every
+/// unit of the plane to reach it, so callers call this outside any branch that differs
+/// between rows.
+#[cube]
+fn lanes_sum<A: Float>(x: A, #[comptime] lanes: usize) -> A {
+    let mut s = x;
+    if comptime!(lanes >= 2) {
+        s += plane_shuffle_xor(s, 1);
+    }
+    if comptime!(lanes >= 4) {
+        s += plane_shuffle_xor(s, 2);
+    }
+    s
 }
 
 /// Where row `i` of head `head` of sequence `b` starts in `t`, read from its strides (the
@@ -145,10 +212,12 @@ fn row_at<F: Float>(t: &Tensor<F>, b: usize, head: usize, i: usize) -> usize {
 
 /// The cube copies rows `start .. start + block` (zeros past the end) of the head whose
 /// row 0 is at `base` into `tile`, widened to `A`; rows are `src.stride(2)` apart. The cube
-/// has `block` units; unit `u` copies columns `u, u + block, …` of each row, so consecutive
-/// units read consecutive elements and a unit's loads from one row sit at constant offsets
-/// from the row's start, the one runtime term (per-element row arithmetic costs registers).
+/// has `block · lanes` units; unit `u` copies columns `u, u + block · lanes, …` of each row,
+/// so consecutive units read consecutive elements and a unit's loads from one row sit at
+/// constant offsets from the row's start, the one runtime term (per-element row arithmetic
+/// costs registers).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn load_rows<F: Float, A: Float>(
     src: &Tensor<F>,
     tile: &mut SharedMemory<A>,
@@ -157,16 +226,18 @@ fn load_rows<F: Float, A: Float>(
     seq: usize,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
 ) {
     let unit = UNIT_POS_X as usize;
+    let units = comptime!(block * lanes);
     #[unroll(unroll)]
     for r in 0..block {
         let at = base + (start + r) * src.stride(2);
         let live = start + r < seq;
         #[unroll(unroll)]
-        for k in 0..comptime!(head_dim.div_ceil(block)) {
-            let c = unit + k * block;
+        for k in 0..comptime!(head_dim.div_ceil(units)) {
+            let c = unit + k * units;
             if c < head_dim {
                 let mut x = A::new(0.0);
                 if live {
@@ -178,9 +249,10 @@ fn load_rows<F: Float, A: Float>(
     }
 }
 
-/// The row of `src` that starts at `at` ([`row_at`]), widened to `A` and multiplied by
-/// `scale` (zeros for a unit past the end, which computes nothing but must still reach
-/// every barrier).
+/// This lane's part of the row of `src` that starts at `at` ([`row_at`]): its elements
+/// `lane, lane + lanes, …` ([`row_and_lane`]), widened to `A` and multiplied by `scale`
+/// (zeros for a unit past the end, which computes nothing but must still reach every
+/// barrier and shuffle).
 #[cube]
 fn row_of<F: Float, A: Float>(
     src: &Tensor<F>,
@@ -188,24 +260,32 @@ fn row_of<F: Float, A: Float>(
     live: bool,
     scale: A,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
 ) -> Array<A> {
-    let mut x = zeros::<A>(head_dim, unroll);
+    let lane = UNIT_POS_X as usize % lanes;
+    let mut x = zeros::<A>(head_dim, lanes, unroll);
     if live {
         #[unroll(unroll)]
-        for d in 0..head_dim {
-            x[d] = A::cast_from(src[at + d]) * scale;
+        for c in 0..comptime!(head_dim / lanes) {
+            x[c] = A::cast_from(src[at + c * lanes + lane]) * scale;
         }
     }
     x
 }
 
+/// A lane's part of a row, zeroed.
 #[cube]
-fn zeros<A: Float>(#[comptime] head_dim: usize, #[comptime] unroll: bool) -> Array<A> {
-    let mut x = Array::<A>::new(head_dim);
+fn zeros<A: Float>(
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+    #[comptime] unroll: bool,
+) -> Array<A> {
+    let width = comptime!(head_dim / lanes);
+    let mut x = Array::<A>::new(width);
     #[unroll(unroll)]
-    for d in 0..head_dim {
-        x[d] = A::new(0.0);
+    for c in 0..width {
+        x[c] = A::new(0.0);
     }
     x
 }
@@ -246,29 +326,24 @@ fn grad_q_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * block;
-    let i = row0 + UNIT_POS_X as usize;
+    let (i, lane) = row_and_lane(row0, lanes);
     let live = i < seq;
     let row = (b * heads + h) * seq + i;
     let kv_head = h / (heads / kv_heads);
     let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
     let scale = A::cast_from(scale);
 
-    let qi = row_of::<F, A>(q, row_at(q, b, h, i), live, scale, head_dim, unroll);
-    let doi = row_of::<F, A>(
-        d_out,
-        row_at(d_out, b, h, i),
-        live,
-        A::new(1.0),
-        head_dim,
-        unroll,
-    );
-    let mut dq = zeros::<A>(head_dim, unroll);
+    let qi = row_of::<F, A>(q, row_at(q, b, h, i), live, scale, head_dim, lanes, unroll);
+    let do_at = row_at(d_out, b, h, i);
+    let doi = row_of::<F, A>(d_out, do_at, live, A::new(1.0), head_dim, lanes, unroll);
+    let mut dq = zeros::<A>(head_dim, lanes, unroll);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
     if live {
@@ -284,24 +359,37 @@ fn grad_q_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(k, &mut k_tile, k_base, start, seq, head_dim, block, unroll);
-        load_rows::<F, A>(v, &mut v_tile, v_base, start, seq, head_dim, block, unroll);
+        load_rows::<F, A>(
+            k,
+            &mut k_tile,
+            k_base,
+            start,
+            seq,
+            head_dim,
+            block,
+            lanes,
+            unroll,
+        );
+        load_rows::<F, A>(
+            v,
+            &mut v_tile,
+            v_base,
+            start,
+            seq,
+            head_dim,
+            block,
+            lanes,
+            unroll,
+        );
         sync_cube();
-        if live {
-            for jj in 0..block {
-                if start + jj <= i {
-                    let mut s = A::new(0.0);
-                    let mut dp = A::new(0.0);
-                    #[unroll(unroll)]
-                    for d in 0..head_dim {
-                        s += qi[d] * k_tile[jj * head_dim + d];
-                        dp += doi[d] * v_tile[jj * head_dim + d];
-                    }
-                    let ds = (s - lse_i).exp() * (dp - delta_i);
-                    #[unroll(unroll)]
-                    for d in 0..head_dim {
-                        dq[d] += ds * k_tile[jj * head_dim + d];
-                    }
+        for jj in 0..block {
+            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, head_dim, lanes, unroll), lanes);
+            let dp = lanes_sum::<A>(dot(&doi, &v_tile, jj, lane, head_dim, lanes, unroll), lanes);
+            if live && start + jj <= i {
+                let ds = (s - lse_i).exp() * (dp - delta_i);
+                #[unroll(unroll)]
+                for c in 0..comptime!(head_dim / lanes) {
+                    dq[c] += ds * k_tile[jj * head_dim + c * lanes + lane];
                 }
             }
         }
@@ -311,8 +399,8 @@ fn grad_q_kernel<F: Float, A: Float>(
     if live {
         let o = row_at(d_q, b, h, i);
         #[unroll(unroll)]
-        for d in 0..head_dim {
-            d_q[o + d] = F::cast_from(dq[d] * scale);
+        for c in 0..comptime!(head_dim / lanes) {
+            d_q[o + c * lanes + lane] = F::cast_from(dq[c] * scale);
         }
     }
 }
@@ -330,6 +418,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] block: usize,
+    #[comptime] lanes: usize,
     #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
@@ -337,15 +426,24 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let group = heads / kv_heads;
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * block;
+    let (j, lane) = row_and_lane(row0, lanes);
     let u = UNIT_POS_X as usize;
-    let j = row0 + u;
     let live = j < seq;
     let scale = A::cast_from(scale);
 
-    let kj = row_of::<F, A>(k, row_at(k, b, kvh, j), live, scale, head_dim, unroll);
-    let vj = row_of::<F, A>(v, row_at(v, b, kvh, j), live, A::new(1.0), head_dim, unroll);
-    let mut dk = zeros::<A>(head_dim, unroll);
-    let mut dv = zeros::<A>(head_dim, unroll);
+    let kj = row_of::<F, A>(
+        k,
+        row_at(k, b, kvh, j),
+        live,
+        scale,
+        head_dim,
+        lanes,
+        unroll,
+    );
+    let v_at = row_at(v, b, kvh, j);
+    let vj = row_of::<F, A>(v, v_at, live, A::new(1.0), head_dim, lanes, unroll);
+    let mut dk = zeros::<A>(head_dim, lanes, unroll);
+    let mut dv = zeros::<A>(head_dim, lanes, unroll);
     let mut q_tile = SharedMemory::<A>::new(block * head_dim);
     let mut do_tile = SharedMemory::<A>::new(block * head_dim);
     let mut lse_tile = SharedMemory::<A>::new(block);
@@ -358,7 +456,17 @@ fn grad_kv_kernel<F: Float, A: Float>(
         // Queries from the block's first key row to the end.
         let mut start = row0;
         while start < seq {
-            load_rows::<F, A>(q, &mut q_tile, q_base, start, seq, head_dim, block, unroll);
+            load_rows::<F, A>(
+                q,
+                &mut q_tile,
+                q_base,
+                start,
+                seq,
+                head_dim,
+                block,
+                lanes,
+                unroll,
+            );
             load_rows::<F, A>(
                 d_out,
                 &mut do_tile,
@@ -367,36 +475,34 @@ fn grad_kv_kernel<F: Float, A: Float>(
                 seq,
                 head_dim,
                 block,
+                lanes,
                 unroll,
             );
-            let r = start + u;
-            let mut lse_r = A::new(0.0);
-            let mut delta_r = A::new(0.0);
-            if r < seq {
-                lse_r = lse[head_rows + r];
-                delta_r = delta[head_rows + r];
+            if u < block {
+                let r = start + u;
+                let mut lse_r = A::new(0.0);
+                let mut delta_r = A::new(0.0);
+                if r < seq {
+                    lse_r = lse[head_rows + r];
+                    delta_r = delta[head_rows + r];
+                }
+                lse_tile[u] = lse_r;
+                delta_tile[u] = delta_r;
             }
-            lse_tile[u] = lse_r;
-            delta_tile[u] = delta_r;
             sync_cube();
-            if live {
-                for ii in 0..block {
-                    let i = start + ii;
-                    if i < seq && i >= j {
-                        let mut s = A::new(0.0);
-                        let mut dp = A::new(0.0);
-                        #[unroll(unroll)]
-                        for d in 0..head_dim {
-                            s += q_tile[ii * head_dim + d] * kj[d];
-                            dp += do_tile[ii * head_dim + d] * vj[d];
-                        }
-                        let p = (s - lse_tile[ii]).exp();
-                        let ds = p * (dp - delta_tile[ii]);
-                        #[unroll(unroll)]
-                        for d in 0..head_dim {
-                            dv[d] += p * do_tile[ii * head_dim + d];
-                            dk[d] += ds * q_tile[ii * head_dim + d];
-                        }
+            for ii in 0..block {
+                let i = start + ii;
+                let s = lanes_sum::<A>(dot(&kj, &q_tile, ii, lane, head_dim, lanes, unroll), lanes);
+                let dp =
+                    lanes_sum::<A>(dot(&vj, &do_tile, ii, lane, head_dim, lanes, unroll), lanes);
+                if live && i < seq && i >= j {
+                    let p = (s - lse_tile[ii]).exp();
+                    let ds = p * (dp - delta_tile[ii]);
+                    #[unroll(unroll)]
+                    for c in 0..comptime!(head_dim / lanes) {
+                        let at = ii * head_dim + c * lanes + lane;
+                        dv[c] += p * do_tile[at];
+                        dk[c] += ds * q_tile[at];
                     }
                 }
             }
@@ -407,9 +513,9 @@ fn grad_kv_kernel<F: Float, A: Float>(
     if live {
         let (ok, ov) = (row_at(d_k, b, kvh, j), row_at(d_v, b, kvh, j));
         #[unroll(unroll)]
-        for d in 0..head_dim {
-            d_k[ok + d] = F::cast_from(dk[d] * scale);
-            d_v[ov + d] = F::cast_from(dv[d]);
+        for c in 0..comptime!(head_dim / lanes) {
+            d_k[ok + c * lanes + lane] = F::cast_from(dk[c] * scale);
+            d_v[ov + c * lanes + lane] = F::cast_from(dv[c]);
         }
     }
 }
@@ -523,6 +629,9 @@ pub struct Variant {
     /// Run on tensor cores where the call can ([`tensor_cores::runs`]); other calls take the
     /// f32 kernels.
     pub tensor_cores: bool,
+    /// Let the f32 kernels share a row among units that add their partial products by warp
+    /// shuffles ([`shuffles`], [`row_lanes`]).
+    pub shuffles: bool,
 }
 
 impl Variant {
@@ -531,6 +640,7 @@ impl Variant {
         Self {
             unroll: unrolls(t),
             tensor_cores: tensor_cores_by_default(t),
+            shuffles: shuffles(t),
         }
     }
 }
@@ -563,15 +673,68 @@ pub fn unrolls<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     chosen.unwrap_or_else(|| R::name(&t.client) == "cuda")
 }
 
+/// Whether the f32 kernels may split a row among units on `t`'s runtime: on CUDA, whose
+/// warp shuffles add the units' partial products; not on wgpu, where cubecl offers plane
+/// operations on no CPU device (lavapipe, CI's). `LAB_ATTENTION_SHUFFLE=0` turns the split
+/// off on CUDA, to compare both on one device; other values are ignored.
+pub fn shuffles<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("LAB_ATTENTION_SHUFFLE").as_deref() == Ok("0"));
+    !off && R::name(&t.client) == "cuda"
+}
+
 /// Floats of per-unit rows a kernel unrolls at most: CUDA has 255 registers a thread, and
 /// the kernels need some for indices and sums.
 const REGISTER_ROWS: usize = 192;
 
-/// Whether a kernel holding `rows` head-width rows per unit unrolls: the forward holds 2
-/// (`q_i`, its output), `dQ` 3, `dK/dV` 4; at hd = 64 the first two fit, the last would spill.
-/// (`D = dO·O` holds none and unrolls whenever `unroll` is set.)
-pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize) -> bool {
-    unroll && rows * head_dim <= REGISTER_ROWS
+/// Floats of per-unit rows beyond which a kernel shares each row among more units.
+const LANE_FLOATS: usize = 128;
+
+/// Units that share a row ([`row_lanes`]) at most: the lanes add their parts in
+/// `log2(lanes)` shuffles.
+const MAX_LANES: usize = 4;
+
+/// Units per row for a kernel holding `rows` head-width rows per row it works on (the
+/// forward 2: `q_i` and its output; `dQ` 3; `dK/dV` 4): the fewest (1, 2 or 4) that bring
+/// a unit's part under [`LANE_FLOATS`] and divide the head width, where `shuffles` allows.
+/// At hd = 64: the forward keeps 1 (128 floats), `dQ` and `dK/dV` take 2 (96 and 128), so
+/// that their rows fit in registers instead of local memory; at hd = 128 (the 7B's and
+/// MedGemma's), 2, 4 and 4.
+///
+/// Shared rows need whole warps (the shuffle names all 32 lanes), so a head width whose
+/// cube would end in a partial warp (hd = 96: 21 rows a cube) keeps one unit a row.
+pub fn row_lanes(shuffles: bool, rows: usize, head_dim: usize) -> usize {
+    let mut lanes = 1;
+    while shuffles
+        && lanes < MAX_LANES
+        && rows * head_dim / lanes > LANE_FLOATS
+        && head_dim.is_multiple_of(2 * lanes)
+    {
+        lanes *= 2;
+    }
+    if (block_rows(head_dim) * lanes).is_multiple_of(WARP) {
+        lanes
+    } else {
+        1
+    }
+}
+
+/// Units of a CUDA warp: the lanes one shuffle names.
+const WARP: usize = 32;
+
+/// Whether a kernel holding `rows` head-width rows per unit, each split over `lanes`,
+/// unrolls: where a unit's parts fit [`REGISTER_ROWS`] (constant indices keep them in
+/// registers; run-time ones put them in local memory). (`D = dO·O` holds none and unrolls
+/// whenever `unroll` is set.)
+pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize, lanes: usize) -> bool {
+    unroll && rows * head_dim / lanes <= REGISTER_ROWS
+}
+
+/// The comptime shape of one f32 kernel's launch: units per row ([`row_lanes`]) and whether
+/// its loops unroll ([`unrolled_rows`]), for a kernel holding `rows` head-width rows.
+fn unit_layout(variant: Variant, rows: usize, head_dim: usize) -> (usize, bool) {
+    let lanes = row_lanes(variant.shuffles, rows, head_dim);
+    (lanes, unrolled_rows(variant.unroll, rows, head_dim, lanes))
 }
 
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
@@ -599,10 +762,11 @@ pub fn forward_into<R: CubeRuntime>(
         return outputs;
     }
     let block = block_rows(d.head_dim);
+    let (lanes, unrolled) = unit_layout(variant, 2, d.head_dim);
     forward_kernel::launch::<R>(
         &client,
         CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
-        CubeDim::new_1d(block as u32),
+        CubeDim::new_1d((block * lanes) as u32),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
@@ -611,7 +775,8 @@ pub fn forward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unrolled_rows(variant.unroll, 2, d.head_dim),
+        lanes,
+        unrolled,
         [dtype.into(), DType::F32.into()],
     );
     outputs
@@ -683,10 +848,11 @@ pub fn backward_into<R: CubeRuntime>(
         tensor_cores::launch_backward([q, k, v, d_out, lse, delta], &grads, scale, &d);
         return grads;
     }
+    let (lanes, unrolled) = unit_layout(variant, 3, d.head_dim);
     grad_q_kernel::launch::<R>(
         &client,
         CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
-        CubeDim::new_1d(block as u32),
+        CubeDim::new_1d((block * lanes) as u32),
         q.clone().into_tensor_arg(),
         k.clone().into_tensor_arg(),
         v.clone().into_tensor_arg(),
@@ -697,9 +863,11 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unrolled_rows(unroll, 3, d.head_dim),
+        lanes,
+        unrolled,
         types,
     );
+    let (lanes, unrolled) = unit_layout(variant, 4, d.head_dim);
     grad_kv_kernel::launch::<R>(
         &client,
         CubeCount::Static(
@@ -707,7 +875,7 @@ pub fn backward_into<R: CubeRuntime>(
             d.kv_heads as u32,
             d.batch as u32,
         ),
-        CubeDim::new_1d(block as u32),
+        CubeDim::new_1d((block * lanes) as u32),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
@@ -719,8 +887,51 @@ pub fn backward_into<R: CubeRuntime>(
         scale,
         d.head_dim,
         block,
-        unrolled_rows(unroll, 4, d.head_dim),
+        lanes,
+        unrolled,
         types,
     );
     grads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{block_rows, row_lanes, unrolled_rows, LANE_FLOATS, MAX_LANES};
+    use proptest::prelude::*;
+
+    /// x1-50m's head width and the 7B's and MedGemma's: the split the module docs state.
+    #[test]
+    fn rows_are_shared_where_they_exceed_a_units_budget() {
+        let lanes = |rows, hd| row_lanes(true, rows, hd);
+        assert_eq!([lanes(2, 64), lanes(3, 64), lanes(4, 64)], [1, 2, 2]);
+        assert_eq!([lanes(2, 128), lanes(3, 128), lanes(4, 128)], [2, 4, 4]);
+        // 21 rows a cube: 42 or 84 units would end in a partial warp.
+        assert_eq!([lanes(3, 96), lanes(4, 96)], [1, 1]);
+        // Where the rows now fit, the loops unroll: `dK/dV` at hd = 64 did not before.
+        assert!(!unrolled_rows(true, 4, 64, 1));
+        assert!(unrolled_rows(true, 4, 64, lanes(4, 64)));
+    }
+
+    proptest! {
+        /// The fewest lanes (1, 2 or 4) that divide the head width and bring a unit's part
+        /// under the budget, or as many as the head width and the cap allow, in whole warps;
+        /// none without shuffles.
+        #[test]
+        fn lanes_are_the_fewest_that_fit(rows in 1usize..6, head_dim in 1usize..300, shuffles: bool) {
+            let lanes = row_lanes(shuffles, rows, head_dim);
+            prop_assert!([1, 2, 4].contains(&lanes));
+            prop_assert!(shuffles || lanes == 1);
+            prop_assert!(head_dim.is_multiple_of(lanes));
+            let fits = rows * head_dim / lanes <= LANE_FLOATS;
+            let could_split = lanes < MAX_LANES && head_dim.is_multiple_of(2 * lanes);
+            // Too few lanes only where no more divide the head width, or where shared rows
+            // would leave a partial warp (then one unit a row).
+            let partial_warp = !(block_rows(head_dim) * 2).is_multiple_of(32);
+            prop_assert!(!shuffles || fits || !could_split || (lanes == 1 && partial_warp));
+            if lanes > 1 {
+                prop_assert!(rows * head_dim / (lanes / 2) > LANE_FLOATS, "more lanes than needed");
+                prop_assert!((block_rows(head_dim) * lanes).is_multiple_of(32), "a partial warp");
+            }
+        }
+    }
 }

@@ -17,6 +17,7 @@ use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
+use crate::attention::Variant;
 
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
 
@@ -152,8 +153,7 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
 }
 
 /// Every kernel's CUDA C++ by name: the tensor-core kernels at f16 and bf16, head widths 16,
-/// 48 and 64, the f32-arithmetic kernels at bf16 and x1-50m's head width 64, rolled and
-/// unrolled, RMSNorm's at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's (5376),
+/// 48 and 64, the f32-arithmetic kernels at bf16 in each layout (below), RMSNorm's at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's (5376),
 /// and the others once ([`other_kernels`]).
 fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
@@ -164,9 +164,23 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
             }
         }
     }
-    for (variant, unroll) in [("rolled", false), ("unrolled", true)] {
-        for (kernel, cpp) in unit_kernels(client, DType::BF16, 64, unroll) {
-            sources.push((format!("unit-{kernel}-bf16-hd64-{variant}"), cpp));
+    // The f32-arithmetic kernels as each `attention::Variant` lays them out: rolled (wgpu's
+    // default), unrolled one unit a row, unrolled with rows shared among units (CUDA's
+    // default); the last also at the 7B's and MedGemma's head width, 128.
+    let unit_variants = [
+        (64, "rolled", false, false),
+        (64, "unrolled", true, false),
+        (64, "lanes", true, true),
+        (128, "lanes", true, true),
+    ];
+    for (hd, name, unroll, shuffles) in unit_variants {
+        let variant = Variant {
+            unroll,
+            tensor_cores: false,
+            shuffles,
+        };
+        for (kernel, cpp) in unit_kernels(client, DType::BF16, hd, variant) {
+            sources.push((format!("unit-{kernel}-bf16-hd{hd}-{name}"), cpp));
         }
     }
     for d in [768, 4096, 5376] {

@@ -31,10 +31,12 @@
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; lab as it trains by default (the split, to set against the H100's
 #          557 ms, then each kernel's time: scripts/launches.sh --times); the other kernel
-#          tests; 200 bf16 steps with both paths on; a bench with each of cubecl's pool
-#          layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
+#          tests; 200 bf16 steps with both paths on; if time is left, the split with the
+#          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
+#          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
-#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, and
+#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, one
+#          unit a row: LAB_ATTENTION_SHUFFLE=0, and
 #          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on
 #          cuBLASLt: LAB_MATMUL=cublaslt);
 #          the plan; cubecl's matmul on the model's shapes, and on CUDA cuBLASLt's through
@@ -193,6 +195,9 @@ smoke() {
     # The attention kernels with their loops rolled, as before they were unrolled on CUDA.
     step split-rolled env LAB_ATTENTION_UNROLL=0 "$lab" bench --backend "$backend" \
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The f32 attention one unit a row, as before rows were shared by warp shuffles.
+    step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     # The attention on tensor cores (opt-in until this and the kernel tests pass).
     step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
@@ -322,6 +327,9 @@ lease() {
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
     within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
+    # If time is left: the f32 attention one unit a row, against `split`'s shared rows.
+    within 120 step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
+      --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     within 90 pools
   fi
 }

@@ -1,15 +1,15 @@
-//! The attention's tensor-core kernels as CUDA C++, run on a CPU emulation of the CUDA they
-//! use (`kernels/cuda-emu`: threads, barriers, warp shuffles, wmma tiles, a shared-memory race
+//! The attention's kernels as CUDA C++, run on a CPU emulation of the CUDA they use
+//! (`kernels/cuda-emu`: threads, barriers, warp shuffles, wmma tiles, a shared-memory race
 //! detector) against an fp64 reference, built with the host's C++ compiler (`$CXX`, default
-//! `c++`): the tensor-core kernels' only check without a GPU. The attention kernels' CUDA C++
-//! for NVRTC's check (`scripts/cuda-source-check.sh`) comes from here too, through
-//! `crate::cuda_source`.
+//! `c++`): the only check without a GPU of the tensor-core kernels and of the f32 kernels'
+//! rows shared by shuffles. The attention kernels' CUDA C++ for NVRTC's check
+//! (`scripts/cuda-source-check.sh`) comes from here too, through `crate::cuda_source`.
 
 use burn::backend::wgpu::{WgpuDevice, WgpuRuntime};
 use burn::tensor::DType;
 use cubecl::prelude::*;
 
-use super::{block_rows, tensor_cores, unrolled_rows};
+use super::{block_rows, tensor_cores, unit_layout, Variant};
 use crate::cuda_source::{cuda_cpp, settings, tensor, Client};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,24 +31,31 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> [
     [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
 }
 
-/// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, with the
-/// loops `unroll`ed as a launch would ([`unrolled_rows`]), and the rows' `D`.
+/// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, laid out as
+/// a launch of `variant` would lay them out ([`unit_layout`]: units per row, loops unrolled),
+/// and the rows' `D`.
 #[rustfmt::skip]
-pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, unroll: bool) -> [(&'static str, String); 4] {
+pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Variant) -> [(&'static str, String); 4] {
     use super::{delta_kernel, forward_kernel, grad_kv_kernel, grad_q_kernel};
     let block = block_rows(hd);
-    let (s, c, t) = (settings(CubeDim::new_1d(block as u32)), client, tensor);
+    let (c, t) = (client, tensor);
     let types = [dtype.into(), DType::F32.into()];
-    let unrolled = |rows| unrolled_rows(unroll, rows, hd);
+    let layout = |rows| {
+        let (lanes, unrolled) = unit_layout(variant, rows, hd);
+        (settings(CubeDim::new_1d((block * lanes) as u32)), lanes, unrolled)
+    };
+    let (s, lanes, unrolled) = layout(2);
     let forward = forward_kernel::ForwardKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, block, unrolled(2), types);
+        s, c.clone(), t(), t(), t(), t(), t(), (), hd, block, lanes, unrolled, types);
+    let (s, lanes, unrolled) = layout(3);
     let grad_q = grad_q_kernel::GradQKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(3), types);
+        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, lanes, unrolled, types);
+    let (s, lanes, unrolled) = layout(4);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
-        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, unrolled(4), types);
+        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, block, lanes, unrolled, types);
     // `D = dO·O`, which both backward variants (these and the tensor cores') read.
     let delta = delta_kernel::DeltaKernel::new(
-        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), hd, unroll, types);
+        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), hd, variant.unroll, types);
     [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv)), ("delta", cuda_cpp(&delta))]
 }
 
@@ -84,69 +91,98 @@ fn shared_array(line: &str) -> Option<String> {
     ))
 }
 
-/// Builds and runs the driver for one storage type and head width in `dir`; its output.
-fn emulate(dir: &Path, storage: &str, suffix: &str, hd: usize) -> String {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let emu = emulation_dir();
-    let binary = dir.join("attention");
-    let built = Command::new(&cxx)
-        .args(["-std=c++20", "-O1", "-w", "-pthread"])
-        .arg(format!("-I{}", emu.join("include").display()))
-        .arg(format!("-I{}", dir.display()))
-        .args([format!("-DSTORAGE={storage}"), format!("-DSUFFIX={suffix}")])
-        .arg(format!("-DHEAD_DIM={hd}"))
-        .arg(emu.join("attention.cpp"))
-        .arg("-o")
-        .arg(&binary)
-        .output()
-        .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
-    assert!(
-        built.status.success(),
-        "{cxx} failed on the {suffix} hd {hd} emulation:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let run = Command::new(&binary).output().expect("the emulation runs");
-    let report = String::from_utf8_lossy(&run.stdout).into_owned();
-    assert!(
-        run.status.success(),
-        "{suffix} hd {hd}: off the fp64 reference or a shared-memory race:\n{report}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    report
+/// One build of the driver: a set of kernels (`kernels`, as [`tensor_core_kernels`] or
+/// [`unit_kernels`] write them) at one storage type and head width, in a folder of its own.
+struct Emulation {
+    kernels: Vec<(&'static str, String)>,
+    storage: &'static str,
+    suffix: &'static str,
+    hd: usize,
+    /// How the driver launches them, as `-D` definitions (none: the tensor cores' cubes).
+    defines: Vec<String>,
 }
 
-/// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
-/// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, on one
-/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
-/// the model's layout (heads swapped, read and written at their strides), within the kernel
-/// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
-#[test]
-fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
-    let client = WgpuRuntime::client(&WgpuDevice::default());
-    let root = std::env::temp_dir().join(format!("lab-cuda-emu-{}", std::process::id()));
-    let mut drivers = Vec::new();
-    for (suffix, storage, dtype) in [
-        ("f16", "__half", DType::F16),
-        ("bf16", "__nv_bfloat16", DType::BF16),
-    ] {
-        for hd in [16, 48, 64] {
-            let dir = root.join(format!("{suffix}-hd{hd}"));
-            std::fs::create_dir_all(&dir).expect("a temporary folder");
-            for (kernel, cpp) in tensor_core_kernels(&client, dtype, hd) {
-                std::fs::write(
-                    dir.join(format!("{kernel}.cu")),
-                    for_emulation(&cpp, kernel),
-                )
+/// Seconds an emulation may run before it counts as hung: over 5× the slowest seen (under a
+/// minute on a 2-core machine, with the other emulations beside it).
+const EMULATION_LIMIT_S: u32 = 300;
+
+/// The storage types the kernels are emulated at: (suffix, C++ type, dtype).
+const STORAGES: [(&str, &str, DType); 2] = [
+    ("f16", "__half", DType::F16),
+    ("bf16", "__nv_bfloat16", DType::BF16),
+];
+
+impl Emulation {
+    /// Writes the kernels into `dir`, builds the driver there and runs it; its output.
+    fn run(&self, dir: &Path) -> String {
+        std::fs::create_dir_all(dir).expect("a temporary folder");
+        for (kernel, cpp) in &self.kernels {
+            std::fs::write(dir.join(format!("{kernel}.cu")), for_emulation(cpp, kernel))
                 .expect("a temporary file");
-            }
-            drivers.push((dir, storage, suffix, hd));
         }
+        let (suffix, hd) = (self.suffix, self.hd);
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let emu = emulation_dir();
+        let binary = dir.join("attention");
+        let built = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-w", "-pthread"])
+            .arg(format!("-I{}", emu.join("include").display()))
+            .arg(format!("-I{}", dir.display()))
+            .args([
+                format!("-DSTORAGE={}", self.storage),
+                format!("-DSUFFIX={suffix}"),
+            ])
+            .arg(format!("-DHEAD_DIM={hd}"))
+            .args(&self.defines)
+            .arg(emu.join("attention.cpp"))
+            .arg("-o")
+            .arg(&binary)
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
+        assert!(
+            built.status.success(),
+            "{cxx} failed on the {suffix} hd {hd} emulation:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        // A shuffle or barrier that some thread never reaches hangs the emulation: coreutils'
+        // `timeout` turns that into a failure (exit 124) instead of a stuck test run.
+        let run = Command::new("timeout")
+            .arg(EMULATION_LIMIT_S.to_string())
+            .arg(&binary)
+            .output()
+            .expect("the emulation runs (under coreutils' timeout)");
+        let report = String::from_utf8_lossy(&run.stdout).into_owned();
+        assert!(
+            run.status.code() != Some(124),
+            "{suffix} hd {hd}: the emulation hung for {EMULATION_LIMIT_S} s: a warp shuffle or \
+             barrier that not every thread reaches (called in a branch that differs between \
+             rows?):\n{report}"
+        );
+        assert!(
+            run.status.success(),
+            "{suffix} hd {hd}: off the fp64 reference or a shared-memory race:\n{report}{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        report
     }
-    // Six C++ builds and runs of ~15 s each: one thread apiece, so that they use every core.
+}
+
+/// Runs every emulation, one thread apiece (each a C++ build and run of ~15 s, so that they
+/// use every core), and prints their reports.
+fn emulate_all(emulations: Vec<Emulation>) {
+    let root = std::env::temp_dir().join(format!(
+        "lab-cuda-emu-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     let reports: Vec<String> = std::thread::scope(|s| {
-        let runs: Vec<_> = drivers
+        let runs: Vec<_> = emulations
             .iter()
-            .map(|(dir, storage, suffix, hd)| s.spawn(move || emulate(dir, storage, suffix, *hd)))
+            .enumerate()
+            .map(|(n, e)| {
+                let dir = root.join(format!("{n}-{}-hd{}", e.suffix, e.hd));
+                s.spawn(move || e.run(&dir))
+            })
             .collect();
         runs.into_iter()
             .map(|run| {
@@ -159,4 +195,71 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
         print!("{report}");
     }
     std::fs::remove_dir_all(&root).ok();
+}
+
+/// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
+/// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, on one
+/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
+/// the model's layout (heads swapped, read and written at their strides), within the kernel
+/// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
+#[test]
+fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let mut emulations = Vec::new();
+    for (suffix, storage, dtype) in STORAGES {
+        for hd in [16, 48, 64] {
+            emulations.push(Emulation {
+                kernels: tensor_core_kernels(&client, dtype, hd).to_vec(),
+                storage,
+                suffix,
+                hd,
+                defines: Vec::new(),
+            });
+        }
+    }
+    emulate_all(emulations);
+}
+
+/// The f32-arithmetic forward, `dQ` and `dK/dV` as CUDA runs them by default: unrolled, rows
+/// shared among 2 or 4 units that add their partial products by warp shuffles
+/// ([`super::row_lanes`]; lavapipe, CI's GPU, has no shuffles for them). Head widths 48 and
+/// 64 (1 unit a row in the forward, 2 in `dQ` and `dK/dV`) and 128 (2, 4, 4), bf16, and 64
+/// at f16; the cases and tolerances as above. The emulation's shuffle waits for all 32 lanes
+/// of the warp, so one called from a branch that some rows skip hangs here, as it is undefined
+/// on a GPU.
+#[test]
+fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let variant = Variant {
+        unroll: true,
+        tensor_cores: false,
+        shuffles: true,
+    };
+    let mut emulations = Vec::new();
+    for (hd, (suffix, storage, dtype)) in [
+        (48, STORAGES[1]),
+        (64, STORAGES[0]),
+        (64, STORAGES[1]),
+        (128, STORAGES[1]),
+    ] {
+        let block = block_rows(hd);
+        let cube = |rows| {
+            let (lanes, _) = unit_layout(variant, rows, hd);
+            format!("{},1,1", block * lanes)
+        };
+        emulations.push(Emulation {
+            kernels: unit_kernels(&client, dtype, hd, variant)[..3].to_vec(),
+            storage,
+            suffix,
+            hd,
+            defines: vec![
+                "-DKERNELS=unit-lanes".into(),
+                format!("-DROWS={block}"),
+                format!("-DFORWARD_CUBE={}", cube(2)),
+                format!("-DGRAD_Q_CUBE={}", cube(3)),
+                format!("-DGRAD_KV_CUBE={}", cube(4)),
+            ],
+        });
+    }
+    emulate_all(emulations);
 }
