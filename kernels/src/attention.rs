@@ -29,9 +29,10 @@
 //! its accumulators) get constant indices and can stay in registers, where a run-time index
 //! puts them in local memory. See [`unrolls`] and [`unrolled_rows`]. Where a kernel's rows
 //! would not fit (`dQ` holds 3 rows, `dK/dV` 4: 256 floats at hd = 64), 2 or 4 units share
-//! each row, each holding every 2nd or 4th element, and add their partial products by warp
-//! shuffles ([`row_lanes`]): the rows stay in registers rather than in local memory, where
-//! the first H100 run found them. Each unit still reads every shared-memory row it needs.
+//! each row, each holding every 2nd or 4th run of 4 elements ([`lane_col`]), and add their
+//! partial products by warp shuffles ([`row_lanes`]): the rows stay in registers rather than
+//! in local memory, where the first H100 run found them. Each unit still reads every
+//! shared-memory row it needs, a run at a time.
 //!
 //! Arithmetic is f32 whatever the storage type (f32, f16, bf16): scores, softmax statistics,
 //! accumulators and `lse`, `D` are f32; inputs are widened on load, outputs rounded on store.
@@ -137,7 +138,8 @@ fn forward_kernel<F: Float, A: Float>(
                 l = l * rescale + p;
                 #[unroll(unroll)]
                 for c in 0..comptime!(head_dim / lanes) {
-                    acc[c] = acc[c] * rescale + p * v_tile[jj * head_dim + c * lanes + lane];
+                    acc[c] = acc[c] * rescale
+                        + p * v_tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
                 }
                 m = m_new;
             }
@@ -149,7 +151,7 @@ fn forward_kernel<F: Float, A: Float>(
         let o = row_at(out, b, h, i);
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            out[o + c * lanes + lane] = F::cast_from(acc[c] / l);
+            out[o + lane_col(c, lane, head_dim, lanes)] = F::cast_from(acc[c] / l);
         }
         if lane == 0 {
             lse[(b * heads + h) * seq + i] = m + l.ln();
@@ -158,17 +160,40 @@ fn forward_kernel<F: Float, A: Float>(
 }
 
 /// The row (of the cube's `block` starting at `row0`) this unit works on, and its lane:
-/// `lanes` consecutive units share a row, lane `e` holding the row's elements `e`,
-/// `e + lanes`, `e + 2·lanes`, … Interleaved rather than in halves, so that the lanes of a
-/// row read neighbouring shared-memory words (different banks), not words a bank apart.
+/// `lanes` consecutive units share a row, each holding runs of its elements ([`lane_col`]).
 #[cube]
 fn row_and_lane(row0: usize, #[comptime] lanes: usize) -> (usize, usize) {
     let unit = UNIT_POS_X as usize;
     (row0 + unit / lanes, unit % lanes)
 }
 
-/// `Σ_c x[c] · tile[jj, c·lanes + lane]`: this lane's part of a row's product with the
-/// tile's row `jj`.
+/// Where a lane's `c`-th element sits in its row (of `head_dim`, shared by `lanes` units):
+/// the lanes take turns by runs of [`lane_run`] consecutive elements (lane 0 elements
+/// 0..4, lane 1 4..8, …), so that NVCC loads each run from shared memory in one 16-byte
+/// access, and the lanes of a row read different banks. One unit a row holds the row in
+/// order.
+#[cube]
+fn lane_col(c: usize, lane: usize, #[comptime] head_dim: usize, #[comptime] lanes: usize) -> usize {
+    let mut col = c;
+    if comptime!(lanes > 1) {
+        let run = comptime!(lane_run(head_dim, lanes));
+        col = (c / run * lanes + lane) * run + c % run;
+    }
+    col
+}
+
+/// Consecutive elements a lane holds ([`lane_col`]): 4 (one 16-byte f32 load) where the
+/// head width allows every lane whole runs, else 1.
+const fn lane_run(head_dim: usize, lanes: usize) -> usize {
+    if head_dim.is_multiple_of(4 * lanes) {
+        4
+    } else {
+        1
+    }
+}
+
+/// `Σ_c x[c] · tile[jj, lane_col(c)]`: this lane's part of a row's product with the tile's
+/// row `jj`.
 #[cube]
 fn dot<A: Float>(
     x: &Array<A>,
@@ -182,7 +207,7 @@ fn dot<A: Float>(
     let mut s = A::new(0.0);
     #[unroll(unroll)]
     for c in 0..comptime!(head_dim / lanes) {
-        s += x[c] * tile[jj * head_dim + c * lanes + lane];
+        s += x[c] * tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
     }
     s
 }
@@ -250,7 +275,7 @@ fn load_rows<F: Float, A: Float>(
 }
 
 /// This lane's part of the row of `src` that starts at `at` ([`row_at`]): its elements
-/// `lane, lane + lanes, …` ([`row_and_lane`]), widened to `A` and multiplied by `scale`
+/// ([`lane_col`]), widened to `A` and multiplied by `scale`
 /// (zeros for a unit past the end, which computes nothing but must still reach every
 /// barrier and shuffle).
 #[cube]
@@ -268,7 +293,7 @@ fn row_of<F: Float, A: Float>(
     if live {
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            x[c] = A::cast_from(src[at + c * lanes + lane]) * scale;
+            x[c] = A::cast_from(src[at + lane_col(c, lane, head_dim, lanes)]) * scale;
         }
     }
     x
@@ -389,7 +414,7 @@ fn grad_q_kernel<F: Float, A: Float>(
                 let ds = (s - lse_i).exp() * (dp - delta_i);
                 #[unroll(unroll)]
                 for c in 0..comptime!(head_dim / lanes) {
-                    dq[c] += ds * k_tile[jj * head_dim + c * lanes + lane];
+                    dq[c] += ds * k_tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
                 }
             }
         }
@@ -400,7 +425,7 @@ fn grad_q_kernel<F: Float, A: Float>(
         let o = row_at(d_q, b, h, i);
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            d_q[o + c * lanes + lane] = F::cast_from(dq[c] * scale);
+            d_q[o + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dq[c] * scale);
         }
     }
 }
@@ -500,7 +525,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
                     let ds = p * (dp - delta_tile[ii]);
                     #[unroll(unroll)]
                     for c in 0..comptime!(head_dim / lanes) {
-                        let at = ii * head_dim + c * lanes + lane;
+                        let at = ii * head_dim + lane_col(c, lane, head_dim, lanes);
                         dv[c] += p * do_tile[at];
                         dk[c] += ds * q_tile[at];
                     }
@@ -514,8 +539,8 @@ fn grad_kv_kernel<F: Float, A: Float>(
         let (ok, ov) = (row_at(d_k, b, kvh, j), row_at(d_v, b, kvh, j));
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            d_k[ok + c * lanes + lane] = F::cast_from(dk[c] * scale);
-            d_v[ov + c * lanes + lane] = F::cast_from(dv[c]);
+            d_k[ok + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dk[c] * scale);
+            d_v[ov + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dv[c]);
         }
     }
 }
