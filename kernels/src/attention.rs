@@ -9,20 +9,21 @@
 //! the model's `[B, T, H, hd]` projections, read as `[B, H, T, hd]` through a swap of the
 //! middle axes, need no copy in, and the output and gradients need none on the way out.
 //!
-//! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive query rows of one
-//! head, one unit per row (or a few: see below). Key/value rows come through shared memory `block` at a time; each
-//! unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
+//! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive
+//! query rows of one head, one unit per row (or a few: see below). Key/value rows come
+//! through shared memory `block` at a time; each unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
 //! the max grows (online softmax). It writes the output and `lse = m + ln l` per row: the one
 //! number per row backward needs to rebuild a probability, `p = exp(s − lse)`. No `T × T`
 //! tensor exists anywhere.
 //!
 //! Backward, with `D_i = dO_i · O_i` (a small kernel of its own):
-//! - `dQ_i = scale · Σ_{j≤i} p_ij (dO_i·v_j − D_i) k_j`: one unit per query row, keys tiled
-//!   as in the forward;
+//! - `dQ_i = scale · Σ_{j≤i} p_ij (dO_i·v_j − D_i) k_j`: one unit per query row (or a few),
+//!   keys tiled as in the forward;
 //! - `dK_j = scale · Σ_{h in group} Σ_{i≥j} p_ij (dO_i·v_j − D_i) q_i` and
-//!   `dV_j = Σ_h Σ_{i≥j} p_ij dO_i`: one unit per key row of a key/value head, the query rows
-//!   of every head of its group tiled through shared memory. Each unit owns its key row for
-//!   the whole group, so no atomics are needed and the sums have a fixed order.
+//!   `dV_j = Σ_h Σ_{i≥j} p_ij dO_i`: one unit per key row of a key/value head (or a few), the
+//!   query rows of every head of its group tiled through shared memory. Each unit owns its
+//!   key row (or its part of it) for the whole group, so no atomics are needed and the sums
+//!   have a fixed order.
 //!
 //! On CUDA, loops over the head width are unrolled where a kernel's per-unit rows fit the
 //! register budget: the head width is a compile-time constant, so each unit's rows (`q_i`,
@@ -138,8 +139,8 @@ fn forward_kernel<F: Float, A: Float>(
                 l = l * rescale + p;
                 #[unroll(unroll)]
                 for c in 0..comptime!(head_dim / lanes) {
-                    acc[c] = acc[c] * rescale
-                        + p * v_tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
+                    acc[c] =
+                        acc[c] * rescale + p * v_tile[jj * head_dim + lane_col(c, lane, lanes)];
                 }
                 m = m_new;
             }
@@ -151,7 +152,7 @@ fn forward_kernel<F: Float, A: Float>(
         let o = row_at(out, b, h, i);
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            out[o + lane_col(c, lane, head_dim, lanes)] = F::cast_from(acc[c] / l);
+            out[o + lane_col(c, lane, lanes)] = F::cast_from(acc[c] / l);
         }
         if lane == 0 {
             lse[(b * heads + h) * seq + i] = m + l.ln();
@@ -167,30 +168,21 @@ fn row_and_lane(row0: usize, #[comptime] lanes: usize) -> (usize, usize) {
     (row0 + unit / lanes, unit % lanes)
 }
 
-/// Where a lane's `c`-th element sits in its row (of `head_dim`, shared by `lanes` units):
-/// the lanes take turns by runs of [`lane_run`] consecutive elements (lane 0 elements
-/// 0..4, lane 1 4..8, …), so that NVCC loads each run from shared memory in one 16-byte
-/// access, and the lanes of a row read different banks. One unit a row holds the row in
-/// order.
+/// Where a lane's `c`-th element sits in its row, shared by `lanes` units: the lanes take
+/// turns by runs of [`RUN`] consecutive elements (lane 0 elements 0..4, lane 1 4..8, …), so
+/// that NVCC loads each run from shared memory in one 16-byte access, and the lanes of a
+/// row read different banks. One unit a row holds the row in order.
 #[cube]
-fn lane_col(c: usize, lane: usize, #[comptime] head_dim: usize, #[comptime] lanes: usize) -> usize {
+fn lane_col(c: usize, lane: usize, #[comptime] lanes: usize) -> usize {
     let mut col = c;
     if comptime!(lanes > 1) {
-        let run = comptime!(lane_run(head_dim, lanes));
-        col = (c / run * lanes + lane) * run + c % run;
+        col = (c / RUN * lanes + lane) * RUN + c % RUN;
     }
     col
 }
 
-/// Consecutive elements a lane holds ([`lane_col`]): 4 (one 16-byte f32 load) where the
-/// head width allows every lane whole runs, else 1.
-const fn lane_run(head_dim: usize, lanes: usize) -> usize {
-    if head_dim.is_multiple_of(4 * lanes) {
-        4
-    } else {
-        1
-    }
-}
+/// Consecutive elements of a row a lane holds where units share it: one 16-byte f32 load.
+const RUN: usize = 4;
 
 /// `Σ_c x[c] · tile[jj, lane_col(c)]`: this lane's part of a row's product with the tile's
 /// row `jj`.
@@ -207,7 +199,7 @@ fn dot<A: Float>(
     let mut s = A::new(0.0);
     #[unroll(unroll)]
     for c in 0..comptime!(head_dim / lanes) {
-        s += x[c] * tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
+        s += x[c] * tile[jj * head_dim + lane_col(c, lane, lanes)];
     }
     s
 }
@@ -293,7 +285,7 @@ fn row_of<F: Float, A: Float>(
     if live {
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            x[c] = A::cast_from(src[at + lane_col(c, lane, head_dim, lanes)]) * scale;
+            x[c] = A::cast_from(src[at + lane_col(c, lane, lanes)]) * scale;
         }
     }
     x
@@ -414,7 +406,7 @@ fn grad_q_kernel<F: Float, A: Float>(
                 let ds = (s - lse_i).exp() * (dp - delta_i);
                 #[unroll(unroll)]
                 for c in 0..comptime!(head_dim / lanes) {
-                    dq[c] += ds * k_tile[jj * head_dim + lane_col(c, lane, head_dim, lanes)];
+                    dq[c] += ds * k_tile[jj * head_dim + lane_col(c, lane, lanes)];
                 }
             }
         }
@@ -425,7 +417,7 @@ fn grad_q_kernel<F: Float, A: Float>(
         let o = row_at(d_q, b, h, i);
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            d_q[o + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dq[c] * scale);
+            d_q[o + lane_col(c, lane, lanes)] = F::cast_from(dq[c] * scale);
         }
     }
 }
@@ -456,16 +448,8 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let live = j < seq;
     let scale = A::cast_from(scale);
 
-    let kj = row_of::<F, A>(
-        k,
-        row_at(k, b, kvh, j),
-        live,
-        scale,
-        head_dim,
-        lanes,
-        unroll,
-    );
-    let v_at = row_at(v, b, kvh, j);
+    let (k_at, v_at) = (row_at(k, b, kvh, j), row_at(v, b, kvh, j));
+    let kj = row_of::<F, A>(k, k_at, live, scale, head_dim, lanes, unroll);
     let vj = row_of::<F, A>(v, v_at, live, A::new(1.0), head_dim, lanes, unroll);
     let mut dk = zeros::<A>(head_dim, lanes, unroll);
     let mut dv = zeros::<A>(head_dim, lanes, unroll);
@@ -525,7 +509,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
                     let ds = p * (dp - delta_tile[ii]);
                     #[unroll(unroll)]
                     for c in 0..comptime!(head_dim / lanes) {
-                        let at = ii * head_dim + lane_col(c, lane, head_dim, lanes);
+                        let at = ii * head_dim + lane_col(c, lane, lanes);
                         dv[c] += p * do_tile[at];
                         dk[c] += ds * q_tile[at];
                     }
@@ -539,8 +523,8 @@ fn grad_kv_kernel<F: Float, A: Float>(
         let (ok, ov) = (row_at(d_k, b, kvh, j), row_at(d_v, b, kvh, j));
         #[unroll(unroll)]
         for c in 0..comptime!(head_dim / lanes) {
-            d_k[ok + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dk[c] * scale);
-            d_v[ov + lane_col(c, lane, head_dim, lanes)] = F::cast_from(dv[c]);
+            d_k[ok + lane_col(c, lane, lanes)] = F::cast_from(dk[c] * scale);
+            d_v[ov + lane_col(c, lane, lanes)] = F::cast_from(dv[c]);
         }
     }
 }
@@ -721,7 +705,8 @@ const MAX_LANES: usize = 4;
 
 /// Units per row for a kernel holding `rows` head-width rows per row it works on (the
 /// forward 2: `q_i` and its output; `dQ` 3; `dK/dV` 4): the fewest (1, 2 or 4) that bring
-/// a unit's part under [`LANE_FLOATS`] and divide the head width, where `shuffles` allows.
+/// a unit's part under [`LANE_FLOATS`] and give each whole runs of [`RUN`] elements
+/// ([`lane_col`]), where `shuffles` allows.
 /// At hd = 64: the forward keeps 1 (128 floats), `dQ` and `dK/dV` take 2 (96 and 128), so
 /// that their rows fit in registers instead of local memory; at hd = 128 (the 7B's and
 /// MedGemma's), 2, 4 and 4.
@@ -733,7 +718,7 @@ pub fn row_lanes(shuffles: bool, rows: usize, head_dim: usize) -> usize {
     while shuffles
         && lanes < MAX_LANES
         && rows * head_dim / lanes > LANE_FLOATS
-        && head_dim.is_multiple_of(2 * lanes)
+        && head_dim.is_multiple_of(RUN * 2 * lanes)
     {
         lanes *= 2;
     }
@@ -921,7 +906,7 @@ pub fn backward_into<R: CubeRuntime>(
 
 #[cfg(test)]
 mod tests {
-    use super::{block_rows, row_lanes, unrolled_rows, LANE_FLOATS, MAX_LANES};
+    use super::{block_rows, row_lanes, unrolled_rows, LANE_FLOATS, MAX_LANES, RUN};
     use proptest::prelude::*;
 
     /// x1-50m's head width and the 7B's and MedGemma's: the split the module docs state.
@@ -932,23 +917,25 @@ mod tests {
         assert_eq!([lanes(2, 128), lanes(3, 128), lanes(4, 128)], [2, 4, 4]);
         // 21 rows a cube: 42 or 84 units would end in a partial warp.
         assert_eq!([lanes(3, 96), lanes(4, 96)], [1, 1]);
+        // hd = 60: no whole runs of 4 for 2 lanes.
+        assert_eq!(lanes(4, 60), 1);
         // Where the rows now fit, the loops unroll: `dK/dV` at hd = 64 did not before.
         assert!(!unrolled_rows(true, 4, 64, 1));
         assert!(unrolled_rows(true, 4, 64, lanes(4, 64)));
     }
 
     proptest! {
-        /// The fewest lanes (1, 2 or 4) that divide the head width and bring a unit's part
-        /// under the budget, or as many as the head width and the cap allow, in whole warps;
-        /// none without shuffles.
+        /// The fewest lanes (1, 2 or 4) that give each whole runs of 4 and bring a unit's
+        /// part under the budget, or as many as the head width and the cap allow, in whole
+        /// warps; none without shuffles.
         #[test]
         fn lanes_are_the_fewest_that_fit(rows in 1usize..6, head_dim in 1usize..300, shuffles: bool) {
             let lanes = row_lanes(shuffles, rows, head_dim);
             prop_assert!([1, 2, 4].contains(&lanes));
             prop_assert!(shuffles || lanes == 1);
-            prop_assert!(head_dim.is_multiple_of(lanes));
+            prop_assert!(lanes == 1 || head_dim.is_multiple_of(RUN * lanes), "whole runs");
             let fits = rows * head_dim / lanes <= LANE_FLOATS;
-            let could_split = lanes < MAX_LANES && head_dim.is_multiple_of(2 * lanes);
+            let could_split = lanes < MAX_LANES && head_dim.is_multiple_of(RUN * 2 * lanes);
             // Too few lanes only where no more divide the head width, or where shared rows
             // would leave a partial warp (then one unit a row).
             let partial_warp = !(block_rows(head_dim) * 2).is_multiple_of(32);

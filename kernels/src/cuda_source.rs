@@ -166,12 +166,14 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     }
     // The f32-arithmetic kernels as each `attention::Variant` lays them out: rolled (wgpu's
     // default), unrolled one unit a row, unrolled with rows shared among units (CUDA's
-    // default); the last also at the 7B's and MedGemma's head width, 128.
+    // default; also at the 7B's and MedGemma's head width, 128), and rolled with shared
+    // rows (CUDA with `LAB_ATTENTION_UNROLL=0`).
     let unit_variants = [
         (64, "rolled", false, false),
         (64, "unrolled", true, false),
         (64, "lanes", true, true),
         (128, "lanes", true, true),
+        (64, "rolled-lanes", false, true),
     ];
     for (hd, name, unroll, shuffles) in unit_variants {
         let variant = Variant {

@@ -390,6 +390,27 @@ fn bf16_matches_the_fp64_reference() {
     }
 }
 
+/// The 7B's and MedGemma's head width, 128, where CUDA's f32 kernels share each row among
+/// 2 (forward) and 4 (`dQ`, `dK/dV`) units (`attention::row_lanes`), at f32 and bf16: a
+/// partial cube of 16 rows, several cubes, GQA groups of 1 and 3. CUDA builds only (wgpu
+/// keeps one unit a row; lavapipe would compile the wide rows slowly).
+#[cfg(not(feature = "wgpu"))]
+#[test]
+fn wide_heads_match_the_fp64_reference() {
+    let cases = [(1, 1, 1, 9), (2, 6, 2, 70)].map(|(batch, heads, kv_heads, seq)| Case {
+        batch,
+        heads,
+        kv_heads,
+        seq,
+        head_dim: 128,
+    });
+    for (n, dtype) in [DType::F32, DType::BF16].into_iter().enumerate() {
+        for (m, c) in cases.into_iter().enumerate() {
+            check(c, dtype, 10 * m as u64 + n as u64 + 4);
+        }
+    }
+}
+
 /// Cases for the tensor-core kernels: their 64-row tiles several times over (one tile, a
 /// partial last tile, four tiles), head widths 16, 48 and 64, GQA groups of 1 to 3.
 #[cfg(not(feature = "wgpu"))]

@@ -35,10 +35,9 @@
 #          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
 #          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
-#          (on CUDA again with the attention loops rolled: LAB_ATTENTION_UNROLL=0, one
-#          unit a row: LAB_ATTENTION_SHUFFLE=0, and
-#          with the tensor-core attention: LAB_ATTENTION_MMA=1, and with the projections on
-#          cuBLASLt: LAB_MATMUL=cublaslt);
+#          (on CUDA again: the attention one unit a row, LAB_ATTENTION_SHUFFLE=0, and also
+#          rolled, LAB_ATTENTION_UNROLL=0; the tensor-core attention, LAB_ATTENTION_MMA=1;
+#          the projections on cuBLASLt, LAB_MATMUL=cublaslt);
 #          the plan; cubecl's matmul on the model's shapes, and on CUDA cuBLASLt's through
 #          lab's projection op (LAB_MATMUL=cublaslt); NCCL at world size 1 (issue 13's
 #          must-show 4).
@@ -192,9 +191,9 @@ smoke() {
   step split "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 \
     --steps 5 --warmup 2 --split
   if [ "$device" = cuda ]; then
-    # The attention kernels with their loops rolled, as before they were unrolled on CUDA.
-    step split-rolled env LAB_ATTENTION_UNROLL=0 "$lab" bench --backend "$backend" \
-      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The attention kernels with their loops rolled, one unit a row, as before both changes.
+    step split-rolled env LAB_ATTENTION_UNROLL=0 LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
+      --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     # The f32 attention one unit a row, as before rows were shared by warp shuffles.
     step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench --backend "$backend" \
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split

@@ -1,7 +1,10 @@
 // A CPU emulation of the CUDA surface that cubecl's generated attention kernels use, so that
 // their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
 // - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
-//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp;
+//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp.
+//   A warp's barrier counts arrivals from any call site, and the last warp of a block that is
+//   not a multiple of 32 has fewer members: a shuffle that some lanes skip hangs the run,
+//   but one in a partial warp, or two shuffles at different sites that meet, pass here;
 // - shared memory has a race detector: two accesses to the same bytes by different threads, at
 //   least one a write, abort the run unless a barrier (__syncwarp for the warp, __syncthreads
 //   for the block; not a shuffle) orders them: read after write, write after read, write

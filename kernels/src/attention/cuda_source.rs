@@ -222,26 +222,22 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` as CUDA runs them by default: unrolled, rows
 /// shared among 2 or 4 units that add their partial products by warp shuffles
-/// ([`super::row_lanes`]; lavapipe, CI's GPU, has no shuffles for them). Head widths 48 and
-/// 64 (1 unit a row in the forward, 2 in `dQ` and `dK/dV`) and 128 (2, 4, 4), bf16, and 64
-/// at f16; the cases and tolerances as above. The emulation's shuffle waits for all 32 lanes
-/// of the warp, so one called from a branch that some rows skip hangs here, as it is undefined
-/// on a GPU.
+/// ([`super::row_lanes`]; lavapipe, CI's GPU, has no shuffles for them). bf16 at head widths
+/// 48 and 64 (1 unit a row in the forward, 2 in `dQ` and `dK/dV`) and 128 (2, 4, 4), and at
+/// 64 with the loops rolled (`LAB_ATTENTION_UNROLL=0`); the cases and tolerances as above.
+/// The emulation's shuffle waits for all 32 lanes of the warp, so one called from a branch
+/// that some rows skip hangs here, as it is undefined on a GPU.
 #[test]
 fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());
-    let variant = Variant {
-        unroll: true,
-        tensor_cores: false,
-        shuffles: true,
-    };
     let mut emulations = Vec::new();
-    for (hd, (suffix, storage, dtype)) in [
-        (48, STORAGES[1]),
-        (64, STORAGES[0]),
-        (64, STORAGES[1]),
-        (128, STORAGES[1]),
-    ] {
+    for (hd, unroll) in [(48, true), (64, true), (128, true), (64, false)] {
+        let (suffix, storage, dtype) = STORAGES[1];
+        let variant = Variant {
+            unroll,
+            tensor_cores: false,
+            shuffles: true,
+        };
         let block = block_rows(hd);
         let cube = |rows| {
             let (lanes, _) = unit_layout(variant, rows, hd);
@@ -253,7 +249,7 @@ fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
             suffix,
             hd,
             defines: vec![
-                "-DKERNELS=unit-lanes".into(),
+                format!("-DKERNELS=unit-{}", if unroll { "lanes" } else { "rolled" }),
                 format!("-DROWS={block}"),
                 format!("-DFORWARD_CUBE={}", cube(2)),
                 format!("-DGRAD_Q_CUBE={}", cube(3)),
