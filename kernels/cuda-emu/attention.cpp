@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <numeric>
 
 #include "forward.cu"
@@ -261,8 +262,17 @@ int main() {
     Case cases[] = {{1, 2, 1, 1, swap_none},  {1, 2, 2, 64, swap_none},  {2, 4, 2, 37, swap_none},
                     {2, 4, 2, 130, swap_none}, {1, 6, 2, 200, swap_none}, {2, 4, 2, 37, swap_all},
                     {1, 6, 2, 130, swap_all},  {2, 4, 2, 37, swap_qkv}};
+#ifdef FEWER_CASES
+    // The f32 kernels shuffle in their inner loops, which costs the emulation a barrier of
+    // the warp each time: the cases that differ in kind (one row, one tile, partial tiles,
+    // GQA groups of 1 to 3, each layout), without the two largest.
+    bool skip[] = {false, false, false, true, true, false, false, false};
+#else
+    bool skip[8] = {};
+#endif
     bool ok = true;
     uint64_t seed = 11;
-    for (const Case& c : cases) ok &= check(c, seed += 10, tolerance);
+    for (size_t n = 0; n < std::size(cases); ++n, seed += 10)
+        if (!skip[n]) ok &= check(cases[n], seed + 10, tolerance);
     return ok ? 0 : 1;
 }

@@ -11,10 +11,10 @@
 //!
 //! Forward (FlashAttention-2's loop order, queries outside): a cube owns `block` consecutive
 //! query rows of one head, one unit per row (or a few: see below). Key/value rows come
-//! through shared memory `block` at a time; each unit keeps its running max `m`, its running sum `l` and its output row, rescaling them as
-//! the max grows (online softmax). It writes the output and `lse = m + ln l` per row: the one
-//! number per row backward needs to rebuild a probability, `p = exp(s − lse)`. No `T × T`
-//! tensor exists anywhere.
+//! through shared memory `block` at a time; each unit keeps its running max `m`, its running
+//! sum `l` and its output row, rescaling them as the max grows (online softmax). It writes
+//! the output and `lse = m + ln l` per row: the one number per row backward needs to rebuild
+//! a probability, `p = exp(s − lse)`. No `T × T` tensor exists anywhere.
 //!
 //! Backward, with `D_i = dO_i · O_i` (a small kernel of its own):
 //! - `dQ_i = scale · Σ_{j≤i} p_ij (dO_i·v_j − D_i) k_j`: one unit per query row (or a few),
@@ -66,6 +66,51 @@ pub fn block_rows(head_dim: usize) -> usize {
     (2048 / head_dim).clamp(1, 32)
 }
 
+/// How an f32 kernel lays out its rows, fixed when it compiles: the head width, the rows a
+/// cube owns ([`block_rows`]), the units that share each row ([`row_lanes`]) and whether the
+/// loops over a row unroll ([`unrolled_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Tiling {
+    head_dim: usize,
+    block: usize,
+    lanes: usize,
+    unroll: bool,
+}
+
+impl Tiling {
+    /// The layout of a kernel holding `rows` head-width rows per row it works on (the
+    /// forward 2: `q_i` and its output; `dQ` 3; `dK/dV` 4), for `variant` at `head_dim`.
+    pub(crate) fn of(variant: Variant, rows: usize, head_dim: usize) -> Self {
+        let lanes = row_lanes(variant.shuffles, rows, head_dim);
+        Tiling {
+            head_dim,
+            block: block_rows(head_dim),
+            lanes,
+            unroll: unrolled_rows(variant.unroll, rows, head_dim, lanes),
+        }
+    }
+
+    /// `(head_dim, block, lanes, unroll)`.
+    fn parts(self) -> (usize, usize, usize, bool) {
+        (self.head_dim, self.block, self.lanes, self.unroll)
+    }
+
+    /// Elements of a row each unit holds.
+    fn width(self) -> usize {
+        self.head_dim / self.lanes
+    }
+
+    /// A cube: `block` rows of `lanes` units each.
+    pub(crate) fn cube_dim(self) -> CubeDim {
+        CubeDim::new_1d((self.block * self.lanes) as u32)
+    }
+
+    /// Cubes for `seq` rows of each of `heads` heads of each of `batch` sequences.
+    fn cubes(self, seq: usize, heads: usize, batch: usize) -> CubeCount {
+        CubeCount::Static(seq.div_ceil(self.block) as u32, heads as u32, batch as u32)
+    }
+}
+
 #[cube(launch)]
 fn forward_kernel<F: Float, A: Float>(
     q: &Tensor<F>,
@@ -74,12 +119,10 @@ fn forward_kernel<F: Float, A: Float>(
     out: &mut Tensor<F>,
     lse: &mut Tensor<A>,
     scale: f32,
-    #[comptime] head_dim: usize,
-    #[comptime] block: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    let (head_dim, block, lanes, unroll) = comptime!(tiling.parts());
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * block;
@@ -89,8 +132,8 @@ fn forward_kernel<F: Float, A: Float>(
     let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
 
     let q_at = row_at(q, b, h, i);
-    let qi = row_of::<F, A>(q, q_at, live, A::cast_from(scale), head_dim, lanes, unroll);
-    let mut acc = zeros::<A>(head_dim, lanes, unroll);
+    let qi = row_of::<F, A>(q, q_at, live, A::cast_from(scale), tiling);
+    let mut acc = zeros::<A>(tiling);
     let mut k_tile = SharedMemory::<A>::new(block * head_dim);
     let mut v_tile = SharedMemory::<A>::new(block * head_dim);
     let mut m = A::min_value();
@@ -103,32 +146,12 @@ fn forward_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(
-            k,
-            &mut k_tile,
-            k_base,
-            start,
-            seq,
-            head_dim,
-            block,
-            lanes,
-            unroll,
-        );
-        load_rows::<F, A>(
-            v,
-            &mut v_tile,
-            v_base,
-            start,
-            seq,
-            head_dim,
-            block,
-            lanes,
-            unroll,
-        );
+        load_rows::<F, A>(k, &mut k_tile, k_base, start, tiling);
+        load_rows::<F, A>(v, &mut v_tile, v_base, start, tiling);
         sync_cube();
         for jj in 0..block {
             // Every unit reaches the lanes' exchange, visible key or not (see `lanes_sum`).
-            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, head_dim, lanes, unroll), lanes);
+            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, tiling), lanes);
             if live && start + jj <= i {
                 let mut m_new = m;
                 if s > m {
@@ -138,7 +161,7 @@ fn forward_kernel<F: Float, A: Float>(
                 let p = (s - m_new).exp();
                 l = l * rescale + p;
                 #[unroll(unroll)]
-                for c in 0..comptime!(head_dim / lanes) {
+                for c in 0..comptime!(tiling.width()) {
                     acc[c] =
                         acc[c] * rescale + p * v_tile[jj * head_dim + lane_col(c, lane, lanes)];
                 }
@@ -151,7 +174,7 @@ fn forward_kernel<F: Float, A: Float>(
     if live {
         let o = row_at(out, b, h, i);
         #[unroll(unroll)]
-        for c in 0..comptime!(head_dim / lanes) {
+        for c in 0..comptime!(tiling.width()) {
             out[o + lane_col(c, lane, lanes)] = F::cast_from(acc[c] / l);
         }
         if lane == 0 {
@@ -192,13 +215,12 @@ fn dot<A: Float>(
     tile: &SharedMemory<A>,
     jj: usize,
     lane: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
 ) -> A {
+    let (head_dim, _, lanes, unroll) = comptime!(tiling.parts());
     let mut s = A::new(0.0);
     #[unroll(unroll)]
-    for c in 0..comptime!(head_dim / lanes) {
+    for c in 0..comptime!(tiling.width()) {
         s += x[c] * tile[jj * head_dim + lane_col(c, lane, lanes)];
     }
     s
@@ -227,25 +249,22 @@ fn row_at<F: Float>(t: &Tensor<F>, b: usize, head: usize, i: usize) -> usize {
     b * t.stride(0) + head * t.stride(1) + i * t.stride(2)
 }
 
-/// The cube copies rows `start .. start + block` (zeros past the end) of the head whose
-/// row 0 is at `base` into `tile`, widened to `A`; rows are `src.stride(2)` apart. The cube
+/// The cube copies rows `start .. start + block` (zeros past the sequence's end) of the head
+/// whose row 0 is at `base` into `tile`, widened to `A`; rows are `src.stride(2)` apart. The cube
 /// has `block · lanes` units; unit `u` copies columns `u, u + block · lanes, …` of each row,
 /// so consecutive units read consecutive elements and a unit's loads from one row sit at
 /// constant offsets from the row's start, the one runtime term (per-element row arithmetic
 /// costs registers).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn load_rows<F: Float, A: Float>(
     src: &Tensor<F>,
     tile: &mut SharedMemory<A>,
     base: usize,
     start: usize,
-    seq: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] block: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
 ) {
+    let (head_dim, block, lanes, unroll) = comptime!(tiling.parts());
+    let seq = src.shape(2);
     let unit = UNIT_POS_X as usize;
     let units = comptime!(block * lanes);
     #[unroll(unroll)]
@@ -276,15 +295,14 @@ fn row_of<F: Float, A: Float>(
     at: usize,
     live: bool,
     scale: A,
-    #[comptime] head_dim: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
 ) -> Array<A> {
+    let (_, _, lanes, unroll) = comptime!(tiling.parts());
     let lane = UNIT_POS_X as usize % lanes;
-    let mut x = zeros::<A>(head_dim, lanes, unroll);
+    let mut x = zeros::<A>(tiling);
     if live {
         #[unroll(unroll)]
-        for c in 0..comptime!(head_dim / lanes) {
+        for c in 0..comptime!(tiling.width()) {
             x[c] = A::cast_from(src[at + lane_col(c, lane, lanes)]) * scale;
         }
     }
@@ -293,12 +311,8 @@ fn row_of<F: Float, A: Float>(
 
 /// A lane's part of a row, zeroed.
 #[cube]
-fn zeros<A: Float>(
-    #[comptime] head_dim: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
-) -> Array<A> {
-    let width = comptime!(head_dim / lanes);
+fn zeros<A: Float>(#[comptime] tiling: Tiling) -> Array<A> {
+    let (width, unroll) = comptime!((tiling.width(), tiling.unroll));
     let mut x = Array::<A>::new(width);
     #[unroll(unroll)]
     for c in 0..width {
@@ -341,12 +355,10 @@ fn grad_q_kernel<F: Float, A: Float>(
     delta: &Tensor<A>,
     d_q: &mut Tensor<F>,
     scale: f32,
-    #[comptime] head_dim: usize,
-    #[comptime] block: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    let (head_dim, block, lanes, unroll) = comptime!(tiling.parts());
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * block;
@@ -357,10 +369,10 @@ fn grad_q_kernel<F: Float, A: Float>(
     let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
     let scale = A::cast_from(scale);
 
-    let qi = row_of::<F, A>(q, row_at(q, b, h, i), live, scale, head_dim, lanes, unroll);
+    let qi = row_of::<F, A>(q, row_at(q, b, h, i), live, scale, tiling);
     let do_at = row_at(d_out, b, h, i);
-    let doi = row_of::<F, A>(d_out, do_at, live, A::new(1.0), head_dim, lanes, unroll);
-    let mut dq = zeros::<A>(head_dim, lanes, unroll);
+    let doi = row_of::<F, A>(d_out, do_at, live, A::new(1.0), tiling);
+    let mut dq = zeros::<A>(tiling);
     let mut lse_i = A::new(0.0);
     let mut delta_i = A::new(0.0);
     if live {
@@ -376,36 +388,16 @@ fn grad_q_kernel<F: Float, A: Float>(
     }
     let mut start = 0;
     while start < end {
-        load_rows::<F, A>(
-            k,
-            &mut k_tile,
-            k_base,
-            start,
-            seq,
-            head_dim,
-            block,
-            lanes,
-            unroll,
-        );
-        load_rows::<F, A>(
-            v,
-            &mut v_tile,
-            v_base,
-            start,
-            seq,
-            head_dim,
-            block,
-            lanes,
-            unroll,
-        );
+        load_rows::<F, A>(k, &mut k_tile, k_base, start, tiling);
+        load_rows::<F, A>(v, &mut v_tile, v_base, start, tiling);
         sync_cube();
         for jj in 0..block {
-            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, head_dim, lanes, unroll), lanes);
-            let dp = lanes_sum::<A>(dot(&doi, &v_tile, jj, lane, head_dim, lanes, unroll), lanes);
+            let s = lanes_sum::<A>(dot(&qi, &k_tile, jj, lane, tiling), lanes);
+            let dp = lanes_sum::<A>(dot(&doi, &v_tile, jj, lane, tiling), lanes);
             if live && start + jj <= i {
                 let ds = (s - lse_i).exp() * (dp - delta_i);
                 #[unroll(unroll)]
-                for c in 0..comptime!(head_dim / lanes) {
+                for c in 0..comptime!(tiling.width()) {
                     dq[c] += ds * k_tile[jj * head_dim + lane_col(c, lane, lanes)];
                 }
             }
@@ -416,7 +408,7 @@ fn grad_q_kernel<F: Float, A: Float>(
     if live {
         let o = row_at(d_q, b, h, i);
         #[unroll(unroll)]
-        for c in 0..comptime!(head_dim / lanes) {
+        for c in 0..comptime!(tiling.width()) {
             d_q[o + lane_col(c, lane, lanes)] = F::cast_from(dq[c] * scale);
         }
     }
@@ -433,12 +425,10 @@ fn grad_kv_kernel<F: Float, A: Float>(
     d_k: &mut Tensor<F>,
     d_v: &mut Tensor<F>,
     scale: f32,
-    #[comptime] head_dim: usize,
-    #[comptime] block: usize,
-    #[comptime] lanes: usize,
-    #[comptime] unroll: bool,
+    #[comptime] tiling: Tiling,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    let (head_dim, block, lanes, unroll) = comptime!(tiling.parts());
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let group = heads / kv_heads;
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
@@ -449,10 +439,10 @@ fn grad_kv_kernel<F: Float, A: Float>(
     let scale = A::cast_from(scale);
 
     let (k_at, v_at) = (row_at(k, b, kvh, j), row_at(v, b, kvh, j));
-    let kj = row_of::<F, A>(k, k_at, live, scale, head_dim, lanes, unroll);
-    let vj = row_of::<F, A>(v, v_at, live, A::new(1.0), head_dim, lanes, unroll);
-    let mut dk = zeros::<A>(head_dim, lanes, unroll);
-    let mut dv = zeros::<A>(head_dim, lanes, unroll);
+    let kj = row_of::<F, A>(k, k_at, live, scale, tiling);
+    let vj = row_of::<F, A>(v, v_at, live, A::new(1.0), tiling);
+    let mut dk = zeros::<A>(tiling);
+    let mut dv = zeros::<A>(tiling);
     let mut q_tile = SharedMemory::<A>::new(block * head_dim);
     let mut do_tile = SharedMemory::<A>::new(block * head_dim);
     let mut lse_tile = SharedMemory::<A>::new(block);
@@ -465,28 +455,8 @@ fn grad_kv_kernel<F: Float, A: Float>(
         // Queries from the block's first key row to the end.
         let mut start = row0;
         while start < seq {
-            load_rows::<F, A>(
-                q,
-                &mut q_tile,
-                q_base,
-                start,
-                seq,
-                head_dim,
-                block,
-                lanes,
-                unroll,
-            );
-            load_rows::<F, A>(
-                d_out,
-                &mut do_tile,
-                do_base,
-                start,
-                seq,
-                head_dim,
-                block,
-                lanes,
-                unroll,
-            );
+            load_rows::<F, A>(q, &mut q_tile, q_base, start, tiling);
+            load_rows::<F, A>(d_out, &mut do_tile, do_base, start, tiling);
             if u < block {
                 let r = start + u;
                 let mut lse_r = A::new(0.0);
@@ -501,14 +471,13 @@ fn grad_kv_kernel<F: Float, A: Float>(
             sync_cube();
             for ii in 0..block {
                 let i = start + ii;
-                let s = lanes_sum::<A>(dot(&kj, &q_tile, ii, lane, head_dim, lanes, unroll), lanes);
-                let dp =
-                    lanes_sum::<A>(dot(&vj, &do_tile, ii, lane, head_dim, lanes, unroll), lanes);
+                let s = lanes_sum::<A>(dot(&kj, &q_tile, ii, lane, tiling), lanes);
+                let dp = lanes_sum::<A>(dot(&vj, &do_tile, ii, lane, tiling), lanes);
                 if live && i < seq && i >= j {
                     let p = (s - lse_tile[ii]).exp();
                     let ds = p * (dp - delta_tile[ii]);
                     #[unroll(unroll)]
-                    for c in 0..comptime!(head_dim / lanes) {
+                    for c in 0..comptime!(tiling.width()) {
                         let at = ii * head_dim + lane_col(c, lane, lanes);
                         dv[c] += p * do_tile[at];
                         dk[c] += ds * q_tile[at];
@@ -522,7 +491,7 @@ fn grad_kv_kernel<F: Float, A: Float>(
     if live {
         let (ok, ov) = (row_at(d_k, b, kvh, j), row_at(d_v, b, kvh, j));
         #[unroll(unroll)]
-        for c in 0..comptime!(head_dim / lanes) {
+        for c in 0..comptime!(tiling.width()) {
             d_k[ok + lane_col(c, lane, lanes)] = F::cast_from(dk[c] * scale);
             d_v[ov + lane_col(c, lane, lanes)] = F::cast_from(dv[c]);
         }
@@ -740,13 +709,6 @@ pub fn unrolled_rows(unroll: bool, rows: usize, head_dim: usize, lanes: usize) -
     unroll && rows * head_dim / lanes <= REGISTER_ROWS
 }
 
-/// The comptime shape of one f32 kernel's launch: units per row ([`row_lanes`]) and whether
-/// its loops unroll ([`unrolled_rows`]), for a kernel holding `rows` head-width rows.
-fn unit_layout(variant: Variant, rows: usize, head_dim: usize) -> (usize, bool) {
-    let lanes = row_lanes(variant.shuffles, rows, head_dim);
-    (lanes, unrolled_rows(variant.unroll, rows, head_dim, lanes))
-}
-
 /// [`forward`] into outputs the caller allocated (tests poison them to see unwritten
 /// elements), shaped as [`forward`]'s: `out` in any layout of unit-stride rows, `lse`
 /// contiguous.
@@ -771,22 +733,18 @@ pub fn forward_into<R: CubeRuntime>(
         tensor_cores::launch_forward([q, k, v], &outputs, scale, &d);
         return outputs;
     }
-    let block = block_rows(d.head_dim);
-    let (lanes, unrolled) = unit_layout(variant, 2, d.head_dim);
+    let tiling = Tiling::of(variant, 2, d.head_dim);
     forward_kernel::launch::<R>(
         &client,
-        CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
-        CubeDim::new_1d((block * lanes) as u32),
+        tiling.cubes(d.seq, d.heads, d.batch),
+        tiling.cube_dim(),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
         outputs.out.clone().into_tensor_arg(),
         outputs.lse.clone().into_tensor_arg(),
         scale,
-        d.head_dim,
-        block,
-        lanes,
-        unrolled,
+        tiling,
         [dtype.into(), DType::F32.into()],
     );
     outputs
@@ -837,7 +795,6 @@ pub fn backward_into<R: CubeRuntime>(
     }
     let [q, k, v, out, d_out] = [q, k, v, out, d_out].map(unit_stride_rows);
     let lse = into_contiguous(lse);
-    let block = block_rows(d.head_dim);
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
 
@@ -858,11 +815,11 @@ pub fn backward_into<R: CubeRuntime>(
         tensor_cores::launch_backward([q, k, v, d_out, lse, delta], &grads, scale, &d);
         return grads;
     }
-    let (lanes, unrolled) = unit_layout(variant, 3, d.head_dim);
+    let tiling = Tiling::of(variant, 3, d.head_dim);
     grad_q_kernel::launch::<R>(
         &client,
-        CubeCount::Static(d.seq.div_ceil(block) as u32, d.heads as u32, d.batch as u32),
-        CubeDim::new_1d((block * lanes) as u32),
+        tiling.cubes(d.seq, d.heads, d.batch),
+        tiling.cube_dim(),
         q.clone().into_tensor_arg(),
         k.clone().into_tensor_arg(),
         v.clone().into_tensor_arg(),
@@ -871,21 +828,14 @@ pub fn backward_into<R: CubeRuntime>(
         delta.clone().into_tensor_arg(),
         grads.q.clone().into_tensor_arg(),
         scale,
-        d.head_dim,
-        block,
-        lanes,
-        unrolled,
+        tiling,
         types,
     );
-    let (lanes, unrolled) = unit_layout(variant, 4, d.head_dim);
+    let tiling = Tiling::of(variant, 4, d.head_dim);
     grad_kv_kernel::launch::<R>(
         &client,
-        CubeCount::Static(
-            d.seq.div_ceil(block) as u32,
-            d.kv_heads as u32,
-            d.batch as u32,
-        ),
-        CubeDim::new_1d((block * lanes) as u32),
+        tiling.cubes(d.seq, d.kv_heads, d.batch),
+        tiling.cube_dim(),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
@@ -895,10 +845,7 @@ pub fn backward_into<R: CubeRuntime>(
         grads.k.clone().into_tensor_arg(),
         grads.v.clone().into_tensor_arg(),
         scale,
-        d.head_dim,
-        block,
-        lanes,
-        unrolled,
+        tiling,
         types,
     );
     grads
