@@ -35,8 +35,11 @@ use super::{row_at, Dims, Forward, Grads};
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take. Shared memory holds two `[64, hd]` tiles plus each
-/// plane's bounce rows: 42 KiB at hd = 64 (42.5 KiB in `dK/dV`, with its `lse` and `D` rows),
-/// under CUDA's default 48 KiB.
+/// plane's bounce rows: 42 KiB at hd = 64; the backward adds its f32 probabilities, 59 KiB in
+/// all (`dK/dV` 0.5 KiB more, with its `lse` and `D` rows). Over CUDA's default 48 KiB,
+/// cubecl-cuda asks for the device's opt-in maximum at each launch (A100 163 KiB, H100
+/// 227 KiB). At hd = 128 `dK/dV` still spills on sm_80 (2.4 KB a thread) with `p` in shared
+/// memory, so 128 keeps the f32 kernels (BENCHMARKS.md).
 pub const MAX_HEAD_DIM: usize = 64;
 
 /// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
@@ -58,6 +61,13 @@ const fn bounce_width(head_dim: usize, planes: usize) -> usize {
 /// one (2-way). wmma wants rows of whole 16 bytes.
 const fn values_stride(head_dim: usize, planes: usize) -> usize {
     bounce_width(head_dim, planes) + 4
+}
+
+/// Elements from one row of a plane's f32 probabilities to the next (the backward keeps `p`
+/// there while `dP` takes the bounce rows): 64 columns and 4 more, for the banks as
+/// [`values_stride`].
+const fn probs_stride(planes: usize) -> usize {
+    16 * planes + 4
 }
 
 /// Elements of every plane's f32 bounce rows together.
@@ -296,6 +306,8 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
+    let mut probs = SharedMemory::<A>::new(comptime!(planes * 16 * probs_stride(planes)));
+    let pa = lanes.probs_at(planes);
 
     let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
     let q_frags = plane_rows::<F>(q, &mut k_tile, q_base, row0, seq, head_dim, planes);
@@ -320,19 +332,19 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
 
         // p = exp(scale · q·k − lse), kept in registers while dP takes the bounce rows.
         bounce.product(&q_frags, &k_tile, head_dim, planes);
-        let mut p = Array::<A>::new(lane_cols);
         #[unroll]
         for c in 0..lane_cols {
-            p[c] = A::new(0.0);
+            let mut p = A::new(0.0);
             if first + 2 * c <= lanes.i {
-                p[c] = (bounce.values[at + 2 * c] * scale - lse_i).exp();
+                p = (bounce.values[at + 2 * c] * scale - lse_i).exp();
             }
+            probs[pa + 2 * c] = p;
         }
         sync_plane();
         bounce.product(&do_frags, &v_tile, head_dim, planes);
         #[unroll]
         for c in 0..lane_cols {
-            let ds = p[c] * (bounce.values[at + 2 * c] - delta_i);
+            let ds = probs[pa + 2 * c] * (bounce.values[at + 2 * c] - delta_i);
             bounce.operand[op + 2 * c] = F::cast_from(ds);
         }
         sync_plane();
@@ -378,6 +390,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     // Here a lane pair's row is a key row `j`; its columns are query rows.
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
+    let mut probs = SharedMemory::<A>::new(comptime!(planes * 16 * probs_stride(planes)));
+    let pa = lanes.probs_at(planes);
 
     let k_frags = plane_rows::<F>(k, &mut q_tile, k_base, row0, seq, head_dim, planes);
     let v_frags = plane_rows::<F>(v, &mut q_tile, v_base, row0, seq, head_dim, planes);
@@ -410,15 +424,15 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
 
             // pᵀ = exp(scale · k·q − lse_i) for queries i ≥ j inside the sequence.
             bounce.product(&k_frags, &q_tile, head_dim, planes);
-            let mut p = Array::<A>::new(lane_cols);
             #[unroll]
             for c in 0..lane_cols {
                 let i = start + offset + 2 * c;
-                p[c] = A::new(0.0);
+                let mut p = A::new(0.0);
                 if i >= lanes.i && i < seq {
-                    p[c] = (bounce.values[at + 2 * c] * scale - lse_tile[offset + 2 * c]).exp();
+                    p = (bounce.values[at + 2 * c] * scale - lse_tile[offset + 2 * c]).exp();
                 }
-                bounce.operand[op + 2 * c] = F::cast_from(p[c]);
+                probs[pa + 2 * c] = p;
+                bounce.operand[op + 2 * c] = F::cast_from(p);
             }
             sync_plane();
             // dV += Pᵀ dO.
@@ -426,7 +440,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             bounce.product(&v_frags, &do_tile, head_dim, planes);
             #[unroll]
             for c in 0..lane_cols {
-                let ds = p[c] * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
+                let ds =
+                    probs[pa + 2 * c] * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
                 bounce.operand[op + 2 * c] = F::cast_from(ds);
             }
             sync_plane();
@@ -473,6 +488,14 @@ impl Lanes {
             parity: UNIT_POS_X as usize % 2,
             i: row0 + UNIT_POS_Y as usize * 16 + r,
         }
+    }
+
+    /// Where the lane's first column is in the plane's probabilities (its others follow every
+    /// second element). Only the lane reads what it writes there: shared memory stands in
+    /// for the registers that `p` would take from the accumulators.
+    fn probs_at(&self, #[comptime] planes: usize) -> usize {
+        let stride = comptime!(probs_stride(planes));
+        (UNIT_POS_Y as usize * 16 + self.r) * stride + self.parity
     }
 }
 
