@@ -330,7 +330,7 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         let at = bounce.value_at(&lanes, head_dim, planes);
         let op = bounce.operand_at(&lanes, planes);
 
-        // p = exp(scale · q·k − lse), kept in registers while dP takes the bounce rows.
+        // p = exp(scale · q·k − lse), kept in `probs` while dP takes the bounce rows.
         bounce.product(&q_frags, &k_tile, head_dim, planes);
         #[unroll]
         for c in 0..lane_cols {
