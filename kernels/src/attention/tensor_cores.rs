@@ -492,7 +492,10 @@ impl Lanes {
 
     /// Where the lane's first column is in the plane's probabilities (its others follow every
     /// second element). Only the lane reads what it writes there: shared memory stands in
-    /// for the registers that `p` would take from the accumulators.
+    /// for the registers that `p` would take from the accumulators. A plain index, as
+    /// [`Bounce::value_at`] gives: wrapped in a struct with `get`/`set`, cubecl copies the
+    /// index into a mutable variable, and ptxas then spilled 36 bytes in bf16 `dK/dV` on
+    /// sm_90a (BENCHMARKS.md).
     fn probs_at(&self, #[comptime] planes: usize) -> usize {
         let stride = comptime!(probs_stride(planes));
         (UNIT_POS_Y as usize * 16 + self.r) * stride + self.parity
