@@ -5,7 +5,11 @@
 # kernel that does not compile there costs a device call). Speed and results still need the
 # GPU.
 #
-#   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...]
+#   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...] [--only GLOB]
+#
+# --only compiles the kernels whose names match GLOB (e.g. 'mma-grad_kv*'). cubecl lays out a
+# kernel's shared arrays in an order that changes from one process to the next, and ptxas's
+# registers follow it, so run a kernel of interest several times before reading one figure.
 #
 # NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (CUDA 12.9; ~150 MB,
 # downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels). The sources come
@@ -18,10 +22,12 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 out=/tmp/lab-cuda-source
 archs=()
+only='*'
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --arch) archs+=("$2"); shift 2 ;;
+    --only) only="$2"; shift 2 ;;
     *) echo "cuda-source-check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -56,10 +62,10 @@ fi
 
 echo "== NVRTC and ptxas (${archs[*]})"
 LD_LIBRARY_PATH="$cuda/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-  python3 - "$cuda" "$out" "${archs[@]}" <<'EOF'
+  python3 - "$cuda" "$out" "$only" "${archs[@]}" <<'EOF'
 import ctypes, glob, os, re, subprocess, sys, time
 
-cuda, out, archs = sys.argv[1], sys.argv[2], sys.argv[3:]
+cuda, out, only, archs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 nvrtc = ctypes.CDLL(os.path.join(cuda, "cuda_nvrtc/lib/libnvrtc.so.12"))
 includes = [os.path.join(cuda, d, "include") for d in ("cuda_runtime", "cuda_nvcc")]
 ptxas = os.path.join(cuda, "cuda_nvcc/bin/ptxas")
@@ -109,7 +115,7 @@ def shared_bytes(source):
 failed = 0
 compile_s = {arch: 0.0 for arch in archs}
 print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9} {'nvrtc s':>8}")
-for source in sorted(glob.glob(os.path.join(out, "*.cu"))):
+for source in sorted(glob.glob(os.path.join(out, f"{only}.cu"))):
     name = os.path.basename(source)[:-3]
     for arch in archs:
         try:

@@ -3,9 +3,11 @@
 // against an fp64 reference, as kernels/tests/attention.rs checks the kernels on a GPU.
 // Built and run by that file's tests, once per set of kernels, storage type and head width:
 //   -DSTORAGE=__half -DSUFFIX=f16 -DHEAD_DIM=64, with forward.cu, grad_q.cu, grad_kv.cu on
-//   the include path (each `info_st` renamed after its kernel); for the f32-arithmetic
-//   kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube as
-//   -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE). The defaults are the tensor cores'.
+//   the include path (each `info_st` and entry renamed after its file: info_grad_q,
+//   grad_q_kernel); with -DSPLIT_KV, grad_kv_values.cu and grad_kv_keys.cu in grad_kv.cu's
+//   place (the tensor cores' dK and dV launched apart, as above hd 64); for the
+//   f32-arithmetic kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube
+//   as -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE). The defaults are the tensor cores'.
 #include "emu.h"
 
 #include <cstdio>
@@ -14,15 +16,14 @@
 #include <numeric>
 
 #include "forward.cu"
-#include "grad_kv.cu"
 #include "grad_q.cu"
+#ifdef SPLIT_KV
+#include "grad_kv_keys.cu"
+#include "grad_kv_values.cu"
+#else
+#include "grad_kv.cu"
+#endif
 
-// The kernels' names: forward_kernel_f_f16_a_f32 for storage f16 and f32 arithmetic.
-#define JOIN3(a, b, c) a##b##c
-#define NAME(a, b, c) JOIN3(a, b, c)
-#define FORWARD NAME(forward_kernel_f_, SUFFIX, _a_f32)
-#define GRAD_Q NAME(grad_q_kernel_f_, SUFFIX, _a_f32)
-#define GRAD_KV NAME(grad_kv_kernel_f_, SUFFIX, _a_f32)
 #define QUOTE2(x) #x
 #define QUOTE(x) QUOTE2(x)
 
@@ -218,7 +219,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
 
     auto fwd = metadata<info_forward>(scale, {aq, akv, akv, arq, arow});
-    emu::launch(FORWARD, grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
+    emu::launch(forward_kernel, grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
     out = stored(c, group_rest, c.heads, out, true);
     for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
@@ -227,12 +228,22 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
         delta[r] = s;
     }
     auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, arq, arow, arow, arq});
-    emu::launch(GRAD_Q, grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(grad_q_kernel, grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
-    auto gkv = metadata<info_grad_kv>(scale, {aq, akv, akv, arq, arow, arow, arkv, arkv});
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
-    emu::launch(GRAD_KV, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    std::vector<Arg> kv_args{aq, akv, akv, arq, arow, arow, arkv, arkv};
+#ifdef SPLIT_KV
+    auto gv = metadata<info_grad_kv_values>(scale, kv_args);
+    emu::launch(grad_kv_values_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(),
+                lse.data(), delta.data(), dk.data(), dv.data(), gv.dynamic.data(), gv.info);
+    auto gk = metadata<info_grad_kv_keys>(scale, kv_args);
+    emu::launch(grad_kv_keys_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(),
+                lse.data(), delta.data(), dk.data(), dv.data(), gk.dynamic.data(), gk.info);
+#else
+    auto gkv = metadata<info_grad_kv>(scale, kv_args);
+    emu::launch(grad_kv_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dk.data(), dv.data(), gkv.dynamic.data(), gkv.info);
+#endif
     dq = stored(c, group_rest, c.heads, dq, true);
     dk = stored(c, group_rest, c.kv_heads, dk, true);
     dv = stored(c, group_rest, c.kv_heads, dv, true);

@@ -153,12 +153,13 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
 }
 
 /// Every kernel's CUDA C++ by name: the tensor-core kernels at f16 and bf16, head widths 16,
-/// 48 and 64, the f32-arithmetic kernels at bf16 in each layout (below), RMSNorm's at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's (5376),
-/// and the others once ([`other_kernels`]).
+/// 48, 64, 96 and 128, the f32-arithmetic kernels at bf16 in each layout (below), RMSNorm's
+/// at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's (5376), and the others once
+/// ([`other_kernels`]).
 fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
-        for hd in [16, 48, 64] {
+        for hd in [16, 48, 64, 96, 128] {
             for (kernel, cpp) in tensor_core_kernels(client, dtype, hd) {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }

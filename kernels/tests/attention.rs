@@ -412,9 +412,10 @@ fn wide_heads_match_the_fp64_reference() {
 }
 
 /// Cases for the tensor-core kernels: their 64-row tiles several times over (one tile, a
-/// partial last tile, four tiles), head widths 16, 48 and 64, GQA groups of 1 to 3.
+/// partial last tile, four tiles), head widths 16, 48, 64 and 128 (where `dK` and `dV` take a
+/// launch each), GQA groups of 1 to 3.
 #[cfg(not(feature = "wgpu"))]
-const TILED_CASES: [Case; 3] = [
+const TILED_CASES: [Case; 4] = [
     Case {
         batch: 1,
         heads: 2,
@@ -436,10 +437,17 @@ const TILED_CASES: [Case; 3] = [
         seq: 200,
         head_dim: 64,
     },
+    Case {
+        batch: 2,
+        heads: 3,
+        kv_heads: 1,
+        seq: 130,
+        head_dim: 128,
+    },
 ];
 
 /// The tensor-core forward and backward at f16 and bf16, whatever the default (CUDA builds
-/// only: lavapipe has no tensor cores), contiguous, in the model's layout and mixed. Calls that do not fit them (hd 8 and 96 in `CASES`)
+/// only: lavapipe has no tensor cores), contiguous, in the model's layout and mixed. Calls that do not fit them (hd 8 in `CASES`)
 /// take the f32 kernels.
 #[cfg(not(feature = "wgpu"))]
 #[test]

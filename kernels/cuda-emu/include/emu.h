@@ -53,8 +53,9 @@ template <class T>
 inline T max(T a, T b) { return a < b ? b : a; }
 
 namespace emu {
-// One block at a time: its shared memory, its barriers, each thread's warp and lane.
-constexpr size_t shared_size = 1 << 16;
+// One block at a time: its shared memory (128 KiB: the tensor cores' dK at hd 128 takes 92),
+// its barriers, each thread's warp and lane.
+constexpr size_t shared_size = 1 << 17;
 alignas(256) inline uint8_t shared[shared_size];
 inline std::barrier<>* block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
@@ -153,8 +154,14 @@ inline void reset_races(unsigned threads) {
 // Whether thread `other`'s access at its clock `time` happens before what `tid` does now.
 inline bool seen(unsigned other, uint32_t time) { return time <= clocks[tid][other]; }
 
+[[noreturn]] inline void beyond_shared(size_t at) {
+    std::fprintf(stderr, "shared memory: byte %zu is beyond the emulation's %zu (emu::shared_size)\n", at,
+                 shared_size);
+    std::abort();
+}
+
 inline void on_read(size_t at, size_t size) {
-    if (at + size > shared_size) std::abort();
+    if (at + size > shared_size) beyond_shared(at + size);
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("read after write", at, w);
@@ -163,7 +170,7 @@ inline void on_read(size_t at, size_t size) {
 }
 
 inline void on_write(size_t at, size_t size) {
-    if (at + size > shared_size) std::abort();
+    if (at + size > shared_size) beyond_shared(at + size);
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("write after write", at, w);

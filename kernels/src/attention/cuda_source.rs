@@ -14,21 +14,31 @@ use crate::cuda_source::{cuda_cpp, settings, tensor, Client};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`. Each kernel is
-/// built as its launch builds it: settings, client, one argument per tensor, `()` for the
-/// scale, then the comptime arguments.
+/// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`: `grad_kv`, or
+/// above hd 64 `grad_kv_values` and `grad_kv_keys` ([`KvGrads`]). Each kernel is built as its
+/// launch builds it: settings, client, one argument per tensor, `()` for the scale, then the
+/// comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> [(&'static str, String); 3] {
-    use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, PLANES};
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> Vec<(&'static str, String)> {
+    use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
     let forward = forward_kernel::ForwardKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_q = grad_q_kernel::GradQKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
-    let grad_kv = grad_kv_kernel::GradKvKernel::new(
-        s, c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
-    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv))]
+    let grad_kv = |part| cuda_cpp(&grad_kv_kernel::GradKvKernel::new(
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types));
+    let mut kernels = vec![("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q))];
+    for &part in KvGrads::launches(hd) {
+        let name = match part {
+            KvGrads::Both => "grad_kv",
+            KvGrads::Values => "grad_kv_values",
+            KvGrads::Keys => "grad_kv_keys",
+        };
+        kernels.push((name, grad_kv(part)));
+    }
+    kernels
 }
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, laid out as
@@ -58,16 +68,32 @@ fn emulation_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda-emu")
 }
 
-/// `cpp` as the driver includes it: its `info_st` named after `kernel` (three kernels share
-/// one translation unit), and its shared arrays as the emulation's (`emu::Shared`, whose
-/// writes other threads see only after a barrier) at the same offsets.
+/// `cpp` as the driver includes it: its `info_st` and its entry named after `kernel`
+/// (`info_grad_q`, `grad_q_kernel`: the kernels share one translation unit, and the two
+/// `dK/dV` launches of wide heads are one kernel), and its shared arrays as the emulation's
+/// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets.
 fn for_emulation(cpp: &str, kernel: &str) -> String {
     let info = format!("info_{kernel}");
     cpp.lines()
         .filter(|line| !line.starts_with("extern __shared__"))
-        .map(|line| shared_array(line).unwrap_or_else(|| line.replace("info_st", &info)))
+        .map(|line| {
+            shared_array(line)
+                .or_else(|| entry_renamed(line, kernel))
+                .unwrap_or_else(|| line.replace("info_st", &info))
+        })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The entry's first line, `… __launch_bounds__(N)NAME (`, with `NAME` as `{kernel}_kernel`;
+/// `None` for any other line.
+fn entry_renamed(line: &str, kernel: &str) -> Option<String> {
+    let (head, rest) = line.split_once("__global__ void __launch_bounds__(")?;
+    let (bounds, rest) = rest.split_once(')')?;
+    let (_name, args) = rest.split_once(' ')?;
+    Some(format!(
+        "{head}__global__ void __launch_bounds__({bounds}){kernel}_kernel {args}"
+    ))
 }
 
 /// `T *shared_memory_N = reinterpret_cast<T*>(&dynamic_shared_mem[OFFSET]);` as
@@ -193,8 +219,8 @@ fn emulate_all(emulations: Vec<Emulation>) {
 }
 
 /// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
-/// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, on one
-/// row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
+/// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, and bf16
+/// at 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
 /// the model's layout (heads swapped, read and written at their strides), within the kernel
 /// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
 #[test]
@@ -204,7 +230,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     for (suffix, storage, dtype) in STORAGES {
         for hd in [16, 48, 64] {
             emulations.push(Emulation {
-                kernels: tensor_core_kernels(&client, dtype, hd).to_vec(),
+                kernels: tensor_core_kernels(&client, dtype, hd),
                 storage,
                 suffix,
                 hd,
@@ -212,6 +238,15 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             });
         }
     }
+    // The 7B's and MedGemma's width, where `dK` and `dV` take a launch each.
+    let (suffix, storage, dtype) = STORAGES[1];
+    emulations.push(Emulation {
+        kernels: tensor_core_kernels(&client, dtype, 128),
+        storage,
+        suffix,
+        hd: 128,
+        defines: vec!["-DSPLIT_KV".into()],
+    });
     emulate_all(emulations);
 }
 

@@ -34,13 +34,13 @@ use super::{row_at, Dims, Forward, Grads};
 /// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows.
 pub const PLANES: usize = 4;
 
-/// Largest head width the kernels take. Shared memory holds two `[64, hd]` tiles plus each
-/// plane's bounce rows: 42 KiB at hd = 64; the backward adds its f32 probabilities, 59 KiB in
-/// all (`dK/dV` 0.5 KiB more, with its `lse` and `D` rows). Over CUDA's default 48 KiB,
-/// cubecl-cuda asks for the device's opt-in maximum at each launch (A100 163 KiB, H100
-/// 227 KiB). At hd = 128 `dK/dV` still spills on sm_80 (2.4 KB a thread) with `p` in shared
-/// memory, so 128 keeps the f32 kernels (BENCHMARKS.md).
-pub const MAX_HEAD_DIM: usize = 64;
+/// Largest head width the kernels take: the 7B's and MedGemma's 128. Shared memory holds two
+/// `[64, hd]` tiles plus each plane's bounce rows: 42 KiB at hd = 64, 74 KiB at 128; the
+/// backward adds its f32 probabilities, 59 and 91 KiB in all (`dK/dV` 0.5 KiB more, with
+/// its `lse` and `D` rows). Over CUDA's default 48 KiB, cubecl-cuda asks for the device's
+/// opt-in maximum at each launch (A100 163 KiB, H100 227 KiB). Above hd 64 `dK` and `dV`
+/// take a launch each ([`KvGrads`]).
+pub const MAX_HEAD_DIM: usize = 128;
 
 /// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
 /// 256-bit pointers, and cubecl aligns a plain shared array to its element only.
@@ -177,23 +177,64 @@ pub(super) fn launch_backward<R: CubeRuntime>(
         PLANES,
         types,
     );
-    grad_kv_kernel::launch::<R>(
-        &client,
-        grid(d, d.kv_heads),
-        cube_dim(),
-        q.into_tensor_arg(),
-        k.into_tensor_arg(),
-        v.into_tensor_arg(),
-        d_out.into_tensor_arg(),
-        lse.into_tensor_arg(),
-        delta.into_tensor_arg(),
-        grads.k.clone().into_tensor_arg(),
-        grads.v.clone().into_tensor_arg(),
-        scale,
-        d.head_dim,
-        PLANES,
-        types,
-    );
+    for &part in KvGrads::launches(d.head_dim) {
+        grad_kv_kernel::launch::<R>(
+            &client,
+            grid(d, d.kv_heads),
+            cube_dim(),
+            q.clone().into_tensor_arg(),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            d_out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            grads.k.clone().into_tensor_arg(),
+            grads.v.clone().into_tensor_arg(),
+            scale,
+            d.head_dim,
+            PLANES,
+            part,
+            types,
+        );
+    }
+}
+
+/// Which gradients a launch of [`grad_kv_kernel`] computes. Up to hd 64 one walk over the
+/// queries gives both. Wider, `dK` and `dV` take a launch each: both `[16, hd]` f32
+/// accumulators with the plane's key and value rows held for the whole walk do not fit 255
+/// registers (at hd 128 ptxas spilled 2.4 KB a thread on sm_80), and one of them with the rows
+/// it needs does, as in `dQ`. The `dV` launch recomputes `P`: five products where one walk
+/// takes four.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum KvGrads {
+    /// `dK` and `dV` in one walk.
+    Both,
+    /// `dK` alone: `P`, `dP` and `dSᵀ Q`.
+    Keys,
+    /// `dV` alone: `P` and `Pᵀ dO`.
+    Values,
+}
+
+impl KvGrads {
+    /// Widest head whose `dK` and `dV` share a walk.
+    const BOTH_MAX_HEAD_DIM: usize = 64;
+
+    /// The launches that give both gradients at head width `head_dim`.
+    pub(super) fn launches(head_dim: usize) -> &'static [KvGrads] {
+        if head_dim <= Self::BOTH_MAX_HEAD_DIM {
+            &[KvGrads::Both]
+        } else {
+            &[KvGrads::Values, KvGrads::Keys]
+        }
+    }
+
+    fn keys(self) -> bool {
+        self != KvGrads::Values
+    }
+
+    fn values(self) -> bool {
+        self != KvGrads::Keys
+    }
 }
 
 #[cube(launch)]
@@ -373,10 +414,12 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] grads: KvGrads,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
     let lane_cols = comptime!(rows / 2);
+    let (keys, values) = comptime!((grads.keys(), grads.values()));
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let group = heads / kv_heads;
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
@@ -390,13 +433,23 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     // Here a lane pair's row is a key row `j`; its columns are query rows.
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
-    let mut probs = SharedMemory::<A>::new(comptime!(planes * 16 * probs_stride(planes)));
+    // `dK` keeps `p` here while `dP` takes the bounce rows.
+    let probs_len = comptime!(if keys {
+        planes * 16 * probs_stride(planes)
+    } else {
+        1
+    });
+    let mut probs = SharedMemory::<A>::new(probs_len);
     let pa = lanes.probs_at(planes);
 
     let k_frags = plane_rows::<F>(k, &mut q_tile, k_base, row0, seq, head_dim, planes);
-    let v_frags = plane_rows::<F>(v, &mut q_tile, v_base, row0, seq, head_dim, planes);
-    let dk_frags = accumulators::<A>(head_dim);
-    let dv_frags = accumulators::<A>(head_dim);
+    let v_frags = if comptime!(keys) {
+        plane_rows::<F>(v, &mut q_tile, v_base, row0, seq, head_dim, planes)
+    } else {
+        Sequence::<Matrix<F>>::new()
+    };
+    let dk_frags = accumulators::<A>(comptime!(if keys { head_dim } else { 0 }));
+    let dv_frags = accumulators::<A>(comptime!(if values { head_dim } else { 0 }));
 
     for g in 0..group {
         let head = kvh * group + g;
@@ -431,40 +484,53 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 if i >= lanes.i && i < seq {
                     p = (bounce.values[at + 2 * c] * scale - lse_tile[offset + 2 * c]).exp();
                 }
-                probs[pa + 2 * c] = p;
-                bounce.operand[op + 2 * c] = F::cast_from(p);
+                if comptime!(keys) {
+                    probs[pa + 2 * c] = p;
+                }
+                if comptime!(values) {
+                    bounce.operand[op + 2 * c] = F::cast_from(p);
+                }
             }
             sync_plane();
-            // dV += Pᵀ dO.
-            bounce.accumulate(&dv_frags, &do_tile, head_dim, planes);
-            bounce.product(&v_frags, &do_tile, head_dim, planes);
-            #[unroll]
-            for c in 0..lane_cols {
-                let ds =
-                    probs[pa + 2 * c] * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
-                bounce.operand[op + 2 * c] = F::cast_from(ds);
+            if comptime!(values) {
+                // dV += Pᵀ dO.
+                bounce.accumulate(&dv_frags, &do_tile, head_dim, planes);
             }
-            sync_plane();
-            // dK += dSᵀ Q.
-            bounce.accumulate(&dk_frags, &q_tile, head_dim, planes);
+            if comptime!(keys) {
+                bounce.product(&v_frags, &do_tile, head_dim, planes);
+                #[unroll]
+                for c in 0..lane_cols {
+                    let ds = probs[pa + 2 * c]
+                        * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
+                    bounce.operand[op + 2 * c] = F::cast_from(ds);
+                }
+                sync_plane();
+                // dK += dSᵀ Q.
+                bounce.accumulate(&dk_frags, &q_tile, head_dim, planes);
+            }
             sync_cube();
             start += rows;
         }
     }
-    let (dk_base, dv_base) = (row_at(d_k, b, kvh, 0), row_at(d_v, b, kvh, 0));
-    bounce.write_rows(
-        &dk_frags, d_k, dk_base, &lanes, seq, scale, head_dim, planes,
-    );
-    bounce.write_rows(
-        &dv_frags,
-        d_v,
-        dv_base,
-        &lanes,
-        seq,
-        A::new(1.0),
-        head_dim,
-        planes,
-    );
+    if comptime!(keys) {
+        let dk_base = row_at(d_k, b, kvh, 0);
+        bounce.write_rows(
+            &dk_frags, d_k, dk_base, &lanes, seq, scale, head_dim, planes,
+        );
+    }
+    if comptime!(values) {
+        let dv_base = row_at(d_v, b, kvh, 0);
+        bounce.write_rows(
+            &dv_frags,
+            d_v,
+            dv_base,
+            &lanes,
+            seq,
+            A::new(1.0),
+            head_dim,
+            planes,
+        );
+    }
 }
 
 /// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, one with
