@@ -210,6 +210,42 @@ fn every_kernel_compiles_to_cuda_cpp() {
     }
 }
 
+/// A kernel's shared arrays get the same offsets in every compile: cubecl-opt (vendored,
+/// patched) lays them out in the order of their ids, not in a hash set's order, which changed
+/// from one process to the next and moved ptxas's registers and spills with it
+/// (BENCHMARKS.md). The tensor-core `dK/dV` has seven shared arrays. (The order in which
+/// cubecl declares local variables still varies, from cubecl-ir's pool of them; ptxas gave the
+/// same figures through it.)
+#[test]
+fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let layouts = || {
+        tensor_core_kernels(&client, DType::BF16, 64)
+            .into_iter()
+            .map(|(kernel, cpp)| (kernel, shared_layout(&cpp)))
+            .collect::<Vec<_>>()
+    };
+    let first = layouts();
+    assert!(
+        first.iter().all(|(_, layout)| layout.len() >= 4),
+        "{first:?}"
+    );
+    for _ in 0..8 {
+        assert_eq!(layouts(), first, "another layout of the shared arrays");
+    }
+}
+
+/// A kernel's shared arrays as cubecl declares them: `T *shared_memory_N = … [OFFSET]`, sorted.
+fn shared_layout(cpp: &str) -> Vec<String> {
+    let mut arrays: Vec<String> = cpp
+        .lines()
+        .filter(|line| line.contains("*shared_memory_") && line.contains("dynamic_shared_mem["))
+        .map(str::to_string)
+        .collect();
+    arrays.sort_unstable();
+    arrays
+}
+
 /// Writes [`all_sources`] as `NAME.cu` files into `LAB_CUDA_SOURCE_DIR`.
 #[test]
 #[ignore = "writes files for scripts/cuda-source-check.sh"]

@@ -185,7 +185,9 @@ pub mod shared {
         pub shared_memories: HashMap<Id, SharedMemory>,
         /// Map of allocations for each shared memory by its ID. Populated after the analysis, and
         /// should contain all memories from `shared_memories`.
-        pub allocations: HashMap<Id, SmemAllocation>,
+        /// (lab: ordered by ID, so that the compilers declare the arrays in the same order in
+        /// every process.)
+        pub allocations: std::collections::BTreeMap<Id, SmemAllocation>,
     }
 
     impl Analysis for SharedLiveness {
@@ -247,7 +249,11 @@ pub mod shared {
         /// See also [`allocate_slice`]
         fn allocate_slices(&mut self, opt: &mut Optimizer) {
             for block in opt.node_ids() {
-                for live_smem in self.at_block(block).clone() {
+                // lab: in ID order, so that a kernel's layout is the same in every process (a
+                // `HashSet` iterates in an order seeded per process).
+                let mut live: Vec<Id> = self.at_block(block).iter().copied().collect();
+                live.sort_unstable();
+                for live_smem in live {
                     if !self.allocations.contains_key(&live_smem) {
                         let smem = self.shared_memories[&live_smem];
                         let offset = self.allocate_slice(block, smem.size(), smem.align());
