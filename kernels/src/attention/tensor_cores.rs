@@ -425,6 +425,16 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
+    // `dK` keeps `p` here while `dP` takes the bounce rows. Declared first: cubecl lays the
+    // shared arrays out in the order they are declared (vendor/cubecl-opt), and with `p` at
+    // offset 0 ptxas keeps bf16 at hd 64 on sm_90a in 167 registers with no spill, where it
+    // spilled 36 bytes a thread with `p` last (BENCHMARKS.md).
+    let probs_len = comptime!(if keys {
+        planes * 16 * probs_stride(planes)
+    } else {
+        1
+    });
+    let mut probs = SharedMemory::<A>::new(probs_len);
     let mut q_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut do_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut lse_tile = SharedMemory::<A>::new(rows);
@@ -433,13 +443,6 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     // Here a lane pair's row is a key row `j`; its columns are query rows.
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
-    // `dK` keeps `p` here while `dP` takes the bounce rows.
-    let probs_len = comptime!(if keys {
-        planes * 16 * probs_stride(planes)
-    } else {
-        1
-    });
-    let mut probs = SharedMemory::<A>::new(probs_len);
     let pa = lanes.probs_at(planes);
 
     let k_frags = plane_rows::<F>(k, &mut q_tile, k_base, row0, seq, head_dim, planes);
@@ -559,9 +562,7 @@ impl Lanes {
     /// Where the lane's first column is in the plane's probabilities (its others follow every
     /// second element). Only the lane reads what it writes there: shared memory stands in
     /// for the registers that `p` would take from the accumulators. A plain index, as
-    /// [`Bounce::value_at`] gives: wrapped in a struct with `get`/`set`, cubecl copies the
-    /// index into a mutable variable, and ptxas then spilled 36 bytes in bf16 `dK/dV` on
-    /// sm_90a (BENCHMARKS.md).
+    /// [`Bounce::value_at`] gives.
     fn probs_at(&self, #[comptime] planes: usize) -> usize {
         let stride = comptime!(probs_stride(planes));
         (UNIT_POS_Y as usize * 16 + self.r) * stride + self.parity
