@@ -7,9 +7,9 @@
 #
 #   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...] [--only GLOB]
 #
-# --only compiles the kernels whose names match GLOB (e.g. 'mma-grad_kv*'). cubecl lays out a
-# kernel's shared arrays in an order that changes from one process to the next, and ptxas's
-# registers follow it, so run a kernel of interest several times before reading one figure.
+# --only compiles the kernels whose names match GLOB (e.g. 'mma-grad_kv*'). A kernel's shared
+# arrays take the same offsets in every run (vendor/cubecl-opt/LAB-PATCH.md: without that
+# patch ptxas's registers moved with a layout drawn per process).
 #
 # NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (CUDA 12.9; ~150 MB,
 # downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels). The sources come
@@ -115,7 +115,11 @@ def shared_bytes(source):
 failed = 0
 compile_s = {arch: 0.0 for arch in archs}
 print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9} {'nvrtc s':>8}")
-for source in sorted(glob.glob(os.path.join(out, f"{only}.cu"))):
+sources = sorted(glob.glob(os.path.join(out, f"{only}.cu")))
+if not sources:
+    print(f"cuda-source-check.sh: no kernel matches --only {only!r} (names: {out}/*.cu)")
+    sys.exit(1)
+for source in sources:
     name = os.path.basename(source)[:-3]
     for arch in archs:
         try:

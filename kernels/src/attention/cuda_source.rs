@@ -85,15 +85,16 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
         .join("\n")
 }
 
-/// The entry's first line, `… __launch_bounds__(N)NAME (`, with `NAME` as `{kernel}_kernel`;
-/// `None` for any other line.
+/// The entry's first line, `extern "C" __global__ void … NAME (`, with `NAME` (what follows
+/// the last `)` or space before ` (`) as `{kernel}_kernel`; `None` for any other line. (A line
+/// in another shape leaves the name, and the driver's build fails on the missing entry.)
 fn entry_renamed(line: &str, kernel: &str) -> Option<String> {
-    let (head, rest) = line.split_once("__global__ void __launch_bounds__(")?;
-    let (bounds, rest) = rest.split_once(')')?;
-    let (_name, args) = rest.split_once(' ')?;
-    Some(format!(
-        "{head}__global__ void __launch_bounds__({bounds}){kernel}_kernel {args}"
-    ))
+    if !line.starts_with("extern \"C\" __global__") {
+        return None;
+    }
+    let head = line.strip_suffix(" (")?;
+    let name_at = head.rfind([')', ' '])? + 1;
+    Some(format!("{}{kernel}_kernel (", &head[..name_at]))
 }
 
 /// `T *shared_memory_N = reinterpret_cast<T*>(&dynamic_shared_mem[OFFSET]);` as

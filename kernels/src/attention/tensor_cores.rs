@@ -37,9 +37,10 @@ pub const PLANES: usize = 4;
 /// Largest head width the kernels take: the 7B's and MedGemma's 128. Shared memory holds two
 /// `[64, hd]` tiles plus each plane's bounce rows: 42 KiB at hd = 64, 74 KiB at 128; the
 /// backward adds its f32 probabilities, 59 and 91 KiB in all (`dK/dV` 0.5 KiB more, with
-/// its `lse` and `D` rows). Over CUDA's default 48 KiB, cubecl-cuda asks for the device's
-/// opt-in maximum at each launch (A100 163 KiB, H100 227 KiB). Above hd 64 `dK` and `dV`
-/// take a launch each ([`KvGrads`]).
+/// its `lse` and `D` rows; the `dV` launch of wide heads has neither `p` nor `D`: 74.25 KiB).
+/// Over CUDA's default 48 KiB, cubecl-cuda asks for the device's opt-in maximum at each
+/// launch (A100 163 KiB, H100 227 KiB). Above hd 64 `dK` and `dV` take a launch each
+/// ([`KvGrads`]).
 pub const MAX_HEAD_DIM: usize = 128;
 
 /// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
@@ -438,7 +439,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let mut q_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut do_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut lse_tile = SharedMemory::<A>::new(rows);
-    let mut delta_tile = SharedMemory::<A>::new(rows);
+    // `D` for `dS` (`dK` only).
+    let mut delta_tile = SharedMemory::<A>::new(comptime!(if keys { rows } else { 1 }));
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     // Here a lane pair's row is a key row `j`; its columns are query rows.
     let lanes = Lanes::new(row0);
@@ -468,10 +470,14 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 let mut delta_i = A::new(0.0);
                 if i < seq {
                     lse_i = lse[head_rows + i];
-                    delta_i = delta[head_rows + i];
+                    if comptime!(keys) {
+                        delta_i = delta[head_rows + i];
+                    }
                 }
                 lse_tile[UNIT_POS as usize] = lse_i;
-                delta_tile[UNIT_POS as usize] = delta_i;
+                if comptime!(keys) {
+                    delta_tile[UNIT_POS as usize] = delta_i;
+                }
             }
             sync_cube();
             let offset = lanes.parity;
