@@ -4,8 +4,8 @@
 // Built and run by that file's tests, once per set of kernels, storage type and head width:
 //   -DSTORAGE=__half -DSUFFIX=f16 -DHEAD_DIM=64, with forward.cu, grad_q.cu, grad_kv.cu on
 //   the include path (each `info_st` and entry renamed after its file: info_grad_q,
-//   grad_q_kernel); with -DSPLIT_KV, grad_kv_values.cu and grad_kv_keys.cu in grad_kv.cu's
-//   place (the tensor cores' dK and dV launched apart, as above hd 64); for the
+//   grad_q_kernel); grad_kv_values.cu and grad_kv_keys.cu in grad_kv.cu's place where the
+//   kernels come that way (the tensor cores' dK and dV launched apart, as above hd 64); for the
 //   f32-arithmetic kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube
 //   as -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE). The defaults are the tensor cores'.
 #include "emu.h"
@@ -17,7 +17,9 @@
 
 #include "forward.cu"
 #include "grad_q.cu"
-#ifdef SPLIT_KV
+// dK and dV apart where the folder holds their two launches (tensor_cores::KvGrads).
+#if __has_include("grad_kv_keys.cu")
+#define SPLIT_KV
 #include "grad_kv_keys.cu"
 #include "grad_kv_values.cu"
 #else

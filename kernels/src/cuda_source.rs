@@ -214,9 +214,8 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// patched) lays them out in the order of their ids, not in a hash set's order, which changed
 /// from one process to the next and moved ptxas's registers and spills with it
 /// (BENCHMARKS.md). The tensor-core `dK/dV` has seven shared arrays; at hd 128 it takes two
-/// launches of other layouts. (The order in which
-/// cubecl declares local variables still varies, from cubecl-ir's pool of them; ptxas gave the
-/// same figures through it.)
+/// launches of other layouts. (The order in which cubecl declares local variables still
+/// varies, from cubecl-ir's pool of them; ptxas gave the same figures through it.)
 #[test]
 fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
     let client = WgpuRuntime::client(&WgpuDevice::default());

@@ -221,9 +221,10 @@ fn emulate_all(emulations: Vec<Emulation>) {
 
 /// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
 /// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, and bf16
-/// at 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several tiles with GQA groups of 1 to 3, contiguous and in
-/// the model's layout (heads swapped, read and written at their strides), within the kernel
-/// tests' tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail.
+/// at 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
+/// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
+/// and written at their strides), within the kernel tests' tolerances (f16 4e-3, bf16 3e-2).
+/// Unwritten outputs are NaN and fail.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());
@@ -246,7 +247,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
         storage,
         suffix,
         hd: 128,
-        defines: vec!["-DSPLIT_KV".into()],
+        defines: Vec::new(),
     });
     emulate_all(emulations);
 }
