@@ -236,6 +236,50 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
     }
 }
 
+/// Every tensor-core kernel leaves room for two cubes an SM on an A100 (164 KiB of shared
+/// memory an SM, 1 KiB of it reserved a cube): at hd 128 `dQ` and `dK` needed 91 KiB, one
+/// cube an SM, until their accumulators went through the shared rows in halves.
+#[test]
+fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
+    const A100_SHARED_PER_SM: usize = 164 * 1024;
+    const RESERVED_PER_CUBE: usize = 1024;
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    for hd in [16, 48, 64, 96, 128] {
+        for (kernel, cpp) in tensor_core_kernels(&client, DType::BF16, hd) {
+            let bytes = shared_bytes(&cpp);
+            assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
+            assert!(
+                2 * (bytes + RESERVED_PER_CUBE) <= A100_SHARED_PER_SM,
+                "{kernel} at hd {hd}: {bytes} bytes of shared memory, one cube an SM on an A100"
+            );
+        }
+    }
+}
+
+/// The end of a kernel's last shared array: cubecl writes each array's size in a comment
+/// (`// Shared array size: N, BYTES bytes`) above its line `T *shared_memory_N = …[OFFSET]`.
+fn shared_bytes(cpp: &str) -> usize {
+    let lines: Vec<&str> = cpp.lines().collect();
+    let number = |text: &str| -> usize {
+        let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+        digits.parse().expect("a number")
+    };
+    lines
+        .windows(2)
+        .filter_map(|pair| {
+            let size = pair[0].strip_prefix("// Shared array size: ")?;
+            let bytes = number(size.split(", ").nth(1)?);
+            let offset = pair[1]
+                .split("dynamic_shared_mem[")
+                .nth(1)?
+                .split(']')
+                .next()?;
+            Some(number(offset) + bytes)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// A kernel's shared arrays as cubecl declares them: `T *shared_memory_N = … [OFFSET]`, sorted.
 fn shared_layout(cpp: &str) -> Vec<String> {
     let mut arrays: Vec<String> = cpp

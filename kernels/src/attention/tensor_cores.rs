@@ -35,22 +35,40 @@ use super::{row_at, Dims, Forward, Grads};
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take: the 7B's and MedGemma's 128. Shared memory holds two
-/// `[64, hd]` tiles plus each plane's bounce rows: 42 KiB at hd = 64, 74 KiB at 128; the
-/// backward adds its f32 probabilities, 59 and 91 KiB in all (`dK/dV` 0.5 KiB more, with
-/// its `lse` and `D` rows; the `dV` launch of wide heads has neither `p` nor `D`: 74.25 KiB).
-/// Over CUDA's default 48 KiB, cubecl-cuda asks for the device's opt-in maximum at each
-/// launch (A100 163 KiB, H100 227 KiB). Above hd 64 `dK` and `dV` take a launch each
-/// ([`KvGrads`]).
+/// `[64, hd]` tiles plus each plane's bounce rows: 42 KiB at hd = 64, 58 KiB at 128 (the
+/// rows stay 64 columns wide: [`column_parts`]); the backward adds its f32 probabilities, 59
+/// and 75 KiB in all (`dK/dV` 0.5 KiB more, with its `lse` and `D` rows; the `dV` launch of
+/// wide heads has neither `p` nor `D`: 58.25 KiB). Over CUDA's default 48 KiB, cubecl-cuda
+/// asks for the device's opt-in maximum at each launch (A100 163 KiB, H100 227 KiB). Above
+/// hd 64 `dK` and `dV` take a launch each ([`KvGrads`]).
 pub const MAX_HEAD_DIM: usize = 128;
 
 /// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
 /// 256-bit pointers, and cubecl aligns a plain shared array to its element only.
 const TILE_ALIGN: usize = 128;
 
-/// Columns of a plane's f32 bounce rows: a product with a 64-row tile, or the head's width.
+/// Widest head whose accumulators go through the bounce rows whole (to rescale or write
+/// them). Wider heads take them in two halves ([`column_parts`]), so that at hd 128 the bounce
+/// rows stay 64 columns wide and `dQ` and `dK` need 75 KiB of shared memory, not 91: two
+/// cubes an SM on an A100 (164 KiB), where one fit. Up to hd 96 whole rows fit two already,
+/// and halves of 48 columns there made ptxas spill (bf16 `dQ` on sm_80, `dV` on sm_90a).
+const WHOLE_ROWS_MAX_HEAD_DIM: usize = 96;
+
+/// Parts a head's columns are taken in when accumulators go through the bounce rows.
+const fn column_parts(head_dim: usize) -> usize {
+    if head_dim <= WHOLE_ROWS_MAX_HEAD_DIM {
+        1
+    } else {
+        2
+    }
+}
+
+/// Columns of a plane's f32 bounce rows: a product with a 64-row tile, or a part of the
+/// head's columns.
 const fn bounce_width(head_dim: usize, planes: usize) -> usize {
-    if head_dim > 16 * planes {
-        head_dim
+    let part = head_dim / column_parts(head_dim);
+    if part > 16 * planes {
+        part
     } else {
         16 * planes
     }
@@ -106,9 +124,13 @@ pub fn available<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
     features.matmul.cmma.contains(&product)
 }
 
-/// Whether a call of head width `head_dim` fits these kernels.
+/// Whether a call of head width `head_dim` fits these kernels: a multiple of 16 up to
+/// [`MAX_HEAD_DIM`] whose [`column_parts`] are whole 16-column chunks: all but 112, which
+/// takes the f32 kernels.
 pub fn fits(head_dim: usize) -> bool {
-    head_dim.is_multiple_of(16) && head_dim <= MAX_HEAD_DIM
+    head_dim.is_multiple_of(16)
+        && head_dim <= MAX_HEAD_DIM
+        && (head_dim / column_parts(head_dim)).is_multiple_of(16)
 }
 
 /// Whether a call on `t` of head width `head_dim` can run here: [`fits`] and [`available`].
@@ -575,9 +597,10 @@ impl Lanes {
     }
 }
 
-/// Each plane's shared rows: `values`, 16 rows of `max(64, hd)` f32 (padded to
-/// [`values_stride`]), for products and outputs; `operand`, 16 rows of 64 in the storage type
-/// (padded to [`operand_stride`]), for the left operand of the next product.
+/// Each plane's shared rows: `values`, 16 rows of [`bounce_width`] f32 (padded to
+/// [`values_stride`]), for products and a part of the accumulators at a time
+/// ([`column_parts`]); `operand`, 16 rows of 64 in the storage type (padded to
+/// [`operand_stride`]), for the left operand of the next product.
 #[derive(CubeType)]
 struct Bounce<F: Float, A: Float> {
     /// Every plane's f32 rows; the plane's own start at `values0`.
@@ -669,13 +692,14 @@ impl<F: Float, A: Float> Bounce<F, A> {
     /// `[64, hd]`. The operand must be written and a plane barrier passed.
     fn accumulate(
         &self,
-        acc: &Sequence<Matrix<A>>,
+        acc: &Accumulators<A>,
         tile: &SharedMemory<F>,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
         let rows = comptime!(16 * planes);
-        let chunks = comptime!(head_dim / 16);
+        let parts = comptime!(column_parts(head_dim));
+        let part_chunks = comptime!(head_dim / 16 / parts);
         let operand_stride = comptime!(operand_stride(planes));
         let mut lhs = Sequence::<Matrix<F>>::new();
         #[unroll]
@@ -690,37 +714,42 @@ impl<F: Float, A: Float> Bounce<F, A> {
             ));
         }
         #[unroll]
-        for c in 0..chunks {
+        for p in 0..parts {
+            let part = acc.index(p);
             #[unroll]
-            for n in 0..planes {
-                let t = operand::<F>(
-                    MatrixIdent::B,
-                    MatrixLayout::RowMajor,
-                    &tile.slice(n * 16 * head_dim + c * 16, rows * head_dim),
-                    head_dim as u32,
-                );
-                cmma::execute::<F, F, A, A>(lhs.index(n), &t, acc.index(c), acc.index(c));
+            for c in 0..part_chunks {
+                let col = (p * part_chunks + c) * 16;
+                #[unroll]
+                for n in 0..planes {
+                    let t = operand::<F>(
+                        MatrixIdent::B,
+                        MatrixLayout::RowMajor,
+                        &tile.slice(n * 16 * head_dim + col, rows * head_dim),
+                        head_dim as u32,
+                    );
+                    cmma::execute::<F, F, A, A>(lhs.index(n), &t, part.index(c), part.index(c));
+                }
             }
         }
         // The operand rows are read before anyone writes them again.
         sync_plane();
     }
 
-    /// Stores the accumulators as `[16, hd]` f32 rows.
+    /// Stores one part of the accumulators ([`column_parts`]) as `[16, hd / parts]` f32 rows.
     fn store(
         &mut self,
-        acc: &Sequence<Matrix<A>>,
+        part: &Sequence<Matrix<A>>,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let chunks = comptime!(head_dim / 16);
+        let part_chunks = comptime!(head_dim / 16 / column_parts(head_dim));
         let len = comptime!(bounce_len(head_dim, planes));
         let stride = comptime!(values_stride(head_dim, planes));
         #[unroll]
-        for c in 0..chunks {
+        for c in 0..part_chunks {
             cmma::store(
                 &mut self.values.slice_mut(self.values0 + c * 16, len),
-                acc.index(c),
+                part.index(c),
                 stride as u32,
                 MatrixLayout::RowMajor,
             );
@@ -728,42 +757,52 @@ impl<F: Float, A: Float> Bounce<F, A> {
         sync_plane();
     }
 
-    /// Multiplies each accumulator row by its lane pair's `alpha`, through the bounce rows.
+    /// Multiplies each accumulator row by its lane pair's `alpha`, through the bounce rows a
+    /// part at a time.
     fn scale_rows(
         &mut self,
-        acc: &Sequence<Matrix<A>>,
+        acc: &Accumulators<A>,
         lanes: &Lanes,
         alpha: A,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let chunks = comptime!(head_dim / 16);
+        let parts = comptime!(column_parts(head_dim));
+        let part_chunks = comptime!(head_dim / 16 / parts);
         let len = comptime!(bounce_len(head_dim, planes));
         let stride = comptime!(values_stride(head_dim, planes));
-        let lane_cols = comptime!(head_dim / 2);
-        self.store(acc, head_dim, planes);
+        let lane_cols = comptime!(head_dim / parts / 2);
         let at = self.value_at(lanes, head_dim, planes);
-        for c in 0..lane_cols {
-            self.values[at + 2 * c] = self.values[at + 2 * c] * alpha;
-        }
-        sync_plane();
         #[unroll]
-        for c in 0..chunks {
-            cmma::load_with_layout(
-                acc.index(c),
-                &self.values.slice(self.values0 + c * 16, len),
-                stride as u32,
-                MatrixLayout::RowMajor,
-            );
+        for p in 0..parts {
+            let part = acc.index(p);
+            self.store(part, head_dim, planes);
+            for c in 0..lane_cols {
+                self.values[at + 2 * c] = self.values[at + 2 * c] * alpha;
+            }
+            sync_plane();
+            #[unroll]
+            for c in 0..part_chunks {
+                cmma::load_with_layout(
+                    part.index(c),
+                    &self.values.slice(self.values0 + c * 16, len),
+                    stride as u32,
+                    MatrixLayout::RowMajor,
+                );
+            }
+            if comptime!(parts > 1) {
+                // Every lane has loaded this part before the next one is stored over it.
+                sync_plane();
+            }
         }
     }
 
     /// Writes the accumulators' rows inside the sequence, times `factor`, to the rows of the
-    /// head whose row 0 is at `base` in `dst` (rows `dst.stride(2)` apart).
+    /// head whose row 0 is at `base` in `dst` (rows `dst.stride(2)` apart), a part at a time.
     #[allow(clippy::too_many_arguments)]
     fn write_rows(
         &mut self,
-        acc: &Sequence<Matrix<A>>,
+        acc: &Accumulators<A>,
         dst: &mut Tensor<F>,
         base: usize,
         lanes: &Lanes,
@@ -772,16 +811,21 @@ impl<F: Float, A: Float> Bounce<F, A> {
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
     ) {
-        let lane_cols = comptime!(head_dim / 2);
-        self.store(acc, head_dim, planes);
-        if lanes.i < seq {
-            let at = self.value_at(lanes, head_dim, planes);
-            let to = base + lanes.i * dst.stride(2) + lanes.parity;
-            for c in 0..lane_cols {
-                dst[to + 2 * c] = F::cast_from(self.values[at + 2 * c] * factor);
+        let parts = comptime!(column_parts(head_dim));
+        let part_cols = comptime!(head_dim / parts);
+        let lane_cols = comptime!(part_cols / 2);
+        let at = self.value_at(lanes, head_dim, planes);
+        #[unroll]
+        for p in 0..parts {
+            self.store(acc.index(p), head_dim, planes);
+            if lanes.i < seq {
+                let to = base + lanes.i * dst.stride(2) + p * part_cols + lanes.parity;
+                for c in 0..lane_cols {
+                    dst[to + 2 * c] = F::cast_from(self.values[at + 2 * c] * factor);
+                }
             }
+            sync_plane();
         }
-        sync_plane();
     }
 }
 
@@ -840,21 +884,31 @@ fn operand<F: Float>(
     Matrix::<F>::from_slice(ident, 16usize, 16usize, 16usize, layout, src, stride)
 }
 
-/// One zeroed 16×16 f32 accumulator per 16 columns of the head.
+/// A plane's f32 accumulators for its 16 rows of a `[., hd]` result: one 16×16 matrix per 16
+/// columns, grouped by [`column_parts`] (a part is what the bounce rows take at once).
+type Accumulators<A> = Sequence<Sequence<Matrix<A>>>;
+
+/// Zeroed [`Accumulators`] for head width `head_dim` (no matrices at 0).
 #[cube]
-fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Sequence<Matrix<A>> {
-    let chunks = comptime!(head_dim / 16);
-    let mut acc = Sequence::<Matrix<A>>::new();
+fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Accumulators<A> {
+    let parts = comptime!(column_parts(head_dim));
+    let part_chunks = comptime!(head_dim / 16 / parts);
+    let mut acc = Sequence::<Sequence<Matrix<A>>>::new();
     #[unroll]
-    for _ in 0..chunks {
-        acc.push(Matrix::<A>::from_value(
-            MatrixIdent::Accumulator,
-            16usize,
-            16usize,
-            16usize,
-            MatrixLayout::Undefined,
-            A::new(0.0),
-        ));
+    for _ in 0..parts {
+        let mut part = Sequence::<Matrix<A>>::new();
+        #[unroll]
+        for _ in 0..part_chunks {
+            part.push(Matrix::<A>::from_value(
+                MatrixIdent::Accumulator,
+                16usize,
+                16usize,
+                16usize,
+                MatrixLayout::Undefined,
+                A::new(0.0),
+            ));
+        }
+        acc.push(part);
     }
     acc
 }
