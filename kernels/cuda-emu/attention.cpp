@@ -48,6 +48,10 @@ enum Swapped { swap_none, swap_all, swap_qkv };
 struct Case {
     unsigned batch, heads, kv_heads, seq;
     Swapped swapped;
+    // An attention sink: key 0 scores ~6 above the rest for every query (a shared direction in
+    // q and a large k[0]), so that later tiles seldom raise a row's max and the tensor-core
+    // forward's skipped rescale is taken.
+    bool sink = false;
 };
 
 // The two groups of tensors a case may lay out differently: q, k, v; and dO with the outputs.
@@ -209,6 +213,10 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     size_t nq = size_t(c.batch) * c.heads * c.seq * hd, nk = size_t(c.batch) * c.kv_heads * c.seq * hd;
     size_t nrow = size_t(c.batch) * c.heads * c.seq;
     auto q = values(nq, seed), k = values(nk, seed + 1), v = values(nk, seed + 2), d_out = values(nq, seed + 3);
+    if (c.sink) {
+        for (size_t r = 0; r < nq / hd; ++r) q[r * hd] = T(float(q[r * hd]) + 3);
+        for (size_t head = 0; head < nk / (size_t(c.seq) * hd); ++head) k[head * c.seq * hd] = T(2 * sqrtf(float(hd)));
+    }
     float scale = 1.0f / sqrtf(float(hd));
     std::vector<T> out(nq, T(NAN)), dq(nq, T(NAN)), dk(nk, T(NAN)), dv(nk, T(NAN));
     std::vector<float> lse(nrow, NAN), delta(nrow);
@@ -256,7 +264,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     const char* names[] = {"out", "lse", "dq", "dk", "dv"};
     bool ok = true;
     std::printf("%-10s %-5s hd %3u  B %u H %u KV %u T %3u %s:", QUOTE(KERNELS), QUOTE(SUFFIX), hd, c.batch, c.heads,
-                c.kv_heads, c.seq, c.swapped == swap_all ? "swapped   " : c.swapped == swap_qkv ? "qkv swapped" : "contiguous");
+                c.kv_heads, c.seq, c.swapped == swap_all ? "swapped   " : c.swapped == swap_qkv ? "qkv swapped" : c.sink ? "sink      " : "contiguous");
     for (int i = 0; i < 5; ++i) {
         bool pass = errors[i] <= tolerance;
         ok &= pass;
@@ -271,17 +279,19 @@ int main() {
     double tolerance = std::is_same_v<T, __half> ? 4e-3 : 3e-2;
     // One tile, a partial last tile, several tiles; GQA groups of 1 to 3; a single row; the
     // model's layout (heads swapped) with a partial tile and with several; q, k, v swapped and
-    // the rest contiguous, so that no tensor is read or written at another's strides.
+    // the rest contiguous, so that no tensor is read or written at another's strides; an
+    // attention sink.
     Case cases[] = {{1, 2, 1, 1, swap_none},  {1, 2, 2, 64, swap_none},  {2, 4, 2, 37, swap_none},
                     {2, 4, 2, 130, swap_none}, {1, 6, 2, 200, swap_none}, {2, 4, 2, 37, swap_all},
-                    {1, 6, 2, 130, swap_all},  {2, 4, 2, 37, swap_qkv}};
+                    {1, 6, 2, 130, swap_all},  {2, 4, 2, 37, swap_qkv}, {1, 4, 2, 200, swap_none, true}};
 #ifdef FEWER_CASES
     // The f32 kernels shuffle in their inner loops, which costs the emulation a barrier of
     // the warp each time: the cases that differ in kind (one row, one tile, partial tiles,
-    // GQA groups of 1 to 3, each layout), without the two largest.
-    bool skip[] = {false, false, false, true, true, false, false, false};
+    // GQA groups of 1 to 3, each layout), without the two largest and the sink (a path of the
+    // tensor cores' forward only).
+    bool skip[] = {false, false, false, true, true, false, false, false, true};
 #else
-    bool skip[8] = {};
+    bool skip[std::size(cases)] = {};
 #endif
     bool ok = true;
     uint64_t seed = 11;

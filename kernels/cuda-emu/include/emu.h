@@ -1,7 +1,8 @@
 // A CPU emulation of the CUDA surface that cubecl's generated attention kernels use, so that
 // their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
 // - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
-//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp.
+//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp and
+//   __all_sync votes in it.
 //   A warp's barrier counts arrivals from any call site, and the last warp of a block that is
 //   not a multiple of 32 has fewer members: a shuffle that some lanes skip hangs the run,
 //   but one in a partial warp, or two shuffles at different sites that meet, pass here;
@@ -246,6 +247,19 @@ inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     std::memcpy(&other, &emu::shuffle_slots[emu::warp][emu::lane ^ lane_mask], sizeof(T));
     emu::warp_barriers[emu::warp]->arrive_and_wait();
     return other;
+}
+
+// Whether `predicate` holds on every lane of the warp (a full warp: the kernels that vote are
+// launched in whole warps).
+inline bool __all_sync(int, bool predicate) {
+    unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
+    unsigned members = std::min(32u, threads - first);
+    emu::shuffle_slots[emu::warp][emu::lane] = predicate;
+    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    bool all = true;
+    for (unsigned l = 0; l < members; ++l) all = all && emu::shuffle_slots[emu::warp][l] != 0;
+    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    return all;
 }
 
 namespace nvcuda::wmma {

@@ -323,11 +323,16 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
             bounce.operand[op + 2 * c] = F::cast_from(p);
         }
         l = l * alpha + plane_shuffle_xor(sum, 1) + sum;
+        // O ← α O + P V. Where no row of the plane has a new max, α = exp(0) = 1 exactly and
+        // the rescale (the plane's accumulators through shared memory and back) is skipped:
+        // once a row's largest score has been seen, later tiles rarely raise it. The vote is
+        // the plane's, so its cooperative matrices stay uniform.
+        let rescale = !plane_all(m_new == m);
         m = m_new;
         sync_plane();
-
-        // O ← α O + P V.
-        bounce.scale_rows(&o_frags, &lanes, alpha, head_dim, planes);
+        if rescale {
+            bounce.scale_rows(&o_frags, &lanes, alpha, head_dim, planes);
+        }
         bounce.accumulate(&o_frags, &v_tile, head_dim, planes);
         // Every plane is done with this tile's keys and values before the next load.
         sync_cube();
