@@ -237,6 +237,11 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
     emu::join(*emu::warp_barriers[emu::warp], first, std::min(32u, threads - first));
 }
 
+// CUDA's fast exp and log: a multiply and the special-function unit's base-2 function, so the
+// multiply's rounding is the error they add (the unit's own is a few ulp more).
+inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
+inline float __logf(float x) { return log2f(x) * 0.693147180559945309f; }
+
 template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     static_assert(sizeof(T) <= 8);

@@ -28,6 +28,7 @@ use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::ir::features::MmaConfig;
 use cubecl::prelude::*;
+use enumset::EnumSet;
 
 use super::{row_at, Dims, Forward, Grads};
 
@@ -260,7 +261,16 @@ impl KvGrads {
     }
 }
 
-#[cube(launch)]
+/// The f32 arithmetic the kernels may do approximately: `exp` and `ln` as CUDA's `__expf` and
+/// `__logf` (one multiply and the special-function unit's `ex2`/`lg2`, as FlashAttention's
+/// `exp2f`), not the accurate library calls that reduce the argument first. Their error, a
+/// few units in the last place of f32, is far under what rounding `p` and `dS` to bf16/f16
+/// costs; the row-wise steps take 32 of them a lane a tile beside the tile's products.
+fn softmax_math() -> EnumSet<FastMath> {
+    FastMath::ReducedPrecision | FastMath::NotNaN | FastMath::NotInf
+}
+
+#[cube(launch, fast_math = softmax_math())]
 pub(super) fn forward_kernel<F: Float, A: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
@@ -349,7 +359,7 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     }
 }
 
-#[cube(launch)]
+#[cube(launch, fast_math = softmax_math())]
 pub(super) fn grad_q_kernel<F: Float, A: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
@@ -429,7 +439,7 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     );
 }
 
-#[cube(launch)]
+#[cube(launch, fast_math = softmax_math())]
 pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     q: &Tensor<F>,
     k: &Tensor<F>,
