@@ -24,15 +24,17 @@ pub(crate) type Client = ComputeClient<WgpuRuntime>;
 /// A kernel's CUDA C++, as `cubecl-cuda` hands it to NVRTC on an A100 or H100 with CUDA 13
 /// (32-bit indices, checked mode, the options below).
 pub(crate) fn cuda_cpp(kernel: &impl CubeKernel) -> String {
+    cuda_cpp_in(kernel, ExecutionMode::Checked)
+}
+
+/// [`cuda_cpp`] in execution mode `mode`: `Unchecked` as `launch_unchecked` runs a kernel,
+/// `Validate` with a `printf` of each out-of-bounds access instead (cubecl's own check of
+/// unchecked kernels), for the CUDA emulation.
+pub(crate) fn cuda_cpp_in(kernel: &impl CubeKernel, mode: ExecutionMode) -> String {
     let address =
         cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::UInt(cubecl::ir::UIntKind::U32));
     CppCompiler::<CudaDialect<CudaWmmaCompiler>>::default()
-        .compile(
-            kernel.define(),
-            &compilation_options(),
-            ExecutionMode::Checked,
-            address,
-        )
+        .compile(kernel.define(), &compilation_options(), mode, address)
         .expect("cubecl's CUDA compiler rejected a kernel")
         .to_string()
 }
@@ -160,7 +162,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
         for hd in [16, 48, 64, 96, 128] {
-            for (kernel, cpp) in tensor_core_kernels(client, dtype, hd) {
+            for (kernel, cpp) in tensor_core_kernels(client, dtype, hd, ExecutionMode::Unchecked) {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
         }
@@ -222,7 +224,7 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
     let layouts = || {
         [64, 128]
             .into_iter()
-            .flat_map(|hd| tensor_core_kernels(&client, DType::BF16, hd))
+            .flat_map(|hd| tensor_core_kernels(&client, DType::BF16, hd, ExecutionMode::Unchecked))
             .map(|(kernel, cpp)| (kernel, shared_layout(&cpp)))
             .collect::<Vec<_>>()
     };
@@ -245,7 +247,8 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
     const RESERVED_PER_CUBE: usize = 1024;
     let client = WgpuRuntime::client(&WgpuDevice::default());
     for hd in [16, 48, 64, 96, 128] {
-        for (kernel, cpp) in tensor_core_kernels(&client, DType::BF16, hd) {
+        for (kernel, cpp) in tensor_core_kernels(&client, DType::BF16, hd, ExecutionMode::Unchecked)
+        {
             let bytes = shared_bytes(&cpp);
             assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
             assert!(

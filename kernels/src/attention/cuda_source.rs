@@ -10,16 +10,16 @@ use burn::tensor::DType;
 use cubecl::prelude::*;
 
 use super::{block_rows, tensor_cores, Tiling, Variant};
-use crate::cuda_source::{cuda_cpp, settings, tensor, Client};
+use crate::cuda_source::{cuda_cpp, cuda_cpp_in, settings, tensor, Client};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`: `grad_kv`, or
-/// above hd 64 `grad_kv_values` and `grad_kv_keys` ([`KvGrads`]). Each kernel is built as its
-/// launch builds it: settings, client, one argument per tensor, `()` for the scale, then the
-/// comptime arguments.
+/// above hd 64 `grad_kv_values` and `grad_kv_keys` ([`KvGrads`]), compiled in `mode`
+/// (`Unchecked` as they are launched). Each kernel is built as its launch builds it: settings,
+/// client, one argument per tensor, `()` for the scale, then the comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> Vec<(&'static str, String)> {
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
@@ -27,9 +27,9 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize) -> V
         s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_q = grad_q_kernel::GradQKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
-    let grad_kv = |part| cuda_cpp(&grad_kv_kernel::GradKvKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types));
-    let mut kernels = vec![("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q))];
+    let grad_kv = |part| cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
+        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode);
+    let mut kernels = vec![("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode))];
     for &part in KvGrads::launches(hd) {
         let name = match part {
             KvGrads::Both => "grad_kv",
@@ -185,6 +185,12 @@ impl Emulation {
             "{suffix} hd {hd}: off the fp64 reference or a shared-memory race:\n{report}{}",
             String::from_utf8_lossy(&run.stderr)
         );
+        // Kernels compiled in `Validate` mode print each access out of bounds (cubecl's
+        // `[VALIDATION kernel]: Encountered OOB …`): what `launch_unchecked` would not catch.
+        assert!(
+            !report.contains("Encountered OOB"),
+            "{suffix} hd {hd}: an access out of bounds:\n{report}"
+        );
         report
     }
 }
@@ -223,8 +229,10 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, and bf16
 /// at 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
-/// and written at their strides), within the kernel tests' tolerances (f16 4e-3, bf16 3e-2).
-/// Unwritten outputs are NaN and fail.
+/// and written at their strides), and with an attention sink, within the kernel tests'
+/// tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail. The kernels are
+/// compiled in cubecl's `Validate` mode, so an access out of bounds, which their unchecked
+/// launch would not catch, fails too.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());
@@ -232,7 +240,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     for (suffix, storage, dtype) in STORAGES {
         for hd in [16, 48, 64] {
             emulations.push(Emulation {
-                kernels: tensor_core_kernels(&client, dtype, hd),
+                kernels: tensor_core_kernels(&client, dtype, hd, ExecutionMode::Validate),
                 storage,
                 suffix,
                 hd,
@@ -243,7 +251,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     // The 7B's and MedGemma's width, where `dK` and `dV` take a launch each.
     let (suffix, storage, dtype) = STORAGES[1];
     emulations.push(Emulation {
-        kernels: tensor_core_kernels(&client, dtype, 128),
+        kernels: tensor_core_kernels(&client, dtype, 128, ExecutionMode::Validate),
         storage,
         suffix,
         hd: 128,
