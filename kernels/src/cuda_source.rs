@@ -184,7 +184,9 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
             tensor_cores: false,
             shuffles,
         };
-        for (kernel, cpp) in unit_kernels(client, DType::BF16, hd, variant) {
+        for (kernel, cpp) in
+            unit_kernels(client, DType::BF16, hd, variant, ExecutionMode::Unchecked)
+        {
             sources.push((format!("unit-{kernel}-bf16-hd{hd}-{name}"), cpp));
         }
     }

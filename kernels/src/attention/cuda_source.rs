@@ -43,9 +43,9 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, mode
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` at `dtype` and head width `hd`, laid out as
 /// a launch of `variant` would lay them out ([`Tiling::of`]: units per row, loops unrolled),
-/// and the rows' `D`.
+/// compiled in `mode` (`Unchecked` as CUDA launches them), and the rows' `D` (checked).
 #[rustfmt::skip]
-pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Variant) -> [(&'static str, String); 4] {
+pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Variant, mode: ExecutionMode) -> [(&'static str, String); 4] {
     use super::{delta_kernel, forward_kernel, grad_kv_kernel, grad_q_kernel};
     let (c, t) = (client, tensor);
     let types = [dtype.into(), DType::F32.into()];
@@ -60,7 +60,7 @@ pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Va
     // `D = dO·O`, which both backward variants (these and the tensor cores') read.
     let delta = delta_kernel::DeltaKernel::new(
         settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), hd, variant.unroll, types);
-    [("forward", cuda_cpp(&forward)), ("grad_q", cuda_cpp(&grad_q)), ("grad_kv", cuda_cpp(&grad_kv)), ("delta", cuda_cpp(&delta))]
+    [("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode)), ("grad_kv", cuda_cpp_in(&grad_kv, mode)), ("delta", cuda_cpp(&delta))]
 }
 
 /// The emulation's sources: `include/emu.h` (CUDA on threads) and the attention driver.
@@ -285,7 +285,8 @@ fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
             format!("{},{},{}", d.x, d.y, d.z)
         };
         emulations.push(Emulation {
-            kernels: unit_kernels(&client, dtype, hd, variant)[..3].to_vec(),
+            kernels: unit_kernels(&client, dtype, hd, variant, ExecutionMode::Validate)[..3]
+                .to_vec(),
             storage,
             suffix,
             hd,
