@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles every lab-kernels kernel's CUDA C++ with NVRTC and prints ptxas's registers and
-# spills, the shared memory cubecl allots and NVRTC's seconds, for each, on a machine with no
+# spills, the shared memory cubecl allots, the machine code's instructions (nvdisasm: a static
+# count, each loop body once) and NVRTC's seconds, for each, on a machine with no
 # GPU and no CUDA toolkit: the check a kernel change can have before a GPU host runs it (a
 # kernel that does not compile there costs a device call). Speed and results still need the
 # GPU.
@@ -12,7 +13,8 @@
 # patch ptxas's registers moved with a layout drawn per process).
 #
 # NVRTC, the CUDA headers and ptxas come from NVIDIA's pip wheels (CUDA 12.9; ~150 MB,
-# downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels). The sources come
+# downloaded once into $LAB_CUDA_WHEELS, default ~/.cache/lab/cuda-wheels), nvdisasm from
+# CUDA 13.5's (the only one on PyPI; it reads 12.9's cubins). The sources come
 # from lab-kernels' `writes_the_cuda_sources` (kernels/src/cuda_source.rs), which
 # needs the wgpu stack (lavapipe: apt-get install mesa-vulkan-drivers libvulkan1).
 # Default architectures: sm_80 (A100, the course's GPU) and sm_90a (H100/H200, as cubecl
@@ -48,9 +50,15 @@ if [ ! -f "$wheels/extracted" ]; then
   chmod +x "$cuda/cuda_nvcc/bin/ptxas"
   touch "$wheels/extracted"
 fi
+if [ ! -f "$wheels/extracted-nvdisasm" ]; then
+  python3 -m pip download --quiet --no-deps -d "$wheels/download" nvidia-cuda-nvdisasm==13.5.37
+  python3 -m zipfile -e "$wheels"/download/nvidia_cuda_nvdisasm-*.whl "$wheels"
+  chmod +x "$cuda/cu13/bin/nvdisasm"
+  touch "$wheels/extracted-nvdisasm"
+fi
 
 echo "== CUDA C++ of the kernels into $out"
-rm -f "$out"/*.cu "$out"/*.ptx
+rm -f "$out"/*.cu "$out"/*.ptx "$out"/*.cubin
 log="$out/writes_the_cuda_sources.log"
 if ! (cd "$repo" && LAB_CUDA_SOURCE_DIR="$out" XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" \
   cargo test --release -p lab-kernels --features cuda-source --lib -- \
@@ -69,6 +77,7 @@ cuda, out, only, archs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 nvrtc = ctypes.CDLL(os.path.join(cuda, "cuda_nvrtc/lib/libnvrtc.so.12"))
 includes = [os.path.join(cuda, d, "include") for d in ("cuda_runtime", "cuda_nvcc")]
 ptxas = os.path.join(cuda, "cuda_nvcc/bin/ptxas")
+nvdisasm = os.path.join(cuda, "cu13/bin/nvdisasm")
 
 
 def ptx(source, arch):
@@ -99,12 +108,16 @@ def ptx(source, arch):
 
 
 def usage(ptx_file, arch):
-    """(registers, spill bytes: stores plus loads) that ptxas reports."""
-    info = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.devnull, ptx_file],
+    """(registers, spill bytes: stores plus loads) that ptxas reports, and the machine code's
+    instruction count (static: a loop's body counts once)."""
+    cubin = ptx_file[:-4] + ".cubin"
+    info = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", cubin, ptx_file],
                           capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-    return (int(regs.group(1)) if regs else 0, sum(spills))
+    sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True, check=True).stdout
+    instructions = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s", sass, re.M))
+    return (int(regs.group(1)) if regs else 0, sum(spills), instructions)
 
 
 def shared_bytes(source):
@@ -114,7 +127,7 @@ def shared_bytes(source):
 
 failed = 0
 compile_s = {arch: 0.0 for arch in archs}
-print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9} {'nvrtc s':>8}")
+print(f"{'kernel':38} {'arch':7} {'regs':>5} {'spill B':>8} {'shared B':>9} {'sass':>6} {'nvrtc s':>8}")
 sources = sorted(glob.glob(os.path.join(out, f"{only}.cu")))
 if not sources:
     print(f"cuda-source-check.sh: no kernel matches --only {only!r} (names: {out}/*.cu)")
@@ -127,8 +140,8 @@ for source in sources:
             ptx_text, seconds = ptx(source, arch)
             compile_s[arch] += seconds
             open(ptx_file, "wb").write(ptx_text)
-            regs, spill = usage(ptx_file, arch)
-            print(f"{name:38} {arch:7} {regs:5} {spill:8} {shared_bytes(source):9} {seconds:8.2f}")
+            regs, spill, sass = usage(ptx_file, arch)
+            print(f"{name:38} {arch:7} {regs:5} {spill:8} {shared_bytes(source):9} {sass:6} {seconds:8.2f}")
         except (RuntimeError, subprocess.CalledProcessError) as err:
             failed += 1
             detail = getattr(err, "stderr", None) or str(err)

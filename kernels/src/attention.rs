@@ -47,8 +47,9 @@
 //! instructions (NVRTC and ptxas at bf16 hd 64). Each access is in bounds by construction:
 //! rows are read and written only below `seq`, columns below the head width, the tensors'
 //! last dimension ([`Dims`]), and the grid spans the tensors' batches and heads. The CUDA
-//! emulation (`cuda_source`) compiles them in cubecl's `Validate` mode, which reports any
-//! access out of bounds, and fails on one (CUDA's layouts with rows shared by 2 or 4 units;
+//! emulation (`cuda_source`) compiles them in cubecl's `Validate` mode, which reports a read
+//! or write past the end of a tensor, and fails on one; `forward_into` and `backward_into`
+//! check every tensor's shape against `q`, `k` and `v` (CUDA's layouts with rows shared by 2 or 4 units;
 //! one unit a row, `LAB_ATTENTION_SHUFFLE=0`, shares their index arithmetic). On wgpu they
 //! stay checked.
 //!
@@ -589,6 +590,18 @@ pub struct Grads<R: CubeRuntime> {
 
 /// Panics (a caller's bug) unless the kernels can write `t` element by element at its
 /// strides: no two elements share memory, and rows have unit stride.
+/// Panics (a caller's bug) unless `t` is `shape` at `dtype`: on CUDA the kernels launch
+/// unchecked, so a tensor smaller than `q`, `k` and `v` say would be read or written past its end.
+fn assert_shaped<R: CubeRuntime>(name: &str, t: &CubeTensor<R>, shape: &[usize], dtype: DType) {
+    let s = t.meta.shape();
+    let dims: Vec<usize> = (0..s.num_dims()).map(|i| s[i]).collect();
+    assert!(
+        dims == shape && t.dtype == dtype,
+        "attention: {name} is {dims:?} at {:?}, not {shape:?} at {dtype:?}",
+        t.dtype
+    );
+}
+
 fn assert_writable_rows<R: CubeRuntime>(name: &str, t: &CubeTensor<R>) {
     assert!(
         t.is_nonoverlapping() && t.meta.strides().last() == Some(&1),
@@ -749,6 +762,9 @@ pub fn forward_into<R: CubeRuntime>(
     }
     assert_writable_rows("out", &outputs.out);
     assert!(outputs.lse.is_contiguous(), "attention: lse is contiguous");
+    let q_shape = [d.batch, d.heads, d.seq, d.head_dim];
+    assert_shaped("out", &outputs.out, &q_shape, q.dtype);
+    assert_shaped("lse", &outputs.lse, &q_shape[..3], DType::F32);
     let [q, k, v] = [q, k, v].map(unit_stride_rows);
     let client = q.client.clone();
     let dtype = q.dtype;
@@ -817,6 +833,18 @@ pub fn backward_into<R: CubeRuntime>(
     for (name, g) in [("dq", &grads.q), ("dk", &grads.k), ("dv", &grads.v)] {
         assert_writable_rows(name, g);
     }
+    let q_shape = [d.batch, d.heads, d.seq, d.head_dim];
+    let kv_shape = [d.batch, d.kv_heads, d.seq, d.head_dim];
+    for (name, t, shape) in [
+        ("out", &out, &q_shape),
+        ("d_out", &d_out, &q_shape),
+        ("dq", &grads.q, &q_shape),
+        ("dk", &grads.k, &kv_shape),
+        ("dv", &grads.v, &kv_shape),
+    ] {
+        assert_shaped(name, t, shape, q.dtype);
+    }
+    assert_shaped("lse", &lse, &q_shape[..3], DType::F32);
     let [q, k, v, out, d_out] = [q, k, v, out, d_out].map(unit_stride_rows);
     let lse = into_contiguous(lse);
     let client = q.client.clone();

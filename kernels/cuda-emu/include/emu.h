@@ -54,7 +54,7 @@ template <class T>
 inline T max(T a, T b) { return a < b ? b : a; }
 
 namespace emu {
-// One block at a time: its shared memory (128 KiB: the tensor cores' dK at hd 128 takes 92),
+// One block at a time: its shared memory (128 KiB: the tensor cores' dK at hd 128 takes 75.5),
 // its barriers, each thread's warp and lane.
 constexpr size_t shared_size = 1 << 17;
 alignas(256) inline uint8_t shared[shared_size];
@@ -239,8 +239,11 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 
 // CUDA's fast exp and log: a multiply and the special-function unit's base-2 function, so the
 // multiply's rounding is the error they add (the unit's own is a few ulp more).
-inline float __expf(float x) { return exp2f(x * 1.44269504088896341f); }
-inline float __logf(float x) { return log2f(x) * 0.693147180559945309f; }
+// (glibc declares functions of these names; the emulation's own go by other names.)
+inline float emu_fast_exp(float x) { return exp2f(x * 1.44269504088896341f); }
+inline float emu_fast_log(float x) { return log2f(x) * 0.693147180559945309f; }
+#define __expf emu_fast_exp
+#define __logf emu_fast_log
 
 template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {

@@ -185,8 +185,9 @@ impl Emulation {
             "{suffix} hd {hd}: off the fp64 reference or a shared-memory race:\n{report}{}",
             String::from_utf8_lossy(&run.stderr)
         );
-        // Kernels compiled in `Validate` mode print each access out of bounds (cubecl's
-        // `[VALIDATION kernel]: Encountered OOB …`): what `launch_unchecked` would not catch.
+        // Kernels compiled in `Validate` mode print each access past the end of a tensor
+        // (cubecl's `[VALIDATION kernel]: Encountered OOB …`), which `launch_unchecked`
+        // would not catch.
         assert!(
             !report.contains("Encountered OOB"),
             "{suffix} hd {hd}: an access out of bounds:\n{report}"
@@ -231,8 +232,8 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
 /// and written at their strides), and with an attention sink, within the kernel tests'
 /// tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail. The kernels are
-/// compiled in cubecl's `Validate` mode, so an access out of bounds, which their unchecked
-/// launch would not catch, fails too.
+/// compiled in cubecl's `Validate` mode, so an access past the end of a tensor, which their
+/// unchecked launch would not catch, fails too.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());
@@ -265,7 +266,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
 /// ([`super::row_lanes`]; lavapipe, CI's GPU, has no shuffles for them). bf16 at head widths
 /// 64 (1 unit a row in the forward, 2 in `dQ` and `dK/dV`) and 128 (2, 4, 4), and at 64 with
 /// the loops rolled (`LAB_ATTENTION_UNROLL=0`); the cases and tolerances as above, less the
-/// two largest (`FEWER_CASES`: each shuffle is a barrier of the emulated warp).
+/// two largest and the sink (`FEWER_CASES`: each shuffle is a barrier of the emulated warp).
 /// The emulation's shuffle waits for all 32 lanes of the warp, so one called from a branch
 /// that some rows skip hangs here, as it is undefined on a GPU.
 #[test]

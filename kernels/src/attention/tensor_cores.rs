@@ -11,7 +11,8 @@
 //! through shared memory ("bounce"): the plane stores a product as f32 rows, two lanes per
 //! row do the row's arithmetic (alternate columns each), and write the result, rounded to the
 //! storage type as FlashAttention-2 feeds it to the next product, where the plane loads it as
-//! an operand. The forward rescales its output the same way: store, scale each row, load.
+//! an operand. The forward rescales its output the same way (store, scale each row, load; in
+//! two halves above hd 96), and skips it on a tile where no row of the plane has a new max.
 //!
 //! A cube of [`PLANES`] planes owns 64 rows and walks the other side 64 rows at a time:
 //! - forward and `dQ`: query rows `[r0, r0 + 64)`, keys `0 .. r0 + 64`, so the last tile is
@@ -28,8 +29,10 @@
 //! in bounds by construction instead: tile rows are read only below `seq`, columns below the
 //! head width (the tensors' last dimension, [`Dims`]); `lse` and `D` are read and the outputs
 //! written only for rows below `seq`; the grid spans the tensors' batches and heads. The CUDA
-//! emulation compiles the kernels in cubecl's `Validate` mode, which reports any access out of
-//! bounds, and fails on one.
+//! emulation compiles the kernels in cubecl's `Validate` mode, which reports a read or write
+//! past the end of a tensor (not one into a neighbouring row or head: the fp64 comparison
+//! catches those), and fails on one. [`super::forward_into`] and [`super::backward_into`] check
+//! every tensor's shape against `q`, `k` and `v` before launching.
 
 use burn::tensor::DType;
 use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
@@ -58,7 +61,8 @@ const TILE_ALIGN: usize = 128;
 
 /// Widest head whose accumulators go through the bounce rows whole (to rescale or write
 /// them). Wider heads take them in two halves ([`column_parts`]), so that at hd 128 the bounce
-/// rows stay 64 columns wide and `dQ` and `dK` need 75 KiB of shared memory, not 91: two
+/// rows stay 64 columns wide and `dQ` and `dK` need 75 and 75.5 KiB of shared memory, not 91
+/// and 91.5: two
 /// cubes an SM on an A100 (164 KiB), where one fit. Up to hd 96 whole rows fit two already,
 /// and halves of 48 columns there made ptxas spill (bf16 `dQ` on sm_80, `dV` on sm_90a).
 const WHOLE_ROWS_MAX_HEAD_DIM: usize = 96;
@@ -244,8 +248,8 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 /// queries gives both. Wider, `dK` and `dV` take a launch each: both `[16, hd]` f32
 /// accumulators with the plane's key and value rows held for the whole walk do not fit 255
 /// registers (at hd 128 ptxas spilled 2.4 KB a thread on sm_80), and one of them with the rows
-/// it needs does, as in `dQ`. The `dV` launch recomputes `P`: five products where one walk
-/// takes four.
+/// it needs nearly does (`dK` at hd 128 on sm_80 spills 76 bytes, 3 loads a tile). The `dV`
+/// launch recomputes `P`: five products where one walk takes four.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum KvGrads {
     /// `dK` and `dV` in one walk.
@@ -980,6 +984,23 @@ fn load_tile<F: Float>(
                 x = src[at + k * row_units];
             }
             tile[r * head_dim + col + k * row_units] = x;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{column_parts, fits, MAX_HEAD_DIM};
+
+    /// The head widths the kernels take: multiples of 16 up to 128 whose column parts are whole
+    /// 16-column chunks. 112 is turned down (two parts of 56), and so is anything wider or
+    /// not a multiple of 16.
+    #[test]
+    fn fits_takes_the_widths_whose_column_parts_are_whole_chunks() {
+        let taken: Vec<usize> = (1..=2 * MAX_HEAD_DIM).filter(|&hd| fits(hd)).collect();
+        assert_eq!(taken, [16, 32, 48, 64, 80, 96, 128]);
+        for hd in taken {
+            assert_eq!((hd / column_parts(hd)) % 16, 0, "hd {hd}");
         }
     }
 }
