@@ -293,6 +293,7 @@ int main() {
 #else
     bool skip[std::size(cases)] = {};
 #endif
+    static_assert(std::size(skip) == std::size(cases), "a skip flag for each case");
     bool ok = true;
     uint64_t seed = 11;
     for (size_t n = 0; n < std::size(cases); ++n, seed += 10)

@@ -46,12 +46,13 @@
 //! launch clamps every global index and selects zero past the end, about a fifth of their
 //! instructions (NVRTC and ptxas at bf16 hd 64). Each access is in bounds by construction:
 //! rows are read and written only below `seq`, columns below the head width, the tensors'
-//! last dimension ([`Dims`]), and the grid spans the tensors' batches and heads. The CUDA
-//! emulation (`cuda_source`) compiles them in cubecl's `Validate` mode, which reports a read
-//! or write past the end of a tensor, and fails on one; `forward_into` and `backward_into`
-//! check every tensor's shape against `q`, `k` and `v` (CUDA's layouts with rows shared by 2 or 4 units;
-//! one unit a row, `LAB_ATTENTION_SHUFFLE=0`, shares their index arithmetic). On wgpu they
-//! stay checked.
+//! last dimension ([`Dims`]), and the grid spans the tensors' batches and heads. So that this
+//! holds, `forward_into` and `backward_into` check every tensor's shape against `q`, `k` and
+//! `v`. The CUDA emulation (`cuda_source`) compiles the kernels in cubecl's `Validate` mode,
+//! which reports a read or write past the end of a tensor (not one into a neighbouring row or
+//! head: the fp64 comparison catches those), and fails on one. It runs CUDA's layouts with
+//! rows shared by 2 or 4 units; one unit a row (`LAB_ATTENTION_SHUFFLE=0`) shares their index
+//! arithmetic. On wgpu the kernels stay checked.
 //!
 //! Masked scores never enter a sum (a branch on `j ≤ i`), so no −∞ is needed (WGSL rejects
 //! it); the running max starts at the type's lowest finite value, and the first visible key
@@ -588,20 +589,23 @@ pub struct Grads<R: CubeRuntime> {
     pub v: CubeTensor<R>,
 }
 
-/// Panics (a caller's bug) unless the kernels can write `t` element by element at its
-/// strides: no two elements share memory, and rows have unit stride.
 /// Panics (a caller's bug) unless `t` is `shape` at `dtype`: on CUDA the kernels launch
-/// unchecked, so a tensor smaller than `q`, `k` and `v` say would be read or written past its end.
+/// unchecked, so a tensor smaller than `q`, `k` and `v` say would be read or written past its
+/// end. No allocation unless it fails: it runs at every attention call.
 fn assert_shaped<R: CubeRuntime>(name: &str, t: &CubeTensor<R>, shape: &[usize], dtype: DType) {
     let s = t.meta.shape();
-    let dims: Vec<usize> = (0..s.num_dims()).map(|i| s[i]).collect();
-    assert!(
-        dims == shape && t.dtype == dtype,
-        "attention: {name} is {dims:?} at {:?}, not {shape:?} at {dtype:?}",
-        t.dtype
-    );
+    let same = s.num_dims() == shape.len() && shape.iter().enumerate().all(|(i, &n)| s[i] == n);
+    if !same || t.dtype != dtype {
+        let dims: Vec<usize> = (0..s.num_dims()).map(|i| s[i]).collect();
+        panic!(
+            "attention: {name} is {dims:?} at {:?}, not {shape:?} at {dtype:?}",
+            t.dtype
+        );
+    }
 }
 
+/// Panics (a caller's bug) unless the kernels can write `t` element by element at its
+/// strides: no two elements share memory, and rows have unit stride.
 fn assert_writable_rows<R: CubeRuntime>(name: &str, t: &CubeTensor<R>) {
     assert!(
         t.is_nonoverlapping() && t.meta.strides().last() == Some(&1),

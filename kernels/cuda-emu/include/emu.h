@@ -257,8 +257,7 @@ inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     return other;
 }
 
-// Whether `predicate` holds on every lane of the warp (a full warp: the kernels that vote are
-// launched in whole warps).
+// Whether `predicate` holds on every lane of the warp (the members a partial last warp has).
 inline bool __all_sync(int, bool predicate) {
     unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
     unsigned members = std::min(32u, threads - first);
