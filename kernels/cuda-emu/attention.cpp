@@ -38,6 +38,11 @@ constexpr unsigned hd = HEAD_DIM;
 #define FORWARD_CUBE 32, 4, 1
 #define GRAD_Q_CUBE 32, 4, 1
 #define GRAD_KV_CUBE 32, 4, 1
+// They read q, k, v and dO 8 elements (16 bytes) at a time (tensor_cores::CHUNK).
+#define INPUT_VECTOR 8
+#endif
+#ifndef INPUT_VECTOR
+#define INPUT_VECTOR 1
 #endif
 constexpr unsigned rows = ROWS;
 
@@ -66,7 +71,15 @@ bool is_swapped(const Case& c, Group g) {
 struct Arg {
     std::vector<unsigned> shape;
     std::vector<unsigned> strides;
+    // Elements the kernel reads as one value: its lengths count these (cubecl's launcher).
+    unsigned vector = 1;
 };
+
+// An input (q, k, v, dO) as the kernels read it: INPUT_VECTOR elements at a time.
+Arg input(Arg a) {
+    a.vector = INPUT_VECTOR;
+    return a;
+}
 
 // A [B, heads, T, hd] argument of group `g`, in the case's layout.
 Arg heads_arg(const Case& c, Group g, unsigned heads) {
@@ -124,8 +137,8 @@ Metadata<Info> metadata(float scale, const std::vector<Arg>& args) {
     for (size_t i = 0; i < n; ++i) {
         uint32_t len = std::accumulate(args[i].shape.begin(), args[i].shape.end(), 1u,
                                        [](uint32_t a, uint32_t b) { return a * b; });
-        m.info.static_meta[i] = len;
-        m.info.static_meta[n + i] = len;
+        m.info.static_meta[i] = len / args[i].vector;
+        m.info.static_meta[n + i] = len / args[i].vector;
         m.info.static_meta[2 * n + i] = uint32_t(args[i].shape.size());
         m.info.static_meta[3 * n + i] = offsets[i];
         m.info.static_meta[4 * n + i] = shapes + offsets[i];
@@ -228,7 +241,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     auto sv = stored(c, group_qkv, c.kv_heads, v), s_do = stored(c, group_rest, c.heads, d_out);
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
 
-    auto fwd = metadata<info_forward>(scale, {aq, akv, akv, arq, arow});
+    auto fwd = metadata<info_forward>(scale, {input(aq), input(akv), input(akv), arq, arow});
     emu::launch(forward_kernel, grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
     out = stored(c, group_rest, c.heads, out, true);
@@ -237,11 +250,11 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
         for (unsigned d = 0; d < hd; ++d) s += float(d_out[r * hd + d]) * float(out[r * hd + d]);
         delta[r] = s;
     }
-    auto gq = metadata<info_grad_q>(scale, {aq, akv, akv, arq, arow, arow, arq});
+    auto gq = metadata<info_grad_q>(scale, {input(aq), input(akv), input(akv), input(arq), arow, arow, arq});
     emu::launch(grad_q_kernel, grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
-    std::vector<Arg> kv_args{aq, akv, akv, arq, arow, arow, arkv, arkv};
+    std::vector<Arg> kv_args{input(aq), input(akv), input(akv), input(arq), arow, arow, arkv, arkv};
 #ifdef SPLIT_KV
     auto gv = metadata<info_grad_kv_values>(scale, kv_args);
     emu::launch(grad_kv_values_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(),

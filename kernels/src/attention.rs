@@ -270,7 +270,7 @@ fn lanes_sum<A: Float>(x: A, #[comptime] lanes: usize) -> A {
 /// Where row `i` of head `head` of sequence `b` starts in `t`, read from its strides (the
 /// head width's axis has unit stride: [`crate::layout::unit_stride_rows`]).
 #[cube]
-fn row_at<F: Float>(t: &Tensor<F>, b: usize, head: usize, i: usize) -> usize {
+fn row_at<E: CubePrimitive>(t: &Tensor<E>, b: usize, head: usize, i: usize) -> usize {
     b * t.stride(0) + head * t.stride(1) + i * t.stride(2)
 }
 

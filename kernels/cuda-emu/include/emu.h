@@ -47,6 +47,7 @@ constexpr unsigned warpSize = 32;
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __restrict__ __restrict
+#define __align__(n) alignas(n)
 
 template <class T>
 inline T min(T a, T b) { return b < a ? b : a; }
@@ -122,6 +123,14 @@ struct __nv_bfloat16 {
         std::memcpy(&f, &u, 4);
         return f;
     }
+};
+
+// Pairs, which cubecl's vector types name even where a kernel never uses them.
+struct __half2 {
+    __half x, y;
+};
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
 };
 
 namespace emu {
@@ -227,6 +236,13 @@ struct Shared {
     Ref<T> operator[](size_t i) const { return Ref<T>{offset + i * sizeof(T)}; }
     Shared operator+(size_t i) const { return Shared{offset + i * sizeof(T)}; }
 };
+
+// The same bytes of shared memory as an array of `U` (cubecl's vector loads and stores cast a
+// shared array's pointer; for_emulation turns that cast into this).
+template <class U, class T>
+Shared<U> recast(Shared<T> s) {
+    return Shared<U>{s.offset};
+}
 }  // namespace emu
 
 inline void __syncthreads() {
@@ -343,6 +359,14 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }  // namespace nvcuda::wmma
 
 namespace emu {
+// An argument as the kernel's parameter takes it: a pointer to the storage type becomes one
+// to the vector type a kernel reads it as (cubecl's `Tensor<Vector<F, N>>`).
+template <class P, class A>
+P pass(A a) {
+    if constexpr (std::is_pointer_v<P> && std::is_pointer_v<A>) return reinterpret_cast<P>(a);
+    else return a;
+}
+
 // Runs `kernel(args...)` over `grid`, one block after another, each block's threads at once.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
@@ -368,7 +392,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
                         threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         warp = t / 32;
                         lane = t % 32;
-                        kernel(args...);
+                        kernel(pass<Params>(args)...);
                         block_barrier->arrive_and_drop();
                         warp_barriers[warp]->arrive_and_drop();
                     });

@@ -74,15 +74,52 @@ fn emulation_dir() -> PathBuf {
 /// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets.
 fn for_emulation(cpp: &str, kernel: &str) -> String {
     let info = format!("info_{kernel}");
-    cpp.lines()
+    let lines = cpp
+        .lines()
         .filter(|line| !line.starts_with("extern __shared__"))
         .map(|line| {
             shared_array(line)
                 .or_else(|| entry_renamed(line, kernel))
+                .or_else(|| shared_recast(line))
                 .unwrap_or_else(|| line.replace("info_st", &info))
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+        });
+    vector_types_once(lines).join("\n")
+}
+
+/// The vector types cubecl defines in every kernel's source (`struct __align__(16)
+/// __nv_bfloat16_8 {` to `};`) guarded, so that the kernels can share the driver's translation
+/// unit.
+fn vector_types_once(lines: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_type = false;
+    for line in lines {
+        if let Some(name) = line
+            .strip_prefix("struct __align__(")
+            .and_then(|rest| rest.split_once(") "))
+            .and_then(|(_, rest)| rest.strip_suffix(" {"))
+        {
+            out.push(format!("#ifndef LAB_EMU_{name}\n#define LAB_EMU_{name}"));
+            in_type = true;
+        }
+        let ends_type = in_type && line == "};";
+        out.push(line);
+        if ends_type {
+            out.push("#endif".into());
+            in_type = false;
+        }
+    }
+    out
+}
+
+/// ` T *_tmp_N = reinterpret_cast< T*>(shared_memory_M);` (a vector access to a shared array)
+/// as `emu::Shared<T> _tmp_N = emu::recast<T>(shared_memory_M);`; `None` for any other line.
+fn shared_recast(line: &str) -> Option<String> {
+    let (ty, rest) = line.trim_start().split_once(" *_tmp_")?;
+    let (number, rest) = rest.split_once(" = reinterpret_cast<")?;
+    let array = rest.split_once(">(shared_memory_")?.1.strip_suffix(");")?;
+    Some(format!(
+        "emu::Shared<{ty}> _tmp_{number} = emu::recast<{ty}>(shared_memory_{array});"
+    ))
 }
 
 /// The entry's first line, `extern "C" __global__ void … NAME (`, with `NAME` (what follows

@@ -24,14 +24,18 @@
 //!
 //! Rows past the sequence compute on zeros and are not written.
 //!
+//! Tiles of `q`, `k`, `v` and `dO` come into shared memory 16 bytes a unit at a time (the
+//! inputs are `Tensor<Vector<F, 8>>`: [`load_tile`]); inputs whose rows are not 16-byte aligned
+//! are copied first ([`chunk_readable`]).
+//!
 //! The kernels launch unchecked, for the reasons and with the checks the parent module gives
-//! for its own kernels on CUDA (64 clamped loads a lane a tile here). Their accesses are in
+//! for its own kernels on CUDA. Their accesses are in
 //! bounds by construction: tile rows are read only below `seq`, columns below the head width;
 //! `lse` and `D` are read and the outputs written only for rows below `seq`; the grid spans
 //! the tensors' batches and heads.
 
 use burn::tensor::DType;
-use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::ir::features::MmaConfig;
 use cubecl::prelude::*;
@@ -172,6 +176,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
     d: &Dims,
 ) {
     let types = [q.dtype.into(), DType::F32.into()];
+    let [q, k, v] = [q, k, v].map(chunk_readable);
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
         forward_kernel::launch_unchecked::<R>(
@@ -201,6 +206,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 ) {
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
+    let [q, k, v, d_out] = [q, k, v, d_out].map(chunk_readable);
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
         grad_q_kernel::launch_unchecked::<R>(
@@ -249,7 +255,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 /// queries gives both. Wider, `dK` and `dV` take a launch each: both `[16, hd]` f32
 /// accumulators with the plane's key and value rows held for the whole walk do not fit 255
 /// registers (at hd 128 ptxas spilled 2.4 KB a thread on sm_80), and one of them with the rows
-/// it needs nearly does (`dK` at hd 128 on sm_80 spills 76 bytes, 3 loads a tile). The `dV`
+/// it needs nearly does (`dK` at hd 128 on sm_80 spills 40 bytes, 2 loads a tile). The `dV`
 /// launch recomputes `P`: five products where one walk takes four.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum KvGrads {
@@ -294,9 +300,9 @@ fn softmax_math() -> EnumSet<FastMath> {
 
 #[cube(launch_unchecked, fast_math = softmax_math())]
 pub(super) fn forward_kernel<F: Float, A: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
     out: &mut Tensor<F>,
     lse: &mut Tensor<A>,
     scale: f32,
@@ -383,10 +389,10 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
 
 #[cube(launch_unchecked, fast_math = softmax_math())]
 pub(super) fn grad_q_kernel<F: Float, A: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    d_out: &Tensor<F>,
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
     lse: &Tensor<A>,
     delta: &Tensor<A>,
     d_q: &mut Tensor<F>,
@@ -463,10 +469,10 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
 
 #[cube(launch_unchecked, fast_math = softmax_math())]
 pub(super) fn grad_kv_kernel<F: Float, A: Float>(
-    q: &Tensor<F>,
-    k: &Tensor<F>,
-    v: &Tensor<F>,
-    d_out: &Tensor<F>,
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
     lse: &Tensor<A>,
     delta: &Tensor<A>,
     d_k: &mut Tensor<F>,
@@ -870,7 +876,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
 /// as `A` operands (one per 16 columns), staged through `tile`.
 #[cube]
 fn plane_rows<F: Float>(
-    src: &Tensor<F>,
+    src: &Tensor<Chunk<F>>,
     tile: &mut SharedMemory<F>,
     base: usize,
     row0: usize,
@@ -950,16 +956,50 @@ fn accumulators<A: Float>(#[comptime] head_dim: usize) -> Accumulators<A> {
     acc
 }
 
+/// Elements a unit copies at once in [`load_tile`]: 16 bytes of f16/bf16, one vector load
+/// (`LDG.E.128`) and one vector store (`STS.128`) where elements took one each.
+const CHUNK: usize = 8;
+
+/// [`CHUNK`] elements as one value.
+type Chunk<F> = Vector<F, Const<CHUNK>>;
+
+/// Whether a tensor of `elem_bytes` elements that starts `start_bytes` into its buffer, at
+/// `strides` (the last, the rows', 1), can be read [`CHUNK`] elements at a time: its start and
+/// every other stride whole chunks, so that every chunk of a row is 16-byte aligned.
+fn chunk_aligned(start_bytes: u64, strides: &[usize], elem_bytes: usize) -> bool {
+    let (_, outer) = strides.split_last().unwrap_or((&1, &[]));
+    start_bytes.is_multiple_of((CHUNK * elem_bytes) as u64)
+        && outer.iter().all(|s| s.is_multiple_of(CHUNK))
+}
+
+/// `t` as [`load_tile`] reads it: itself where it is [`chunk_aligned`] (the model's tensors
+/// and their head-swapped views are), else a contiguous copy, whose strides are multiples of
+/// the head width. (A view's start is too: burn makes views only at offsets that are multiples
+/// of the runtime's memory alignment, 512 bytes on CUDA.)
+fn chunk_readable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    let aligned = |t: &CubeTensor<R>| {
+        let start = t.handle.offset_start.unwrap_or(0);
+        chunk_aligned(start, t.meta.strides(), t.dtype.size())
+    };
+    let t = if aligned(&t) { t } else { into_contiguous(t) };
+    assert!(
+        aligned(&t),
+        "attention: a tensor {} bytes into its buffer cannot be read 16 bytes at a time",
+        t.handle.offset_start.unwrap_or(0)
+    );
+    t
+}
+
 /// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head whose row 0 is at
-/// `base` into `tile` (rows `src.stride(2)` apart). Sixteen consecutive units copy sixteen
-/// consecutive elements of a row, so that a unit's loads from one row are constant offsets
-/// from the row's start: the runtime stride enters once a row, not once an element, which
-/// keeps NVCC from holding an address per load in registers. (At head width 64 a warp's two
-/// rows then share shared-memory banks on the stores, a 2-way conflict; 32 units a row avoid
-/// it but cost more registers: BENCHMARKS.md.) [`fits`] keeps the head width a multiple of 16.
+/// `base` into `tile` (rows `src.stride(2)` apart), [`CHUNK`] elements a unit at a time: the
+/// tile's chunks in order, unit `u` taking chunks `u`, `u + 128`, ... Consecutive units read
+/// consecutive 16 bytes of a row (a warp, 512 bytes of whole rows at hd 64 and 128) and
+/// store consecutive 16 bytes of the tile (no bank conflicts). `src` must be
+/// [`chunk_aligned`]; [`fits`] keeps the head width a multiple of 16, so a unit's share is
+/// whole chunks.
 #[cube]
 fn load_tile<F: Float>(
-    src: &Tensor<F>,
+    src: &Tensor<Chunk<F>>,
     tile: &mut SharedMemory<F>,
     base: usize,
     start: usize,
@@ -967,31 +1007,68 @@ fn load_tile<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
 ) {
-    let row_units = comptime!(16usize);
-    let slots = comptime!(32 * planes / row_units);
-    let unit = UNIT_POS as usize;
-    let (slot, col) = (unit / row_units, unit % row_units);
-    // Unrolled, NVCC issues every load of the tile before the first store; above hd 64 (64
-    // loads a lane) that takes more registers than there are, so the rows go a pass at a time.
-    #[unroll(head_dim <= 64)]
-    for m in 0..comptime!(16 * planes / slots) {
-        let r = slot + m * slots;
-        let at = base + (start + r) * src.stride(2) + col;
-        let live = start + r < seq;
-        #[unroll]
-        for k in 0..comptime!(head_dim / row_units) {
-            let mut x = F::new(0.0);
-            if live {
-                x = src[at + k * row_units];
+    let units = comptime!(32 * planes);
+    let row_chunks = comptime!(head_dim / CHUNK);
+    // Strides and `base` count elements; a chunked tensor is indexed in chunks.
+    let row_step = src.stride(2) / CHUNK;
+    let first = base / CHUNK;
+    let mut tile = tile
+        .to_slice_mut()
+        .into_vectorized()
+        .with_vector_size::<Const<CHUNK>>();
+    let passes = comptime!(16 * planes * row_chunks / units);
+    // Where the units a pass takes are whole rows (hd 16, 32, 64, 128), a unit keeps its
+    // column and steps down `pass_rows` rows a pass: one address and one stride.
+    let pass_rows = comptime!(units / row_chunks);
+    let whole_rows = comptime!(units.is_multiple_of(row_chunks));
+    let (r0, c0) = (
+        UNIT_POS as usize / row_chunks,
+        UNIT_POS as usize % row_chunks,
+    );
+    let from = first + (start + r0) * row_step + c0;
+    let pass_step = pass_rows * row_step;
+    #[unroll]
+    for m in 0..passes {
+        let at = UNIT_POS as usize + m * units;
+        // A store in each branch: merging a zeroed chunk with the loaded one made NVCC
+        // move it 16 bits at a time.
+        if comptime!(whole_rows) {
+            if start + r0 + m * pass_rows < seq {
+                tile[at] = src[from + m * pass_step];
+            } else {
+                tile[at] = Chunk::<F>::new(F::new(0.0));
             }
-            tile[r * head_dim + col + k * row_units] = x;
+        } else {
+            let (r, c) = (at / row_chunks, at % row_chunks);
+            if start + r < seq {
+                tile[at] = src[first + (start + r) * row_step + c];
+            } else {
+                tile[at] = Chunk::<F>::new(F::new(0.0));
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{fits, MAX_HEAD_DIM};
+    use super::{chunk_aligned, fits, MAX_HEAD_DIM};
+
+    /// The layouts read 16 bytes at a time as they are: contiguous `[B, H, T, hd]` and the
+    /// model's head-swapped view of `[B, T, H, hd]`, from a buffer's start or a whole chunk into
+    /// it, and rows 40 elements (80 bytes) apart. The others are copied: a start 2 or 8 bytes
+    /// in, or rows 36 elements apart (a view of 32 columns of 36-column rows: 72 bytes).
+    #[test]
+    fn chunk_aligned_takes_the_layouts_whose_chunks_are_16_byte_aligned() {
+        let contiguous = [4 * 37 * 64, 37 * 64, 64, 1];
+        let swapped = [37 * 4 * 64, 64, 4 * 64, 1];
+        assert!(chunk_aligned(0, &contiguous, 2));
+        assert!(chunk_aligned(0, &swapped, 2));
+        assert!(chunk_aligned(16 * 5, &swapped, 2));
+        assert!(!chunk_aligned(2, &contiguous, 2));
+        assert!(!chunk_aligned(8, &contiguous, 2));
+        assert!(chunk_aligned(0, &[2 * 37 * 40, 37 * 40, 40, 1], 2));
+        assert!(!chunk_aligned(0, &[2 * 37 * 36, 37 * 36, 36, 1], 2));
+    }
 
     /// The head widths the kernels take: multiples of 16 up to 128 whose column parts are whole
     /// 16-column chunks. 112 is turned down (two parts of 56), and so is anything wider or
