@@ -21,8 +21,13 @@ use cubecl_opt::{Optimizer, SharedLiveness};
 use cubecl_runtime::compiler::{CompilationError, Compiler};
 use std::{collections::HashSet, fmt::Debug};
 
-pub(super) static COUNTER_TMP_VAR: std::sync::atomic::AtomicU32 =
-    std::sync::atomic::AtomicU32::new(0);
+// LAB PATCH (LAB-PATCH.md): one counter per thread. A process-wide one was reset by any
+// thread's compile while another thread was writing its kernel's source, which then named two
+// temporaries alike (two kernels compiled at once: lab's emulation tests).
+std::thread_local! {
+    pub(super) static COUNTER_TMP_VAR: std::sync::atomic::AtomicU32 =
+        const { std::sync::atomic::AtomicU32::new(0) };
+}
 
 #[derive(Clone, Debug)]
 pub struct CompilationOptions {
@@ -201,7 +206,7 @@ impl<D: Dialect> Compiler for CppCompiler<D> {
         self.cluster_dim = kernel.options.cluster_dim.unwrap_or(CubeDim::new_single());
 
         let ir = self.clone().compile_ir(kernel, addr_type);
-        COUNTER_TMP_VAR.store(0, std::sync::atomic::Ordering::Relaxed);
+        COUNTER_TMP_VAR.with(|c| c.store(0, std::sync::atomic::Ordering::Relaxed));
         Ok(ir)
     }
 
