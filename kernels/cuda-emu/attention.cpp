@@ -38,13 +38,19 @@ constexpr unsigned hd = HEAD_DIM;
 #define FORWARD_CUBE 32, 4, 1
 #define GRAD_Q_CUBE 32, 4, 1
 #define GRAD_KV_CUBE 32, 4, 1
-// They read q, k, v and dO 8 elements (16 bytes) at a time (tensor_cores::CHUNK).
-#define INPUT_VECTOR 8
-#endif
-#ifndef INPUT_VECTOR
-#define INPUT_VECTOR 1
 #endif
 constexpr unsigned rows = ROWS;
+
+// Elements the kernels read q, k, v and dO as one value (cubecl's `Tensor<Vector<F, N>>`: 8 for
+// the tensor cores', 1 for the others), from the forward's first parameter, q.
+template <class F>
+struct first_param;
+template <class R, class P, class... Ps>
+struct first_param<R(P, Ps...)> {
+    using type = P;
+};
+constexpr unsigned input_vector =
+    sizeof(std::remove_pointer_t<typename first_param<decltype(forward_kernel)>::type>) / sizeof(STORAGE);
 
 // Which tensors a case stores [B, T, heads, hd] and passes as [B, heads, T, hd] views (the
 // middle axes swapped, as the model passes its projections); the others are contiguous.
@@ -75,9 +81,9 @@ struct Arg {
     unsigned vector = 1;
 };
 
-// An input (q, k, v, dO) as the kernels read it: INPUT_VECTOR elements at a time.
+// An input (q, k, v, dO) as the kernels read it: `input_vector` elements at a time.
 Arg input(Arg a) {
-    a.vector = INPUT_VECTOR;
+    a.vector = input_vector;
     return a;
 }
 

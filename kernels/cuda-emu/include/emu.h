@@ -241,6 +241,10 @@ struct Shared {
 // shared array's pointer; for_emulation turns that cast into this).
 template <class U, class T>
 Shared<U> recast(Shared<T> s) {
+    if (s.offset % alignof(U) != 0) {
+        std::fprintf(stderr, "shared memory: a %zu-byte view at byte %zu\n", sizeof(U), s.offset);
+        std::abort();
+    }
     return Shared<U>{s.offset};
 }
 }  // namespace emu
@@ -360,11 +364,23 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 
 namespace emu {
 // An argument as the kernel's parameter takes it: a pointer to the storage type becomes one
-// to the vector type a kernel reads it as (cubecl's `Tensor<Vector<F, N>>`).
+// to the vector type a kernel reads it as (cubecl's `Tensor<Vector<F, N>>`), whole elements
+// at the vector's alignment, as a GPU's vector loads need. Any other argument passes as is.
 template <class P, class A>
 P pass(A a) {
-    if constexpr (std::is_pointer_v<P> && std::is_pointer_v<A>) return reinterpret_cast<P>(a);
-    else return a;
+    if constexpr (std::is_pointer_v<P> && std::is_pointer_v<A> && !std::is_convertible_v<A, P>) {
+        using Vector = std::remove_cv_t<std::remove_pointer_t<P>>;
+        using Element = std::remove_cv_t<std::remove_pointer_t<A>>;
+        static_assert(sizeof(Vector) % sizeof(Element) == 0 && sizeof(Vector) > sizeof(Element),
+                      "a kernel parameter that is not a vector of its argument's elements");
+        if (reinterpret_cast<uintptr_t>(a) % alignof(Vector) != 0) {
+            std::fprintf(stderr, "a vector parameter's buffer is not %zu-byte aligned\n", alignof(Vector));
+            std::abort();
+        }
+        return reinterpret_cast<P>(a);
+    } else {
+        return a;
+    }
 }
 
 // Runs `kernel(args...)` over `grid`, one block after another, each block's threads at once.

@@ -265,7 +265,7 @@ fn emulate_all(emulations: Vec<Emulation>) {
 
 /// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
 /// emulation against an fp64 reference at f16 and bf16 and head widths 16, 48 and 64, and bf16
-/// at 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
+/// at 96 and 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
 /// and written at their strides), and with an attention sink, within the kernel tests'
 /// tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail. The kernels are
@@ -286,15 +286,19 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             });
         }
     }
-    // The 7B's and MedGemma's width, where `dK` and `dV` take a launch each.
+    // The 7B's and MedGemma's width, where `dK` and `dV` take a launch each and the
+    // accumulators go through the bounce rows in halves; and 96, whose bounce rows are whole
+    // and wider than a tile's 64 columns and whose tile rows are not whole loader passes.
     let (suffix, storage, dtype) = STORAGES[1];
-    emulations.push(Emulation {
-        kernels: tensor_core_kernels(&client, dtype, 128, ExecutionMode::Validate),
-        storage,
-        suffix,
-        hd: 128,
-        defines: Vec::new(),
-    });
+    for hd in [96, 128] {
+        emulations.push(Emulation {
+            kernels: tensor_core_kernels(&client, dtype, hd, ExecutionMode::Validate),
+            storage,
+            suffix,
+            hd,
+            defines: Vec::new(),
+        });
+    }
     emulate_all(emulations);
 }
 

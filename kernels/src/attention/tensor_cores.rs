@@ -29,10 +29,9 @@
 //! are copied first ([`chunk_readable`]).
 //!
 //! The kernels launch unchecked, for the reasons and with the checks the parent module gives
-//! for its own kernels on CUDA. Their accesses are in
-//! bounds by construction: tile rows are read only below `seq`, columns below the head width;
-//! `lse` and `D` are read and the outputs written only for rows below `seq`; the grid spans
-//! the tensors' batches and heads.
+//! for its own kernels on CUDA. Their accesses are in bounds by construction: tile rows are
+//! read only below `seq`, columns below the head width; `lse` and `D` are read and the outputs
+//! written only for rows below `seq`; the grid spans the tensors' batches and heads.
 
 use burn::tensor::DType;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
@@ -93,9 +92,10 @@ const fn bounce_width(head_dim: usize, planes: usize) -> usize {
 }
 
 /// Elements from one f32 bounce row to the next: 4 past the width. Lane `(r, parity)` reads
-/// column `2c + parity` of row `r`, in bank `(stride·r + 2c + parity) mod 32`: at a stride of
-/// 64 the 16 rows would share two banks (16-way conflicts), at 68 rows `r` and `r + 8` share
-/// one (2-way). wmma wants rows of whole 16 bytes.
+/// columns `4c + 2·parity` and `+1` of row `r` as one 8-byte access ([`Pair`]), which starts
+/// in bank `(stride·r + 4c + 2·parity) mod 32`; a half-warp (rows 0 to 7 or 8 to 15) then
+/// covers the 32 banks once at a stride of 68, where at 64 its 8 rows would share 4 banks
+/// (8-way conflicts). wmma wants rows of whole 16 bytes.
 const fn values_stride(head_dim: usize, planes: usize) -> usize {
     bounce_width(head_dim, planes) + 4
 }
@@ -255,7 +255,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 /// queries gives both. Wider, `dK` and `dV` take a launch each: both `[16, hd]` f32
 /// accumulators with the plane's key and value rows held for the whole walk do not fit 255
 /// registers (at hd 128 ptxas spilled 2.4 KB a thread on sm_80), and one of them with the rows
-/// it needs nearly does (`dK` at hd 128 on sm_80 spills 40 bytes, 2 loads a tile). The `dV`
+/// it needs does (`dK` at hd 128: 214 registers on sm_80, 251 on sm_90a, no spill). The `dV`
 /// launch recomputes `P`: five products where one walk takes four.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum KvGrads {
@@ -335,14 +335,17 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
         bounce.product(&q_frags, &k_tile, head_dim, planes);
 
         // Online softmax of the plane's rows: new max, rescale, probabilities, row sum.
-        let lane_cols = comptime!(rows / 2);
         let at = bounce.value_at(&lanes, head_dim, planes);
-        let first = start + lanes.parity;
+        let first = start + lanes.col0();
         let mut m_new = m;
-        for c in 0..lane_cols {
-            let s = bounce.values[at + 2 * c] * A::cast_from(scale);
-            if first + 2 * c <= lanes.i && s > m_new {
-                m_new = s;
+        for c in 0..comptime!(lane_pairs(rows)) {
+            let s = pair::<A>(&bounce.values, at, c);
+            #[unroll]
+            for j in 0..PAIR {
+                let s = s[j] * A::cast_from(scale);
+                if first + PAIR * 2 * c + j <= lanes.i && s > m_new {
+                    m_new = s;
+                }
             }
         }
         let other = plane_shuffle_xor(m_new, 1);
@@ -352,13 +355,17 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
         let alpha = (m - m_new).exp();
         let mut sum = A::new(0.0);
         let op = bounce.operand_at(&lanes, planes);
-        for c in 0..lane_cols {
-            let mut p = A::new(0.0);
-            if first + 2 * c <= lanes.i {
-                p = (bounce.values[at + 2 * c] * A::cast_from(scale) - m_new).exp();
+        for c in 0..comptime!(lane_pairs(rows)) {
+            let s = pair::<A>(&bounce.values, at, c);
+            let mut p = Pair::<A>::new(A::new(0.0));
+            #[unroll]
+            for j in 0..PAIR {
+                if first + PAIR * 2 * c + j <= lanes.i {
+                    p[j] = (s[j] * A::cast_from(scale) - m_new).exp();
+                }
+                sum += p[j];
             }
-            sum += p;
-            bounce.operand[op + 2 * c] = F::cast_from(p);
+            set_pair::<F>(&mut bounce.operand, op, c, Pair::<F>::cast_from(p));
         }
         l = l * alpha + plane_shuffle_xor(sum, 1) + sum;
         // O ← α O + P V. Where no row of the plane has a new max, α = exp(0) = 1 exactly and
@@ -402,7 +409,7 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let lane_cols = comptime!(rows / 2);
+    let lane_pairs = comptime!(lane_pairs(rows));
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
@@ -433,26 +440,31 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
         load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes);
         load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes);
         sync_cube();
-        let first = start + lanes.parity;
+        let first = start + lanes.col0();
         let at = bounce.value_at(&lanes, head_dim, planes);
         let op = bounce.operand_at(&lanes, planes);
 
         // p = exp(scale · q·k − lse), kept in `probs` while dP takes the bounce rows.
         bounce.product(&q_frags, &k_tile, head_dim, planes);
         #[unroll]
-        for c in 0..lane_cols {
-            let mut p = A::new(0.0);
-            if first + 2 * c <= lanes.i {
-                p = (bounce.values[at + 2 * c] * scale - lse_i).exp();
+        for c in 0..lane_pairs {
+            let s = pair::<A>(&bounce.values, at, c);
+            let mut p = Pair::<A>::new(A::new(0.0));
+            #[unroll]
+            for j in 0..PAIR {
+                if first + PAIR * 2 * c + j <= lanes.i {
+                    p[j] = (s[j] * scale - lse_i).exp();
+                }
             }
-            probs[pa + 2 * c] = p;
+            set_pair::<A>(&mut probs, pa, c, p);
         }
         sync_plane();
         bounce.product(&do_frags, &v_tile, head_dim, planes);
         #[unroll]
-        for c in 0..lane_cols {
-            let ds = probs[pa + 2 * c] * (bounce.values[at + 2 * c] - delta_i);
-            bounce.operand[op + 2 * c] = F::cast_from(ds);
+        for c in 0..lane_pairs {
+            let dp = pair::<A>(&bounce.values, at, c);
+            let ds = pair::<A>(&probs, pa, c) * (dp - Pair::<A>::new(delta_i));
+            set_pair::<F>(&mut bounce.operand, op, c, Pair::<F>::cast_from(ds));
         }
         sync_plane();
 
@@ -484,7 +496,7 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let lane_cols = comptime!(rows / 2);
+    let lane_pairs = comptime!(lane_pairs(rows));
     let (keys, values) = comptime!((grads.keys(), grads.values()));
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let group = heads / kv_heads;
@@ -493,8 +505,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
     // `dK` keeps `p` here while `dP` takes the bounce rows. Declared first: cubecl lays the
     // shared arrays out in the order they are declared (vendor/cubecl-opt), and with `p` at
-    // offset 0 ptxas keeps bf16 at hd 64 on sm_90a in 167 registers with no spill, where it
-    // spilled 36 bytes a thread with `p` last (BENCHMARKS.md).
+    // offset 0 ptxas kept bf16 at hd 64 on sm_90a from spilling, where it spilled 36 bytes a
+    // thread with `p` last (BENCHMARKS.md).
     let probs_len = comptime!(if keys {
         planes * 16 * probs_stride(planes)
     } else {
@@ -545,24 +557,29 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 }
             }
             sync_cube();
-            let offset = lanes.parity;
+            let col0 = lanes.col0();
             let at = bounce.value_at(&lanes, head_dim, planes);
             let op = bounce.operand_at(&lanes, planes);
 
             // pᵀ = exp(scale · k·q − lse_i) for queries i ≥ j inside the sequence.
             bounce.product(&k_frags, &q_tile, head_dim, planes);
             #[unroll]
-            for c in 0..lane_cols {
-                let i = start + offset + 2 * c;
-                let mut p = A::new(0.0);
-                if i >= lanes.i && i < seq {
-                    p = (bounce.values[at + 2 * c] * scale - lse_tile[offset + 2 * c]).exp();
+            for c in 0..lane_pairs {
+                let s = pair::<A>(&bounce.values, at, c);
+                let mut p = Pair::<A>::new(A::new(0.0));
+                #[unroll]
+                for j in 0..PAIR {
+                    let col = col0 + PAIR * 2 * c + j;
+                    let i = start + col;
+                    if i >= lanes.i && i < seq {
+                        p[j] = (s[j] * scale - lse_tile[col]).exp();
+                    }
                 }
                 if comptime!(keys) {
-                    probs[pa + 2 * c] = p;
+                    set_pair::<A>(&mut probs, pa, c, p);
                 }
                 if comptime!(values) {
-                    bounce.operand[op + 2 * c] = F::cast_from(p);
+                    set_pair::<F>(&mut bounce.operand, op, c, Pair::<F>::cast_from(p));
                 }
             }
             sync_plane();
@@ -573,10 +590,15 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             if comptime!(keys) {
                 bounce.product(&v_frags, &do_tile, head_dim, planes);
                 #[unroll]
-                for c in 0..lane_cols {
-                    let ds = probs[pa + 2 * c]
-                        * (bounce.values[at + 2 * c] - delta_tile[offset + 2 * c]);
-                    bounce.operand[op + 2 * c] = F::cast_from(ds);
+                for c in 0..lane_pairs {
+                    let dp = pair::<A>(&bounce.values, at, c);
+                    let mut delta_j = Pair::<A>::new(A::new(0.0));
+                    #[unroll]
+                    for j in 0..PAIR {
+                        delta_j[j] = delta_tile[col0 + PAIR * 2 * c + j];
+                    }
+                    let ds = pair::<A>(&probs, pa, c) * (dp - delta_j);
+                    set_pair::<F>(&mut bounce.operand, op, c, Pair::<F>::cast_from(ds));
                 }
                 sync_plane();
                 // dK += dSᵀ Q.
@@ -607,13 +629,14 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     }
 }
 
-/// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, one with
-/// the even columns, one with the odd.
+/// Where a lane works in the row-wise steps: two lanes per row of the plane's 16, each with
+/// every second [`Pair`] of adjacent columns: lane `parity` takes columns `4c + 2·parity` and
+/// `4c + 2·parity + 1`.
 #[derive(CubeType)]
 struct Lanes {
     /// The lane's row within its plane's 16.
     r: usize,
-    /// Which of the row's columns: the even (0) or the odd (1).
+    /// Which of the row's column pairs: the even (0) or the odd (1).
     parity: usize,
     /// The row's index in the sequence.
     i: usize,
@@ -630,13 +653,18 @@ impl Lanes {
         }
     }
 
-    /// Where the lane's first column is in the plane's probabilities (its others follow every
-    /// second element). Only the lane reads what it writes there: shared memory stands in
-    /// for the registers that `p` would take from the accumulators. A plain index, as
+    /// The lane's first column in a row: its pairs start there and every 4 columns on.
+    fn col0(&self) -> usize {
+        PAIR * self.parity
+    }
+
+    /// Where the lane's first column is in the plane's probabilities (its pairs follow every
+    /// 4 elements: [`pair`]). Only the lane reads what it writes there: shared memory stands
+    /// in for the registers that `p` would take from the accumulators. A plain index, as
     /// [`Bounce::value_at`] gives.
     fn probs_at(&self, #[comptime] planes: usize) -> usize {
         let stride = comptime!(probs_stride(planes));
-        (UNIT_POS_Y as usize * 16 + self.r) * stride + self.parity
+        (UNIT_POS_Y as usize * 16 + self.r) * stride + self.col0()
     }
 }
 
@@ -669,7 +697,8 @@ impl<F: Float, A: Float> Bounce<F, A> {
         }
     }
 
-    /// Where the lane's first column is in `values`; its others follow every second element.
+    /// Where the lane's first column is in `values`; its pairs follow every 4 elements
+    /// ([`pair`]).
     fn value_at(
         &self,
         lanes: &Lanes,
@@ -677,13 +706,14 @@ impl<F: Float, A: Float> Bounce<F, A> {
         #[comptime] planes: usize,
     ) -> usize {
         let stride = comptime!(values_stride(head_dim, planes));
-        self.values0 + lanes.r * stride + lanes.parity
+        self.values0 + lanes.r * stride + lanes.col0()
     }
 
-    /// Where the lane's first column is in `operand`; its others follow every second element.
+    /// Where the lane's first column is in `operand`; its pairs follow every 4 elements
+    /// ([`set_pair`]).
     fn operand_at(&self, lanes: &Lanes, #[comptime] planes: usize) -> usize {
         let stride = comptime!(operand_stride(planes));
-        self.operand0 + lanes.r * stride + lanes.parity
+        self.operand0 + lanes.r * stride + lanes.col0()
     }
 
     /// `rows ← X Tᵀ` for the plane's 16 rows `X` (as `A` operands, one per 16 columns of the
@@ -814,14 +844,14 @@ impl<F: Float, A: Float> Bounce<F, A> {
         let part_chunks = comptime!(part_cols(head_dim) / 16);
         let len = comptime!(bounce_len(head_dim, planes));
         let stride = comptime!(values_stride(head_dim, planes));
-        let lane_cols = comptime!(part_cols(head_dim) / 2);
         let at = self.value_at(lanes, head_dim, planes);
         #[unroll]
         for p in 0..parts {
             let part = acc.index(p);
             self.store(part, head_dim, planes);
-            for c in 0..lane_cols {
-                self.values[at + 2 * c] = self.values[at + 2 * c] * alpha;
+            for c in 0..comptime!(lane_pairs(part_cols(head_dim))) {
+                let x = pair::<A>(&self.values, at, c) * Pair::<A>::new(alpha);
+                set_pair::<A>(&mut self.values, at, c, x);
             }
             sync_plane();
             #[unroll]
@@ -856,15 +886,19 @@ impl<F: Float, A: Float> Bounce<F, A> {
     ) {
         let parts = comptime!(column_parts(head_dim));
         let part_cols = comptime!(part_cols(head_dim));
-        let lane_cols = comptime!(part_cols / 2);
         let at = self.value_at(lanes, head_dim, planes);
         #[unroll]
         for p in 0..parts {
             self.store(acc.index(p), head_dim, planes);
             if lanes.i < seq {
-                let to = base + lanes.i * dst.stride(2) + p * part_cols + lanes.parity;
-                for c in 0..lane_cols {
-                    dst[to + 2 * c] = F::cast_from(self.values[at + 2 * c] * factor);
+                // Element by element: the outputs' strides need not be even.
+                let to = base + lanes.i * dst.stride(2) + p * part_cols + lanes.col0();
+                for c in 0..comptime!(lane_pairs(part_cols)) {
+                    let x = pair::<A>(&self.values, at, c);
+                    #[unroll]
+                    for j in 0..PAIR {
+                        dst[to + PAIR * 2 * c + j] = F::cast_from(x[j] * factor);
+                    }
                 }
             }
             sync_plane();
@@ -903,6 +937,40 @@ fn plane_rows<F: Float>(
     }
     sync_cube();
     frags
+}
+
+/// Adjacent columns a lane takes at once in the row-wise steps: one 8-byte access to the f32
+/// rows and one 4-byte store of the next product's operand (two roundings in one
+/// instruction), where each column took its own.
+const PAIR: usize = 2;
+
+/// [`PAIR`] adjacent elements as one value.
+type Pair<E> = Vector<E, Const<PAIR>>;
+
+/// Pairs a lane takes of a row `cols` wide (two lanes a row).
+const fn lane_pairs(cols: usize) -> usize {
+    cols / (2 * PAIR)
+}
+
+/// The lane's pair `c` of the shared rows `rows`, whose first column is at `at` (even: see
+/// [`Lanes`]): elements `at + 4c` and `at + 4c + 1`.
+#[cube]
+fn pair<E: Float>(rows: &SharedMemory<E>, at: usize, c: usize) -> Pair<E> {
+    let pairs = rows
+        .to_slice()
+        .into_vectorized()
+        .with_vector_size::<Const<PAIR>>();
+    pairs[at / PAIR + 2 * c]
+}
+
+/// Writes the lane's pair `c` of the shared rows `rows` (as [`pair`] reads it).
+#[cube]
+fn set_pair<E: Float>(rows: &mut SharedMemory<E>, at: usize, c: usize, x: Pair<E>) {
+    let mut pairs = rows
+        .to_slice_mut()
+        .into_vectorized()
+        .with_vector_size::<Const<PAIR>>();
+    pairs[at / PAIR + 2 * c] = x;
 }
 
 /// The smaller of `a` and `b` (where a cube's walk over the keys ends).
@@ -1008,6 +1076,11 @@ fn load_tile<F: Float>(
     #[comptime] planes: usize,
 ) {
     let units = comptime!(32 * planes);
+    // Whole chunks for every unit, each pass: what `fits` promises.
+    comptime!(assert!(
+        head_dim.is_multiple_of(16),
+        "a head width of whole 16 columns"
+    ));
     let row_chunks = comptime!(head_dim / CHUNK);
     // Strides and `base` count elements; a chunked tensor is indexed in chunks.
     let row_step = src.stride(2) / CHUNK;
