@@ -273,32 +273,28 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// unchecked launch would not catch, fails too.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
-    let client = WgpuRuntime::client(&WgpuDevice::default());
-    let mut emulations = Vec::new();
-    for (suffix, storage, dtype) in STORAGES {
-        for hd in [16, 48, 64] {
-            emulations.push(Emulation {
-                kernels: tensor_core_kernels(&client, dtype, hd, ExecutionMode::Validate),
+    let client = &WgpuRuntime::client(&WgpuDevice::default());
+    let emulations = STORAGES
+        .into_iter()
+        .flat_map(|(suffix, storage, dtype)| {
+            // bf16 also at the 7B's and MedGemma's 128, where `dK` and `dV` take a launch each
+            // and the accumulators go through the bounce rows in halves, and at 96, whose
+            // bounce rows are whole and wider than a tile's 64 columns and whose tile rows are
+            // not whole loader passes.
+            let wide: &[usize] = if dtype == DType::BF16 {
+                &[96, 128]
+            } else {
+                &[]
+            };
+            [16, 48, 64].iter().chain(wide).map(move |&hd| Emulation {
+                kernels: tensor_core_kernels(client, dtype, hd, ExecutionMode::Validate),
                 storage,
                 suffix,
                 hd,
                 defines: Vec::new(),
-            });
-        }
-    }
-    // The 7B's and MedGemma's width, where `dK` and `dV` take a launch each and the
-    // accumulators go through the bounce rows in halves; and 96, whose bounce rows are whole
-    // and wider than a tile's 64 columns and whose tile rows are not whole loader passes.
-    let (suffix, storage, dtype) = STORAGES[1];
-    for hd in [96, 128] {
-        emulations.push(Emulation {
-            kernels: tensor_core_kernels(&client, dtype, hd, ExecutionMode::Validate),
-            storage,
-            suffix,
-            hd,
-            defines: Vec::new(),
-        });
-    }
+            })
+        })
+        .collect();
     emulate_all(emulations);
 }
 
