@@ -54,8 +54,9 @@ pub const PLANES: usize = 4;
 /// hd 64 `dK` and `dV` take a launch each ([`KvGrads`]).
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// Alignment of the shared arrays that cooperative matrices read and write: wmma wants
-/// 256-bit pointers, and cubecl aligns a plain shared array to its element only.
+/// Alignment of the shared arrays that cooperative matrices or vector accesses ([`Chunk`],
+/// [`Pair`]) read and write: wmma wants 256-bit pointers, a pair 8 bytes, and cubecl aligns a
+/// plain shared array to its element only.
 const TILE_ALIGN: usize = 128;
 
 /// Widest head whose accumulators go through the bounce rows whole (to rescale or write
@@ -343,7 +344,7 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
             #[unroll]
             for j in 0..PAIR {
                 let s = s[j] * A::cast_from(scale);
-                if first + PAIR * 2 * c + j <= lanes.i && s > m_new {
+                if first + pair_col(c, j) <= lanes.i && s > m_new {
                     m_new = s;
                 }
             }
@@ -360,7 +361,7 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
             let mut p = Pair::<A>::new(A::new(0.0));
             #[unroll]
             for j in 0..PAIR {
-                if first + PAIR * 2 * c + j <= lanes.i {
+                if first + pair_col(c, j) <= lanes.i {
                     p[j] = (s[j] * A::cast_from(scale) - m_new).exp();
                 }
                 sum += p[j];
@@ -420,7 +421,8 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     let mut bounce = Bounce::<F, A>::new(head_dim, planes);
     let lanes = Lanes::new(row0);
     let scale = A::cast_from(scale);
-    let mut probs = SharedMemory::<A>::new(comptime!(planes * 16 * probs_stride(planes)));
+    let mut probs =
+        SharedMemory::<A>::new_aligned(comptime!(planes * 16 * probs_stride(planes)), TILE_ALIGN);
     let pa = lanes.probs_at(planes);
 
     let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
@@ -452,7 +454,7 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
             let mut p = Pair::<A>::new(A::new(0.0));
             #[unroll]
             for j in 0..PAIR {
-                if first + PAIR * 2 * c + j <= lanes.i {
+                if first + pair_col(c, j) <= lanes.i {
                     p[j] = (s[j] * scale - lse_i).exp();
                 }
             }
@@ -503,16 +505,16 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
-    // `dK` keeps `p` here while `dP` takes the bounce rows. Declared first: cubecl lays the
-    // shared arrays out in the order they are declared (vendor/cubecl-opt), and with `p` at
-    // offset 0 ptxas kept bf16 at hd 64 on sm_90a from spilling, where it spilled 36 bytes a
-    // thread with `p` last (BENCHMARKS.md).
+    // `dK` keeps `p` here while `dP` takes the bounce rows (read in pairs: aligned). Declared
+    // first: cubecl lays the shared arrays out in the order they are declared
+    // (vendor/cubecl-opt), and with `p` at offset 0 ptxas kept bf16 at hd 64 on sm_90a from
+    // spilling, where it spilled 36 bytes a thread with `p` last (BENCHMARKS.md).
     let probs_len = comptime!(if keys {
         planes * 16 * probs_stride(planes)
     } else {
         1
     });
-    let mut probs = SharedMemory::<A>::new(probs_len);
+    let mut probs = SharedMemory::<A>::new_aligned(probs_len, TILE_ALIGN);
     let mut q_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut do_tile = SharedMemory::<F>::new_aligned(rows * head_dim, TILE_ALIGN);
     let mut lse_tile = SharedMemory::<A>::new(rows);
@@ -569,7 +571,7 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 let mut p = Pair::<A>::new(A::new(0.0));
                 #[unroll]
                 for j in 0..PAIR {
-                    let col = col0 + PAIR * 2 * c + j;
+                    let col = col0 + pair_col(c, j);
                     let i = start + col;
                     if i >= lanes.i && i < seq {
                         p[j] = (s[j] * scale - lse_tile[col]).exp();
@@ -595,7 +597,7 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                     let mut delta_j = Pair::<A>::new(A::new(0.0));
                     #[unroll]
                     for j in 0..PAIR {
-                        delta_j[j] = delta_tile[col0 + PAIR * 2 * c + j];
+                        delta_j[j] = delta_tile[col0 + pair_col(c, j)];
                     }
                     let ds = pair::<A>(&probs, pa, c) * (dp - delta_j);
                     set_pair::<F>(&mut bounce.operand, op, c, Pair::<F>::cast_from(ds));
@@ -897,7 +899,7 @@ impl<F: Float, A: Float> Bounce<F, A> {
                     let x = pair::<A>(&self.values, at, c);
                     #[unroll]
                     for j in 0..PAIR {
-                        dst[to + PAIR * 2 * c + j] = F::cast_from(x[j] * factor);
+                        dst[to + pair_col(c, j)] = F::cast_from(x[j] * factor);
                     }
                 }
             }
@@ -950,6 +952,12 @@ type Pair<E> = Vector<E, Const<PAIR>>;
 /// Pairs a lane takes of a row `cols` wide (two lanes a row).
 const fn lane_pairs(cols: usize) -> usize {
     cols / (2 * PAIR)
+}
+
+/// Where element `j` of a lane's pair `c` is, from the lane's first column ([`Lanes::col0`]).
+#[cube]
+fn pair_col(c: usize, j: usize) -> usize {
+    PAIR * 2 * c + j
 }
 
 /// The lane's pair `c` of the shared rows `rows`, whose first column is at `at` (even: see
@@ -1061,8 +1069,8 @@ fn chunk_readable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 /// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head whose row 0 is at
 /// `base` into `tile` (rows `src.stride(2)` apart), [`CHUNK`] elements a unit at a time: the
 /// tile's chunks in order, unit `u` taking chunks `u`, `u + 128`, ... Consecutive units read
-/// consecutive 16 bytes of a row (a warp, 512 bytes of whole rows at hd 64 and 128) and
-/// store consecutive 16 bytes of the tile (no bank conflicts). `src` must be
+/// consecutive 16 bytes of a row (a warp whole rows at hd 64 and 128: 4 of 128 bytes, 2 of
+/// 256) and store consecutive 16 bytes of the tile (no bank conflicts). `src` must be
 /// [`chunk_aligned`]; [`fits`] keeps the head width a multiple of 16, so a unit's share is
 /// whole chunks.
 #[cube]
