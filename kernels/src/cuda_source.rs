@@ -17,6 +17,7 @@ use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
+use crate::attention::tensor_cores::TensorCoreForward;
 use crate::attention::Variant;
 
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
@@ -162,9 +163,24 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
         for hd in [16, 48, 64, 96, 128] {
-            for (kernel, cpp) in tensor_core_kernels(client, dtype, hd, ExecutionMode::Unchecked) {
+            let forward = TensorCoreForward::default();
+            for (kernel, cpp) in
+                tensor_core_kernels(client, dtype, hd, forward, ExecutionMode::Unchecked)
+            {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
+            // The forward through shared rows (`LAB_ATTENTION_MMA_FORWARD=bounce`).
+            let bounce = tensor_core_kernels(
+                client,
+                dtype,
+                hd,
+                TensorCoreForward::Bounce,
+                ExecutionMode::Unchecked,
+            );
+            sources.push((
+                format!("mma-forward_bounce-{name}-hd{hd}"),
+                bounce[0].1.clone(),
+            ));
         }
     }
     // The f32-arithmetic kernels as each `attention::Variant` lays them out: rolled (wgpu's
@@ -226,7 +242,15 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
     let layouts = || {
         [64, 128]
             .into_iter()
-            .flat_map(|hd| tensor_core_kernels(&client, DType::BF16, hd, ExecutionMode::Unchecked))
+            .flat_map(|hd| {
+                tensor_core_kernels(
+                    &client,
+                    DType::BF16,
+                    hd,
+                    TensorCoreForward::default(),
+                    ExecutionMode::Unchecked,
+                )
+            })
             .map(|(kernel, cpp)| (kernel, shared_layout(&cpp)))
             .collect::<Vec<_>>()
     };
@@ -249,8 +273,13 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
     const RESERVED_PER_CUBE: usize = 1024;
     let client = WgpuRuntime::client(&WgpuDevice::default());
     for hd in [16, 48, 64, 96, 128] {
-        for (kernel, cpp) in tensor_core_kernels(&client, DType::BF16, hd, ExecutionMode::Unchecked)
-        {
+        for (kernel, cpp) in tensor_core_kernels(
+            &client,
+            DType::BF16,
+            hd,
+            TensorCoreForward::default(),
+            ExecutionMode::Unchecked,
+        ) {
             let bytes = shared_bytes(&cpp);
             assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
             assert!(

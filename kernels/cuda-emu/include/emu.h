@@ -362,6 +362,112 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 }
 }  // namespace nvcuda::wmma
 
+// The register-level products of `attention::tensor_cores::registers`: cubecl's CUDA C++
+// defines each as inline PTX (`ldmatrix`, `mma.sync`), which the emulation defines instead
+// (for_emulation drops cubecl's definitions), from the PTX ISA's fragment layouts.
+namespace emu {
+// Each lane's row address for ldmatrix, by warp and lane.
+inline size_t matrix_rows[32][32];
+// Each lane's fragments for mma: 4 registers of A, 2 of B.
+inline uint32_t mma_operands[32][32][6];
+
+// ldmatrix .x4 of 16-bit elements: lane l names the 16-byte row at `row` of matrix l / 8, row
+// l % 8. Register m of lane l (group g = l / 4, t = l % 4) gets elements 2t and 2t + 1 of
+// matrix m's row g, or transposed (`.trans`) element g of its rows 2t and 2t + 1; the first
+// in the low 16 bits.
+template <class T>
+void load_matrices(uint32_t* regs, Shared<T> row, bool transpose) {
+    static_assert(sizeof(T) == 2, "ldmatrix of 16-bit elements");
+    if (row.offset % 16 != 0) {
+        std::fprintf(stderr, "ldmatrix: a row at shared byte %zu (needs 16-byte alignment)\n", row.offset);
+        std::abort();
+    }
+    matrix_rows[warp][lane] = row.offset;
+    warp_barriers[warp]->arrive_and_wait();
+    unsigned g = lane / 4, t = lane % 4;
+    uint32_t out[4];
+    for (unsigned m = 0; m < 4; ++m) {
+        size_t first, second;
+        if (transpose) {
+            first = matrix_rows[warp][8 * m + 2 * t] + 2 * g;
+            second = matrix_rows[warp][8 * m + 2 * t + 1] + 2 * g;
+        } else {
+            first = matrix_rows[warp][8 * m + g] + 4 * t;
+            second = first + 2;
+        }
+        out[m] = uint32_t(read<uint16_t>(first)) | uint32_t(read<uint16_t>(second)) << 16;
+    }
+    warp_barriers[warp]->arrive_and_wait();
+    std::memcpy(regs, out, sizeof out);
+}
+
+// The 16-bit element `half` of a register, widened to float.
+template <class T>
+float element(uint32_t reg, unsigned half) {
+    T value;
+    uint16_t bits = uint16_t(reg >> (16 * half));
+    std::memcpy(&value, &bits, 2);
+    return float(value);
+}
+
+// mma.sync m16n8k16, row.col, f32 += T·T. Lane (g, t) holds A (16x16) at registers i = 0..3,
+// halves h: row g + 8(i % 2), column 2t + h + 8(i / 2); B (16x8) at i = 0, 1: row 2t + h + 8i,
+// column g; C and D (16x8) at elements e = 0..3: row g + 8(e / 2), column 2t + e % 2.
+template <class T>
+void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+    std::memcpy(mma_operands[warp][lane], a, 16);
+    std::memcpy(mma_operands[warp][lane] + 4, b, 8);
+    warp_barriers[warp]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < 32; ++l) {
+        unsigned lg = l / 4, lt = l % 4;
+        for (unsigned i = 0; i < 4; ++i)
+            for (unsigned h = 0; h < 2; ++h)
+                A[lg + 8 * (i % 2)][2 * lt + h + 8 * (i / 2)] = element<T>(mma_operands[warp][l][i], h);
+        for (unsigned i = 0; i < 2; ++i)
+            for (unsigned h = 0; h < 2; ++h)
+                B[2 * lt + h + 8 * i][lg] = element<T>(mma_operands[warp][l][4 + i], h);
+    }
+    warp_barriers[warp]->arrive_and_wait();
+    unsigned g = lane / 4, t = lane % 4;
+    float out[4];
+    for (unsigned e = 0; e < 4; ++e) {
+        unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float sum = c[e];
+        for (unsigned k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+        out[e] = sum;
+    }
+    std::memcpy(d, out, sizeof out);
+}
+}  // namespace emu
+
+// cubecl's names for them (by element type; `_trans`: transposed).
+#define LAB_EMU_REGISTER_PRODUCTS(T)                                                                 \
+    template <class S>                                                                              \
+    void __ldmatrix_m8n8_##T##_4x(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, emu::Shared<S> row) { \
+        uint32_t regs[4];                                                                           \
+        emu::load_matrices(regs, row, false);                                                       \
+        r0 = regs[0], r1 = regs[1], r2 = regs[2], r3 = regs[3];                                     \
+    }                                                                                               \
+    template <class S>                                                                              \
+    void __ldmatrix_m8n8_##T##_4x_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, emu::Shared<S> row) { \
+        uint32_t regs[4];                                                                           \
+        emu::load_matrices(regs, row, true);                                                        \
+        r0 = regs[0], r1 = regs[1], r2 = regs[2], r3 = regs[3];                                     \
+    }                                                                                               \
+    inline void __mma_m16n8k16_##T##_##T##_float(                                                   \
+        uint32_t const& a0, uint32_t const& a1, uint32_t const& a2, uint32_t const& a3,             \
+        uint32_t const& b0, uint32_t const& b1, float const& c0, float const& c1, float const& c2,  \
+        float const& c3, float& d0, float& d1, float& d2, float& d3) {                              \
+        uint32_t a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};                                          \
+        float c[4] = {c0, c1, c2, c3}, d[4];                                                        \
+        emu::multiply<T>(a, b, c, d);                                                               \
+        d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];                                                 \
+    }
+LAB_EMU_REGISTER_PRODUCTS(__half)
+LAB_EMU_REGISTER_PRODUCTS(__nv_bfloat16)
+#undef LAB_EMU_REGISTER_PRODUCTS
+
 namespace emu {
 // An argument as the kernel's parameter takes it: a pointer to the storage type becomes one
 // to the vector type a kernel reads it as (cubecl's `Tensor<Vector<F, N>>`), whole elements

@@ -13,23 +13,28 @@ use super::{block_rows, tensor_cores, Tiling, Variant};
 use crate::cuda_source::{cuda_cpp, cuda_cpp_in, settings, tensor, Client};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tensor_cores::TensorCoreForward;
 
 /// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`: `grad_kv`, or
 /// above hd 64 `grad_kv_values` and `grad_kv_keys` ([`KvGrads`]), compiled in `mode`
 /// (`Unchecked` as they are launched). Each kernel is built as its launch builds it: settings,
 /// client, one argument per tensor, `()` for the scale, then the comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, forward: TensorCoreForward, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
-    let forward = forward_kernel::ForwardKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+    let forward = match forward {
+        TensorCoreForward::Registers => cuda_cpp_in(&tensor_cores::registers::forward_kernel::ForwardKernel::new(
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types), mode),
+        TensorCoreForward::Bounce => cuda_cpp_in(&forward_kernel::ForwardKernel::new(
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types), mode),
+    };
     let grad_q = grad_q_kernel::GradQKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_kv = |part| cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode);
-    let mut kernels = vec![("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode))];
+    let mut kernels = vec![("forward", forward), ("grad_q", cuda_cpp_in(&grad_q, mode))];
     for &part in KvGrads::launches(hd) {
         let name = match part {
             KvGrads::Both => "grad_kv",
@@ -74,8 +79,8 @@ fn emulation_dir() -> PathBuf {
 /// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets.
 fn for_emulation(cpp: &str, kernel: &str) -> String {
     let info = format!("info_{kernel}");
-    let lines = cpp
-        .lines()
+    let lines = without_register_products(cpp)
+        .into_iter()
         .filter(|line| !line.starts_with("extern __shared__"))
         .map(|line| {
             shared_array(line)
@@ -84,6 +89,28 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
                 .unwrap_or_else(|| line.replace("info_st", &info))
         });
     vector_types_once(lines).join("\n")
+}
+
+/// `cpp`'s lines less cubecl's inline-PTX definitions of `ldmatrix` and `mma.sync`
+/// (`inline __device__ void` on the line before `__ldmatrix_…(` or `__mma_m16n8k…(`, to the
+/// line `}`): the emulation defines them (include/emu.h).
+fn without_register_products(cpp: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    let mut in_definition = false;
+    for line in cpp.lines() {
+        if in_definition {
+            in_definition = line.trim() != "}";
+            continue;
+        }
+        let defines = line.starts_with("__ldmatrix_") || line.starts_with("__mma_m16n8k");
+        if defines && line.ends_with('{') && out.last() == Some(&"inline __device__ void") {
+            out.pop();
+            in_definition = true;
+            continue;
+        }
+        out.push(line);
+    }
+    out
 }
 
 /// The vector types cubecl defines in every kernel's source (`struct __align__(16)
@@ -287,7 +314,13 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
                 &[]
             };
             [16, 48, 64].iter().chain(wide).map(move |&hd| Emulation {
-                kernels: tensor_core_kernels(client, dtype, hd, ExecutionMode::Validate),
+                kernels: tensor_core_kernels(
+                    client,
+                    dtype,
+                    hd,
+                    TensorCoreForward::default(),
+                    ExecutionMode::Validate,
+                ),
                 storage,
                 suffix,
                 hd,

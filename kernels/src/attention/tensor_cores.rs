@@ -42,6 +42,8 @@ use enumset::EnumSet;
 
 use super::{row_at, Dims, Forward, Grads};
 
+pub(crate) mod registers;
+
 /// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows.
 pub const PLANES: usize = 4;
 
@@ -168,6 +170,30 @@ fn cube_dim() -> CubeDim {
     CubeDim::new_2d(32, PLANES as u32)
 }
 
+/// Which tensor-core forward runs: the one with its softmax in the products' registers
+/// ([`registers`]), or the one through the shared bounce rows (`forward_kernel` here), which
+/// `LAB_ATTENTION_MMA_FORWARD=bounce` picks (read once per process) to set one against the
+/// other on a GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TensorCoreForward {
+    #[default]
+    Registers,
+    Bounce,
+}
+
+impl TensorCoreForward {
+    /// The forward this process runs.
+    pub fn chosen() -> Self {
+        static CHOSEN: std::sync::OnceLock<TensorCoreForward> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(
+            || match std::env::var("LAB_ATTENTION_MMA_FORWARD").as_deref() {
+                Ok("bounce") => TensorCoreForward::Bounce,
+                _ => TensorCoreForward::Registers,
+            },
+        )
+    }
+}
+
 /// Launches the forward into `outputs` (inputs with unit-stride rows, a head width that
 /// [`fits`]).
 pub(super) fn launch_forward<R: CubeRuntime>(
@@ -178,6 +204,26 @@ pub(super) fn launch_forward<R: CubeRuntime>(
 ) {
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v] = [q, k, v].map(chunk_readable);
+    if TensorCoreForward::chosen() == TensorCoreForward::Registers {
+        // SAFETY: every access is in bounds (the module doc).
+        unsafe {
+            registers::forward_kernel::launch_unchecked::<R>(
+                &q.client.clone(),
+                grid(d, d.heads),
+                cube_dim(),
+                q.into_tensor_arg(),
+                k.into_tensor_arg(),
+                v.into_tensor_arg(),
+                outputs.out.clone().into_tensor_arg(),
+                outputs.lse.clone().into_tensor_arg(),
+                scale,
+                d.head_dim,
+                PLANES,
+                types,
+            );
+        }
+        return;
+    }
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
         forward_kernel::launch_unchecked::<R>(
@@ -330,8 +376,8 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes);
-        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes);
+        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes, 0usize);
+        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes, 0usize);
         sync_cube();
         bounce.product(&q_frags, &k_tile, head_dim, planes);
 
@@ -439,8 +485,8 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes);
-        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes);
+        load_tile::<F>(k, &mut k_tile, k_base, start, seq, head_dim, planes, 0usize);
+        load_tile::<F>(v, &mut v_tile, v_base, start, seq, head_dim, planes, 0usize);
         sync_cube();
         let first = start + lanes.col0();
         let at = bounce.value_at(&lanes, head_dim, planes);
@@ -541,8 +587,17 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
         let (q_base, do_base) = (row_at(q, b, head, 0), row_at(d_out, b, head, 0));
         let mut start = row0;
         while start < seq {
-            load_tile::<F>(q, &mut q_tile, q_base, start, seq, head_dim, planes);
-            load_tile::<F>(d_out, &mut do_tile, do_base, start, seq, head_dim, planes);
+            load_tile::<F>(q, &mut q_tile, q_base, start, seq, head_dim, planes, 0usize);
+            load_tile::<F>(
+                d_out,
+                &mut do_tile,
+                do_base,
+                start,
+                seq,
+                head_dim,
+                planes,
+                0usize,
+            );
             if UNIT_POS < rows as u32 {
                 let i = start + UNIT_POS as usize;
                 let mut lse_i = A::new(0.0);
@@ -922,7 +977,7 @@ fn plane_rows<F: Float>(
 ) -> Sequence<Matrix<F>> {
     let rows = comptime!(16 * planes);
     let chunks = comptime!(head_dim / 16);
-    load_tile::<F>(src, tile, base, row0, seq, head_dim, planes);
+    load_tile::<F>(src, tile, base, row0, seq, head_dim, planes, 0usize);
     sync_cube();
     let mut frags = Sequence::<Matrix<F>>::new();
     #[unroll]
@@ -1067,7 +1122,8 @@ fn chunk_readable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 }
 
 /// The cube copies rows `start .. start + 64` (zeros past `seq`) of the head whose row 0 is at
-/// `base` into `tile` (rows `src.stride(2)` apart), [`CHUNK`] elements a unit at a time: the
+/// `base` into `tile` (rows `src.stride(2)` apart; in the tile `head_dim` elements and
+/// `pad_chunks` chunks apart), [`CHUNK`] elements a unit at a time: the
 /// tile's chunks in order, unit `u` taking chunks `u`, `u + 128`, ... Consecutive units read
 /// consecutive 16 bytes of a row (a warp whole rows at hd 64 and 128: 4 of 128 bytes, 2 of
 /// 256) and store consecutive 16 bytes of the tile (no bank conflicts). `src` must be
@@ -1082,6 +1138,7 @@ fn load_tile<F: Float>(
     seq: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] pad_chunks: usize,
 ) {
     let units = comptime!(32 * planes);
     // Whole chunks for every unit, each pass: what `fits` promises.
@@ -1108,23 +1165,35 @@ fn load_tile<F: Float>(
     );
     let from = first + (start + r0) * row_step + c0;
     let pass_step = pass_rows * row_step;
+    let tile_row = comptime!(row_chunks + pad_chunks);
     #[unroll]
     for m in 0..passes {
         let at = UNIT_POS as usize + m * units;
         // A store in each branch: merging a zeroed chunk with the loaded one made NVCC
         // move it 16 bits at a time.
         if comptime!(whole_rows) {
-            if start + r0 + m * pass_rows < seq {
-                tile[at] = src[from + m * pass_step];
+            // Unpadded, the tile's chunk is the unit's `at` (the form NVCC was measured on).
+            let to = if comptime!(pad_chunks == 0) {
+                at
             } else {
-                tile[at] = Chunk::<F>::new(F::new(0.0));
+                (r0 + m * pass_rows) * tile_row + c0
+            };
+            if start + r0 + m * pass_rows < seq {
+                tile[to] = src[from + m * pass_step];
+            } else {
+                tile[to] = Chunk::<F>::new(F::new(0.0));
             }
         } else {
             let (r, c) = (at / row_chunks, at % row_chunks);
-            if start + r < seq {
-                tile[at] = src[first + (start + r) * row_step + c];
+            let to = if comptime!(pad_chunks == 0) {
+                at
             } else {
-                tile[at] = Chunk::<F>::new(F::new(0.0));
+                r * tile_row + c
+            };
+            if start + r < seq {
+                tile[to] = src[first + (start + r) * row_step + c];
+            } else {
+                tile[to] = Chunk::<F>::new(F::new(0.0));
             }
         }
     }

@@ -1,0 +1,406 @@
+//! The tensor-core forward with its online softmax in the products' registers, as
+//! FlashAttention-2 does it: `mma.sync` 16×8×16 products whose fragments have a documented
+//! layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"), where the cooperative matrices of the
+//! parent module are opaque and send every product through shared memory.
+//!
+//! A plane (warp) owns 16 query rows, as in the parent. Lane `l` of a plane holds, of every
+//! 16×8 f32 product, rows `g = l / 4` and `g + 8` at columns `2t` and `2t + 1` (`t = l % 4`):
+//! the four lanes of a quad share a row, so a row's max and sum take two shuffles. The same
+//! registers, rounded, are the left operand of `P V` (an `A` fragment 16×16 is two 16×8
+//! products side by side), so the probabilities never leave the registers.
+//!
+//! Operands come from shared memory by `ldmatrix`: `q` once as `A` fragments, each tile's `k`
+//! as `B` fragments and `v` transposed (`ldmatrix.trans`). Tile rows are padded by 16 bytes
+//! ([`PAD_CHUNKS`]), so the 8 rows an `ldmatrix` phase reads start in 8 different bank
+//! quads. The layouts are CUDA's (`sm_80` on); the kernel does not ask cubecl for them
+//! ([`MmaDefinition::position_of_nth`] answers for the runtime that defines the kernel, which
+//! for the CUDA C++ written without a GPU is wgpu's).
+
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
+use cubecl::prelude::*;
+
+use super::super::row_at;
+use super::{load_tile, smaller, softmax_math, Chunk, CHUNK, TILE_ALIGN};
+
+/// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
+/// eight 16-byte rows of an `ldmatrix` phase fall in eight different groups of four banks
+/// (at a stride of `hd` elements, 128 or 256 bytes, all eight share one group).
+pub(super) const PAD_CHUNKS: usize = 1;
+
+/// Elements from one tile row to the next.
+const fn tile_stride(head_dim: usize) -> usize {
+    head_dim + PAD_CHUNKS * CHUNK
+}
+
+/// Two adjacent elements: what one 32-bit register of a fragment holds.
+type Two<E> = Vector<E, Const<2>>;
+
+/// A lane's registers of one fragment: `A` 4, `B` 2, an f32 accumulator 2 (of two f32 each).
+type Fragment<E> = Array<Two<E>>;
+
+/// A lane's accumulator registers of several 16×8 products side by side: product `n` in
+/// elements `2n` (row `g`) and `2n + 1` (row `g + 8`).
+type Products<A> = Array<Two<A>>;
+
+/// Where a lane is: its plane's rows start at `row0 + 16 · plane`; the lane holds rows `g` and
+/// `g + 8` of them, columns `2t` and `2t + 1` of every 8.
+#[derive(CubeType)]
+struct Quad {
+    /// The lane's first row in the sequence (its second is 8 on).
+    i: usize,
+    /// Its column pair within every 8 columns (`t`).
+    t: usize,
+}
+
+#[cube]
+impl Quad {
+    fn new(row0: usize) -> Quad {
+        let lane = UNIT_POS_X as usize;
+        Quad {
+            i: row0 + UNIT_POS_Y as usize * 16 + lane / 4,
+            t: lane % 4,
+        }
+    }
+}
+
+/// Where this lane's row address for `ldmatrix` is, in a tile whose rows are
+/// [`tile_stride`] apart, for four 8×8 matrices at `(row, col)` offsets: lane `l` names row
+/// `l % 8` of matrix `l / 8`; matrix `m` starts `(8 · (m % 2), 8 · (m / 2))` from the origin
+/// (`down_first`) or `(8 · (m / 2), 8 · (m % 2))`.
+#[cube]
+fn matrix_row(#[comptime] head_dim: usize, #[comptime] down_first: bool) -> usize {
+    let lane = UNIT_POS_X as usize;
+    let (m, r) = (lane / 8, lane % 8);
+    let (row, col) = if comptime!(down_first) {
+        (r + 8 * (m % 2), 8 * (m / 2))
+    } else {
+        (r + 8 * (m / 2), 8 * (m % 2))
+    };
+    row * comptime!(tile_stride(head_dim)) + col
+}
+
+/// Four 8×8 matrices of `tile` into this lane's registers by one `ldmatrix` (`.trans` with
+/// `transpose`), the lane's row address `at`.
+#[cube]
+fn load_four<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    tile: &SharedMemory<F>,
+    at: usize,
+    #[comptime] transpose: bool,
+) -> Fragment<F> {
+    mma.load_matrix::<F, Const<2>>(
+        &tile.slice(at, at + CHUNK),
+        MatrixIdent::A,
+        4usize,
+        transpose,
+    )
+}
+
+/// Registers 2·`half` and 2·`half` + 1 of `four` as one `B` fragment.
+#[cube]
+fn half_of<F: Float>(four: &Fragment<F>, #[comptime] half: usize) -> Fragment<F> {
+    let mut b = Array::<Two<F>>::new(2usize);
+    b[0] = four[2 * half];
+    b[1] = four[2 * half + 1];
+    b
+}
+
+/// `acc[2n], acc[2n + 1] += a · b`: one 16×8×16 product into product `n` of `acc`.
+#[cube]
+fn multiply_into<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    a: &Fragment<F>,
+    b: &Fragment<F>,
+    acc: &mut Products<A>,
+    #[comptime] n: usize,
+) {
+    let mut c = Array::<Two<A>>::new(2usize);
+    c[0] = acc[2 * n];
+    c[1] = acc[2 * n + 1];
+    mma.execute_inplace(a, b, &mut c);
+    acc[2 * n] = c[0];
+    acc[2 * n + 1] = c[1];
+}
+
+/// `n` zeroed 16×8 products.
+#[cube]
+fn zeroed<A: Float>(#[comptime] n: usize) -> Products<A> {
+    let mut acc = Array::<Two<A>>::new(comptime!(2 * n));
+    #[unroll]
+    for e in 0..comptime!(2 * n) {
+        acc[e] = Two::<A>::new(A::new(0.0));
+    }
+    acc
+}
+
+/// The plane's 16 rows of the cube's query block, staged in `tile`, as `A` fragments: one
+/// per 16 columns of the head.
+#[cube]
+fn query_fragments<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    tile: &SharedMemory<F>,
+    #[comptime] head_dim: usize,
+) -> Sequence<Fragment<F>> {
+    // Matrices: rows 0–7 and 8–15 of columns 0–7, then of 8–15: a0..a3 of the PTX layout.
+    let at =
+        UNIT_POS_Y as usize * 16 * comptime!(tile_stride(head_dim)) + matrix_row(head_dim, true);
+    let mut frags = Sequence::<Fragment<F>>::new();
+    #[unroll]
+    for c in 0..comptime!(head_dim / 16) {
+        frags.push(load_four::<F, A>(mma, tile, at + c * 16, false));
+    }
+    frags
+}
+
+/// `S = Q Kᵀ` for the plane's rows and the tile's 64 keys: eight 16×8 products.
+#[cube]
+fn scores<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    q_frags: &Sequence<Fragment<F>>,
+    k_tile: &SharedMemory<F>,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) -> Products<A> {
+    let key_pairs = comptime!(planes);
+    let stride = comptime!(tile_stride(head_dim));
+    // Matrices: keys 0–7 at columns 0–7 and 8–15 (b0, b1 of 8 keys), then keys 8–15.
+    let at = matrix_row(head_dim, false);
+    let mut s = zeroed::<A>(comptime!(2 * planes));
+    #[unroll]
+    for j in 0..key_pairs {
+        #[unroll]
+        for c in 0..comptime!(head_dim / 16) {
+            let four = load_four::<F, A>(mma, k_tile, at + j * 16 * stride + c * 16, false);
+            let a = q_frags.index(c);
+            multiply_into::<F, A>(
+                mma,
+                a,
+                &half_of::<F>(&four, 0usize),
+                &mut s,
+                comptime!(2 * j),
+            );
+            multiply_into::<F, A>(
+                mma,
+                a,
+                &half_of::<F>(&four, 1usize),
+                &mut s,
+                comptime!(2 * j + 1),
+            );
+        }
+    }
+    s
+}
+
+/// `O += P V`: the probabilities of the tile's 64 keys (eight 16×8 products, rounded to `F`)
+/// times the tile's values, into the `hd / 8` products of `o`.
+#[cube]
+fn accumulate<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    p: &Products<A>,
+    v_tile: &SharedMemory<F>,
+    o: &mut Products<A>,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) {
+    let stride = comptime!(tile_stride(head_dim));
+    // Transposed matrices: keys 0–7 and 8–15 of columns 0–7 (b0, b1), then of columns 8–15.
+    let at = matrix_row(head_dim, true);
+    #[unroll]
+    for kk in 0..planes {
+        // Products 2kk and 2kk + 1 side by side are the `A` fragment of keys 16kk..16kk + 16.
+        let mut a = Array::<Two<F>>::new(4usize);
+        #[unroll]
+        for e in 0..4usize {
+            a[e] = Two::<F>::cast_from(p[4 * kk + e]);
+        }
+        #[unroll]
+        for c in 0..comptime!(head_dim / 16) {
+            let four = load_four::<F, A>(mma, v_tile, at + kk * 16 * stride + c * 16, true);
+            multiply_into::<F, A>(mma, &a, &half_of::<F>(&four, 0usize), o, comptime!(2 * c));
+            multiply_into::<F, A>(
+                mma,
+                &a,
+                &half_of::<F>(&four, 1usize),
+                o,
+                comptime!(2 * c + 1),
+            );
+        }
+    }
+}
+
+/// The largest of `x` over the four lanes of the quad (the lanes of one row).
+#[cube]
+fn quad_max<A: Float>(x: A) -> A {
+    let x = max(x, plane_shuffle_xor(x, 1));
+    max(x, plane_shuffle_xor(x, 2))
+}
+
+/// The sum of `x` over the four lanes of the quad.
+#[cube]
+fn quad_sum<A: Float>(x: A) -> A {
+    let x = x + plane_shuffle_xor(x, 1);
+    x + plane_shuffle_xor(x, 2)
+}
+
+/// One tile's online softmax for the lane's two rows: scales `s` in place, masks keys after
+/// the row (on the diagonal tile, `masked`) to `A::min_value()`, and returns each row's new
+/// running max.
+#[cube]
+fn scaled_max<A: Float>(
+    s: &mut Products<A>,
+    quad: &Quad,
+    start: usize,
+    scale: A,
+    m: Two<A>,
+    #[comptime] planes: usize,
+    #[comptime] masked: bool,
+) -> Two<A> {
+    let mut m_new = m;
+    #[unroll]
+    for e in 0..comptime!(4 * planes) {
+        // Element e: product e / 2, row 8 · (e % 2) on.
+        let row = e % 2;
+        let mut x = s[e] * Two::<A>::new(scale);
+        if comptime!(masked) {
+            let col = start + (e / 2) * 8 + 2 * quad.t;
+            #[unroll]
+            for j in 0..2usize {
+                if col + j > quad.i + row * 8 {
+                    x[j] = A::min_value();
+                }
+            }
+        }
+        s[e] = x;
+        m_new[row] = max(m_new[row], max(x[0], x[1]));
+    }
+    #[unroll]
+    for row in 0..2usize {
+        m_new[row] = quad_max::<A>(m_new[row]);
+    }
+    m_new
+}
+
+#[cube(launch_unchecked, fast_math = softmax_math())]
+pub(crate) fn forward_kernel<F: Float, A: Float>(
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    out: &mut Tensor<F>,
+    lse: &mut Tensor<A>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
+    let tile_len = comptime!(rows * tile_stride(head_dim));
+    let mut k_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mut v_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
+    let quad = Quad::new(row0);
+    let scale = A::cast_from(scale);
+
+    let q_base = row_at(q, b, h, 0);
+    load_tile::<F>(
+        q,
+        &mut k_tile,
+        q_base,
+        row0,
+        seq,
+        head_dim,
+        planes,
+        PAD_CHUNKS,
+    );
+    sync_cube();
+    let q_frags = query_fragments::<F, A>(&mma, &k_tile, head_dim);
+    sync_cube();
+
+    let mut o = zeroed::<A>(comptime!(head_dim / 8));
+    let mut m = Two::<A>::new(A::min_value());
+    let mut l = Two::<A>::new(A::new(0.0));
+    let end = smaller(row0 + rows, seq);
+    let mut start = 0;
+    while start < end {
+        load_tile::<F>(
+            k,
+            &mut k_tile,
+            k_base,
+            start,
+            seq,
+            head_dim,
+            planes,
+            PAD_CHUNKS,
+        );
+        load_tile::<F>(
+            v,
+            &mut v_tile,
+            v_base,
+            start,
+            seq,
+            head_dim,
+            planes,
+            PAD_CHUNKS,
+        );
+        sync_cube();
+        let mut s = scores::<F, A>(&mma, &q_frags, &k_tile, head_dim, planes);
+        // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
+        let m_new = if start == row0 {
+            scaled_max::<A>(&mut s, &quad, start, scale, m, planes, true)
+        } else {
+            scaled_max::<A>(&mut s, &quad, start, scale, m, planes, false)
+        };
+        let mut alpha = Two::<A>::new(A::new(0.0));
+        #[unroll]
+        for row in 0..2usize {
+            alpha[row] = (m[row] - m_new[row]).exp();
+        }
+        // p = exp(s − m_new) in place; each lane sums its own columns (the quad's sums are
+        // added once, at the end).
+        let mut sum = Two::<A>::new(A::new(0.0));
+        #[unroll]
+        for e in 0..comptime!(4 * planes) {
+            let row = e % 2;
+            let p = (s[e] - Two::<A>::new(m_new[row])).exp();
+            s[e] = p;
+            sum[row] += p[0] + p[1];
+        }
+        l = l * alpha + sum;
+        m = m_new;
+        #[unroll]
+        for e in 0..comptime!(head_dim / 4) {
+            o[e] = o[e] * Two::<A>::new(alpha[e % 2]);
+        }
+        accumulate::<F, A>(&mma, &s, &v_tile, &mut o, head_dim, planes);
+        // Every plane is done with this tile's keys and values before the next load.
+        sync_cube();
+        start += rows;
+    }
+
+    let out_base = row_at(out, b, h, 0);
+    #[unroll]
+    for row in 0..2usize {
+        let i = quad.i + row * 8;
+        let l_row = quad_sum::<A>(l[row]);
+        if i < seq {
+            let factor = A::new(1.0) / l_row;
+            // Element by element: the output's strides need not be even.
+            let to = out_base + i * out.stride(2) + 2 * quad.t;
+            #[unroll]
+            for n in 0..comptime!(head_dim / 8) {
+                let x = o[2 * n + row];
+                #[unroll]
+                for j in 0..2usize {
+                    out[to + n * 8 + j] = F::cast_from(x[j] * factor);
+                }
+            }
+            if quad.t == 0 {
+                lse[(b * heads + h) * seq + i] = m[row] + l_row.ln();
+            }
+        }
+    }
+}
