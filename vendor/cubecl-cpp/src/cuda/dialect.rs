@@ -31,6 +31,25 @@ impl<M: DialectWmmaCompiler<Self>> Dialect for CudaDialect<M> {
     type Architecture = CudaArchitecture;
 }
 
+/// LAB PATCH: `exp(x)` as `__expf` computes it (`x · log2 e`, then the special-function
+/// unit's `2^y`), but with `ex2.approx.ftz`: results below 2^-126 (where a softmax's
+/// probabilities are 0 to f32 anyway) flush to zero, and ptxas emits one `MUFU.EX2` where
+/// `__expf`'s `ex2.approx` takes a compare and two conditional multiplies around it to keep
+/// them. Host compilers of the same source (lab's CUDA emulation) take `__expf`.
+const LAB_FAST_EXP: &str = r#"#ifndef LAB_FAST_EXP
+#define LAB_FAST_EXP
+__device__ __forceinline__ float lab_fast_exp(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+#else
+    return __expf(x);
+#endif
+}
+#endif
+"#;
+
 impl<M: DialectWmmaCompiler<Self>> DialectIncludes<Self> for CudaDialect<M> {
     type Extension = Extension<Self>;
 
@@ -69,6 +88,8 @@ impl<M: DialectWmmaCompiler<Self>> DialectIncludes<Self> for CudaDialect<M> {
         if flags.inst_ptx_wrappers {
             f.write_str("#include <cuda/ptx>\n")?;
         }
+        // LAB PATCH: the fast `exp` (`FastExp`).
+        f.write_str(LAB_FAST_EXP)?;
         if flags.inst_tma {
             f.write_str(
                 "typedef struct CUtensorMap_st {

@@ -168,7 +168,9 @@ function!(InverseSqrt, "rsqrt");
 function!(FastSqrt, "__fsqrt_rn", false);
 function!(FastInverseSqrt, "__frsqrt_rn", false);
 function!(Exp, "exp");
-function!(FastExp, "__expf", false);
+// LAB PATCH: CUDA's `__expf` with its result flushed below 2^-126 (`LAB_FAST_EXP`,
+// src/cuda/dialect.rs): one `MUFU.EX2` where `__expf` adds a range check and two multiplies.
+function!(FastExp, "lab_fast_exp", false);
 function!(Ceil, "ceil");
 function!(Trunc, "trunc");
 function!(Floor, "floor");
