@@ -242,42 +242,40 @@ fn quad_sum<A: Float>(x: A) -> A {
     x + plane_shuffle_xor(x, 2)
 }
 
-/// One tile's online softmax for the lane's two rows: scales `s` in place, masks keys after
-/// the row (on the diagonal tile, `masked`) to `A::min_value()`, and returns each row's new
-/// running max.
+/// Each of the lane's two rows' largest score in `s` over the quad, unscaled (the scale is
+/// positive, so it is the scaled scores' largest over the scale). On the diagonal tile
+/// (`masked`) the keys after a row are set to `A::min_value()` first, which `exp` takes to 0.
 #[cube]
-fn scaled_max<A: Float>(
+fn row_max<A: Float>(
     s: &mut Products<A>,
     quad: &Quad,
     start: usize,
-    scale: A,
-    m: Two<A>,
     #[comptime] planes: usize,
     #[comptime] masked: bool,
 ) -> Two<A> {
-    let mut m_new = m;
+    let mut largest = Two::<A>::new(A::min_value());
     #[unroll]
     for e in 0..comptime!(4 * planes) {
         // Element e: product e / 2, row 8 · (e % 2) on.
         let row = e % 2;
-        let mut x = s[e] * Two::<A>::new(scale);
         if comptime!(masked) {
             let col = start + (e / 2) * 8 + 2 * quad.t;
+            let mut x = s[e];
             #[unroll]
             for j in 0..2usize {
                 if col + j > quad.i + row * 8 {
                     x[j] = A::min_value();
                 }
             }
+            s[e] = x;
         }
-        s[e] = x;
-        m_new[row] = max(m_new[row], max(x[0], x[1]));
+        largest[row] = max(largest[row], max(s[e][0], s[e][1]));
     }
     #[unroll]
     for row in 0..2usize {
-        m_new[row] = quad_max::<A>(m_new[row]);
+        largest[row] = quad_max::<A>(largest[row]);
     }
-    m_new
+    largest
 }
 
 #[cube(launch_unchecked, fast_math = softmax_math())]
@@ -349,31 +347,39 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
         sync_cube();
         let mut s = scores::<F, A>(&mma, &q_frags, &k_tile, head_dim, planes);
         // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
-        let m_new = if start == row0 {
-            scaled_max::<A>(&mut s, &quad, start, scale, m, planes, true)
+        let largest = if start == row0 {
+            row_max::<A>(&mut s, &quad, start, planes, true)
         } else {
-            scaled_max::<A>(&mut s, &quad, start, scale, m, planes, false)
+            row_max::<A>(&mut s, &quad, start, planes, false)
         };
+        let mut m_new = m;
         let mut alpha = Two::<A>::new(A::new(0.0));
         #[unroll]
         for row in 0..2usize {
+            m_new[row] = max(m[row], largest[row] * scale);
             alpha[row] = (m[row] - m_new[row]).exp();
         }
-        // p = exp(s − m_new) in place; each lane sums its own columns (the quad's sums are
-        // added once, at the end).
+        // p = exp(scale · s − m_new) in place (one FFMA before the exp); each lane sums its
+        // own columns (the quad's sums are added once, at the end).
         let mut sum = Two::<A>::new(A::new(0.0));
         #[unroll]
         for e in 0..comptime!(4 * planes) {
             let row = e % 2;
-            let p = (s[e] - Two::<A>::new(m_new[row])).exp();
+            let p = (s[e] * Two::<A>::new(scale) - Two::<A>::new(m_new[row])).exp();
             s[e] = p;
             sum[row] += p[0] + p[1];
         }
         l = l * alpha + sum;
+        // Where no row of the plane has a new max, α = exp(0) = 1 exactly: later tiles rarely
+        // raise a row's max once its largest score has been seen. The vote is the plane's, so
+        // the branch is uniform.
+        let rescale = !plane_all(m_new[0] == m[0] && m_new[1] == m[1]);
         m = m_new;
-        #[unroll]
-        for e in 0..comptime!(head_dim / 4) {
-            o[e] = o[e] * Two::<A>::new(alpha[e % 2]);
+        if rescale {
+            #[unroll]
+            for e in 0..comptime!(head_dim / 4) {
+                o[e] = o[e] * Two::<A>::new(alpha[e % 2]);
+            }
         }
         accumulate::<F, A>(&mma, &s, &v_tile, &mut o, head_dim, planes);
         // Every plane is done with this tile's keys and values before the next load.
