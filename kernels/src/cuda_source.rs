@@ -17,7 +17,7 @@ use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
 use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
-use crate::attention::tensor_cores::TensorCoreForward;
+use crate::attention::tensor_cores::RowWork;
 use crate::attention::Variant;
 
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
@@ -163,24 +163,18 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
         for hd in [16, 48, 64, 96, 128] {
-            let forward = TensorCoreForward::default();
+            let forward = RowWork::default();
             for (kernel, cpp) in
                 tensor_core_kernels(client, dtype, hd, forward, ExecutionMode::Unchecked)
             {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
-            // The forward through shared rows (`LAB_ATTENTION_MMA_FORWARD=bounce`).
-            let bounce = tensor_core_kernels(
-                client,
-                dtype,
-                hd,
-                TensorCoreForward::Bounce,
-                ExecutionMode::Unchecked,
-            );
-            sources.push((
-                format!("mma-forward_bounce-{name}-hd{hd}"),
-                bounce[0].1.clone(),
-            ));
+            // The forward and `dQ` through shared rows (`LAB_ATTENTION_ROWS=bounce`).
+            let bounce =
+                tensor_core_kernels(client, dtype, hd, RowWork::Bounce, ExecutionMode::Unchecked);
+            for (kernel, cpp) in bounce.into_iter().take(2) {
+                sources.push((format!("mma-{kernel}_bounce-{name}-hd{hd}"), cpp));
+            }
         }
     }
     // The f32-arithmetic kernels as each `attention::Variant` lays them out: rolled (wgpu's
@@ -247,7 +241,7 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
                     &client,
                     DType::BF16,
                     hd,
-                    TensorCoreForward::default(),
+                    RowWork::default(),
                     ExecutionMode::Unchecked,
                 )
             })
@@ -277,7 +271,7 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
             &client,
             DType::BF16,
             hd,
-            TensorCoreForward::default(),
+            RowWork::default(),
             ExecutionMode::Unchecked,
         ) {
             let bytes = shared_bytes(&cpp);

@@ -13,28 +13,37 @@ use super::{block_rows, tensor_cores, Tiling, Variant};
 use crate::cuda_source::{cuda_cpp, cuda_cpp_in, settings, tensor, Client};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tensor_cores::TensorCoreForward;
+use tensor_cores::RowWork;
 
 /// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`: `grad_kv`, or
 /// above hd 64 `grad_kv_values` and `grad_kv_keys` ([`KvGrads`]), compiled in `mode`
 /// (`Unchecked` as they are launched). Each kernel is built as its launch builds it: settings,
 /// client, one argument per tensor, `()` for the scale, then the comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, forward: TensorCoreForward, mode: ExecutionMode) -> Vec<(&'static str, String)> {
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows: RowWork, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
-    let forward = match forward {
-        TensorCoreForward::Registers => cuda_cpp_in(&tensor_cores::registers::forward_kernel::ForwardKernel::new(
-            s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types), mode),
-        TensorCoreForward::Bounce => cuda_cpp_in(&forward_kernel::ForwardKernel::new(
-            s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types), mode),
+    let (forward, grad_q) = match rows {
+        RowWork::Registers => {
+            use tensor_cores::registers::{forward_kernel, grad_q_kernel};
+            let forward = forward_kernel::ForwardKernel::new(
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+            let grad_q = grad_q_kernel::GradQKernel::new(
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+            (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
+        }
+        RowWork::Bounce => {
+            let forward = forward_kernel::ForwardKernel::new(
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+            let grad_q = grad_q_kernel::GradQKernel::new(
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+            (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
+        }
     };
-    let grad_q = grad_q_kernel::GradQKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
     let grad_kv = |part| cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
         s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode);
-    let mut kernels = vec![("forward", forward), ("grad_q", cuda_cpp_in(&grad_q, mode))];
+    let mut kernels = vec![("forward", forward), ("grad_q", grad_q)];
     for &part in KvGrads::launches(hd) {
         let name = match part {
             KvGrads::Both => "grad_kv",
@@ -318,7 +327,7 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
                     client,
                     dtype,
                     hd,
-                    TensorCoreForward::default(),
+                    RowWork::default(),
                     ExecutionMode::Validate,
                 ),
                 storage,

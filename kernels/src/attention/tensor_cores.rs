@@ -170,27 +170,25 @@ fn cube_dim() -> CubeDim {
     CubeDim::new_2d(32, PLANES as u32)
 }
 
-/// Which tensor-core forward runs: the one with its softmax in the products' registers
-/// ([`registers`]), or the one through the shared bounce rows (`forward_kernel` here), which
-/// `LAB_ATTENTION_MMA_FORWARD=bounce` picks (read once per process) to set one against the
-/// other on a GPU.
+/// Where the tensor-core forward and `dQ` do their row-wise work: in the products' registers
+/// ([`registers`]), or through the shared bounce rows (the kernels here), which
+/// `LAB_ATTENTION_ROWS=bounce` picks (read once per process) to set one against the other on
+/// a GPU. `dK/dV` always takes the bounce rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum TensorCoreForward {
+pub enum RowWork {
     #[default]
     Registers,
     Bounce,
 }
 
-impl TensorCoreForward {
-    /// The forward this process runs.
+impl RowWork {
+    /// The choice this process runs.
     pub fn chosen() -> Self {
-        static CHOSEN: std::sync::OnceLock<TensorCoreForward> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(
-            || match std::env::var("LAB_ATTENTION_MMA_FORWARD").as_deref() {
-                Ok("bounce") => TensorCoreForward::Bounce,
-                _ => TensorCoreForward::Registers,
-            },
-        )
+        static CHOSEN: std::sync::OnceLock<RowWork> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| match std::env::var("LAB_ATTENTION_ROWS").as_deref() {
+            Ok("bounce") => RowWork::Bounce,
+            _ => RowWork::Registers,
+        })
     }
 }
 
@@ -204,7 +202,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
 ) {
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v] = [q, k, v].map(chunk_readable);
-    if TensorCoreForward::chosen() == TensorCoreForward::Registers {
+    if RowWork::chosen() == RowWork::Registers {
         // SAFETY: every access is in bounds (the module doc).
         unsafe {
             registers::forward_kernel::launch_unchecked::<R>(
@@ -254,9 +252,13 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v, d_out] = [q, k, v, d_out].map(chunk_readable);
+    let grad_q = match RowWork::chosen() {
+        RowWork::Registers => registers::grad_q_kernel::launch_unchecked::<R>,
+        RowWork::Bounce => grad_q_kernel::launch_unchecked::<R>,
+    };
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
-        grad_q_kernel::launch_unchecked::<R>(
+        grad_q(
             &client,
             grid(d, d.heads),
             cube_dim(),

@@ -152,6 +152,31 @@ fn query_fragments<F: Float, A: Float>(
     frags
 }
 
+/// `X Tᵀ` for the plane's 16 rows `X` (as `A` fragments, one per 16 columns of the head) and
+/// rows `16j .. 16j + 16` of `tile`: two 16×8 products.
+#[cube]
+fn pair_products<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    x_frags: &Sequence<Fragment<F>>,
+    tile: &SharedMemory<F>,
+    #[comptime] j: usize,
+    #[comptime] head_dim: usize,
+) -> Products<A> {
+    let stride = comptime!(tile_stride(head_dim));
+    // Matrices: rows 0–7 at columns 0–7 and 8–15 (b0, b1 of the first product), then rows
+    // 8–15 (the second).
+    let at = matrix_row(head_dim, false) + j * 16 * stride;
+    let mut s = zeroed::<A>(2usize);
+    #[unroll]
+    for c in 0..comptime!(head_dim / 16) {
+        let four = load_four::<F, A>(mma, tile, at + c * 16, false);
+        let a = x_frags.index(c);
+        multiply_into::<F, A>(mma, a, &half_of::<F>(&four, 0usize), &mut s, 0usize);
+        multiply_into::<F, A>(mma, a, &half_of::<F>(&four, 1usize), &mut s, 1usize);
+    }
+    s
+}
+
 /// `S = Q Kᵀ` for the plane's rows and the tile's 64 keys: eight 16×8 products.
 #[cube]
 fn scores<F: Float, A: Float>(
@@ -161,38 +186,54 @@ fn scores<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
 ) -> Products<A> {
-    let key_pairs = comptime!(planes);
-    let stride = comptime!(tile_stride(head_dim));
-    // Matrices: keys 0–7 at columns 0–7 and 8–15 (b0, b1 of 8 keys), then keys 8–15.
-    let at = matrix_row(head_dim, false);
-    let mut s = zeroed::<A>(comptime!(2 * planes));
+    let mut s = Array::<Two<A>>::new(comptime!(4 * planes));
     #[unroll]
-    for j in 0..key_pairs {
+    for j in 0..planes {
+        let pair = pair_products::<F, A>(mma, q_frags, k_tile, j, head_dim);
         #[unroll]
-        for c in 0..comptime!(head_dim / 16) {
-            let four = load_four::<F, A>(mma, k_tile, at + j * 16 * stride + c * 16, false);
-            let a = q_frags.index(c);
-            multiply_into::<F, A>(
-                mma,
-                a,
-                &half_of::<F>(&four, 0usize),
-                &mut s,
-                comptime!(2 * j),
-            );
-            multiply_into::<F, A>(
-                mma,
-                a,
-                &half_of::<F>(&four, 1usize),
-                &mut s,
-                comptime!(2 * j + 1),
-            );
+        for e in 0..4usize {
+            s[4 * j + e] = pair[e];
         }
     }
     s
 }
 
-/// `O += P V`: the probabilities of the tile's 64 keys (eight 16×8 products, rounded to `F`)
-/// times the tile's values, into the `hd / 8` products of `o`.
+/// `acc += W T`: `w`, two 16×8 products side by side (the weights of rows `16j .. 16j + 16`
+/// of `tile`, rounded to `F`: one `A` fragment), times those rows, into the `hd / 8` products
+/// of `acc`.
+#[cube]
+fn accumulate_pair<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    w: &Products<A>,
+    tile: &SharedMemory<F>,
+    acc: &mut Products<A>,
+    #[comptime] j: usize,
+    #[comptime] head_dim: usize,
+) {
+    let stride = comptime!(tile_stride(head_dim));
+    // Transposed matrices: rows 0–7 and 8–15 of columns 0–7 (b0, b1), then of columns 8–15.
+    let at = matrix_row(head_dim, true) + j * 16 * stride;
+    let mut a = Array::<Two<F>>::new(4usize);
+    #[unroll]
+    for e in 0..4usize {
+        a[e] = Two::<F>::cast_from(w[e]);
+    }
+    #[unroll]
+    for c in 0..comptime!(head_dim / 16) {
+        let four = load_four::<F, A>(mma, tile, at + c * 16, true);
+        multiply_into::<F, A>(mma, &a, &half_of::<F>(&four, 0usize), acc, comptime!(2 * c));
+        multiply_into::<F, A>(
+            mma,
+            &a,
+            &half_of::<F>(&four, 1usize),
+            acc,
+            comptime!(2 * c + 1),
+        );
+    }
+}
+
+/// `O += P V`: the probabilities of the tile's 64 keys (eight 16×8 products) times the tile's
+/// values, into the `hd / 8` products of `o`.
 #[cube]
 fn accumulate<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
@@ -202,29 +243,14 @@ fn accumulate<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
 ) {
-    let stride = comptime!(tile_stride(head_dim));
-    // Transposed matrices: keys 0–7 and 8–15 of columns 0–7 (b0, b1), then of columns 8–15.
-    let at = matrix_row(head_dim, true);
     #[unroll]
-    for kk in 0..planes {
-        // Products 2kk and 2kk + 1 side by side are the `A` fragment of keys 16kk..16kk + 16.
-        let mut a = Array::<Two<F>>::new(4usize);
+    for j in 0..planes {
+        let mut w = Array::<Two<A>>::new(4usize);
         #[unroll]
         for e in 0..4usize {
-            a[e] = Two::<F>::cast_from(p[4 * kk + e]);
+            w[e] = p[4 * j + e];
         }
-        #[unroll]
-        for c in 0..comptime!(head_dim / 16) {
-            let four = load_four::<F, A>(mma, v_tile, at + kk * 16 * stride + c * 16, true);
-            multiply_into::<F, A>(mma, &a, &half_of::<F>(&four, 0usize), o, comptime!(2 * c));
-            multiply_into::<F, A>(
-                mma,
-                &a,
-                &half_of::<F>(&four, 1usize),
-                o,
-                comptime!(2 * c + 1),
-            );
-        }
+        accumulate_pair::<F, A>(mma, &w, v_tile, o, j, head_dim);
     }
 }
 
@@ -242,9 +268,34 @@ fn quad_sum<A: Float>(x: A) -> A {
     x + plane_shuffle_xor(x, 2)
 }
 
+/// Sets the elements of `s` (`products` 16×8 products side by side, the first at column
+/// `first_col` of the sequence) whose key comes after the lane's row to `A::min_value()`,
+/// which `exp` takes to 0.
+#[cube]
+fn mask_after_rows<A: Float>(
+    s: &mut Products<A>,
+    quad: &Quad,
+    first_col: usize,
+    #[comptime] products: usize,
+) {
+    #[unroll]
+    for e in 0..comptime!(2 * products) {
+        // Element e: product e / 2, row 8 · (e % 2) on.
+        let (row, col) = (e % 2, first_col + (e / 2) * 8 + 2 * quad.t);
+        let mut x = s[e];
+        #[unroll]
+        for j in 0..2usize {
+            if col + j > quad.i + row * 8 {
+                x[j] = A::min_value();
+            }
+        }
+        s[e] = x;
+    }
+}
+
 /// Each of the lane's two rows' largest score in `s` over the quad, unscaled (the scale is
 /// positive, so it is the scaled scores' largest over the scale). On the diagonal tile
-/// (`masked`) the keys after a row are set to `A::min_value()` first, which `exp` takes to 0.
+/// (`masked`) the keys after a row are masked first ([`mask_after_rows`]).
 #[cube]
 fn row_max<A: Float>(
     s: &mut Products<A>,
@@ -253,22 +304,13 @@ fn row_max<A: Float>(
     #[comptime] planes: usize,
     #[comptime] masked: bool,
 ) -> Two<A> {
+    if comptime!(masked) {
+        mask_after_rows::<A>(s, quad, start, comptime!(2 * planes));
+    }
     let mut largest = Two::<A>::new(A::min_value());
     #[unroll]
     for e in 0..comptime!(4 * planes) {
-        // Element e: product e / 2, row 8 · (e % 2) on.
         let row = e % 2;
-        if comptime!(masked) {
-            let col = start + (e / 2) * 8 + 2 * quad.t;
-            let mut x = s[e];
-            #[unroll]
-            for j in 0..2usize {
-                if col + j > quad.i + row * 8 {
-                    x[j] = A::min_value();
-                }
-            }
-            s[e] = x;
-        }
         largest[row] = max(largest[row], max(s[e][0], s[e][1]));
     }
     #[unroll]
@@ -304,19 +346,8 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     let scale = A::cast_from(scale);
 
     let q_base = row_at(q, b, h, 0);
-    load_tile::<F>(
-        q,
-        &mut k_tile,
-        q_base,
-        row0,
-        seq,
-        head_dim,
-        planes,
-        PAD_CHUNKS,
-    );
-    sync_cube();
-    let q_frags = query_fragments::<F, A>(&mma, &k_tile, head_dim);
-    sync_cube();
+    let q_frags =
+        plane_fragments::<F, A>(&mma, q, &mut k_tile, q_base, row0, seq, head_dim, planes);
 
     let mut o = zeroed::<A>(comptime!(head_dim / 8));
     let mut m = Two::<A>::new(A::min_value());
@@ -387,25 +418,212 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
         start += rows;
     }
 
-    let out_base = row_at(out, b, h, 0);
+    let mut factor = Two::<A>::new(A::new(0.0));
+    #[unroll]
+    for row in 0..2usize {
+        let l_row = quad_sum::<A>(l[row]);
+        factor[row] = A::new(1.0) / l_row;
+        let i = quad.i + row * 8;
+        if i < seq && quad.t == 0 {
+            lse[(b * heads + h) * seq + i] = m[row] + l_row.ln();
+        }
+    }
+    write_rows::<F, A>(out, row_at(out, b, h, 0), &o, &quad, seq, factor, head_dim);
+}
+
+/// The plane's 16 rows of the `[64, hd]` block at `row0` of the head whose row 0 is at `base`
+/// of `src`, as `A` fragments ([`query_fragments`]), staged through `tile`.
+#[cube]
+fn plane_fragments<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    src: &Tensor<Chunk<F>>,
+    tile: &mut SharedMemory<F>,
+    base: usize,
+    row0: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) -> Sequence<Fragment<F>> {
+    load_tile::<F>(src, tile, base, row0, seq, head_dim, planes, PAD_CHUNKS);
+    sync_cube();
+    let frags = query_fragments::<F, A>(mma, tile, head_dim);
+    sync_cube();
+    frags
+}
+
+/// A row statistic of the lane's two rows (`lse` or `D`, `[B, H, T]`), 0 past the sequence.
+#[cube]
+fn row_values<A: Float>(t: &Tensor<A>, at: usize, i: usize, seq: usize) -> Two<A> {
+    let mut x = Two::<A>::new(A::new(0.0));
+    #[unroll]
+    for row in 0..2usize {
+        if i + row * 8 < seq {
+            x[row] = t[at + i + row * 8];
+        }
+    }
+    x
+}
+
+/// One tile's `dQ += dS K` for the plane's rows, 16 keys at a time: for keys `16j ..`,
+/// `p = exp(scale · q·k − lse)` (0 after the row, on the diagonal tile: `masked`),
+/// `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product with those keys.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn grad_q_tile<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    q_frags: &Sequence<Fragment<F>>,
+    do_frags: &Sequence<Fragment<F>>,
+    k_tile: &SharedMemory<F>,
+    v_tile: &SharedMemory<F>,
+    dq: &mut Products<A>,
+    quad: &Quad,
+    start: usize,
+    scale: A,
+    lse: Two<A>,
+    delta: Two<A>,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] masked: bool,
+) {
+    #[unroll]
+    for j in 0..planes {
+        let mut s = pair_products::<F, A>(mma, q_frags, k_tile, j, head_dim);
+        if comptime!(masked) {
+            mask_after_rows::<A>(&mut s, quad, start + j * 16, 2usize);
+        }
+        let dp = pair_products::<F, A>(mma, do_frags, v_tile, j, head_dim);
+        #[unroll]
+        for e in 0..4usize {
+            let row = e % 2;
+            let p = (s[e] * Two::<A>::new(scale) - Two::<A>::new(lse[row])).exp();
+            s[e] = p * (dp[e] - Two::<A>::new(delta[row]));
+        }
+        accumulate_pair::<F, A>(mma, &s, k_tile, dq, j, head_dim);
+    }
+}
+
+#[cube(launch_unchecked, fast_math = softmax_math())]
+pub(crate) fn grad_q_kernel<F: Float, A: Float>(
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_q: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let kv_head = h / (heads / kv_heads);
+    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
+    let tile_len = comptime!(rows * tile_stride(head_dim));
+    let mut k_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mut v_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
+    let quad = Quad::new(row0);
+    let scale = A::cast_from(scale);
+
+    let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
+    let q_frags =
+        plane_fragments::<F, A>(&mma, q, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let do_frags = plane_fragments::<F, A>(
+        &mma,
+        d_out,
+        &mut k_tile,
+        do_base,
+        row0,
+        seq,
+        head_dim,
+        planes,
+    );
+    let stats_at = (b * heads + h) * seq;
+    let lse_i = row_values::<A>(lse, stats_at, quad.i, seq);
+    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq);
+
+    let mut dq = zeroed::<A>(comptime!(head_dim / 8));
+    let end = smaller(row0 + rows, seq);
+    let mut start = 0;
+    while start < end {
+        load_tile::<F>(
+            k,
+            &mut k_tile,
+            k_base,
+            start,
+            seq,
+            head_dim,
+            planes,
+            PAD_CHUNKS,
+        );
+        load_tile::<F>(
+            v,
+            &mut v_tile,
+            v_base,
+            start,
+            seq,
+            head_dim,
+            planes,
+            PAD_CHUNKS,
+        );
+        sync_cube();
+        // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
+        if start == row0 {
+            grad_q_tile::<F, A>(
+                &mma, &q_frags, &do_frags, &k_tile, &v_tile, &mut dq, &quad, start, scale, lse_i,
+                delta_i, head_dim, planes, true,
+            );
+        } else {
+            grad_q_tile::<F, A>(
+                &mma, &q_frags, &do_frags, &k_tile, &v_tile, &mut dq, &quad, start, scale, lse_i,
+                delta_i, head_dim, planes, false,
+            );
+        }
+        // Every plane is done with this tile's keys and values before the next load.
+        sync_cube();
+        start += rows;
+    }
+    write_rows::<F, A>(
+        d_q,
+        row_at(d_q, b, h, 0),
+        &dq,
+        &quad,
+        seq,
+        Two::<A>::new(scale),
+        head_dim,
+    );
+}
+
+/// Writes the lane's elements of `acc` (`hd / 8` products: the plane's rows of a `[., hd]`
+/// result), times `factor` (a row's own: element `row`), to the rows inside the sequence of
+/// the head whose row 0 is at `base` in `dst` (rows `dst.stride(2)` apart).
+#[cube]
+fn write_rows<F: Float, A: Float>(
+    dst: &mut Tensor<F>,
+    base: usize,
+    acc: &Products<A>,
+    quad: &Quad,
+    seq: usize,
+    factor: Two<A>,
+    #[comptime] head_dim: usize,
+) {
     #[unroll]
     for row in 0..2usize {
         let i = quad.i + row * 8;
-        let l_row = quad_sum::<A>(l[row]);
         if i < seq {
-            let factor = A::new(1.0) / l_row;
             // Element by element: the output's strides need not be even.
-            let to = out_base + i * out.stride(2) + 2 * quad.t;
+            let to = base + i * dst.stride(2) + 2 * quad.t;
             #[unroll]
             for n in 0..comptime!(head_dim / 8) {
-                let x = o[2 * n + row];
+                let x = acc[2 * n + row];
                 #[unroll]
                 for j in 0..2usize {
-                    out[to + n * 8 + j] = F::cast_from(x[j] * factor);
+                    dst[to + n * 8 + j] = F::cast_from(x[j] * factor[row]);
                 }
-            }
-            if quad.t == 0 {
-                lse[(b * heads + h) * seq + i] = m[row] + l_row.ln();
             }
         }
     }
