@@ -169,10 +169,10 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
             {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
-            // The forward and `dQ` through shared rows (`LAB_ATTENTION_ROWS=bounce`).
+            // The kernels through shared rows (`LAB_ATTENTION_ROWS=bounce`).
             let bounce =
                 tensor_core_kernels(client, dtype, hd, RowWork::Bounce, ExecutionMode::Unchecked);
-            for (kernel, cpp) in bounce.into_iter().take(2) {
+            for (kernel, cpp) in bounce {
                 sources.push((format!("mma-{kernel}_bounce-{name}-hd{hd}"), cpp));
             }
         }

@@ -41,8 +41,12 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows
             (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
         }
     };
-    let grad_kv = |part| cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
-        s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode);
+    let grad_kv = |part| match rows {
+        RowWork::Registers => cuda_cpp_in(&tensor_cores::registers::grad_kv_kernel::GradKvKernel::new(
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode),
+        RowWork::Bounce => cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode),
+    };
     let mut kernels = vec![("forward", forward), ("grad_q", grad_q)];
     for &part in KvGrads::launches(hd) {
         let name = match part {

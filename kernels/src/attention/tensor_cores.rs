@@ -170,10 +170,10 @@ fn cube_dim() -> CubeDim {
     CubeDim::new_2d(32, PLANES as u32)
 }
 
-/// Where the tensor-core forward and `dQ` do their row-wise work: in the products' registers
+/// Where the tensor-core kernels do their row-wise work: in the products' registers
 /// ([`registers`]), or through the shared bounce rows (the kernels here), which
 /// `LAB_ATTENTION_ROWS=bounce` picks (read once per process) to set one against the other on
-/// a GPU. `dK/dV` always takes the bounce rows.
+/// a GPU.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowWork {
     #[default]
@@ -275,10 +275,14 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             types,
         );
     }
+    let grad_kv = match RowWork::chosen() {
+        RowWork::Registers => registers::grad_kv_kernel::launch_unchecked::<R>,
+        RowWork::Bounce => grad_kv_kernel::launch_unchecked::<R>,
+    };
     for &part in KvGrads::launches(d.head_dim) {
         // SAFETY: every access is in bounds (the module doc).
         unsafe {
-            grad_kv_kernel::launch_unchecked::<R>(
+            grad_kv(
                 &client,
                 grid(d, d.kv_heads),
                 cube_dim(),
@@ -307,7 +311,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 /// it needs does (`dK` at hd 128: 214 registers on sm_80, 251 on sm_90a, no spill). The `dV`
 /// launch recomputes `P`: five products where one walk takes four.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum KvGrads {
+pub(crate) enum KvGrads {
     /// `dK` and `dV` in one walk.
     Both,
     /// `dK` alone: `P`, `dP` and `dSᵀ Q`.
@@ -321,7 +325,7 @@ impl KvGrads {
     const BOTH_MAX_HEAD_DIM: usize = 64;
 
     /// The launches that give both gradients at head width `head_dim`.
-    pub(super) fn launches(head_dim: usize) -> &'static [KvGrads] {
+    pub(crate) fn launches(head_dim: usize) -> &'static [KvGrads] {
         if head_dim <= Self::BOTH_MAX_HEAD_DIM {
             &[KvGrads::Both]
         } else {

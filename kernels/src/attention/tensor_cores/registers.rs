@@ -20,7 +20,7 @@ use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use super::super::row_at;
-use super::{load_tile, smaller, softmax_math, Chunk, CHUNK, TILE_ALIGN};
+use super::{load_tile, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN};
 
 /// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
 /// eight 16-byte rows of an `ldmatrix` phase fall in eight different groups of four banks
@@ -269,23 +269,30 @@ fn quad_sum<A: Float>(x: A) -> A {
 }
 
 /// Sets the elements of `s` (`products` 16×8 products side by side, the first at column
-/// `first_col` of the sequence) whose key comes after the lane's row to `A::min_value()`,
-/// which `exp` takes to 0.
+/// `first_col` of the sequence) outside the causal mask to `A::min_value()`, which `exp`
+/// takes to 0: keys after the lane's query row, or with `transposed` (rows are keys, columns
+/// queries) queries before the lane's key row.
 #[cube]
-fn mask_after_rows<A: Float>(
+fn mask_outside_causal<A: Float>(
     s: &mut Products<A>,
     quad: &Quad,
     first_col: usize,
     #[comptime] products: usize,
+    #[comptime] transposed: bool,
 ) {
     #[unroll]
     for e in 0..comptime!(2 * products) {
         // Element e: product e / 2, row 8 · (e % 2) on.
-        let (row, col) = (e % 2, first_col + (e / 2) * 8 + 2 * quad.t);
+        let (row, col) = (quad.i + (e % 2) * 8, first_col + (e / 2) * 8 + 2 * quad.t);
         let mut x = s[e];
         #[unroll]
         for j in 0..2usize {
-            if col + j > quad.i + row * 8 {
+            let outside = if comptime!(transposed) {
+                col + j < row
+            } else {
+                col + j > row
+            };
+            if outside {
                 x[j] = A::min_value();
             }
         }
@@ -295,7 +302,7 @@ fn mask_after_rows<A: Float>(
 
 /// Each of the lane's two rows' largest score in `s` over the quad, unscaled (the scale is
 /// positive, so it is the scaled scores' largest over the scale). On the diagonal tile
-/// (`masked`) the keys after a row are masked first ([`mask_after_rows`]).
+/// (`masked`) the keys after a row are masked first ([`mask_outside_causal`]).
 #[cube]
 fn row_max<A: Float>(
     s: &mut Products<A>,
@@ -305,7 +312,7 @@ fn row_max<A: Float>(
     #[comptime] masked: bool,
 ) -> Two<A> {
     if comptime!(masked) {
-        mask_after_rows::<A>(s, quad, start, comptime!(2 * planes));
+        mask_outside_causal::<A>(s, quad, start, comptime!(2 * planes), false);
     }
     let mut largest = Two::<A>::new(A::min_value());
     #[unroll]
@@ -489,7 +496,7 @@ fn grad_q_tile<F: Float, A: Float>(
     for j in 0..planes {
         let mut s = pair_products::<F, A>(mma, q_frags, k_tile, j, head_dim);
         if comptime!(masked) {
-            mask_after_rows::<A>(&mut s, quad, start + j * 16, 2usize);
+            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, false);
         }
         let dp = pair_products::<F, A>(mma, do_frags, v_tile, j, head_dim);
         #[unroll]
@@ -626,5 +633,226 @@ fn write_rows<F: Float, A: Float>(
                 }
             }
         }
+    }
+}
+
+/// Elements `at` and `at + 1` (`at` even) of a shared f32 row, as one 8-byte read.
+#[cube]
+fn two_at<A: Float>(row: &SharedMemory<A>, at: usize) -> Two<A> {
+    let twos = row
+        .to_slice()
+        .into_vectorized()
+        .with_vector_size::<Const<2>>();
+    twos[at / 2]
+}
+
+/// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
+/// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, on the
+/// diagonal tile: `masked`); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn grad_kv_tile<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    k_frags: &Sequence<Fragment<F>>,
+    v_frags: &Sequence<Fragment<F>>,
+    q_tile: &SharedMemory<F>,
+    do_tile: &SharedMemory<F>,
+    lse_tile: &SharedMemory<A>,
+    delta_tile: &SharedMemory<A>,
+    dk: &mut Products<A>,
+    dv: &mut Products<A>,
+    quad: &Quad,
+    start: usize,
+    scale: A,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] grads: KvGrads,
+    #[comptime] masked: bool,
+) {
+    #[unroll]
+    for j in 0..planes {
+        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, j, head_dim);
+        if comptime!(masked) {
+            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, true);
+        }
+        #[unroll]
+        for e in 0..4usize {
+            // The element's query columns, as `lse` and `D` index them.
+            let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
+            s[e] = (s[e] * Two::<A>::new(scale) - two_at::<A>(lse_tile, col)).exp();
+        }
+        if comptime!(grads.values()) {
+            accumulate_pair::<F, A>(mma, &s, do_tile, dv, j, head_dim);
+        }
+        if comptime!(grads.keys()) {
+            let dp = pair_products::<F, A>(mma, v_frags, do_tile, j, head_dim);
+            #[unroll]
+            for e in 0..4usize {
+                let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
+                s[e] = s[e] * (dp[e] - two_at::<A>(delta_tile, col));
+            }
+            accumulate_pair::<F, A>(mma, &s, q_tile, dk, j, head_dim);
+        }
+    }
+}
+
+#[cube(launch_unchecked, fast_math = softmax_math())]
+pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
+    q: &Tensor<Chunk<F>>,
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    d_k: &mut Tensor<F>,
+    d_v: &mut Tensor<F>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] grads: KvGrads,
+    #[define(F, A)] _dtypes: [StorageType; 2],
+) {
+    let rows = comptime!(16 * planes);
+    let (keys, values) = comptime!((grads.keys(), grads.values()));
+    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
+    let group = heads / kv_heads;
+    let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+    let row0 = CUBE_POS_X as usize * rows;
+    let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
+    let tile_len = comptime!(rows * tile_stride(head_dim));
+    let mut q_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mut do_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mut lse_tile = SharedMemory::<A>::new_aligned(rows, TILE_ALIGN);
+    // `D` for `dS` (`dK` only).
+    let delta_len = comptime!(if keys { rows } else { 2 });
+    let mut delta_tile = SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN);
+    let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
+    // Here the lane's rows are key rows; its columns are query rows.
+    let quad = Quad::new(row0);
+    let scale = A::cast_from(scale);
+
+    let k_frags =
+        plane_fragments::<F, A>(&mma, k, &mut q_tile, k_base, row0, seq, head_dim, planes);
+    let v_frags = if comptime!(keys) {
+        plane_fragments::<F, A>(&mma, v, &mut q_tile, v_base, row0, seq, head_dim, planes)
+    } else {
+        Sequence::<Fragment<F>>::new()
+    };
+    // One unused product where a launch leaves a gradient to the other.
+    let mut dk = zeroed::<A>(comptime!(if keys { head_dim / 8 } else { 1 }));
+    let mut dv = zeroed::<A>(comptime!(if values { head_dim / 8 } else { 1 }));
+
+    for g in 0..group {
+        let head = kvh * group + g;
+        let head_rows = (b * heads + head) * seq;
+        let (q_base, do_base) = (row_at(q, b, head, 0), row_at(d_out, b, head, 0));
+        // The key rows' first queries are their own: the diagonal tile comes first.
+        let mut start = row0;
+        while start < seq {
+            load_tile::<F>(
+                q,
+                &mut q_tile,
+                q_base,
+                start,
+                seq,
+                head_dim,
+                planes,
+                PAD_CHUNKS,
+            );
+            load_tile::<F>(
+                d_out,
+                &mut do_tile,
+                do_base,
+                start,
+                seq,
+                head_dim,
+                planes,
+                PAD_CHUNKS,
+            );
+            // `lse` and `D` of the tile's queries, 0 past the sequence (where `q` and `dO` are
+            // zeros, so that `pᵀ dO` and `dS` are too).
+            if UNIT_POS < rows as u32 {
+                let i = start + UNIT_POS as usize;
+                let mut lse_i = A::new(0.0);
+                let mut delta_i = A::new(0.0);
+                if i < seq {
+                    lse_i = lse[head_rows + i];
+                    if comptime!(keys) {
+                        delta_i = delta[head_rows + i];
+                    }
+                }
+                lse_tile[UNIT_POS as usize] = lse_i;
+                if comptime!(keys) {
+                    delta_tile[UNIT_POS as usize] = delta_i;
+                }
+            }
+            sync_cube();
+            if start == row0 {
+                grad_kv_tile::<F, A>(
+                    &mma,
+                    &k_frags,
+                    &v_frags,
+                    &q_tile,
+                    &do_tile,
+                    &lse_tile,
+                    &delta_tile,
+                    &mut dk,
+                    &mut dv,
+                    &quad,
+                    start,
+                    scale,
+                    head_dim,
+                    planes,
+                    grads,
+                    true,
+                );
+            } else {
+                grad_kv_tile::<F, A>(
+                    &mma,
+                    &k_frags,
+                    &v_frags,
+                    &q_tile,
+                    &do_tile,
+                    &lse_tile,
+                    &delta_tile,
+                    &mut dk,
+                    &mut dv,
+                    &quad,
+                    start,
+                    scale,
+                    head_dim,
+                    planes,
+                    grads,
+                    false,
+                );
+            }
+            // Every plane is done with this tile before the next load.
+            sync_cube();
+            start += rows;
+        }
+    }
+    if comptime!(keys) {
+        let factor = Two::<A>::new(scale);
+        write_rows::<F, A>(
+            d_k,
+            row_at(d_k, b, kvh, 0),
+            &dk,
+            &quad,
+            seq,
+            factor,
+            head_dim,
+        );
+    }
+    if comptime!(values) {
+        let factor = Two::<A>::new(A::new(1.0));
+        write_rows::<F, A>(
+            d_v,
+            row_at(d_v, b, kvh, 0),
+            &dv,
+            &quad,
+            seq,
+            factor,
+            head_dim,
+        );
     }
 }
