@@ -29,9 +29,11 @@
 #          the summary and logs returned after every step, so a call cut off still returns
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
-#          those paths; lab as it trains by default (the split, to set against the H100's
-#          557 ms, then each kernel's time: scripts/launches.sh --times); the other kernel
-#          tests; 200 bf16 steps with both paths on; if time is left, the split with the
+#          those paths; the tensor-core attention's split with its row-wise work in
+#          registers and through shared rows (LAB_ATTENTION_ROWS=bounce); lab as it trains
+#          by default (the split, to set against the H100's 557 ms, then each kernel's
+#          time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with
+#          both paths on; the bounce kernels' tests; if time is left, the split with the
 #          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
 #          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
@@ -304,6 +306,12 @@ lease() {
     # Whether the opt-in paths are right on this GPU: they become the default only if so.
     unpack_tests
     within 90 test_module kernels attention::tensor_core
+    # The tensor-core attention with its row-wise work in the products' registers (the
+    # default) against the same through shared bounce rows (LAB_ATTENTION_ROWS=bounce).
+    within 90 step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
+      --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    within 90 step split-mma-bounce env LAB_ATTENTION_MMA=1 LAB_ATTENTION_ROWS=bounce "$lab" \
+      bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     within 90 test_module kernels gemm::
     within 90 test_module ops projection::
   else
@@ -326,6 +334,8 @@ lease() {
     # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
     within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
+    # The bounce kernels' tests (the register kernels' ran above).
+    LAB_ATTENTION_ROWS=bounce within 90 test_module kernels attention::tensor_core_kernels
     # If time is left: the f32 attention one unit a row, against `split`'s shared rows.
     within 120 step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
       --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
