@@ -40,7 +40,8 @@
 //!
 //! On CUDA at f16/bf16, forward and backward can run on tensor cores instead
 //! ([`tensor_cores`], opt-in with `LAB_ATTENTION_MMA=1` until measured on a GPU): the same
-//! algorithm with 64-row tiles, its products as cooperative 16×16×16 matrix operations.
+//! algorithm with 64-row tiles, its products on tensor cores (`mma.sync`, the row-wise work in
+//! their registers; `LAB_ATTENTION_ROWS=bounce`: cooperative matrices and shared rows).
 //!
 //! On CUDA the forward, `dQ` and `dK/dV` launch unchecked ([`launch_on`]): cubecl's checked
 //! launch clamps every global index and selects zero past the end, about a fifth of their

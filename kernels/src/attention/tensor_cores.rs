@@ -1,5 +1,9 @@
-//! Causal GQA flash attention on tensor cores (`cmma`), forward and backward, for CUDA at
-//! f16/bf16.
+//! Causal GQA flash attention on tensor cores, forward and backward, for CUDA at f16/bf16.
+//!
+//! Two families share this module's launches, tiles and loader. By default the kernels of
+//! [`registers`] run: `mma.sync` products with a documented fragment layout, whose row-wise
+//! work stays in registers. `LAB_ATTENTION_ROWS=bounce` ([`RowWork`]) runs the kernels below,
+//! on cooperative matrices (`cmma`), which the rest of this doc describes.
 //!
 //! Same contract as the f32 kernels in [`super`]: outputs in the inputs' dtype, `lse` f32, f32
 //! accumulation. What differs is who multiplies: a plane (warp) owns 16 rows (query rows in

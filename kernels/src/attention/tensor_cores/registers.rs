@@ -1,16 +1,20 @@
-//! The tensor-core forward with its online softmax in the products' registers, as
-//! FlashAttention-2 does it: `mma.sync` 16×8×16 products whose fragments have a documented
-//! layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"), where the cooperative matrices of the
-//! parent module are opaque and send every product through shared memory.
+//! The tensor-core forward, `dQ` and `dK/dV` with their row-wise work in the products'
+//! registers, as FlashAttention-2 does it: `mma.sync` 16×8×16 products whose fragments have a
+//! documented layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"), where the cooperative
+//! matrices of the parent module are opaque and send every product through shared memory.
 //!
-//! A plane (warp) owns 16 query rows, as in the parent. Lane `l` of a plane holds, of every
-//! 16×8 f32 product, rows `g = l / 4` and `g + 8` at columns `2t` and `2t + 1` (`t = l % 4`):
-//! the four lanes of a quad share a row, so a row's max and sum take two shuffles. The same
-//! registers, rounded, are the left operand of `P V` (an `A` fragment 16×16 is two 16×8
-//! products side by side), so the probabilities never leave the registers.
+//! A plane (warp) owns 16 rows, as in the parent (query rows; key rows in `dK/dV`). Lane `l`
+//! of a plane holds, of every 16×8 f32 product, rows `g = l / 4` and `g + 8` at columns `2t`
+//! and `2t + 1` (`t = l % 4`): the four lanes of a quad share a row, so a row's max and sum
+//! take two shuffles. The same registers, rounded, are the left operand of the next product
+//! (an `A` fragment 16×16 is two 16×8 products side by side), so `p` and `dS` never leave the
+//! registers. The backward takes 16 keys (`dQ`) or queries (`dK/dV`) at a time: two products
+//! of each kind live at once.
 //!
-//! Operands come from shared memory by `ldmatrix`: `q` once as `A` fragments, each tile's `k`
-//! as `B` fragments and `v` transposed (`ldmatrix.trans`). Tile rows are padded by 16 bytes
+//! Operands come from shared memory by `ldmatrix`: the plane's own rows once as `A`
+//! fragments, each tile's rows as `B` fragments, plain for a product with the tile's rows as
+//! columns (`q kᵀ`, `dO vᵀ`) and transposed (`ldmatrix.trans`) for one that sums over them
+//! (`P V`, `dS K`, `Pᵀ dO`, `dSᵀ Q`). Tile rows are padded by 16 bytes
 //! ([`PAD_CHUNKS`]), so the 8 rows an `ldmatrix` phase reads start in 8 different bank
 //! quads. The layouts are CUDA's (`sm_80` on); the kernel does not ask cubecl for them
 //! ([`MmaDefinition::position_of_nth`] answers for the runtime that defines the kernel, which
