@@ -206,29 +206,13 @@ pub(super) fn launch_forward<R: CubeRuntime>(
 ) {
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v] = [q, k, v].map(chunk_readable);
-    if RowWork::chosen() == RowWork::Registers {
-        // SAFETY: every access is in bounds (the module doc).
-        unsafe {
-            registers::forward_kernel::launch_unchecked::<R>(
-                &q.client.clone(),
-                grid(d, d.heads),
-                cube_dim(),
-                q.into_tensor_arg(),
-                k.into_tensor_arg(),
-                v.into_tensor_arg(),
-                outputs.out.clone().into_tensor_arg(),
-                outputs.lse.clone().into_tensor_arg(),
-                scale,
-                d.head_dim,
-                PLANES,
-                types,
-            );
-        }
-        return;
-    }
+    let forward = match RowWork::chosen() {
+        RowWork::Registers => registers::forward_kernel::launch_unchecked::<R>,
+        RowWork::Bounce => forward_kernel::launch_unchecked::<R>,
+    };
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
-        forward_kernel::launch_unchecked::<R>(
+        forward(
             &q.client.clone(),
             grid(d, d.heads),
             cube_dim(),
@@ -608,21 +592,17 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 planes,
                 0usize,
             );
-            if UNIT_POS < rows as u32 {
-                let i = start + UNIT_POS as usize;
-                let mut lse_i = A::new(0.0);
-                let mut delta_i = A::new(0.0);
-                if i < seq {
-                    lse_i = lse[head_rows + i];
-                    if comptime!(keys) {
-                        delta_i = delta[head_rows + i];
-                    }
-                }
-                lse_tile[UNIT_POS as usize] = lse_i;
-                if comptime!(keys) {
-                    delta_tile[UNIT_POS as usize] = delta_i;
-                }
-            }
+            load_row_stats::<A>(
+                lse,
+                delta,
+                &mut lse_tile,
+                &mut delta_tile,
+                head_rows,
+                start,
+                seq,
+                rows,
+                keys,
+            );
             sync_cube();
             let col0 = lanes.col0();
             let at = bounce.value_at(&lanes, head_dim, planes);
@@ -693,6 +673,39 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
             head_dim,
             planes,
         );
+    }
+}
+
+/// `lse` and, for `dK` (`keys`), `D` of the queries `start .. start + 64` of the head whose
+/// rows start at `head_rows` of them, into `lse_tile` and `delta_tile`: 0 past the sequence,
+/// where `q` and `dO` are zeros, so that `pᵀ dO` and `dS` are too.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_row_stats<A: Float>(
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    lse_tile: &mut SharedMemory<A>,
+    delta_tile: &mut SharedMemory<A>,
+    head_rows: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] keys: bool,
+) {
+    if UNIT_POS < rows as u32 {
+        let i = start + UNIT_POS as usize;
+        let mut lse_i = A::new(0.0);
+        let mut delta_i = A::new(0.0);
+        if i < seq {
+            lse_i = lse[head_rows + i];
+            if comptime!(keys) {
+                delta_i = delta[head_rows + i];
+            }
+        }
+        lse_tile[UNIT_POS as usize] = lse_i;
+        if comptime!(keys) {
+            delta_tile[UNIT_POS as usize] = delta_i;
+        }
     }
 }
 

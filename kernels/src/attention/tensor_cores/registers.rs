@@ -24,7 +24,7 @@ use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use super::super::row_at;
-use super::{load_tile, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN};
+use super::{load_row_stats, load_tile, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN};
 
 /// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
 /// eight 16-byte rows of an `ldmatrix` phase fall in eight different groups of four banks
@@ -65,6 +65,52 @@ impl Quad {
             t: lane % 4,
         }
     }
+}
+
+/// Where a forward or `dQ` cube works: query rows `row0 .. row0 + 64` of head `h` of sequence
+/// `b` (of `heads`, `seq` rows each), whose keys and values (those of `h`'s group) start at
+/// `k_base` and `v_base`.
+#[derive(CubeType)]
+struct QueryBlock {
+    seq: usize,
+    heads: usize,
+    b: usize,
+    h: usize,
+    row0: usize,
+    k_base: usize,
+    v_base: usize,
+}
+
+#[cube]
+impl QueryBlock {
+    fn new<F: Float>(
+        q: &Tensor<Chunk<F>>,
+        k: &Tensor<Chunk<F>>,
+        v: &Tensor<Chunk<F>>,
+        #[comptime] planes: usize,
+    ) -> QueryBlock {
+        let (heads, kv_heads) = (q.shape(1), k.shape(1));
+        let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+        let kv_head = h / (heads / kv_heads);
+        QueryBlock {
+            seq: q.shape(2),
+            heads,
+            b,
+            h,
+            row0: CUBE_POS_X as usize * 16 * planes,
+            k_base: row_at(k, b, kv_head, 0),
+            v_base: row_at(v, b, kv_head, 0),
+        }
+    }
+}
+
+/// A tile of 64 rows in shared memory, its rows [`tile_stride`] apart.
+#[cube]
+fn padded_tile<F: Float>(
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) -> SharedMemory<F> {
+    SharedMemory::<F>::new_aligned(comptime!(16 * planes * tile_stride(head_dim)), TILE_ALIGN)
 }
 
 /// Where this lane's row address for `ldmatrix` is, in a tile whose rows are
@@ -344,14 +390,11 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
-    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
-    let row0 = CUBE_POS_X as usize * rows;
-    let kv_head = h / (heads / kv_heads);
-    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
-    let tile_len = comptime!(rows * tile_stride(head_dim));
-    let mut k_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
-    let mut v_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let block = QueryBlock::new::<F>(q, k, v, planes);
+    let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
+    let (k_base, v_base) = (block.k_base, block.v_base);
+    let mut k_tile = padded_tile::<F>(head_dim, planes);
+    let mut v_tile = padded_tile::<F>(head_dim, planes);
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0);
     let scale = A::cast_from(scale);
@@ -366,27 +409,18 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(
+        load_tiles::<F>(
             k,
-            &mut k_tile,
-            k_base,
-            start,
-            seq,
-            head_dim,
-            planes,
-            PAD_CHUNKS,
-        );
-        load_tile::<F>(
             v,
+            &mut k_tile,
             &mut v_tile,
+            k_base,
             v_base,
             start,
             seq,
             head_dim,
             planes,
-            PAD_CHUNKS,
         );
-        sync_cube();
         let mut s = scores::<F, A>(&mma, &q_frags, &k_tile, head_dim, planes);
         // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
         let largest = if start == row0 {
@@ -440,6 +474,27 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
         }
     }
     write_rows::<F, A>(out, row_at(out, b, h, 0), &o, &quad, seq, factor, head_dim);
+}
+
+/// Rows `start ..` of `a` (from `a_base`) and `b` (from `b_base`) into padded tiles; ends
+/// with a cube barrier.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_tiles<F: Float>(
+    a: &Tensor<Chunk<F>>,
+    b: &Tensor<Chunk<F>>,
+    a_tile: &mut SharedMemory<F>,
+    b_tile: &mut SharedMemory<F>,
+    a_base: usize,
+    b_base: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) {
+    load_tile::<F>(a, a_tile, a_base, start, seq, head_dim, planes, PAD_CHUNKS);
+    load_tile::<F>(b, b_tile, b_base, start, seq, head_dim, planes, PAD_CHUNKS);
+    sync_cube();
 }
 
 /// The plane's 16 rows of the `[64, hd]` block at `row0` of the head whose row 0 is at `base`
@@ -528,14 +583,11 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
-    let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
-    let row0 = CUBE_POS_X as usize * rows;
-    let kv_head = h / (heads / kv_heads);
-    let (k_base, v_base) = (row_at(k, b, kv_head, 0), row_at(v, b, kv_head, 0));
-    let tile_len = comptime!(rows * tile_stride(head_dim));
-    let mut k_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
-    let mut v_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let block = QueryBlock::new::<F>(q, k, v, planes);
+    let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
+    let (k_base, v_base) = (block.k_base, block.v_base);
+    let mut k_tile = padded_tile::<F>(head_dim, planes);
+    let mut v_tile = padded_tile::<F>(head_dim, planes);
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0);
     let scale = A::cast_from(scale);
@@ -561,27 +613,18 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     let end = smaller(row0 + rows, seq);
     let mut start = 0;
     while start < end {
-        load_tile::<F>(
+        load_tiles::<F>(
             k,
-            &mut k_tile,
-            k_base,
-            start,
-            seq,
-            head_dim,
-            planes,
-            PAD_CHUNKS,
-        );
-        load_tile::<F>(
             v,
+            &mut k_tile,
             &mut v_tile,
+            k_base,
             v_base,
             start,
             seq,
             head_dim,
             planes,
-            PAD_CHUNKS,
         );
-        sync_cube();
         // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
         if start == row0 {
             grad_q_tile::<F, A>(
@@ -723,9 +766,8 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
-    let tile_len = comptime!(rows * tile_stride(head_dim));
-    let mut q_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
-    let mut do_tile = SharedMemory::<F>::new_aligned(tile_len, TILE_ALIGN);
+    let mut q_tile = padded_tile::<F>(head_dim, planes);
+    let mut do_tile = padded_tile::<F>(head_dim, planes);
     let mut lse_tile = SharedMemory::<A>::new_aligned(rows, TILE_ALIGN);
     // `D` for `dS` (`dK` only).
     let delta_len = comptime!(if keys { rows } else { 2 });
@@ -753,44 +795,29 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         // The key rows' first queries are their own: the diagonal tile comes first.
         let mut start = row0;
         while start < seq {
-            load_tile::<F>(
-                q,
-                &mut q_tile,
-                q_base,
+            load_row_stats::<A>(
+                lse,
+                delta,
+                &mut lse_tile,
+                &mut delta_tile,
+                head_rows,
                 start,
                 seq,
-                head_dim,
-                planes,
-                PAD_CHUNKS,
+                rows,
+                keys,
             );
-            load_tile::<F>(
+            load_tiles::<F>(
+                q,
                 d_out,
+                &mut q_tile,
                 &mut do_tile,
+                q_base,
                 do_base,
                 start,
                 seq,
                 head_dim,
                 planes,
-                PAD_CHUNKS,
             );
-            // `lse` and `D` of the tile's queries, 0 past the sequence (where `q` and `dO` are
-            // zeros, so that `pᵀ dO` and `dS` are too).
-            if UNIT_POS < rows as u32 {
-                let i = start + UNIT_POS as usize;
-                let mut lse_i = A::new(0.0);
-                let mut delta_i = A::new(0.0);
-                if i < seq {
-                    lse_i = lse[head_rows + i];
-                    if comptime!(keys) {
-                        delta_i = delta[head_rows + i];
-                    }
-                }
-                lse_tile[UNIT_POS as usize] = lse_i;
-                if comptime!(keys) {
-                    delta_tile[UNIT_POS as usize] = delta_i;
-                }
-            }
-            sync_cube();
             if start == row0 {
                 grad_kv_tile::<F, A>(
                     &mma,
