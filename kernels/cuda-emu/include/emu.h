@@ -258,9 +258,13 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 }
 
 // CUDA's fast exp and log: a multiply and the special-function unit's base-2 function, so the
-// multiply's rounding is the error they add (the unit's own is a few ulp more).
+// multiply's rounding is the error they add (the unit's own is a few ulp more). The exp
+// flushes results below 2^-126 to zero, as lab's `ex2.approx.ftz` (vendor/cubecl-cpp) does.
 // (glibc declares functions of these names; the emulation's own go by other names.)
-inline float emu_fast_exp(float x) { return exp2f(x * 1.44269504088896341f); }
+inline float emu_fast_exp(float x) {
+    float y = exp2f(x * 1.44269504088896341f);
+    return y < 0x1p-126f ? 0.0f : y;
+}
 inline float emu_fast_log(float x) { return log2f(x) * 0.693147180559945309f; }
 #define __expf emu_fast_exp
 #define __logf emu_fast_log

@@ -308,40 +308,53 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// at 96 and 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
 /// and written at their strides), and with an attention sink, within the kernel tests'
-/// tolerances (f16 4e-3, bf16 3e-2). Unwritten outputs are NaN and fail. The kernels are
+/// tolerances (f16 4e-3, bf16 3e-2); and the bounce kernels the same at bf16 hd 64 and 128.
+/// Unwritten outputs are NaN and fail. The kernels are
 /// compiled in cubecl's `Validate` mode, so an access past the end of a tensor, which their
 /// unchecked launch would not catch, fails too.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = &WgpuRuntime::client(&WgpuDevice::default());
-    let emulations = STORAGES
-        .into_iter()
-        .flat_map(|(suffix, storage, dtype)| {
-            // bf16 also at the 7B's and MedGemma's 128, where `dK` and `dV` take a launch each
-            // and the accumulators go through the bounce rows in halves, and at 96, whose
-            // bounce rows are whole and wider than a tile's 64 columns and whose tile rows are
-            // not whole loader passes.
-            let wide: &[usize] = if dtype == DType::BF16 {
-                &[96, 128]
-            } else {
-                &[]
-            };
-            [16, 48, 64].iter().chain(wide).map(move |&hd| Emulation {
-                kernels: tensor_core_kernels(
-                    client,
-                    dtype,
-                    hd,
-                    RowWork::default(),
-                    ExecutionMode::Validate,
-                ),
-                storage,
-                suffix,
+    let emulations = STORAGES.into_iter().flat_map(|(suffix, storage, dtype)| {
+        // bf16 also at the 7B's and MedGemma's 128, where `dK` and `dV` take a launch each
+        // and the accumulators go through the bounce rows in halves, and at 96, whose
+        // bounce rows are whole and wider than a tile's 64 columns and whose tile rows are
+        // not whole loader passes.
+        let wide: &[usize] = if dtype == DType::BF16 {
+            &[96, 128]
+        } else {
+            &[]
+        };
+        [16, 48, 64].iter().chain(wide).map(move |&hd| Emulation {
+            kernels: tensor_core_kernels(
+                client,
+                dtype,
                 hd,
-                defines: Vec::new(),
-            })
+                RowWork::default(),
+                ExecutionMode::Validate,
+            ),
+            storage,
+            suffix,
+            hd,
+            defines: Vec::new(),
         })
-        .collect();
-    emulate_all(emulations);
+    });
+    // The bounce kernels (`LAB_ATTENTION_ROWS=bounce`) at bf16 hd 64 (`dK/dV` in one walk)
+    // and 128 (apart, accumulators through the bounce rows in halves).
+    let bounce = [64, 128].map(|hd| Emulation {
+        kernels: tensor_core_kernels(
+            client,
+            DType::BF16,
+            hd,
+            RowWork::Bounce,
+            ExecutionMode::Validate,
+        ),
+        storage: "__nv_bfloat16",
+        suffix: "bf16",
+        hd,
+        defines: Vec::new(),
+    });
+    emulate_all(emulations.chain(bounce).collect());
 }
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` as CUDA runs them by default: unrolled, rows

@@ -16,9 +16,9 @@
 //! columns (`q kᵀ`, `dO vᵀ`) and transposed (`ldmatrix.trans`) for one that sums over them
 //! (`P V`, `dS K`, `Pᵀ dO`, `dSᵀ Q`). Tile rows are padded by 16 bytes
 //! ([`PAD_CHUNKS`]), so the 8 rows an `ldmatrix` phase reads start in 8 different bank
-//! quads. The layouts are CUDA's (`sm_80` on); the kernel does not ask cubecl for them
-//! ([`MmaDefinition::position_of_nth`] answers for the runtime that defines the kernel, which
-//! for the CUDA C++ written without a GPU is wgpu's).
+//! quads. The layouts are CUDA's (`sm_80` on), written out here from the PTX ISA; cubecl's
+//! `position_of_nth` for CUDA gives the same, and the CUDA emulation implements them apart
+//! from this code (`kernels/cuda-emu/include/emu.h`).
 
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
