@@ -380,7 +380,7 @@ inline uint32_t mma_operands[32][32][6];
 // matrix m's row g, or transposed (`.trans`) element g of its rows 2t and 2t + 1; the first
 // in the low 16 bits.
 template <class T>
-void load_matrices(uint32_t* regs, Shared<T> row, bool transpose) {
+void load_matrices(Shared<T> row, bool transpose, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     static_assert(sizeof(T) == 2, "ldmatrix of 16-bit elements");
     if (row.offset % 16 != 0) {
         std::fprintf(stderr, "ldmatrix: a row at shared byte %zu (needs 16-byte alignment)\n", row.offset);
@@ -402,7 +402,7 @@ void load_matrices(uint32_t* regs, Shared<T> row, bool transpose) {
         out[m] = uint32_t(read<uint16_t>(first)) | uint32_t(read<uint16_t>(second)) << 16;
     }
     warp_barriers[warp]->arrive_and_wait();
-    std::memcpy(regs, out, sizeof out);
+    r0 = out[0], r1 = out[1], r2 = out[2], r3 = out[3];
 }
 
 // The 16-bit element `half` of a register, widened to float.
@@ -449,15 +449,11 @@ void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
 #define LAB_EMU_REGISTER_PRODUCTS(T)                                                                 \
     template <class S>                                                                              \
     void __ldmatrix_m8n8_##T##_4x(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, emu::Shared<S> row) { \
-        uint32_t regs[4];                                                                           \
-        emu::load_matrices(regs, row, false);                                                       \
-        r0 = regs[0], r1 = regs[1], r2 = regs[2], r3 = regs[3];                                     \
+        emu::load_matrices(row, false, r0, r1, r2, r3);                                             \
     }                                                                                               \
     template <class S>                                                                              \
     void __ldmatrix_m8n8_##T##_4x_trans(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, emu::Shared<S> row) { \
-        uint32_t regs[4];                                                                           \
-        emu::load_matrices(regs, row, true);                                                        \
-        r0 = regs[0], r1 = regs[1], r2 = regs[2], r3 = regs[3];                                     \
+        emu::load_matrices(row, true, r0, r1, r2, r3);                                              \
     }                                                                                               \
     inline void __mma_m16n8k16_##T##_##T##_float(                                                   \
         uint32_t const& a0, uint32_t const& a1, uint32_t const& a2, uint32_t const& a3,             \

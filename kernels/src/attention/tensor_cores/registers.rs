@@ -24,7 +24,9 @@ use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use super::super::row_at;
-use super::{load_row_stats, load_tile, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN};
+use super::{
+    load_row_stats, load_tile, pair, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN,
+};
 
 /// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
 /// eight 16-byte rows of an `ldmatrix` phase fall in eight different groups of four banks
@@ -683,16 +685,6 @@ fn write_rows<F: Float, A: Float>(
     }
 }
 
-/// Elements `at` and `at + 1` (`at` even) of a shared f32 row, as one 8-byte read.
-#[cube]
-fn two_at<A: Float>(row: &SharedMemory<A>, at: usize) -> Two<A> {
-    let twos = row
-        .to_slice()
-        .into_vectorized()
-        .with_vector_size::<Const<2>>();
-    twos[at / 2]
-}
-
 /// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
 /// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, on the
 /// diagonal tile: `masked`); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
@@ -726,7 +718,7 @@ fn grad_kv_tile<F: Float, A: Float>(
         for e in 0..4usize {
             // The element's query columns, as `lse` and `D` index them.
             let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
-            s[e] = (s[e] * Two::<A>::new(scale) - two_at::<A>(lse_tile, col)).exp();
+            s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(lse_tile, col, 0)).exp();
         }
         if comptime!(grads.values()) {
             accumulate_pair::<F, A>(mma, &s, do_tile, dv, j, head_dim);
@@ -736,7 +728,7 @@ fn grad_kv_tile<F: Float, A: Float>(
             #[unroll]
             for e in 0..4usize {
                 let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
-                s[e] = s[e] * (dp[e] - two_at::<A>(delta_tile, col));
+                s[e] = s[e] * (dp[e] - pair::<A>(delta_tile, col, 0));
             }
             accumulate_pair::<F, A>(mma, &s, q_tile, dk, j, head_dim);
         }
