@@ -336,7 +336,10 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             storage,
             suffix,
             hd,
-            defines: Vec::new(),
+            defines: vec![format!(
+                "-DFORWARD_ROWS={}",
+                tensor_cores::registers::forward_rows(hd)
+            )],
         })
     });
     // The bounce kernels (`LAB_ATTENTION_ROWS=bounce`) at bf16 hd 64 (`dK/dV` in one walk)

@@ -163,9 +163,9 @@ pub fn runs<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> bool {
     fits(head_dim) && available(t)
 }
 
-/// One cube per 64 rows of each of `heads` heads of each sequence.
-fn grid(d: &Dims, heads: usize) -> CubeCount {
-    let rows = 16 * PLANES;
+/// One cube per `rows` rows (64, or the register forward's [`registers::forward_rows`]) of
+/// each of `heads` heads of each sequence.
+fn grid(d: &Dims, heads: usize, rows: usize) -> CubeCount {
     CubeCount::Static(d.seq.div_ceil(rows) as u32, heads as u32, d.batch as u32)
 }
 
@@ -210,11 +210,15 @@ pub(super) fn launch_forward<R: CubeRuntime>(
         RowWork::Registers => registers::forward_kernel::launch_unchecked::<R>,
         RowWork::Bounce => forward_kernel::launch_unchecked::<R>,
     };
+    let rows = match RowWork::chosen() {
+        RowWork::Registers => registers::forward_rows(d.head_dim),
+        RowWork::Bounce => 16 * PLANES,
+    };
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
         forward(
             &q.client.clone(),
-            grid(d, d.heads),
+            grid(d, d.heads, rows),
             cube_dim(),
             q.into_tensor_arg(),
             k.into_tensor_arg(),
@@ -248,7 +252,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     unsafe {
         grad_q(
             &client,
-            grid(d, d.heads),
+            grid(d, d.heads, 16 * PLANES),
             cube_dim(),
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
@@ -272,7 +276,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
         unsafe {
             grad_kv(
                 &client,
-                grid(d, d.kv_heads),
+                grid(d, d.kv_heads, 16 * PLANES),
                 cube_dim(),
                 q.clone().into_tensor_arg(),
                 k.clone().into_tensor_arg(),
@@ -1163,6 +1167,29 @@ fn load_tile<F: Float>(
     #[comptime] planes: usize,
     #[comptime] pad_chunks: usize,
 ) {
+    load_tile_at::<F>(
+        src, tile, base, start, seq, head_dim, planes, pad_chunks, 0usize,
+    );
+}
+
+/// [`load_tile`] into the tile's rows from `tile_row0` on (padded tiles only).
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_tile_at<F: Float>(
+    src: &Tensor<Chunk<F>>,
+    tile: &mut SharedMemory<F>,
+    base: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] pad_chunks: usize,
+    #[comptime] tile_row0: usize,
+) {
+    comptime!(assert!(
+        pad_chunks > 0 || tile_row0 == 0,
+        "rows from 0 in an unpadded tile"
+    ));
     let units = comptime!(32 * planes);
     // Whole chunks for every unit, each pass: what `fits` promises.
     comptime!(assert!(
@@ -1199,7 +1226,7 @@ fn load_tile<F: Float>(
             let to = if comptime!(pad_chunks == 0) {
                 at
             } else {
-                (r0 + m * pass_rows) * tile_row + c0
+                (tile_row0 + r0 + m * pass_rows) * tile_row + c0
             };
             if start + r0 + m * pass_rows < seq {
                 tile[to] = src[from + m * pass_step];
@@ -1211,7 +1238,7 @@ fn load_tile<F: Float>(
             let to = if comptime!(pad_chunks == 0) {
                 at
             } else {
-                r * tile_row + c
+                (tile_row0 + r) * tile_row + c
             };
             if start + r < seq {
                 tile[to] = src[first + (start + r) * row_step + c];

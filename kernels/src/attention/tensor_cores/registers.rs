@@ -25,7 +25,8 @@ use cubecl::prelude::*;
 
 use super::super::row_at;
 use super::{
-    load_row_stats, load_tile, pair, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN,
+    load_row_stats, load_tile, load_tile_at, pair, smaller, softmax_math, Chunk, KvGrads, CHUNK,
+    TILE_ALIGN,
 };
 
 /// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
@@ -38,6 +39,25 @@ const fn tile_stride(head_dim: usize) -> usize {
     head_dim + PAD_CHUNKS * CHUNK
 }
 
+/// Blocks of 16 query rows a plane of the forward owns: two up to hd 64, as FlashAttention-2
+/// takes 128 queries a cube, so that each key and value fragment a plane reads from shared
+/// memory feeds two products, not one (one `ldmatrix` for every four `mma`, where one block
+/// has one for every two: at 16 rows a plane, four planes' reads take the SM's shared memory
+/// about as long as their products take the tensor cores). One above hd 64, where two blocks'
+/// output accumulators alone would take `hd / 2` registers.
+const fn forward_blocks(head_dim: usize) -> usize {
+    if head_dim <= 64 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Query rows a cube of the forward owns at head width `head_dim` (its grid's rows a cube).
+pub(crate) const fn forward_rows(head_dim: usize) -> usize {
+    16 * super::PLANES * forward_blocks(head_dim)
+}
+
 /// Two adjacent elements: what one 32-bit register of a fragment holds.
 type Two<E> = Vector<E, Const<2>>;
 
@@ -48,11 +68,12 @@ type Fragment<E> = Array<Two<E>>;
 /// elements `2n` (row `g`) and `2n + 1` (row `g + 8`).
 type Products<A> = Array<Two<A>>;
 
-/// Where a lane is: its plane's rows start at `row0 + 16 · plane`; the lane holds rows `g` and
-/// `g + 8` of them, columns `2t` and `2t + 1` of every 8.
+/// Where a lane is: its plane's rows start at `row0 + 16 · blocks · plane`; in each of the
+/// plane's `blocks` blocks of 16 rows the lane holds rows `g` and `g + 8`, columns `2t` and
+/// `2t + 1` of every 8.
 #[derive(CubeType)]
 struct Quad {
-    /// The lane's first row in the sequence (its second is 8 on).
+    /// The lane's first row in the sequence (its second is 8 on; block `m`'s are `16m` on).
     i: usize,
     /// Its column pair within every 8 columns (`t`).
     t: usize,
@@ -60,16 +81,17 @@ struct Quad {
 
 #[cube]
 impl Quad {
-    fn new(row0: usize) -> Quad {
+    fn new(row0: usize, #[comptime] blocks: usize) -> Quad {
         let lane = UNIT_POS_X as usize;
         Quad {
-            i: row0 + UNIT_POS_Y as usize * 16 + lane / 4,
+            i: row0 + UNIT_POS_Y as usize * comptime!(16 * blocks) + lane / 4,
             t: lane % 4,
         }
     }
 }
 
-/// Where a forward or `dQ` cube works: query rows `row0 .. row0 + 64` of head `h` of sequence
+/// Where a forward or `dQ` cube works: query rows `row0 .. row0 + 16 · planes · blocks` of
+/// head `h` of sequence
 /// `b` (of `heads`, `seq` rows each), whose keys and values (those of `h`'s group) start at
 /// `k_base` and `v_base`.
 #[derive(CubeType)]
@@ -90,6 +112,7 @@ impl QueryBlock {
         k: &Tensor<Chunk<F>>,
         v: &Tensor<Chunk<F>>,
         #[comptime] planes: usize,
+        #[comptime] blocks: usize,
     ) -> QueryBlock {
         let (heads, kv_heads) = (q.shape(1), k.shape(1));
         let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
@@ -99,20 +122,24 @@ impl QueryBlock {
             heads,
             b,
             h,
-            row0: CUBE_POS_X as usize * 16 * planes,
+            row0: CUBE_POS_X as usize * comptime!(16 * planes * blocks),
             k_base: row_at(k, b, kv_head, 0),
             v_base: row_at(v, b, kv_head, 0),
         }
     }
 }
 
-/// A tile of 64 rows in shared memory, its rows [`tile_stride`] apart.
+/// A tile of `16 · planes · tiles` rows in shared memory, its rows [`tile_stride`] apart.
 #[cube]
 fn padded_tile<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] tiles: usize,
 ) -> SharedMemory<F> {
-    SharedMemory::<F>::new_aligned(comptime!(16 * planes * tile_stride(head_dim)), TILE_ALIGN)
+    SharedMemory::<F>::new_aligned(
+        comptime!(16 * planes * tiles * tile_stride(head_dim)),
+        TILE_ALIGN,
+    )
 }
 
 /// Where this lane's row address for `ldmatrix` is, in a tile whose rows are
@@ -185,124 +212,162 @@ fn zeroed<A: Float>(#[comptime] n: usize) -> Products<A> {
     acc
 }
 
-/// The plane's 16 rows of the cube's query block, staged in `tile`, as `A` fragments: one
-/// per 16 columns of the head.
+/// The plane's `blocks` blocks of 16 rows of the cube's rows, staged in `tile`, as `A`
+/// fragments: block `m`'s for columns `16c ..` at `m · hd / 16 + c`.
 #[cube]
 fn query_fragments<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     tile: &SharedMemory<F>,
     #[comptime] head_dim: usize,
+    #[comptime] blocks: usize,
 ) -> Sequence<Fragment<F>> {
+    let stride = comptime!(tile_stride(head_dim));
     // Matrices: rows 0–7 and 8–15 of columns 0–7, then of 8–15: a0..a3 of the PTX layout.
-    let at =
-        UNIT_POS_Y as usize * 16 * comptime!(tile_stride(head_dim)) + matrix_row(head_dim, true);
+    let at = UNIT_POS_Y as usize * comptime!(16 * blocks * stride) + matrix_row(head_dim, true);
     let mut frags = Sequence::<Fragment<F>>::new();
     #[unroll]
-    for c in 0..comptime!(head_dim / 16) {
-        frags.push(load_four::<F, A>(mma, tile, at + c * 16, false));
+    for m in 0..blocks {
+        #[unroll]
+        for c in 0..comptime!(head_dim / 16) {
+            frags.push(load_four::<F, A>(
+                mma,
+                tile,
+                at + comptime!(m * 16 * stride + c * 16),
+                false,
+            ));
+        }
     }
     frags
 }
 
-/// `X Tᵀ` for the plane's 16 rows `X` (as `A` fragments, one per 16 columns of the head) and
-/// rows `16j .. 16j + 16` of `tile`: two 16×8 products.
+/// `X Tᵀ` for each of the plane's `blocks` blocks of 16 rows `X` (as `A` fragments:
+/// [`query_fragments`]) and rows `16j .. 16j + 16` of the tile at `origin` of `tile`: two
+/// 16×8 products a block, block `m`'s at `4m` (each key fragment read once for all blocks).
 #[cube]
 fn pair_products<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     x_frags: &Sequence<Fragment<F>>,
     tile: &SharedMemory<F>,
+    #[comptime] origin: usize,
     #[comptime] j: usize,
     #[comptime] head_dim: usize,
+    #[comptime] blocks: usize,
 ) -> Products<A> {
     let stride = comptime!(tile_stride(head_dim));
+    let chunks = comptime!(head_dim / 16);
     // Matrices: rows 0–7 at columns 0–7 and 8–15 (b0, b1 of the first product), then rows
     // 8–15 (the second).
-    let at = matrix_row(head_dim, false) + j * 16 * stride;
-    let mut s = zeroed::<A>(2usize);
+    let at = matrix_row(head_dim, false) + comptime!(origin + j * 16 * stride);
+    let mut s = zeroed::<A>(comptime!(2 * blocks));
     #[unroll]
-    for c in 0..comptime!(head_dim / 16) {
+    for c in 0..chunks {
         let four = load_four::<F, A>(mma, tile, at + c * 16, false);
-        let a = x_frags.index(c);
-        multiply_into::<F, A>(mma, a, &half_of::<F>(&four, 0usize), &mut s, 0usize);
-        multiply_into::<F, A>(mma, a, &half_of::<F>(&four, 1usize), &mut s, 1usize);
-    }
-    s
-}
-
-/// `S = Q Kᵀ` for the plane's rows and the tile's 64 keys: eight 16×8 products.
-#[cube]
-fn scores<F: Float, A: Float>(
-    mma: &MmaDefinition<F, F, A>,
-    q_frags: &Sequence<Fragment<F>>,
-    k_tile: &SharedMemory<F>,
-    #[comptime] head_dim: usize,
-    #[comptime] planes: usize,
-) -> Products<A> {
-    let mut s = Array::<Two<A>>::new(comptime!(4 * planes));
-    #[unroll]
-    for j in 0..planes {
-        let pair = pair_products::<F, A>(mma, q_frags, k_tile, j, head_dim);
+        let (b0, b1) = (half_of::<F>(&four, 0usize), half_of::<F>(&four, 1usize));
         #[unroll]
-        for e in 0..4usize {
-            s[4 * j + e] = pair[e];
+        for m in 0..blocks {
+            let a = x_frags.index(comptime!(m * chunks + c));
+            multiply_into::<F, A>(mma, a, &b0, &mut s, comptime!(2 * m));
+            multiply_into::<F, A>(mma, a, &b1, &mut s, comptime!(2 * m + 1));
         }
     }
     s
 }
 
-/// `acc += W T`: `w`, two 16×8 products side by side (the weights of rows `16j .. 16j + 16`
-/// of `tile`, rounded to `F`: one `A` fragment), times those rows, into the `hd / 8` products
-/// of `acc`.
+/// `S = Q Kᵀ` for the plane's rows and the tile's `16 · planes` keys at `origin` of `tile`:
+/// `2 · planes` 16×8 products a block, block `m`'s from `4 · planes · m`.
+#[cube]
+fn scores<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    q_frags: &Sequence<Fragment<F>>,
+    tile: &SharedMemory<F>,
+    #[comptime] origin: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] blocks: usize,
+) -> Products<A> {
+    let mut s = Array::<Two<A>>::new(comptime!(4 * planes * blocks));
+    #[unroll]
+    for j in 0..planes {
+        let pair = pair_products::<F, A>(mma, q_frags, tile, origin, j, head_dim, blocks);
+        #[unroll]
+        for m in 0..blocks {
+            #[unroll]
+            for e in 0..4usize {
+                s[comptime!(4 * planes * m + 4 * j + e)] = pair[comptime!(4 * m + e)];
+            }
+        }
+    }
+    s
+}
+
+/// `acc += W T` for each of `blocks` blocks: `w`, block `m`'s two 16×8 products side by side
+/// at `4m` (the weights of rows `16j .. 16j + 16` of the tile at `origin` of `tile`, rounded to
+/// `F`: one `A` fragment), times those rows, into block `m`'s `hd / 8` products of `acc`
+/// (from `m · hd / 4`); each row fragment read once for all blocks.
+#[allow(clippy::too_many_arguments)]
 #[cube]
 fn accumulate_pair<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     w: &Products<A>,
     tile: &SharedMemory<F>,
     acc: &mut Products<A>,
+    #[comptime] origin: usize,
     #[comptime] j: usize,
     #[comptime] head_dim: usize,
+    #[comptime] blocks: usize,
 ) {
     let stride = comptime!(tile_stride(head_dim));
+    let products = comptime!(head_dim / 8);
     // Transposed matrices: rows 0–7 and 8–15 of columns 0–7 (b0, b1), then of columns 8–15.
-    let at = matrix_row(head_dim, true) + j * 16 * stride;
-    let mut a = Array::<Two<F>>::new(4usize);
+    let at = matrix_row(head_dim, true) + comptime!(origin + j * 16 * stride);
+    let mut weights = Sequence::<Fragment<F>>::new();
     #[unroll]
-    for e in 0..4usize {
-        a[e] = Two::<F>::cast_from(w[e]);
+    for m in 0..blocks {
+        let mut a = Array::<Two<F>>::new(4usize);
+        #[unroll]
+        for e in 0..4usize {
+            a[e] = Two::<F>::cast_from(w[comptime!(4 * m + e)]);
+        }
+        weights.push(a);
     }
     #[unroll]
     for c in 0..comptime!(head_dim / 16) {
         let four = load_four::<F, A>(mma, tile, at + c * 16, true);
-        multiply_into::<F, A>(mma, &a, &half_of::<F>(&four, 0usize), acc, comptime!(2 * c));
-        multiply_into::<F, A>(
-            mma,
-            &a,
-            &half_of::<F>(&four, 1usize),
-            acc,
-            comptime!(2 * c + 1),
-        );
+        let (b0, b1) = (half_of::<F>(&four, 0usize), half_of::<F>(&four, 1usize));
+        #[unroll]
+        for m in 0..blocks {
+            let a = weights.index(m);
+            multiply_into::<F, A>(mma, a, &b0, acc, comptime!(m * products + 2 * c));
+            multiply_into::<F, A>(mma, a, &b1, acc, comptime!(m * products + 2 * c + 1));
+        }
     }
 }
 
-/// `O += P V`: the probabilities of the tile's 64 keys (eight 16×8 products) times the tile's
-/// values, into the `hd / 8` products of `o`.
+/// `O += P V`: the probabilities of the tile's `16 · planes` keys (`2 · planes` 16×8 products
+/// a block, as [`scores`] lays them out) times the tile's values at `origin` of `tile`, into
+/// the `hd / 8` products a block of `o`.
 #[cube]
 fn accumulate<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     p: &Products<A>,
-    v_tile: &SharedMemory<F>,
+    tile: &SharedMemory<F>,
     o: &mut Products<A>,
+    #[comptime] origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut w = Array::<Two<A>>::new(4usize);
+        let mut w = Array::<Two<A>>::new(comptime!(4 * blocks));
         #[unroll]
-        for e in 0..4usize {
-            w[e] = p[4 * j + e];
+        for m in 0..blocks {
+            #[unroll]
+            for e in 0..4usize {
+                w[comptime!(4 * m + e)] = p[comptime!(4 * planes * m + 4 * j + e)];
+            }
         }
-        accumulate_pair::<F, A>(mma, &w, v_tile, o, j, head_dim);
+        accumulate_pair::<F, A>(mma, &w, tile, o, origin, j, head_dim, blocks);
     }
 }
 
@@ -320,23 +385,27 @@ fn quad_sum<A: Float>(x: A) -> A {
     x + plane_shuffle_xor(x, 2)
 }
 
-/// Sets the elements of `s` (`products` 16×8 products side by side, the first at column
-/// `first_col` of the sequence) outside the causal mask to `A::min_value()`, which `exp`
-/// takes to 0: keys after the lane's query row, or with `transposed` (rows are keys, columns
-/// queries) queries before the lane's key row.
+/// Sets the elements of block `block` of `s` (`products` 16×8 products side by side a block,
+/// the first at column `first_col` of the sequence; the block's rows `16 · block` after the
+/// lane's first) outside the causal mask to `A::min_value()`, which `exp` takes to 0: keys
+/// after the lane's query row, or with `transposed` (rows are keys, columns queries) queries
+/// before the lane's key row.
 #[cube]
 fn mask_outside_causal<A: Float>(
     s: &mut Products<A>,
     quad: &Quad,
     first_col: usize,
     #[comptime] products: usize,
+    #[comptime] block: usize,
     #[comptime] transposed: bool,
 ) {
+    let first = comptime!(2 * products * block);
     #[unroll]
     for e in 0..comptime!(2 * products) {
         // Element e: product e / 2, row 8 · (e % 2) on.
-        let (row, col) = (quad.i + (e % 2) * 8, first_col + (e / 2) * 8 + 2 * quad.t);
-        let mut x = s[e];
+        let row = quad.i + comptime!(16 * block + (e % 2) * 8);
+        let col = first_col + comptime!((e / 2) * 8) + 2 * quad.t;
+        let mut x = s[first + e];
         #[unroll]
         for j in 0..2usize {
             let outside = if comptime!(transposed) {
@@ -348,35 +417,140 @@ fn mask_outside_causal<A: Float>(
                 x[j] = A::min_value();
             }
         }
-        s[e] = x;
+        s[first + e] = x;
     }
 }
 
-/// Each of the lane's two rows' largest score in `s` over the quad, unscaled (the scale is
-/// positive, so it is the scaled scores' largest over the scale). On the diagonal tile
-/// (`masked`) the keys after a row are masked first ([`mask_outside_causal`]).
+/// Each of the lane's two rows of block `block` ([`scores`]' layout): its largest score in
+/// `s` over the quad, unscaled (the scale is positive, so it is the scaled scores' largest over
+/// the scale). On a tile that reaches the diagonal (`masked`) the keys after a row are masked
+/// first ([`mask_outside_causal`]).
 #[cube]
 fn row_max<A: Float>(
     s: &mut Products<A>,
     quad: &Quad,
     start: usize,
     #[comptime] planes: usize,
+    #[comptime] block: usize,
     #[comptime] masked: bool,
 ) -> Two<A> {
     if comptime!(masked) {
-        mask_outside_causal::<A>(s, quad, start, comptime!(2 * planes), false);
+        mask_outside_causal::<A>(s, quad, start, comptime!(2 * planes), block, false);
     }
+    let first = comptime!(4 * planes * block);
     let mut largest = Two::<A>::new(A::min_value());
     #[unroll]
     for e in 0..comptime!(4 * planes) {
         let row = e % 2;
-        largest[row] = max(largest[row], max(s[e][0], s[e][1]));
+        largest[row] = max(largest[row], max(s[first + e][0], s[first + e][1]));
     }
     #[unroll]
     for row in 0..2usize {
         largest[row] = quad_max::<A>(largest[row]);
     }
     largest
+}
+
+/// A forward plane's running softmax: for each block, each of the lane's two rows' largest
+/// scaled score `m` and its sum of `exp(scale · s − m)` over its own columns `l`; and the
+/// output accumulators `o`, `hd / 8` products a block.
+#[derive(CubeType)]
+struct Running<A: Float> {
+    m: Products<A>,
+    l: Products<A>,
+    o: Products<A>,
+}
+
+#[cube]
+impl<A: Float> Running<A> {
+    fn new(#[comptime] head_dim: usize, #[comptime] blocks: usize) -> Running<A> {
+        let mut m = Array::<Two<A>>::new(blocks);
+        let mut l = Array::<Two<A>>::new(blocks);
+        #[unroll]
+        for b in 0..blocks {
+            m[b] = Two::<A>::new(A::min_value());
+            l[b] = Two::<A>::new(A::new(0.0));
+        }
+        Running::<A> {
+            m,
+            l,
+            o: zeroed::<A>(comptime!(blocks * head_dim / 8)),
+        }
+    }
+}
+
+/// One key tile of the forward for the plane's blocks: `s = q kᵀ`, each block's rows' new max,
+/// `p = exp(scale · s − m)` in place of `s`, the sums; the output rescaled where a row's max
+/// rose; `o += p v`. The tile's keys are at `tiles`' start, its values `v_origin` on. On a
+/// tile that reaches the diagonal (`diagonal`) keys after a row are masked first.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn forward_tile<F: Float, A: Float>(
+    mma: &MmaDefinition<F, F, A>,
+    q_frags: &Sequence<Fragment<F>>,
+    tiles: &SharedMemory<F>,
+    run: &mut Running<A>,
+    quad: &Quad,
+    start: usize,
+    diagonal: bool,
+    scale: A,
+    #[comptime] v_origin: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] blocks: usize,
+) {
+    let mut s = scores::<F, A>(mma, q_frags, tiles, 0usize, head_dim, planes, blocks);
+    let mut alpha = Array::<Two<A>>::new(blocks);
+    let mut same = true;
+    #[unroll]
+    for b in 0..blocks {
+        // Two calls, as the mask's flag is compile-time; only this step differs.
+        let largest = if diagonal {
+            row_max::<A>(&mut s, quad, start, planes, b, true)
+        } else {
+            row_max::<A>(&mut s, quad, start, planes, b, false)
+        };
+        let m = run.m[b];
+        let mut m_new = m;
+        let mut a = Two::<A>::new(A::new(1.0));
+        #[unroll]
+        for row in 0..2usize {
+            m_new[row] = max(m[row], largest[row] * scale);
+            // 1 where the max stays: the skipped rescale below needs exactly that.
+            a[row] = select(
+                m_new[row] == m[row],
+                A::new(1.0),
+                (m[row] - m_new[row]).exp(),
+            );
+        }
+        // p = exp(scale · s − m_new) in place (one FFMA before the exp); each lane sums its
+        // own columns (the quad's sums are added once, at the end).
+        let mut sum = Two::<A>::new(A::new(0.0));
+        #[unroll]
+        for e in 0..comptime!(4 * planes) {
+            let at = comptime!(4 * planes * b + e);
+            let row = e % 2;
+            let p = (s[at] * Two::<A>::new(scale) - Two::<A>::new(m_new[row])).exp();
+            s[at] = p;
+            sum[row] += p[0] + p[1];
+        }
+        run.l[b] = run.l[b] * a + sum;
+        same = same && m_new[0] == m[0] && m_new[1] == m[1];
+        run.m[b] = m_new;
+        alpha[b] = a;
+    }
+    // Where no row of the plane has a new max, α = 1: later tiles rarely raise a row's max
+    // once its largest score has been seen. The vote is the plane's, so the branch is uniform.
+    if !plane_all(same) {
+        #[unroll]
+        for e in 0..comptime!(blocks * head_dim / 4) {
+            let b = comptime!(e / (head_dim / 4));
+            run.o[e] = run.o[e] * Two::<A>::new(alpha[b][e % 2]);
+        }
+    }
+    accumulate::<F, A>(
+        mma, &s, tiles, &mut run.o, v_origin, head_dim, planes, blocks,
+    );
 }
 
 #[cube(launch_unchecked, fast_math = softmax_math())]
@@ -391,91 +565,71 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     #[comptime] planes: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let rows = comptime!(16 * planes);
-    let block = QueryBlock::new::<F>(q, k, v, planes);
+    let blocks = comptime!(forward_blocks(head_dim));
+    // Keys a tile; query rows a plane and a cube.
+    let tile_rows = comptime!(16 * planes);
+    let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
+    let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
     let (k_base, v_base) = (block.k_base, block.v_base);
-    let mut k_tile = padded_tile::<F>(head_dim, planes);
-    let mut v_tile = padded_tile::<F>(head_dim, planes);
+    // A key tile, then a value tile: room to stage the cube's query rows first.
+    let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
+    let v_origin = comptime!(tile_rows * tile_stride(head_dim));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
-    let quad = Quad::new(row0);
+    let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
 
     let q_base = row_at(q, b, h, 0);
-    let q_frags =
-        plane_fragments::<F, A>(&mma, q, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let q_frags = plane_fragments::<F, A>(
+        &mma, q, &mut tiles, q_base, row0, seq, head_dim, planes, blocks,
+    );
 
-    let mut o = zeroed::<A>(comptime!(head_dim / 8));
-    let mut m = Two::<A>::new(A::min_value());
-    let mut l = Two::<A>::new(A::new(0.0));
+    let mut run = Running::<A>::new(head_dim, blocks);
     let end = smaller(row0 + rows, seq);
+    // Keys from here on come after every row of the plane.
+    let plane_end = row0 + UNIT_POS_Y as usize * plane_rows + plane_rows;
     let mut start = 0;
     while start < end {
-        load_tiles::<F>(
-            k,
-            v,
-            &mut k_tile,
-            &mut v_tile,
-            k_base,
-            v_base,
-            start,
-            seq,
-            head_dim,
-            planes,
+        load_keys_values::<F>(
+            k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
         );
-        let mut s = scores::<F, A>(&mma, &q_frags, &k_tile, head_dim, planes);
-        // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
-        let largest = if start == row0 {
-            row_max::<A>(&mut s, &quad, start, planes, true)
-        } else {
-            row_max::<A>(&mut s, &quad, start, planes, false)
-        };
-        let mut m_new = m;
-        let mut alpha = Two::<A>::new(A::new(0.0));
-        #[unroll]
-        for row in 0..2usize {
-            m_new[row] = max(m[row], largest[row] * scale);
-            alpha[row] = (m[row] - m_new[row]).exp();
+        // Only the cube's last tiles, from its first row on, have keys after a row; of those
+        // a plane skips the ones past all its rows.
+        if start < plane_end {
+            let diagonal = start >= row0;
+            forward_tile::<F, A>(
+                &mma, &q_frags, &tiles, &mut run, &quad, start, diagonal, scale, v_origin,
+                head_dim, planes, blocks,
+            );
         }
-        // p = exp(scale · s − m_new) in place (one FFMA before the exp); each lane sums its
-        // own columns (the quad's sums are added once, at the end).
-        let mut sum = Two::<A>::new(A::new(0.0));
-        #[unroll]
-        for e in 0..comptime!(4 * planes) {
-            let row = e % 2;
-            let p = (s[e] * Two::<A>::new(scale) - Two::<A>::new(m_new[row])).exp();
-            s[e] = p;
-            sum[row] += p[0] + p[1];
-        }
-        l = l * alpha + sum;
-        // Where no row of the plane has a new max, α = exp(0) = 1 exactly: later tiles rarely
-        // raise a row's max once its largest score has been seen. The vote is the plane's, so
-        // the branch is uniform.
-        let rescale = !plane_all(m_new[0] == m[0] && m_new[1] == m[1]);
-        m = m_new;
-        if rescale {
-            #[unroll]
-            for e in 0..comptime!(head_dim / 4) {
-                o[e] = o[e] * Two::<A>::new(alpha[e % 2]);
-            }
-        }
-        accumulate::<F, A>(&mma, &s, &v_tile, &mut o, head_dim, planes);
         // Every plane is done with this tile's keys and values before the next load.
         sync_cube();
-        start += rows;
+        start += tile_rows;
     }
 
-    let mut factor = Two::<A>::new(A::new(0.0));
     #[unroll]
-    for row in 0..2usize {
-        let l_row = quad_sum::<A>(l[row]);
-        factor[row] = A::new(1.0) / l_row;
-        let i = quad.i + row * 8;
-        if i < seq && quad.t == 0 {
-            lse[(b * heads + h) * seq + i] = m[row] + l_row.ln();
+    for blk in 0..blocks {
+        let mut factor = Two::<A>::new(A::new(0.0));
+        #[unroll]
+        for row in 0..2usize {
+            let l_row = quad_sum::<A>(run.l[blk][row]);
+            factor[row] = A::new(1.0) / l_row;
+            let i = quad.i + comptime!(16 * blk + row * 8);
+            if i < seq && quad.t == 0 {
+                lse[(b * heads + h) * seq + i] = run.m[blk][row] + l_row.ln();
+            }
         }
+        write_rows::<F, A>(
+            out,
+            row_at(out, b, h, 0),
+            &run.o,
+            &quad,
+            seq,
+            factor,
+            head_dim,
+            blk,
+        );
     }
-    write_rows::<F, A>(out, row_at(out, b, h, 0), &o, &quad, seq, factor, head_dim);
 }
 
 /// Rows `start ..` of `a` (from `a_base`) and `b` (from `b_base`) into padded tiles; ends
@@ -499,8 +653,33 @@ fn load_tiles<F: Float>(
     sync_cube();
 }
 
-/// The plane's 16 rows of the `[64, hd]` block at `row0` of the head whose row 0 is at `base`
-/// of `src`, as `A` fragments ([`query_fragments`]), staged through `tile`.
+/// Keys `start ..` (from `k_base`) into the first tile of `tiles`, their values (from
+/// `v_base`) into the second; ends with a cube barrier.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_keys_values<F: Float>(
+    k: &Tensor<Chunk<F>>,
+    v: &Tensor<Chunk<F>>,
+    tiles: &mut SharedMemory<F>,
+    k_base: usize,
+    v_base: usize,
+    start: usize,
+    seq: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+) {
+    load_tile::<F>(k, tiles, k_base, start, seq, head_dim, planes, PAD_CHUNKS);
+    let v_row0 = comptime!(16 * planes);
+    load_tile_at::<F>(
+        v, tiles, v_base, start, seq, head_dim, planes, PAD_CHUNKS, v_row0,
+    );
+    sync_cube();
+}
+
+/// The plane's `blocks` blocks of 16 rows of the `[16 · planes · blocks, hd]` block at `row0`
+/// of the head whose row 0 is at `base` of `src`, as `A` fragments ([`query_fragments`]),
+/// staged through `tile` (`blocks` tiles long).
+#[allow(clippy::too_many_arguments)]
 #[cube]
 fn plane_fragments<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
@@ -511,10 +690,25 @@ fn plane_fragments<F: Float, A: Float>(
     seq: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
 ) -> Sequence<Fragment<F>> {
-    load_tile::<F>(src, tile, base, row0, seq, head_dim, planes, PAD_CHUNKS);
+    #[unroll]
+    for part in 0..blocks {
+        let first = comptime!(16 * planes * part);
+        load_tile_at::<F>(
+            src,
+            tile,
+            base,
+            row0 + first,
+            seq,
+            head_dim,
+            planes,
+            PAD_CHUNKS,
+            first,
+        );
+    }
     sync_cube();
-    let frags = query_fragments::<F, A>(mma, tile, head_dim);
+    let frags = query_fragments::<F, A>(mma, tile, head_dim, blocks);
     sync_cube();
     frags
 }
@@ -555,18 +749,18 @@ fn grad_q_tile<F: Float, A: Float>(
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, q_frags, k_tile, j, head_dim);
+        let mut s = pair_products::<F, A>(mma, q_frags, k_tile, 0usize, j, head_dim, 1usize);
         if comptime!(masked) {
-            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, false);
+            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, false);
         }
-        let dp = pair_products::<F, A>(mma, do_frags, v_tile, j, head_dim);
+        let dp = pair_products::<F, A>(mma, do_frags, v_tile, 0usize, j, head_dim, 1usize);
         #[unroll]
         for e in 0..4usize {
             let row = e % 2;
             let p = (s[e] * Two::<A>::new(scale) - Two::<A>::new(lse[row])).exp();
             s[e] = p * (dp[e] - Two::<A>::new(delta[row]));
         }
-        accumulate_pair::<F, A>(mma, &s, k_tile, dq, j, head_dim);
+        accumulate_pair::<F, A>(mma, &s, k_tile, dq, 0usize, j, head_dim, 1usize);
     }
 }
 
@@ -585,18 +779,27 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
-    let block = QueryBlock::new::<F>(q, k, v, planes);
+    let block = QueryBlock::new::<F>(q, k, v, planes, 1usize);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
     let (k_base, v_base) = (block.k_base, block.v_base);
-    let mut k_tile = padded_tile::<F>(head_dim, planes);
-    let mut v_tile = padded_tile::<F>(head_dim, planes);
+    let mut k_tile = padded_tile::<F>(head_dim, planes, 1usize);
+    let mut v_tile = padded_tile::<F>(head_dim, planes, 1usize);
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
-    let quad = Quad::new(row0);
+    let quad = Quad::new(row0, 1usize);
     let scale = A::cast_from(scale);
 
     let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
-    let q_frags =
-        plane_fragments::<F, A>(&mma, q, &mut k_tile, q_base, row0, seq, head_dim, planes);
+    let q_frags = plane_fragments::<F, A>(
+        &mma,
+        q,
+        &mut k_tile,
+        q_base,
+        row0,
+        seq,
+        head_dim,
+        planes,
+        1usize,
+    );
     let do_frags = plane_fragments::<F, A>(
         &mma,
         d_out,
@@ -606,6 +809,7 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
         seq,
         head_dim,
         planes,
+        1usize,
     );
     let stats_at = (b * heads + h) * seq;
     let lse_i = row_values::<A>(lse, stats_at, quad.i, seq);
@@ -651,12 +855,14 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
         seq,
         Two::<A>::new(scale),
         head_dim,
+        0usize,
     );
 }
 
-/// Writes the lane's elements of `acc` (`hd / 8` products: the plane's rows of a `[., hd]`
-/// result), times `factor` (a row's own: element `row`), to the rows inside the sequence of
-/// the head whose row 0 is at `base` in `dst` (rows `dst.stride(2)` apart).
+/// Writes the lane's elements of block `block` of `acc` (`hd / 8` products a block: the
+/// plane's rows of a `[., hd]` result), times `factor` (a row's own: element `row`), to the
+/// rows inside the sequence of the head whose row 0 is at `base` in `dst` (rows
+/// `dst.stride(2)` apart).
 #[cube]
 fn write_rows<F: Float, A: Float>(
     dst: &mut Tensor<F>,
@@ -666,16 +872,18 @@ fn write_rows<F: Float, A: Float>(
     seq: usize,
     factor: Two<A>,
     #[comptime] head_dim: usize,
+    #[comptime] block: usize,
 ) {
+    let first = comptime!(block * head_dim / 4);
     #[unroll]
     for row in 0..2usize {
-        let i = quad.i + row * 8;
+        let i = quad.i + comptime!(16 * block + row * 8);
         if i < seq {
             // Element by element: the output's strides need not be even.
             let to = base + i * dst.stride(2) + 2 * quad.t;
             #[unroll]
             for n in 0..comptime!(head_dim / 8) {
-                let x = acc[2 * n + row];
+                let x = acc[first + 2 * n + row];
                 #[unroll]
                 for j in 0..2usize {
                     dst[to + n * 8 + j] = F::cast_from(x[j] * factor[row]);
@@ -710,9 +918,9 @@ fn grad_kv_tile<F: Float, A: Float>(
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, j, head_dim);
+        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, 0usize, j, head_dim, 1usize);
         if comptime!(masked) {
-            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, true);
+            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
         }
         #[unroll]
         for e in 0..4usize {
@@ -721,16 +929,16 @@ fn grad_kv_tile<F: Float, A: Float>(
             s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(lse_tile, col, 0)).exp();
         }
         if comptime!(grads.values()) {
-            accumulate_pair::<F, A>(mma, &s, do_tile, dv, j, head_dim);
+            accumulate_pair::<F, A>(mma, &s, do_tile, dv, 0usize, j, head_dim, 1usize);
         }
         if comptime!(grads.keys()) {
-            let dp = pair_products::<F, A>(mma, v_frags, do_tile, j, head_dim);
+            let dp = pair_products::<F, A>(mma, v_frags, do_tile, 0usize, j, head_dim, 1usize);
             #[unroll]
             for e in 0..4usize {
                 let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
                 s[e] = s[e] * (dp[e] - pair::<A>(delta_tile, col, 0));
             }
-            accumulate_pair::<F, A>(mma, &s, q_tile, dk, j, head_dim);
+            accumulate_pair::<F, A>(mma, &s, q_tile, dk, 0usize, j, head_dim, 1usize);
         }
     }
 }
@@ -758,21 +966,40 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
     let row0 = CUBE_POS_X as usize * rows;
     let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
-    let mut q_tile = padded_tile::<F>(head_dim, planes);
-    let mut do_tile = padded_tile::<F>(head_dim, planes);
+    let mut q_tile = padded_tile::<F>(head_dim, planes, 1usize);
+    let mut do_tile = padded_tile::<F>(head_dim, planes, 1usize);
     let mut lse_tile = SharedMemory::<A>::new_aligned(rows, TILE_ALIGN);
     // `D` for `dS` (`dK` only).
     let delta_len = comptime!(if keys { rows } else { 2 });
     let mut delta_tile = SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN);
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     // Here the lane's rows are key rows; its columns are query rows.
-    let quad = Quad::new(row0);
+    let quad = Quad::new(row0, 1usize);
     let scale = A::cast_from(scale);
 
-    let k_frags =
-        plane_fragments::<F, A>(&mma, k, &mut q_tile, k_base, row0, seq, head_dim, planes);
+    let k_frags = plane_fragments::<F, A>(
+        &mma,
+        k,
+        &mut q_tile,
+        k_base,
+        row0,
+        seq,
+        head_dim,
+        planes,
+        1usize,
+    );
     let v_frags = if comptime!(keys) {
-        plane_fragments::<F, A>(&mma, v, &mut q_tile, v_base, row0, seq, head_dim, planes)
+        plane_fragments::<F, A>(
+            &mma,
+            v,
+            &mut q_tile,
+            v_base,
+            row0,
+            seq,
+            head_dim,
+            planes,
+            1usize,
+        )
     } else {
         Sequence::<Fragment<F>>::new()
     };
@@ -864,6 +1091,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             seq,
             factor,
             head_dim,
+            0usize,
         );
     }
     if comptime!(values) {
@@ -876,6 +1104,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             seq,
             factor,
             head_dim,
+            0usize,
         );
     }
 }
