@@ -7,8 +7,8 @@
 //   grad_q_kernel); grad_kv_values.cu and grad_kv_keys.cu in grad_kv.cu's place where the
 //   kernels come that way (the tensor cores' dK and dV launched apart, as above hd 64); for the
 //   f32-arithmetic kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube
-//   as -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE); -DFORWARD_ROWS=<rows a forward cube
-//   owns> where it differs from ROWS (the register forward's 128 up to hd 64). The defaults
+//   as -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE); -DQUERY_ROWS=<rows a forward or dQ
+//   cube owns> where it differs from ROWS (the register kernels' 128 up to hd 64). The defaults
 //   are the tensor cores'.
 #include "emu.h"
 
@@ -42,10 +42,10 @@ constexpr unsigned hd = HEAD_DIM;
 #define GRAD_KV_CUBE 32, 4, 1
 #endif
 constexpr unsigned rows = ROWS;
-#ifndef FORWARD_ROWS
-#define FORWARD_ROWS ROWS
+#ifndef QUERY_ROWS
+#define QUERY_ROWS ROWS
 #endif
-constexpr unsigned forward_rows = FORWARD_ROWS;
+constexpr unsigned query_rows = QUERY_ROWS;
 
 // Elements the kernels read q, k, v and dO as one value (cubecl's `Tensor<Vector<F, N>>`: 8 for
 // the tensor cores', 1 for the others), from the forward's first parameter, q.
@@ -252,10 +252,10 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
     auto sq = stored(c, group_qkv, c.heads, q), sk = stored(c, group_qkv, c.kv_heads, k);
     auto sv = stored(c, group_qkv, c.kv_heads, v), s_do = stored(c, group_rest, c.heads, d_out);
     emu::dim3 grid{(c.seq + rows - 1) / rows, c.heads, c.batch};
-    emu::dim3 forward_grid{(c.seq + forward_rows - 1) / forward_rows, c.heads, c.batch};
+    emu::dim3 query_grid{(c.seq + query_rows - 1) / query_rows, c.heads, c.batch};
 
     auto fwd = metadata<info_forward>(scale, {input(aq), input(akv), input(akv), arq, arow});
-    emu::launch(forward_kernel, forward_grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
+    emu::launch(forward_kernel, query_grid, emu::dim3{FORWARD_CUBE}, sq.data(), sk.data(), sv.data(), out.data(), lse.data(),
                 fwd.dynamic.data(), fwd.info);
     out = stored(c, group_rest, c.heads, out, true);
     for (size_t r = 0; r < nrow; ++r) {  // D = dO·O in f32, as the delta kernel
@@ -264,7 +264,7 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
         delta[r] = s;
     }
     auto gq = metadata<info_grad_q>(scale, {input(aq), input(akv), input(akv), input(arq), arow, arow, arq});
-    emu::launch(grad_q_kernel, grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(grad_q_kernel, query_grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
     std::vector<Arg> kv_args{input(aq), input(akv), input(akv), input(arq), arow, arow, arkv, arkv};

@@ -227,8 +227,9 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// A kernel's shared arrays get the same offsets in every compile: cubecl-opt (vendored,
 /// patched) lays them out in the order of their ids, not in a hash set's order, which changed
 /// from one process to the next and moved ptxas's registers and spills with it
-/// (BENCHMARKS.md). The bounce `dK/dV` has seven shared arrays, the register one four; at
-/// hd 128 each takes two launches of other layouts. (The order in which cubecl declares local
+/// (BENCHMARKS.md). The bounce `dK/dV` has seven shared arrays, the register one four, the
+/// register forward and `dQ` one (a key tile and a value tile in one array); at hd 128 each
+/// `dK/dV` takes two launches of other layouts. (The order in which cubecl declares local
 /// variables still varies, from cubecl-ir's pool of them; ptxas gave the same figures through
 /// it.)
 #[test]
@@ -246,7 +247,7 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
     };
     let first = layouts();
     assert!(
-        first.iter().all(|(_, layout)| layout.len() >= 2)
+        first.iter().all(|(_, layout)| !layout.is_empty())
             && first.iter().any(|(_, layout)| layout.len() >= 7),
         "{first:?}"
     );

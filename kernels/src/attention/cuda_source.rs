@@ -337,8 +337,8 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             suffix,
             hd,
             defines: vec![format!(
-                "-DFORWARD_ROWS={}",
-                tensor_cores::registers::forward_rows(hd)
+                "-DQUERY_ROWS={}",
+                tensor_cores::registers::query_rows(hd)
             )],
         })
     });

@@ -26,6 +26,10 @@
 //!   of its group. Each plane owns its key rows for the whole group, so there are no atomics
 //!   and the sums have a fixed order.
 //!
+//! The register forward and `dQ` own 128 query rows a cube up to hd 64 (two blocks of 16 a
+//! plane, [`registers`]); their last two tiles reach the diagonal, and a plane skips the last
+//! where it comes after all its rows, so every row it computes still sees a key.
+//!
 //! Rows past the sequence compute on zeros and are not written.
 //!
 //! Tiles of `q`, `k`, `v` and `dO` come into shared memory 16 bytes a unit at a time (the
@@ -163,8 +167,8 @@ pub fn runs<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> bool {
     fits(head_dim) && available(t)
 }
 
-/// One cube per `rows` rows (64, or the register forward's [`registers::forward_rows`]) of
-/// each of `heads` heads of each sequence.
+/// One cube per `rows` rows (64, or [`RowWork::query_rows`]) of each of `heads` heads of each
+/// sequence.
 fn grid(d: &Dims, heads: usize, rows: usize) -> CubeCount {
     CubeCount::Static(d.seq.div_ceil(rows) as u32, heads as u32, d.batch as u32)
 }
@@ -194,6 +198,14 @@ impl RowWork {
             _ => RowWork::Registers,
         })
     }
+
+    /// Query rows a forward or `dQ` cube owns at head width `head_dim`.
+    fn query_rows(self, head_dim: usize) -> usize {
+        match self {
+            RowWork::Registers => registers::query_rows(head_dim),
+            RowWork::Bounce => 16 * PLANES,
+        }
+    }
 }
 
 /// Launches the forward into `outputs` (inputs with unit-stride rows, a head width that
@@ -210,15 +222,11 @@ pub(super) fn launch_forward<R: CubeRuntime>(
         RowWork::Registers => registers::forward_kernel::launch_unchecked::<R>,
         RowWork::Bounce => forward_kernel::launch_unchecked::<R>,
     };
-    let rows = match RowWork::chosen() {
-        RowWork::Registers => registers::forward_rows(d.head_dim),
-        RowWork::Bounce => 16 * PLANES,
-    };
     // SAFETY: every access is in bounds (the module doc).
     unsafe {
         forward(
             &q.client.clone(),
-            grid(d, d.heads, rows),
+            grid(d, d.heads, RowWork::chosen().query_rows(d.head_dim)),
             cube_dim(),
             q.into_tensor_arg(),
             k.into_tensor_arg(),
@@ -252,7 +260,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     unsafe {
         grad_q(
             &client,
-            grid(d, d.heads, 16 * PLANES),
+            grid(d, d.heads, RowWork::chosen().query_rows(d.head_dim)),
             cube_dim(),
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),

@@ -3,10 +3,12 @@
 //! documented layout (PTX ISA, "Matrix Fragments for mma.m16n8k16"), where the cooperative
 //! matrices of the parent module are opaque and send every product through shared memory.
 //!
-//! A plane (warp) owns 16 rows, as in the parent (query rows; key rows in `dK/dV`). Lane `l`
-//! of a plane holds, of every 16×8 f32 product, rows `g = l / 4` and `g + 8` at columns `2t`
-//! and `2t + 1` (`t = l % 4`): the four lanes of a quad share a row, so a row's max and sum
-//! take two shuffles. The same registers, rounded, are the left operand of the next product
+//! A plane (warp) owns blocks of 16 rows: in `dK/dV` one block of key rows, as in the parent;
+//! in the forward and `dQ` two blocks of query rows up to hd 64 ([`query_blocks`]: 128 queries
+//! a cube, so each fragment of a key or value tile feeds the products of both blocks), one
+//! above. Lane `l` of a plane holds, of every 16×8 f32 product, rows `g = l / 4` and `g + 8`
+//! of a block at columns `2t` and `2t + 1` (`t = l % 4`): the four lanes of a quad share a
+//! row, so a row's max and sum take two shuffles. The same registers, rounded, are the left operand of the next product
 //! (an `A` fragment 16×16 is two 16×8 products side by side), so `p` and `dS` never leave the
 //! registers. The backward takes 16 keys (`dQ`) or queries (`dK/dV`) at a time: two products
 //! of each kind live at once.
@@ -39,13 +41,13 @@ const fn tile_stride(head_dim: usize) -> usize {
     head_dim + PAD_CHUNKS * CHUNK
 }
 
-/// Blocks of 16 query rows a plane of the forward owns: two up to hd 64, as FlashAttention-2
-/// takes 128 queries a cube, so that each key and value fragment a plane reads from shared
-/// memory feeds two products, not one (one `ldmatrix` for every four `mma`, where one block
-/// has one for every two: at 16 rows a plane, four planes' reads take the SM's shared memory
-/// about as long as their products take the tensor cores). One above hd 64, where two blocks'
-/// output accumulators alone would take `hd / 2` registers.
-const fn forward_blocks(head_dim: usize) -> usize {
+/// Blocks of 16 query rows a plane of the forward and of `dQ` owns: two up to hd 64, as
+/// FlashAttention-2 takes 128 queries a cube, so that each key and value fragment a plane
+/// reads from shared memory feeds two products, not one (one `ldmatrix` for every four `mma`,
+/// where one block has one for every two: at 16 rows a plane, four planes' reads take the SM's
+/// shared memory about as long as their products take the tensor cores). One above hd 64,
+/// where two blocks' accumulators alone would take `hd / 2` registers.
+const fn query_blocks(head_dim: usize) -> usize {
     if head_dim <= 64 {
         2
     } else {
@@ -53,9 +55,10 @@ const fn forward_blocks(head_dim: usize) -> usize {
     }
 }
 
-/// Query rows a cube of the forward owns at head width `head_dim` (its grid's rows a cube).
-pub(crate) const fn forward_rows(head_dim: usize) -> usize {
-    16 * super::PLANES * forward_blocks(head_dim)
+/// Query rows a cube of the forward or `dQ` owns at head width `head_dim` (their grid's rows
+/// a cube).
+pub(crate) const fn query_rows(head_dim: usize) -> usize {
+    16 * super::PLANES * query_blocks(head_dim)
 }
 
 /// Two adjacent elements: what one 32-bit register of a fragment holds.
@@ -504,7 +507,8 @@ fn forward_tile<F: Float, A: Float>(
     let mut same = true;
     #[unroll]
     for b in 0..blocks {
-        // Two calls, as the mask's flag is compile-time; only this step differs.
+        // Two calls, as the mask's flag is compile-time: with the mask in a branch of its own,
+        // ptxas spilled at hd 128 on sm_80.
         let largest = if diagonal {
             row_max::<A>(&mut s, quad, start, planes, b, true)
         } else {
@@ -565,7 +569,7 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     #[comptime] planes: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let blocks = comptime!(forward_blocks(head_dim));
+    let blocks = comptime!(query_blocks(head_dim));
     // Keys a tile; query rows a plane and a cube.
     let tile_rows = comptime!(16 * planes);
     let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
@@ -713,54 +717,76 @@ fn plane_fragments<F: Float, A: Float>(
     frags
 }
 
-/// A row statistic of the lane's two rows (`lse` or `D`, `[B, H, T]`), 0 past the sequence.
+/// A row statistic (`lse` or `D`, `[B, H, T]`) of the lane's two rows of each of `blocks`
+/// blocks (block `m`'s at `m`), 0 past the sequence.
 #[cube]
-fn row_values<A: Float>(t: &Tensor<A>, at: usize, i: usize, seq: usize) -> Two<A> {
-    let mut x = Two::<A>::new(A::new(0.0));
+fn row_values<A: Float>(
+    t: &Tensor<A>,
+    at: usize,
+    i: usize,
+    seq: usize,
+    #[comptime] blocks: usize,
+) -> Products<A> {
+    let mut values = Array::<Two<A>>::new(blocks);
     #[unroll]
-    for row in 0..2usize {
-        if i + row * 8 < seq {
-            x[row] = t[at + i + row * 8];
+    for m in 0..blocks {
+        let mut x = Two::<A>::new(A::new(0.0));
+        #[unroll]
+        for row in 0..2usize {
+            let r = i + comptime!(16 * m + row * 8);
+            if r < seq {
+                x[row] = t[at + r];
+            }
         }
+        values[m] = x;
     }
-    x
+    values
 }
 
-/// One tile's `dQ += dS K` for the plane's rows, 16 keys at a time: for keys `16j ..`,
-/// `p = exp(scale · q·k − lse)` (0 after the row, on the diagonal tile: `masked`),
-/// `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product with those keys.
+/// One tile's `dQ += dS K` for each of the plane's `blocks` blocks of rows, 16 keys at a
+/// time: for keys `16j ..`, `p = exp(scale · q·k − lse)` (0 after the row where the tile
+/// reaches the `diagonal`), `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product
+/// with those keys. The tile's keys are at `tiles`' start, its values `v_origin` on; `lse` and
+/// `delta` hold the lane's rows' (block `m`'s at `m`).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_q_tile<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     q_frags: &Sequence<Fragment<F>>,
     do_frags: &Sequence<Fragment<F>>,
-    k_tile: &SharedMemory<F>,
-    v_tile: &SharedMemory<F>,
+    tiles: &SharedMemory<F>,
     dq: &mut Products<A>,
     quad: &Quad,
     start: usize,
+    diagonal: bool,
     scale: A,
-    lse: Two<A>,
-    delta: Two<A>,
+    lse: &Products<A>,
+    delta: &Products<A>,
+    #[comptime] v_origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
-    #[comptime] masked: bool,
+    #[comptime] blocks: usize,
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, q_frags, k_tile, 0usize, j, head_dim, 1usize);
-        if comptime!(masked) {
-            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, false);
+        let mut s = pair_products::<F, A>(mma, q_frags, tiles, 0usize, j, head_dim, blocks);
+        if diagonal {
+            #[unroll]
+            for m in 0..blocks {
+                mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, m, false);
+            }
         }
-        let dp = pair_products::<F, A>(mma, do_frags, v_tile, 0usize, j, head_dim, 1usize);
+        let dp = pair_products::<F, A>(mma, do_frags, tiles, v_origin, j, head_dim, blocks);
         #[unroll]
-        for e in 0..4usize {
-            let row = e % 2;
-            let p = (s[e] * Two::<A>::new(scale) - Two::<A>::new(lse[row])).exp();
-            s[e] = p * (dp[e] - Two::<A>::new(delta[row]));
+        for m in 0..blocks {
+            #[unroll]
+            for e in 0..4usize {
+                let (at, row) = (comptime!(4 * m + e), e % 2);
+                let p = (s[at] * Two::<A>::new(scale) - Two::<A>::new(lse[m][row])).exp();
+                s[at] = p * (dp[at] - Two::<A>::new(delta[m][row]));
+            }
         }
-        accumulate_pair::<F, A>(mma, &s, k_tile, dq, 0usize, j, head_dim, 1usize);
+        accumulate_pair::<F, A>(mma, &s, tiles, dq, 0usize, j, head_dim, blocks);
     }
 }
 
@@ -778,85 +804,67 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     #[comptime] planes: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let rows = comptime!(16 * planes);
-    let block = QueryBlock::new::<F>(q, k, v, planes, 1usize);
+    let blocks = comptime!(query_blocks(head_dim));
+    // Keys a tile; query rows a plane and a cube.
+    let tile_rows = comptime!(16 * planes);
+    let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
+    let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
     let (k_base, v_base) = (block.k_base, block.v_base);
-    let mut k_tile = padded_tile::<F>(head_dim, planes, 1usize);
-    let mut v_tile = padded_tile::<F>(head_dim, planes, 1usize);
+    // A key tile, then a value tile: room to stage the cube's query rows first.
+    let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
+    let v_origin = comptime!(tile_rows * tile_stride(head_dim));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
-    let quad = Quad::new(row0, 1usize);
+    let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
 
     let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
     let q_frags = plane_fragments::<F, A>(
-        &mma,
-        q,
-        &mut k_tile,
-        q_base,
-        row0,
-        seq,
-        head_dim,
-        planes,
-        1usize,
+        &mma, q, &mut tiles, q_base, row0, seq, head_dim, planes, blocks,
     );
     let do_frags = plane_fragments::<F, A>(
-        &mma,
-        d_out,
-        &mut k_tile,
-        do_base,
-        row0,
-        seq,
-        head_dim,
-        planes,
-        1usize,
+        &mma, d_out, &mut tiles, do_base, row0, seq, head_dim, planes, blocks,
     );
     let stats_at = (b * heads + h) * seq;
-    let lse_i = row_values::<A>(lse, stats_at, quad.i, seq);
-    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq);
+    let lse_i = row_values::<A>(lse, stats_at, quad.i, seq, blocks);
+    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, blocks);
 
-    let mut dq = zeroed::<A>(comptime!(head_dim / 8));
+    let mut dq = zeroed::<A>(comptime!(blocks * head_dim / 8));
     let end = smaller(row0 + rows, seq);
+    // Keys from here on come after every row of the plane.
+    let plane_end = row0 + UNIT_POS_Y as usize * plane_rows + plane_rows;
     let mut start = 0;
     while start < end {
-        load_tiles::<F>(
-            k,
-            v,
-            &mut k_tile,
-            &mut v_tile,
-            k_base,
-            v_base,
-            start,
-            seq,
-            head_dim,
-            planes,
+        load_keys_values::<F>(
+            k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
         );
-        // Only the last tile, the diagonal one (`start == row0`), has keys after a row.
-        if start == row0 {
+        // Only the cube's last tiles, from its first row on, have keys after a row; of those
+        // a plane skips the ones past all its rows.
+        if start < plane_end {
+            let diagonal = start >= row0;
             grad_q_tile::<F, A>(
-                &mma, &q_frags, &do_frags, &k_tile, &v_tile, &mut dq, &quad, start, scale, lse_i,
-                delta_i, head_dim, planes, true,
-            );
-        } else {
-            grad_q_tile::<F, A>(
-                &mma, &q_frags, &do_frags, &k_tile, &v_tile, &mut dq, &quad, start, scale, lse_i,
-                delta_i, head_dim, planes, false,
+                &mma, &q_frags, &do_frags, &tiles, &mut dq, &quad, start, diagonal, scale, &lse_i,
+                &delta_i, v_origin, head_dim, planes, blocks,
             );
         }
         // Every plane is done with this tile's keys and values before the next load.
         sync_cube();
-        start += rows;
+        start += tile_rows;
     }
-    write_rows::<F, A>(
-        d_q,
-        row_at(d_q, b, h, 0),
-        &dq,
-        &quad,
-        seq,
-        Two::<A>::new(scale),
-        head_dim,
-        0usize,
-    );
+    #[unroll]
+    for blk in 0..blocks {
+        let factor = Two::<A>::new(scale);
+        write_rows::<F, A>(
+            d_q,
+            row_at(d_q, b, h, 0),
+            &dq,
+            &quad,
+            seq,
+            factor,
+            head_dim,
+            blk,
+        );
+    }
 }
 
 /// Writes the lane's elements of block `block` of `acc` (`hd / 8` products a block: the
