@@ -34,7 +34,8 @@
 using T = STORAGE;
 constexpr unsigned hd = HEAD_DIM;
 #ifndef ROWS
-// The tensor-core kernels: 16 rows per warp, 4 warps a block (tensor_cores::PLANES).
+// The tensor-core kernels: 16 rows per warp, 4 warps a block (tensor_cores::PLANES); the
+// register forward and dQ 32 query rows a warp up to hd 64 (QUERY_ROWS, from the test).
 #define KERNELS mma
 #define ROWS 64
 #define FORWARD_CUBE 32, 4, 1

@@ -27,8 +27,8 @@
 //!   and the sums have a fixed order.
 //!
 //! The register forward and `dQ` own 128 query rows a cube up to hd 64 (two blocks of 16 a
-//! plane, [`registers`]); their last two tiles reach the diagonal, and a plane skips the last
-//! where it comes after all its rows, so every row it computes still sees a key.
+//! plane, [`registers`]); up to two of their last tiles reach the diagonal, and a plane skips
+//! the last where it comes after all its rows, so every row it computes still sees a key.
 //!
 //! Rows past the sequence compute on zeros and are not written.
 //!
@@ -52,7 +52,8 @@ use super::{row_at, Dims, Forward, Grads};
 
 pub(crate) mod registers;
 
-/// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows.
+/// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows (the register forward
+/// and `dQ`: [`RowWork::query_rows`]).
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take: the 7B's and MedGemma's 128. Shared memory holds two

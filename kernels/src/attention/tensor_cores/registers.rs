@@ -8,10 +8,10 @@
 //! a cube, so each fragment of a key or value tile feeds the products of both blocks), one
 //! above. Lane `l` of a plane holds, of every 16×8 f32 product, rows `g = l / 4` and `g + 8`
 //! of a block at columns `2t` and `2t + 1` (`t = l % 4`): the four lanes of a quad share a
-//! row, so a row's max and sum take two shuffles. The same registers, rounded, are the left operand of the next product
-//! (an `A` fragment 16×16 is two 16×8 products side by side), so `p` and `dS` never leave the
-//! registers. The backward takes 16 keys (`dQ`) or queries (`dK/dV`) at a time: two products
-//! of each kind live at once.
+//! row, so a row's max and sum take two shuffles. The same registers, rounded, are the left
+//! operand of the next product (an `A` fragment 16×16 is two 16×8 products side by side), so
+//! `p` and `dS` never leave the registers. The backward takes 16 keys (`dQ`) or queries
+//! (`dK/dV`) at a time: two products of each kind a block live at once.
 //!
 //! Operands come from shared memory by `ldmatrix`: the plane's own rows once as `A`
 //! fragments, each tile's rows as `B` fragments, plain for a product with the tile's rows as
@@ -46,7 +46,8 @@ const fn tile_stride(head_dim: usize) -> usize {
 /// reads from shared memory feeds two products, not one (one `ldmatrix` for every four `mma`,
 /// where one block has one for every two: at 16 rows a plane, four planes' reads take the SM's
 /// shared memory about as long as their products take the tensor cores). One above hd 64,
-/// where two blocks' accumulators alone would take `hd / 2` registers.
+/// where two blocks' output accumulators alone would take `hd` registers a lane (one block's
+/// take `hd / 2`).
 const fn query_blocks(head_dim: usize) -> usize {
     if head_dim <= 64 {
         2
