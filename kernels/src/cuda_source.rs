@@ -163,15 +163,33 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
         for hd in [16, 48, 64, 96, 128] {
-            let forward = RowWork::default();
+            let rows = RowWork::default();
+            let blocks = rows.default_query_blocks(hd);
             for (kernel, cpp) in
-                tensor_core_kernels(client, dtype, hd, forward, ExecutionMode::Unchecked)
+                tensor_core_kernels(client, dtype, hd, rows, blocks, ExecutionMode::Unchecked)
             {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
+            // The forward and `dQ` at one block of query rows a plane where the default is two
+            // (`LAB_ATTENTION_QUERY_BLOCKS=1`).
+            if blocks > 1 {
+                let one_block =
+                    tensor_core_kernels(client, dtype, hd, rows, 1, ExecutionMode::Unchecked);
+                for (kernel, cpp) in one_block {
+                    if kernel == "forward" || kernel == "grad_q" {
+                        sources.push((format!("mma-{kernel}_one_block-{name}-hd{hd}"), cpp));
+                    }
+                }
+            }
             // The kernels through shared rows (`LAB_ATTENTION_ROWS=bounce`).
-            let bounce =
-                tensor_core_kernels(client, dtype, hd, RowWork::Bounce, ExecutionMode::Unchecked);
+            let bounce = tensor_core_kernels(
+                client,
+                dtype,
+                hd,
+                RowWork::Bounce,
+                1,
+                ExecutionMode::Unchecked,
+            );
             for (kernel, cpp) in bounce {
                 sources.push((format!("mma-{kernel}_bounce-{name}-hd{hd}"), cpp));
             }
@@ -241,7 +259,15 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
             .into_iter()
             .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)))
             .flat_map(|(hd, rows)| {
-                tensor_core_kernels(&client, DType::BF16, hd, rows, ExecutionMode::Unchecked)
+                let blocks = rows.default_query_blocks(hd);
+                tensor_core_kernels(
+                    &client,
+                    DType::BF16,
+                    hd,
+                    rows,
+                    blocks,
+                    ExecutionMode::Unchecked,
+                )
             })
             .map(|(kernel, cpp)| (kernel, shared_layout(&cpp)))
             .collect::<Vec<_>>()
@@ -270,9 +296,14 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
         .into_iter()
         .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)));
     for (hd, rows) in families {
-        for (kernel, cpp) in
-            tensor_core_kernels(&client, DType::BF16, hd, rows, ExecutionMode::Unchecked)
-        {
+        for (kernel, cpp) in tensor_core_kernels(
+            &client,
+            DType::BF16,
+            hd,
+            rows,
+            rows.default_query_blocks(hd),
+            ExecutionMode::Unchecked,
+        ) {
             let bytes = shared_bytes(&cpp);
             assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
             assert!(

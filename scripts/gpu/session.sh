@@ -30,10 +30,11 @@
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; the tensor-core attention's split with its row-wise work in
-#          registers and through shared rows (LAB_ATTENTION_ROWS=bounce); lab as it trains
+#          registers and through shared rows (LAB_ATTENTION_ROWS=bounce), and in registers
+#          at one block of query rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1); lab as it trains
 #          by default (the split, to set against the H100's 557 ms, then each kernel's
 #          time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with
-#          both paths on; the bounce kernels' tests; if time is left, the split with the
+#          both paths on; the bounce and one-block kernels' tests; if time is left, the split with the
 #          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
 #          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
@@ -312,6 +313,10 @@ lease() {
       --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     within 90 step split-mma-bounce env LAB_ATTENTION_MMA=1 LAB_ATTENTION_ROWS=bounce "$lab" \
       bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The register forward and dQ at one block of 16 query rows a warp (4 cubes an SM at
+    # hd 64) against the default two (2 cubes an SM, half the shared-memory reads a product).
+    within 90 step split-mma-one-block env LAB_ATTENTION_MMA=1 LAB_ATTENTION_QUERY_BLOCKS=1 \
+      "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     within 90 test_module kernels gemm::
     within 90 test_module ops projection::
   else
@@ -336,6 +341,7 @@ lease() {
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
     # The bounce kernels' tests (the register kernels' ran above).
     LAB_ATTENTION_ROWS=bounce within 90 test_module kernels attention::tensor_core_kernels
+    LAB_ATTENTION_QUERY_BLOCKS=1 within 90 test_module kernels attention::tensor_core_kernels_match
     # If time is left: the f32 attention one unit a row, against `split`'s shared rows.
     within 120 step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
       --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split

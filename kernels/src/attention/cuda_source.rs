@@ -20,7 +20,7 @@ use tensor_cores::RowWork;
 /// (`Unchecked` as they are launched). Each kernel is built as its launch builds it: settings,
 /// client, one argument per tensor, `()` for the scale, then the comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows: RowWork, mode: ExecutionMode) -> Vec<(&'static str, String)> {
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows: RowWork, blocks: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
@@ -28,16 +28,16 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows
         RowWork::Registers => {
             use tensor_cores::registers::{forward_kernel, grad_q_kernel};
             let forward = forward_kernel::ForwardKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
             let grad_q = grad_q_kernel::GradQKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
             (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
         }
         RowWork::Bounce => {
             let forward = forward_kernel::ForwardKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
             let grad_q = grad_q_kernel::GradQKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
             (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
         }
     };
@@ -308,56 +308,51 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// at 96 and 128 (`dK` and `dV` launched apart), on one row, one tile, a partial tile and several
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
 /// and written at their strides), and with an attention sink, within the kernel tests'
-/// tolerances (f16 4e-3, bf16 3e-2); and the bounce kernels the same at bf16 hd 64 and 128.
+/// tolerances (f16 4e-3, bf16 3e-2); and the bounce kernels the same at bf16 hd 64 and 128,
+/// and the register forward and `dQ` at one block of query rows a plane at bf16 hd 64.
 /// Unwritten outputs are NaN and fail. The kernels are
 /// compiled in cubecl's `Validate` mode, so an access past the end of a tensor, which their
 /// unchecked launch would not catch, fails too.
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = &WgpuRuntime::client(&WgpuDevice::default());
-    let emulations = STORAGES.into_iter().flat_map(|(suffix, storage, dtype)| {
+    // A family's kernels at one storage type and width, on a grid of its query rows a cube.
+    let emulation = |(suffix, storage, dtype), hd, rows: RowWork, blocks| Emulation {
+        kernels: tensor_core_kernels(client, dtype, hd, rows, blocks, ExecutionMode::Validate),
+        storage,
+        suffix,
+        hd,
+        defines: vec![format!(
+            "-DQUERY_ROWS={}",
+            16 * tensor_cores::PLANES * blocks
+        )],
+    };
+    let registers = STORAGES.into_iter().flat_map(|storage| {
         // bf16 also at the 7B's and MedGemma's 128, where `dK` and `dV` take a launch each
         // and the accumulators go through the bounce rows in halves, and at 96, whose
         // bounce rows are whole and wider than a tile's 64 columns and whose tile rows are
         // not whole loader passes.
-        let wide: &[usize] = if dtype == DType::BF16 {
+        let wide: &[usize] = if storage.2 == DType::BF16 {
             &[96, 128]
         } else {
             &[]
         };
-        [16, 48, 64].iter().chain(wide).map(move |&hd| Emulation {
-            kernels: tensor_core_kernels(
-                client,
-                dtype,
-                hd,
-                RowWork::default(),
-                ExecutionMode::Validate,
-            ),
-            storage,
-            suffix,
-            hd,
-            defines: vec![format!(
-                "-DQUERY_ROWS={}",
-                tensor_cores::registers::query_rows(hd)
-            )],
+        [16, 48, 64].iter().chain(wide).map(move |&hd| {
+            let blocks = RowWork::Registers.default_query_blocks(hd);
+            emulation(storage, hd, RowWork::Registers, blocks)
         })
     });
+    let bf16 = STORAGES[1];
     // The bounce kernels (`LAB_ATTENTION_ROWS=bounce`) at bf16 hd 64 (`dK/dV` in one walk)
-    // and 128 (apart, accumulators through the bounce rows in halves).
-    let bounce = [64, 128].map(|hd| Emulation {
-        kernels: tensor_core_kernels(
-            client,
-            DType::BF16,
-            hd,
-            RowWork::Bounce,
-            ExecutionMode::Validate,
-        ),
-        storage: "__nv_bfloat16",
-        suffix: "bf16",
-        hd,
-        defines: Vec::new(),
-    });
-    emulate_all(emulations.chain(bounce).collect());
+    // and 128 (apart, accumulators through the bounce rows in halves); the register forward
+    // and `dQ` at one block of query rows a plane at bf16 hd 64
+    // (`LAB_ATTENTION_QUERY_BLOCKS=1`).
+    let others = [
+        emulation(bf16, 64, RowWork::Bounce, 1),
+        emulation(bf16, 128, RowWork::Bounce, 1),
+        emulation(bf16, 64, RowWork::Registers, 1),
+    ];
+    emulate_all(registers.chain(others).collect());
 }
 
 /// The f32-arithmetic forward, `dQ` and `dK/dV` as CUDA runs them by default: unrolled, rows

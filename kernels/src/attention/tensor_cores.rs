@@ -52,8 +52,8 @@ use super::{row_at, Dims, Forward, Grads};
 
 pub(crate) mod registers;
 
-/// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows (the register forward
-/// and `dQ`: [`RowWork::query_rows`]).
+/// Planes (warps of 32 units) per cube; a cube owns `16 · PLANES` rows (the forward and `dQ`
+/// that times their [`RowWork::query_blocks`]).
 pub const PLANES: usize = 4;
 
 /// Largest head width the kernels take: the 7B's and MedGemma's 128. Shared memory holds two
@@ -168,8 +168,8 @@ pub fn runs<R: CubeRuntime>(t: &CubeTensor<R>, head_dim: usize) -> bool {
     fits(head_dim) && available(t)
 }
 
-/// One cube per `rows` rows (64, or [`RowWork::query_rows`]) of each of `heads` heads of each
-/// sequence.
+/// One cube per `rows` rows (64, or the forward's and `dQ`'s 16 a block,
+/// [`RowWork::query_blocks`], of each plane) of each of `heads` heads of each sequence.
 fn grid(d: &Dims, heads: usize, rows: usize) -> CubeCount {
     CubeCount::Static(d.seq.div_ceil(rows) as u32, heads as u32, d.batch as u32)
 }
@@ -200,11 +200,26 @@ impl RowWork {
         })
     }
 
-    /// Query rows a forward or `dQ` cube owns at head width `head_dim`.
-    fn query_rows(self, head_dim: usize) -> usize {
+    /// Blocks of 16 query rows a plane of the forward and `dQ` owns at head width `head_dim`
+    /// by default: the register kernels' [`registers::query_blocks`], the bounce kernels' one.
+    pub fn default_query_blocks(self, head_dim: usize) -> usize {
         match self {
-            RowWork::Registers => registers::query_rows(head_dim),
-            RowWork::Bounce => 16 * PLANES,
+            RowWork::Registers => registers::query_blocks(head_dim),
+            RowWork::Bounce => 1,
+        }
+    }
+
+    /// The blocks this process runs: the default, or one where `LAB_ATTENTION_QUERY_BLOCKS=1`
+    /// (read once per process; the register kernels' earlier shape, to set one against the
+    /// other on a GPU).
+    pub fn query_blocks(self, head_dim: usize) -> usize {
+        static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let one =
+            *ONE.get_or_init(|| std::env::var("LAB_ATTENTION_QUERY_BLOCKS").as_deref() == Ok("1"));
+        if one {
+            1
+        } else {
+            self.default_query_blocks(head_dim)
         }
     }
 }
@@ -219,7 +234,9 @@ pub(super) fn launch_forward<R: CubeRuntime>(
 ) {
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v] = [q, k, v].map(chunk_readable);
-    let forward = match RowWork::chosen() {
+    let rows = RowWork::chosen();
+    let blocks = rows.query_blocks(d.head_dim);
+    let forward = match rows {
         RowWork::Registers => registers::forward_kernel::launch_unchecked::<R>,
         RowWork::Bounce => forward_kernel::launch_unchecked::<R>,
     };
@@ -227,7 +244,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
     unsafe {
         forward(
             &q.client.clone(),
-            grid(d, d.heads, RowWork::chosen().query_rows(d.head_dim)),
+            grid(d, d.heads, 16 * PLANES * blocks),
             cube_dim(),
             q.into_tensor_arg(),
             k.into_tensor_arg(),
@@ -237,6 +254,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
             scale,
             d.head_dim,
             PLANES,
+            blocks,
             types,
         );
     }
@@ -253,7 +271,9 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
     let [q, k, v, d_out] = [q, k, v, d_out].map(chunk_readable);
-    let grad_q = match RowWork::chosen() {
+    let rows = RowWork::chosen();
+    let blocks = rows.query_blocks(d.head_dim);
+    let grad_q = match rows {
         RowWork::Registers => registers::grad_q_kernel::launch_unchecked::<R>,
         RowWork::Bounce => grad_q_kernel::launch_unchecked::<R>,
     };
@@ -261,7 +281,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     unsafe {
         grad_q(
             &client,
-            grid(d, d.heads, RowWork::chosen().query_rows(d.head_dim)),
+            grid(d, d.heads, 16 * PLANES * blocks),
             cube_dim(),
             q.clone().into_tensor_arg(),
             k.clone().into_tensor_arg(),
@@ -273,6 +293,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             scale,
             d.head_dim,
             PLANES,
+            blocks,
             types,
         );
     }
@@ -362,8 +383,13 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    comptime!(assert!(
+        blocks == 1,
+        "the bounce kernels own one block of rows a plane"
+    ));
     let rows = comptime!(16 * planes);
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
     let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
@@ -460,8 +486,13 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    comptime!(assert!(
+        blocks == 1,
+        "the bounce kernels own one block of rows a plane"
+    ));
     let rows = comptime!(16 * planes);
     let lane_pairs = comptime!(lane_pairs(rows));
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));

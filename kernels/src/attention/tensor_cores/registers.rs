@@ -47,19 +47,14 @@ const fn tile_stride(head_dim: usize) -> usize {
 /// where one block has one for every two: at 16 rows a plane, four planes' reads take the SM's
 /// shared memory about as long as their products take the tensor cores). One above hd 64,
 /// where two blocks' output accumulators alone would take `hd` registers a lane (one block's
-/// take `hd / 2`).
-const fn query_blocks(head_dim: usize) -> usize {
+/// take `hd / 2`). The kernels take any number; this is the launches' default
+/// ([`super::RowWork::query_blocks`]).
+pub(crate) const fn query_blocks(head_dim: usize) -> usize {
     if head_dim <= 64 {
         2
     } else {
         1
     }
-}
-
-/// Query rows a cube of the forward or `dQ` owns at head width `head_dim` (their grid's rows
-/// a cube).
-pub(crate) const fn query_rows(head_dim: usize) -> usize {
-    16 * super::PLANES * query_blocks(head_dim)
 }
 
 /// Two adjacent elements: what one 32-bit register of a fragment holds.
@@ -568,9 +563,9 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let blocks = comptime!(query_blocks(head_dim));
     // Keys a tile; query rows a plane and a cube.
     let tile_rows = comptime!(16 * planes);
     let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
@@ -803,9 +798,9 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     scale: f32,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let blocks = comptime!(query_blocks(head_dim));
     // Keys a tile; query rows a plane and a cube.
     let tile_rows = comptime!(16 * planes);
     let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
