@@ -90,9 +90,9 @@ impl Quad {
 }
 
 /// Where a forward or `dQ` cube works: query rows `row0 .. row0 + 16 · planes · blocks` of
-/// head `h` of sequence
-/// `b` (of `heads`, `seq` rows each), whose keys and values (those of `h`'s group) start at
-/// `k_base` and `v_base`.
+/// head `h` of sequence `b` (of `heads`, `seq` rows each), whose keys and values (those of
+/// `h`'s group) start at `k_base` and `v_base`. It walks keys `0 .. end`; keys from
+/// `plane_end` on come after every row of the unit's plane.
 #[derive(CubeType)]
 struct QueryBlock {
     seq: usize,
@@ -102,6 +102,8 @@ struct QueryBlock {
     row0: usize,
     k_base: usize,
     v_base: usize,
+    end: usize,
+    plane_end: usize,
 }
 
 #[cube]
@@ -116,14 +118,19 @@ impl QueryBlock {
         let (heads, kv_heads) = (q.shape(1), k.shape(1));
         let (b, h) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
         let kv_head = h / (heads / kv_heads);
+        let seq = q.shape(2);
+        let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
+        let row0 = CUBE_POS_X as usize * rows;
         QueryBlock {
-            seq: q.shape(2),
+            seq,
             heads,
             b,
             h,
-            row0: CUBE_POS_X as usize * comptime!(16 * planes * blocks),
+            row0,
             k_base: row_at(k, b, kv_head, 0),
             v_base: row_at(v, b, kv_head, 0),
+            end: smaller(row0 + rows, seq),
+            plane_end: row0 + UNIT_POS_Y as usize * plane_rows + plane_rows,
         }
     }
 }
@@ -566,15 +573,12 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    // Keys a tile; query rows a plane and a cube.
-    let tile_rows = comptime!(16 * planes);
-    let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
     let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
     let (k_base, v_base) = (block.k_base, block.v_base);
     // A key tile, then a value tile: room to stage the cube's query rows first.
     let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
-    let v_origin = comptime!(tile_rows * tile_stride(head_dim));
+    let v_origin = comptime!(16 * planes * tile_stride(head_dim));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
@@ -585,17 +589,14 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     );
 
     let mut run = Running::<A>::new(head_dim, blocks);
-    let end = smaller(row0 + rows, seq);
-    // Keys from here on come after every row of the plane.
-    let plane_end = row0 + UNIT_POS_Y as usize * plane_rows + plane_rows;
     let mut start = 0;
-    while start < end {
+    while start < block.end {
         load_keys_values::<F>(
             k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
         );
         // Only the cube's last tiles, from its first row on, have keys after a row; of those
         // a plane skips the ones past all its rows.
-        if start < plane_end {
+        if start < block.plane_end {
             let diagonal = start >= row0;
             forward_tile::<F, A>(
                 &mma, &q_frags, &tiles, &mut run, &quad, start, diagonal, scale, v_origin,
@@ -604,7 +605,7 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
         }
         // Every plane is done with this tile's keys and values before the next load.
         sync_cube();
-        start += tile_rows;
+        start += comptime!(16 * planes); // a tile of keys
     }
 
     #[unroll]
@@ -801,15 +802,12 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     #[comptime] blocks: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    // Keys a tile; query rows a plane and a cube.
-    let tile_rows = comptime!(16 * planes);
-    let (plane_rows, rows) = comptime!((16 * blocks, 16 * planes * blocks));
     let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
     let (k_base, v_base) = (block.k_base, block.v_base);
     // A key tile, then a value tile: room to stage the cube's query rows first.
     let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
-    let v_origin = comptime!(tile_rows * tile_stride(head_dim));
+    let v_origin = comptime!(16 * planes * tile_stride(head_dim));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
@@ -826,17 +824,14 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, blocks);
 
     let mut dq = zeroed::<A>(comptime!(blocks * head_dim / 8));
-    let end = smaller(row0 + rows, seq);
-    // Keys from here on come after every row of the plane.
-    let plane_end = row0 + UNIT_POS_Y as usize * plane_rows + plane_rows;
     let mut start = 0;
-    while start < end {
+    while start < block.end {
         load_keys_values::<F>(
             k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
         );
         // Only the cube's last tiles, from its first row on, have keys after a row; of those
         // a plane skips the ones past all its rows.
-        if start < plane_end {
+        if start < block.plane_end {
             let diagonal = start >= row0;
             grad_q_tile::<F, A>(
                 &mma, &q_frags, &do_frags, &tiles, &mut dq, &quad, start, diagonal, scale, &lse_i,
@@ -845,7 +840,7 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
         }
         // Every plane is done with this tile's keys and values before the next load.
         sync_cube();
-        start += tile_rows;
+        start += comptime!(16 * planes); // a tile of keys
     }
     #[unroll]
     for blk in 0..blocks {
