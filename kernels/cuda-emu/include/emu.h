@@ -15,6 +15,8 @@
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
 //   whole tile when the lane runs it; a store is written by lane 0 only. Loads and stores
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
+// - cp.async copies are NaN in shared memory from the call to the unit's next
+//   lab_wait_copies (cp.async.wait_all), where they land (below, at __cp_async_shared_global);
 // - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.
 // It checks what the kernels compute and where they synchronise, not how fast they are.
 #pragma once
@@ -251,6 +253,44 @@ Shared<U> recast(Shared<T> s) {
 
 inline void __syncthreads() {
     emu::join(*emu::block_barrier, 0, blockDim.x * blockDim.y * blockDim.z);
+}
+
+// cp.async as cubecl wraps it (`__cp_async_shared_global<N>(src, dst, src_bytes)`): N bytes
+// (4, 8 or 16) into shared memory, the first `src_bytes` from global `src`, zeros after. On a
+// GPU they land at some time between the call and the unit's next `cp.async.wait_all`
+// (lab_wait_copies, which lab's `sync_storage` calls before its barrier). Here the N bytes are
+// written as NaN (0xff) at the call, so that the race detector counts the copy's write from
+// then on and a read before the wait sees NaN, and the copied bytes at the wait. Both ends
+// must be N-byte aligned, as for the instruction.
+namespace emu {
+struct PendingCopy {
+    size_t at, size;
+    uint8_t bytes[16];
+};
+inline thread_local std::vector<PendingCopy> pending_copies;
+}  // namespace emu
+
+template <size_t N, class S, class T>
+inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t src_bytes) {
+    static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+    if (dst.offset % N != 0 || reinterpret_cast<uintptr_t>(src) % N != 0 || src_bytes > N) {
+        std::fprintf(stderr, "cp.async of %zu: %zu bytes from %p to shared byte %zu (both ends aligned)\n", N,
+                     src_bytes, static_cast<const void*>(src), dst.offset);
+        std::abort();
+    }
+    emu::PendingCopy copy{dst.offset, N, {}};
+    std::memcpy(copy.bytes, src, src_bytes);
+    emu::on_write(dst.offset, N);
+    std::memset(&emu::shared[dst.offset], 0xff, N);
+    emu::pending_copies.push_back(copy);
+}
+
+inline void lab_wait_copies() {
+    for (const emu::PendingCopy& copy : emu::pending_copies) {
+        emu::on_write(copy.at, copy.size);
+        std::memcpy(&emu::shared[copy.at], copy.bytes, copy.size);
+    }
+    emu::pending_copies.clear();
 }
 inline void __syncwarp(unsigned = 0xffffffffu) {
     unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
@@ -515,6 +555,11 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
                         warp = t / 32;
                         lane = t % 32;
                         kernel(pass<Params>(args)...);
+                        if (!pending_copies.empty()) {
+                            std::fprintf(stderr, "thread %u of block %u,%u,%u ended with %zu cp.async copies not waited for\n",
+                                         t, x, y, z, pending_copies.size());
+                            std::abort();
+                        }
                         block_barrier->arrive_and_drop();
                         warp_barriers[warp]->arrive_and_drop();
                     });

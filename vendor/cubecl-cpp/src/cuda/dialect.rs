@@ -50,6 +50,23 @@ __device__ __forceinline__ float lab_fast_exp(float x) {
 #endif
 "#;
 
+/// LAB PATCH: `lab_wait_copies()`, which `sync_storage` calls before its `__syncthreads`
+/// (`compile_instruction_sync_threads_after_copies`): `cp.async.wait_all` (from `sm_80`,
+/// where `cp.async` starts), so that the copies a unit started with `copy_async` have landed
+/// in shared memory when the barrier lets the cube read them. Host compilers of the same
+/// source (lab's CUDA emulation) bring their own.
+const LAB_WAIT_COPIES: &str = r#"#ifndef LAB_WAIT_COPIES
+#define LAB_WAIT_COPIES
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void lab_wait_copies() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+#endif
+#endif
+"#;
+
 impl<M: DialectWmmaCompiler<Self>> DialectIncludes<Self> for CudaDialect<M> {
     type Extension = Extension<Self>;
 
@@ -88,8 +105,9 @@ impl<M: DialectWmmaCompiler<Self>> DialectIncludes<Self> for CudaDialect<M> {
         if flags.inst_ptx_wrappers {
             f.write_str("#include <cuda/ptx>\n")?;
         }
-        // LAB PATCH: the fast `exp` (`FastExp`).
+        // LAB PATCH: the fast `exp` (`FastExp`), the wait before `sync_storage`'s barrier.
         f.write_str(LAB_FAST_EXP)?;
+        f.write_str(LAB_WAIT_COPIES)?;
         if flags.inst_tma {
             f.write_str(
                 "typedef struct CUtensorMap_st {
@@ -269,6 +287,11 @@ impl<M: DialectWmmaCompiler<Self>> DialectTypes<Self> for CudaDialect<M> {
             writeln!(f, "{TMA_LOAD_IM2COL}")?;
         }
         if flags.inst_async_copy {
+            // LAB PATCH: the arrive on a barrier only where the kernel has barriers (it names
+            // `cuda::barrier`, whose header comes with them).
+            if flags.op_barrier {
+                writeln!(f, "{COPY_ASYNC_ARRIVE}")?;
+            }
             writeln!(f, "{COPY_ASYNC}")?;
         }
         Ok(())
@@ -446,6 +469,13 @@ impl<M: DialectWmmaCompiler<Self>> DialectInstructions<Self> for CudaDialect<M> 
     // sync
     fn compile_instruction_sync_threads(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "__syncthreads();\n")
+    }
+
+    // LAB PATCH (LAB-PATCH.md): `sync_storage` waits for the unit's `cp.async` copies first.
+    fn compile_instruction_sync_threads_after_copies(
+        f: &mut std::fmt::Formatter<'_>,
+    ) -> std::fmt::Result {
+        writeln!(f, "lab_wait_copies();\n__syncthreads();\n")
     }
 
     fn compile_instruction_sync_warp(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -427,7 +427,10 @@ impl<D: Dialect> CppCompiler<D> {
             gpu::Operation::Synchronization(val) => match val {
                 gpu::Synchronization::SyncCube => instructions.push(Instruction::SyncThreads),
                 gpu::Synchronization::SyncPlane => instructions.push(Instruction::SyncWarp),
-                gpu::Synchronization::SyncStorage => instructions.push(Instruction::SyncThreads),
+                // LAB PATCH (LAB-PATCH.md): what lab's kernels mean by `sync_storage`.
+                gpu::Synchronization::SyncStorage => {
+                    instructions.push(Instruction::SyncThreadsAfterCopies)
+                }
                 gpu::Synchronization::SyncAsyncProxyShared => {
                     self.flags.inst_tma = true;
                     instructions.push(Instruction::ProxyAsyncToSharedFence)

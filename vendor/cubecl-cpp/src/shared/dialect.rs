@@ -662,6 +662,13 @@ pub trait DialectInstructions<D: Dialect> {
 
     // sync
     fn compile_instruction_sync_threads(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
+    /// LAB PATCH (LAB-PATCH.md): a cube barrier that the unit's async copies (`copy_async`)
+    /// have landed before; a dialect without them keeps the plain barrier.
+    fn compile_instruction_sync_threads_after_copies(
+        f: &mut std::fmt::Formatter<'_>,
+    ) -> std::fmt::Result {
+        Self::compile_instruction_sync_threads(f)
+    }
     fn compile_instruction_sync_warp(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
     fn compile_instruction_thread_fence(f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result;
 

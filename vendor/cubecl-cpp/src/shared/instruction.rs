@@ -207,6 +207,8 @@ pub enum Instruction<D: Dialect> {
     IsNan(UnaryInstruction<D>),
     IsInf(UnaryInstruction<D>),
     SyncThreads,
+    // LAB PATCH (LAB-PATCH.md): `sync_storage`, a cube barrier after the unit's async copies.
+    SyncThreadsAfterCopies,
     SyncWarp,
     ThreadFence,
     ProxyAsyncToSharedFence,
@@ -584,6 +586,9 @@ for ({i_ty} {i} = {start}; {i} {cmp} {end}; {increment}) {{
             Instruction::IsNan(it) => IsNan::format(f, &it.input, &it.out),
             Instruction::IsInf(it) => IsInf::format(f, &it.input, &it.out),
             Instruction::SyncThreads => D::compile_instruction_sync_threads(f),
+            Instruction::SyncThreadsAfterCopies => {
+                D::compile_instruction_sync_threads_after_copies(f)
+            }
             Instruction::SyncWarp => D::compile_instruction_sync_warp(f),
             Instruction::ThreadFence => f.write_str("__threadfence();\n"),
             Instruction::Round(it) => Round::format(f, &it.input, &it.out),
