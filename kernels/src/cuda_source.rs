@@ -164,18 +164,29 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
         for hd in [16, 48, 64, 96, 128] {
             let rows = RowWork::default();
-            let blocks = rows.default_query_blocks(hd);
-            for (kernel, cpp) in
-                tensor_core_kernels(client, dtype, hd, rows, blocks, ExecutionMode::Unchecked)
-            {
+            let (blocks, stages) = (rows.default_query_blocks(hd), rows.default_tile_stages());
+            let kernels = |blocks, stages| {
+                tensor_core_kernels(
+                    client,
+                    dtype,
+                    hd,
+                    rows,
+                    blocks,
+                    stages,
+                    ExecutionMode::Unchecked,
+                )
+            };
+            for (kernel, cpp) in kernels(blocks, stages) {
                 sources.push((format!("mma-{kernel}-{name}-hd{hd}"), cpp));
             }
-            // The forward and `dQ` at one block of query rows a plane where the default is two
+            // Every kernel loading one tile at a time (`LAB_ATTENTION_STAGES=1`), and the
+            // forward and `dQ` at one block of query rows a plane where the default is two
             // (`LAB_ATTENTION_QUERY_BLOCKS=1`).
+            for (kernel, cpp) in kernels(blocks, 1) {
+                sources.push((format!("mma-{kernel}_one_stage-{name}-hd{hd}"), cpp));
+            }
             if blocks > 1 {
-                let one_block =
-                    tensor_core_kernels(client, dtype, hd, rows, 1, ExecutionMode::Unchecked);
-                for (kernel, cpp) in one_block {
+                for (kernel, cpp) in kernels(1, stages) {
                     if kernel == "forward" || kernel == "grad_q" {
                         sources.push((format!("mma-{kernel}_one_block-{name}-hd{hd}"), cpp));
                     }
@@ -187,6 +198,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
                 dtype,
                 hd,
                 RowWork::Bounce,
+                1,
                 1,
                 ExecutionMode::Unchecked,
             );
@@ -260,12 +272,14 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
             .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)))
             .flat_map(|(hd, rows)| {
                 let blocks = rows.default_query_blocks(hd);
+                let stages = rows.default_tile_stages();
                 tensor_core_kernels(
                     &client,
                     DType::BF16,
                     hd,
                     rows,
                     blocks,
+                    stages,
                     ExecutionMode::Unchecked,
                 )
             })
@@ -302,6 +316,7 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
             hd,
             rows,
             rows.default_query_blocks(hd),
+            rows.default_tile_stages(),
             ExecutionMode::Unchecked,
         ) {
             let bytes = shared_bytes(&cpp);

@@ -454,8 +454,9 @@ const TILED_CASES: [Case; 4] = [
 /// The tensor-core forward and backward at f16 and bf16, whatever the default (CUDA builds
 /// only: lavapipe has no tensor cores), contiguous, in the model's layout and mixed: the
 /// kernels with their row-wise work in registers, under `LAB_ATTENTION_QUERY_BLOCKS=1` those
-/// at one block of query rows a warp, or under `LAB_ATTENTION_ROWS=bounce` those through
-/// shared rows (`scripts/gpu/session.sh` runs all three). Calls that do not fit them (hd 8
+/// at one block of query rows a warp, under `LAB_ATTENTION_STAGES=1` those loading each key
+/// tile without `cp.async`, or under `LAB_ATTENTION_ROWS=bounce` those through shared rows
+/// (`scripts/gpu/session.sh` runs all four). Calls that do not fit them (hd 8
 /// in `CASES`) take the f32 kernels.
 #[cfg(not(feature = "wgpu"))]
 #[test]

@@ -31,10 +31,11 @@
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
 #          those paths; the tensor-core attention's split with its row-wise work in
 #          registers and through shared rows (LAB_ATTENTION_ROWS=bounce), and in registers
-#          at one block of query rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1); lab as it trains
+#          at one block of query rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1) and with one
+#          stage of tiles, no cp.async (LAB_ATTENTION_STAGES=1); lab as it trains
 #          by default (the split, to set against the H100's 557 ms, then each kernel's
 #          time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with
-#          both paths on; the bounce and one-block kernels' tests; if time is left, the split with the
+#          both paths on; the bounce, one-block and one-stage kernels' tests; if time is left, the split with the
 #          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
 #          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
@@ -317,6 +318,10 @@ lease() {
     # hd 64) against the default two (2 cubes an SM, half the shared-memory reads a product).
     within 90 step split-mma-one-block env LAB_ATTENTION_MMA=1 LAB_ATTENTION_QUERY_BLOCKS=1 \
       "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
+    # The same loading each tile, then computing it (LAB_ATTENTION_STAGES=1), against the
+    # default's next tile copied by cp.async while the cube computes one.
+    within 90 step split-mma-one-stage env LAB_ATTENTION_MMA=1 LAB_ATTENTION_STAGES=1 \
+      "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
     within 90 test_module kernels gemm::
     within 90 test_module ops projection::
   else
@@ -342,6 +347,7 @@ lease() {
     # The bounce kernels' tests (the register kernels' ran above).
     LAB_ATTENTION_ROWS=bounce within 90 test_module kernels attention::tensor_core_kernels
     LAB_ATTENTION_QUERY_BLOCKS=1 within 90 test_module kernels attention::tensor_core_kernels_match
+    LAB_ATTENTION_STAGES=1 within 90 test_module kernels attention::tensor_core_kernels_match
     # If time is left: the f32 attention one unit a row, against `split`'s shared rows.
     within 120 step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
       --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split

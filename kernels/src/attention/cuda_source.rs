@@ -20,7 +20,7 @@ use tensor_cores::RowWork;
 /// (`Unchecked` as they are launched). Each kernel is built as its launch builds it: settings,
 /// client, one argument per tensor, `()` for the scale, then the comptime arguments.
 #[rustfmt::skip]
-pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows: RowWork, blocks: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
+pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows: RowWork, blocks: usize, stages: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use tensor_cores::{forward_kernel, grad_kv_kernel, grad_q_kernel, KvGrads, PLANES};
     let (s, c, t) = (settings(CubeDim::new_2d(32, PLANES as u32)), client, tensor);
     let types = [dtype.into(), DType::F32.into()];
@@ -28,24 +28,24 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows
         RowWork::Registers => {
             use tensor_cores::registers::{forward_kernel, grad_q_kernel};
             let forward = forward_kernel::ForwardKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, stages, types);
             let grad_q = grad_q_kernel::GradQKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, stages, types);
             (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
         }
         RowWork::Bounce => {
             let forward = forward_kernel::ForwardKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, stages, types);
             let grad_q = grad_q_kernel::GradQKernel::new(
-                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, types);
+                s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, blocks, stages, types);
             (cuda_cpp_in(&forward, mode), cuda_cpp_in(&grad_q, mode))
         }
     };
     let grad_kv = |part| match rows {
         RowWork::Registers => cuda_cpp_in(&tensor_cores::registers::grad_kv_kernel::GradKvKernel::new(
-            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode),
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, stages, types), mode),
         RowWork::Bounce => cuda_cpp_in(&grad_kv_kernel::GradKvKernel::new(
-            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, types), mode),
+            s.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), hd, PLANES, part, stages, types), mode),
     };
     let mut kernels = vec![("forward", forward), ("grad_q", grad_q)];
     for &part in KvGrads::launches(hd) {
@@ -309,16 +309,27 @@ fn emulate_all(emulations: Vec<Emulation>) {
 /// tiles with GQA groups of 1 to 3, contiguous and in the model's layout (heads swapped, read
 /// and written at their strides), and with an attention sink, within the kernel tests'
 /// tolerances (f16 4e-3, bf16 3e-2); and the bounce kernels the same at bf16 hd 64 and 128,
-/// and the register forward and `dQ` at one block of query rows a plane at bf16 hd 64.
+/// the register forward and `dQ` at bf16 hd 64 at one block of query rows a plane, and the
+/// register kernels at bf16 hd 64 with one stage of tiles (the default two copy the next tile
+/// by `cp.async`, which the emulation lands at the unit's next `sync_storage`, NaN until then).
 /// Unwritten outputs are NaN and fail. The kernels are
-/// compiled in cubecl's `Validate` mode, so an access past the end of a tensor, which their
-/// unchecked launch would not catch, fails too.
+/// compiled in cubecl's `Validate` mode, so an indexed access past the end of a tensor, which
+/// their unchecked launch would not catch, fails too. (`Validate` does not check a `cp.async`
+/// copy's source; the one-stage run reads the same rows with indexed loads.)
 #[test]
 fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
     let client = &WgpuRuntime::client(&WgpuDevice::default());
     // A family's kernels at one storage type and width, on a grid of its query rows a cube.
-    let emulation = |(suffix, storage, dtype), hd, rows: RowWork, blocks| Emulation {
-        kernels: tensor_core_kernels(client, dtype, hd, rows, blocks, ExecutionMode::Validate),
+    let emulation = |(suffix, storage, dtype), hd, rows: RowWork, blocks, stages| Emulation {
+        kernels: tensor_core_kernels(
+            client,
+            dtype,
+            hd,
+            rows,
+            blocks,
+            stages,
+            ExecutionMode::Validate,
+        ),
         storage,
         suffix,
         hd,
@@ -338,19 +349,27 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
             &[]
         };
         [16, 48, 64].iter().chain(wide).map(move |&hd| {
-            let blocks = RowWork::Registers.default_query_blocks(hd);
-            emulation(storage, hd, RowWork::Registers, blocks)
+            let rows = RowWork::Registers;
+            emulation(
+                storage,
+                hd,
+                rows,
+                rows.default_query_blocks(hd),
+                rows.default_tile_stages(),
+            )
         })
     });
     let bf16 = STORAGES[1];
     // The bounce kernels (`LAB_ATTENTION_ROWS=bounce`) at bf16 hd 64 (`dK/dV` in one walk)
     // and 128 (apart, accumulators through the bounce rows in halves); the register forward
-    // and `dQ` at one block of query rows a plane at bf16 hd 64
-    // (`LAB_ATTENTION_QUERY_BLOCKS=1`).
+    // and `dQ` at bf16 hd 64 at one block of query rows a plane
+    // (`LAB_ATTENTION_QUERY_BLOCKS=1`), and the register kernels loading one tile at a time
+    // (`LAB_ATTENTION_STAGES=1`).
     let others = [
-        emulation(bf16, 64, RowWork::Bounce, 1),
-        emulation(bf16, 128, RowWork::Bounce, 1),
-        emulation(bf16, 64, RowWork::Registers, 1),
+        emulation(bf16, 64, RowWork::Bounce, 1, 1),
+        emulation(bf16, 128, RowWork::Bounce, 1, 1),
+        emulation(bf16, 64, RowWork::Registers, 1, 2),
+        emulation(bf16, 64, RowWork::Registers, 2, 1),
     ];
     emulate_all(registers.chain(others).collect());
 }

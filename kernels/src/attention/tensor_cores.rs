@@ -34,7 +34,9 @@
 //!
 //! Tiles of `q`, `k`, `v` and `dO` come into shared memory 16 bytes a unit at a time (the
 //! inputs are `Tensor<Vector<F, 8>>`: [`load_tile`]); inputs whose rows are not 16-byte aligned
-//! are copied first ([`chunk_readable`]).
+//! are copied first ([`chunk_readable`]). The register kernels copy their tiles (and `dK/dV`
+//! its rows' `lse` and `D`) by `cp.async` into two stages ([`RowWork::tile_stages`]); a copy
+//! for a row past the sequence reads none of its bytes and writes zeros.
 //!
 //! The kernels launch unchecked, for the reasons and with the checks the parent module gives
 //! for its own kernels on CUDA. Their accesses are in bounds by construction: tile rows are
@@ -45,6 +47,7 @@ use burn::tensor::DType;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::cmma::{self, Matrix, MatrixIdent, MatrixLayout};
 use cubecl::ir::features::MmaConfig;
+use cubecl::prelude::barrier::copy_async_checked;
 use cubecl::prelude::*;
 use enumset::EnumSet;
 
@@ -131,7 +134,8 @@ const fn operand_stride(planes: usize) -> usize {
 }
 
 /// Whether `t`'s device runs these kernels at `t`'s dtype: a CUDA device with 16×16×16
-/// products of f16 or bf16 into f32; bf16 only from Ampere (sm_80) on, which cubecl's
+/// products of f16 or bf16 into f32; bf16, and the register kernels at either type
+/// (`mma.sync` 16×8×16 and `cp.async`), only from Ampere (sm_80) on, which cubecl's
 /// properties mark with `copy_async` (it lists bf16 products for older GPUs too, where NVRTC
 /// rejects them). Other runtimes keep the f32 kernels: lavapipe has no tensor cores, and only
 /// CUDA is measured.
@@ -140,7 +144,8 @@ pub fn available<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
         return false;
     }
     let features = &t.client.properties().features;
-    if t.dtype == DType::BF16 && !features.copy_async {
+    let needs_ampere = t.dtype == DType::BF16 || RowWork::chosen() == RowWork::Registers;
+    if needs_ampere && !features.copy_async {
         return false;
     }
     let product = MmaConfig {
@@ -209,6 +214,29 @@ impl RowWork {
         }
     }
 
+    /// Stages of the tiles a kernel walks (keys and values, or queries and `dO`) that it keeps
+    /// in shared memory by default: the register kernels two ([`registers`]: the next tile's
+    /// `cp.async` copies run while the cube computes one), the bounce kernels one.
+    pub fn default_tile_stages(self) -> usize {
+        match self {
+            RowWork::Registers => 2,
+            RowWork::Bounce => 1,
+        }
+    }
+
+    /// The stages this process runs: the default, or one where `LAB_ATTENTION_STAGES=1`
+    /// (read once per process: each tile loaded, then computed, to set one against the other
+    /// on a GPU).
+    pub fn tile_stages(self) -> usize {
+        static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let one = *ONE.get_or_init(|| std::env::var("LAB_ATTENTION_STAGES").as_deref() == Ok("1"));
+        if one {
+            1
+        } else {
+            self.default_tile_stages()
+        }
+    }
+
     /// The blocks this process runs: the default, or one where `LAB_ATTENTION_QUERY_BLOCKS=1`
     /// (read once per process; the register kernels' earlier shape, to set one against the
     /// other on a GPU).
@@ -236,6 +264,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
     let [q, k, v] = [q, k, v].map(chunk_readable);
     let rows = RowWork::chosen();
     let blocks = rows.query_blocks(d.head_dim);
+    let stages = rows.tile_stages();
     let forward = match rows {
         RowWork::Registers => registers::forward_kernel::launch_unchecked::<R>,
         RowWork::Bounce => forward_kernel::launch_unchecked::<R>,
@@ -255,6 +284,7 @@ pub(super) fn launch_forward<R: CubeRuntime>(
             d.head_dim,
             PLANES,
             blocks,
+            stages,
             types,
         );
     }
@@ -273,6 +303,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let [q, k, v, d_out] = [q, k, v, d_out].map(chunk_readable);
     let rows = RowWork::chosen();
     let blocks = rows.query_blocks(d.head_dim);
+    let stages = rows.tile_stages();
     let grad_q = match rows {
         RowWork::Registers => registers::grad_q_kernel::launch_unchecked::<R>,
         RowWork::Bounce => grad_q_kernel::launch_unchecked::<R>,
@@ -294,6 +325,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             d.head_dim,
             PLANES,
             blocks,
+            stages,
             types,
         );
     }
@@ -320,6 +352,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
                 d.head_dim,
                 PLANES,
                 part,
+                stages,
                 types,
             );
         }
@@ -384,11 +417,12 @@ pub(super) fn forward_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     comptime!(assert!(
-        blocks == 1,
-        "the bounce kernels own one block of rows a plane"
+        blocks == 1 && stages == 1,
+        "the bounce kernels own one block of rows a plane and load one key tile at a time"
     ));
     let rows = comptime!(16 * planes);
     let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
@@ -487,11 +521,12 @@ pub(super) fn grad_q_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     comptime!(assert!(
-        blocks == 1,
-        "the bounce kernels own one block of rows a plane"
+        blocks == 1 && stages == 1,
+        "the bounce kernels own one block of rows a plane and load one key tile at a time"
     ));
     let rows = comptime!(16 * planes);
     let lane_pairs = comptime!(lane_pairs(rows));
@@ -579,8 +614,13 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] grads: KvGrads,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    comptime!(assert!(
+        stages == 1,
+        "the bounce kernels load one query tile at a time"
+    ));
     let rows = comptime!(16 * planes);
     let lane_pairs = comptime!(lane_pairs(rows));
     let (keys, values) = comptime!((grads.keys(), grads.values()));
@@ -644,8 +684,10 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
                 head_rows,
                 start,
                 seq,
+                0usize,
                 rows,
                 keys,
+                false,
             );
             sync_cube();
             let col0 = lanes.col0();
@@ -721,8 +763,10 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
 }
 
 /// `lse` and, for `dK` (`keys`), `D` of the queries `start .. start + 64` of the head whose
-/// rows start at `head_rows` of them, into `lse_tile` and `delta_tile`: 0 past the sequence,
-/// where `q` and `dO` are zeros, so that `pᵀ dO` and `dS` are too.
+/// rows start at `head_rows` of them, into `lse_tile` and `delta_tile` from `tile_at` on: 0
+/// past the sequence, where `q` and `dO` are zeros, so that `pᵀ dO` and `dS` are too. Loaded
+/// and stored, or copied by `cp.async` (`asynchronous`: in shared memory once the unit has
+/// passed `sync_storage`).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_row_stats<A: Float>(
@@ -733,22 +777,35 @@ fn load_row_stats<A: Float>(
     head_rows: usize,
     start: usize,
     seq: usize,
+    tile_at: usize,
     #[comptime] rows: usize,
     #[comptime] keys: bool,
+    #[comptime] asynchronous: bool,
 ) {
     if UNIT_POS < rows as u32 {
         let i = start + UNIT_POS as usize;
-        let mut lse_i = A::new(0.0);
-        let mut delta_i = A::new(0.0);
-        if i < seq {
-            lse_i = lse[head_rows + i];
+        let to = tile_at + UNIT_POS as usize;
+        if comptime!(asynchronous) {
+            let (from, read) = (head_rows + i, usize::cast_from(i < seq));
+            let mut lse_to = lse_tile.slice_mut(to, to + 1);
+            copy_async_checked(&lse.slice(from, from + read), &mut lse_to, 1u32);
             if comptime!(keys) {
-                delta_i = delta[head_rows + i];
+                let mut delta_to = delta_tile.slice_mut(to, to + 1);
+                copy_async_checked(&delta.slice(from, from + read), &mut delta_to, 1u32);
             }
-        }
-        lse_tile[UNIT_POS as usize] = lse_i;
-        if comptime!(keys) {
-            delta_tile[UNIT_POS as usize] = delta_i;
+        } else {
+            let mut lse_i = A::new(0.0);
+            let mut delta_i = A::new(0.0);
+            if i < seq {
+                lse_i = lse[head_rows + i];
+                if comptime!(keys) {
+                    delta_i = delta[head_rows + i];
+                }
+            }
+            lse_tile[to] = lse_i;
+            if comptime!(keys) {
+                delta_tile[to] = delta_i;
+            }
         }
     }
 }
@@ -1208,11 +1265,14 @@ fn load_tile<F: Float>(
     #[comptime] pad_chunks: usize,
 ) {
     load_tile_at::<F>(
-        src, tile, base, start, seq, head_dim, planes, pad_chunks, 0usize,
+        src, tile, base, start, seq, 0usize, head_dim, planes, pad_chunks, false,
     );
 }
 
-/// [`load_tile`] into the tile's rows from `tile_row0` on (padded tiles only).
+/// [`load_tile`] into the tile's rows from `tile_row0` on (padded tiles only: an unpadded one
+/// takes its rows from 0), with loads and stores, or `asynchronous`ly: each unit's chunks
+/// copied by `cp.async` ([`copy_chunk`]), in shared memory once the unit has passed
+/// `sync_storage` (cubecl-cpp as lab patches it: `cp.async.wait_all`, then the barrier).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_tile_at<F: Float>(
@@ -1221,15 +1281,12 @@ fn load_tile_at<F: Float>(
     base: usize,
     start: usize,
     seq: usize,
+    tile_row0: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] pad_chunks: usize,
-    #[comptime] tile_row0: usize,
+    #[comptime] asynchronous: bool,
 ) {
-    comptime!(assert!(
-        pad_chunks > 0 || tile_row0 == 0,
-        "rows from 0 in an unpadded tile"
-    ));
     let units = comptime!(32 * planes);
     // Whole chunks for every unit, each pass: what `fits` promises.
     comptime!(assert!(
@@ -1240,7 +1297,7 @@ fn load_tile_at<F: Float>(
     // Strides and `base` count elements; a chunked tensor is indexed in chunks.
     let row_step = src.stride(2) / CHUNK;
     let first = base / CHUNK;
-    let mut tile = tile
+    let mut chunks = tile
         .to_slice_mut()
         .into_vectorized()
         .with_vector_size::<Const<CHUNK>>();
@@ -1268,10 +1325,13 @@ fn load_tile_at<F: Float>(
             } else {
                 (tile_row0 + r0 + m * pass_rows) * tile_row + c0
             };
-            if start + r0 + m * pass_rows < seq {
-                tile[to] = src[from + m * pass_step];
+            let inside = start + r0 + m * pass_rows < seq;
+            if comptime!(asynchronous) {
+                copy_chunk::<F>(src, tile, from + m * pass_step, to, inside);
+            } else if inside {
+                chunks[to] = src[from + m * pass_step];
             } else {
-                tile[to] = Chunk::<F>::new(F::new(0.0));
+                chunks[to] = Chunk::<F>::new(F::new(0.0));
             }
         } else {
             let (r, c) = (at / row_chunks, at % row_chunks);
@@ -1280,13 +1340,42 @@ fn load_tile_at<F: Float>(
             } else {
                 (tile_row0 + r) * tile_row + c
             };
-            if start + r < seq {
-                tile[to] = src[first + (start + r) * row_step + c];
+            let inside = start + r < seq;
+            if comptime!(asynchronous) {
+                copy_chunk::<F>(src, tile, first + (start + r) * row_step + c, to, inside);
+            } else if inside {
+                chunks[to] = src[first + (start + r) * row_step + c];
             } else {
-                tile[to] = Chunk::<F>::new(F::new(0.0));
+                chunks[to] = Chunk::<F>::new(F::new(0.0));
             }
         }
     }
+}
+
+/// `cp.async` of chunk `from` of `src` into chunk `to` of `tile`, or 16 zero bytes where the
+/// row is not `inside` the sequence (a copy that reads none of its 16 bytes and fills them
+/// with zeros).
+#[cube]
+fn copy_chunk<F: Float>(
+    src: &Tensor<Chunk<F>>,
+    tile: &mut SharedMemory<F>,
+    from: usize,
+    to: usize,
+    inside: bool,
+) {
+    let read = usize::cast_from(inside);
+    // The tile's chunk as a slice of its elements: cubecl writes the copy's destination as
+    // the array's address plus the slice's offset in the array's own elements (a vectorized
+    // view's offset would count chunks from an element pointer).
+    let at = to * CHUNK;
+    let destination = tile.slice_mut(at, at + CHUNK);
+    // SAFETY: the same bytes, named as one chunk for `copy_async_checked`'s one type.
+    let mut destination = unsafe { destination.downcast_unchecked::<Chunk<F>>() };
+    copy_async_checked(
+        &src.slice(from, from + read),
+        &mut destination,
+        comptime!(CHUNK as u32),
+    );
 }
 
 #[cfg(test)]

@@ -21,14 +21,23 @@
 //! quads. The layouts are CUDA's (`sm_80` on), written out here from the PTX ISA; cubecl's
 //! `position_of_nth` for CUDA gives the same, and the CUDA emulation implements them apart
 //! from this code (`kernels/cuda-emu/include/emu.h`).
+//!
+//! Each kernel keeps two stages of its walk's tiles in shared memory (the forward's and `dQ`'s
+//! keys and values, [`KeyWalk`]; `dK/dV`'s queries, `dO` and their `lse` and `D`,
+//! [`QueryWalk`]): while the cube computes one, the next tile's `cp.async` copies run into the
+//! other, so the tile's global-memory latency hides behind the products, and one barrier a
+//! tile serves both stages, as in FlashAttention-2. cubecl 0.10 has the copy (`copy_async_checked`) but
+//! no wait without a `cuda::barrier`; lab's patch of the vendored cubecl-cpp makes
+//! `sync_storage` the wait (`cp.async.wait_all`) and the cube barrier
+//! (vendor/cubecl-cpp/LAB-PATCH.md). `LAB_ATTENTION_STAGES=1` takes one stage: load a tile,
+//! barrier, compute it, barrier.
 
 use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::*;
 
 use super::super::row_at;
 use super::{
-    load_row_stats, load_tile, load_tile_at, pair, smaller, softmax_math, Chunk, KvGrads, CHUNK,
-    TILE_ALIGN,
+    load_row_stats, load_tile_at, pair, smaller, softmax_math, Chunk, KvGrads, CHUNK, TILE_ALIGN,
 };
 
 /// Chunks of 16 bytes a tile row is padded by: rows `hd + 8` elements apart, so that the
@@ -254,7 +263,7 @@ fn pair_products<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     x_frags: &Sequence<Fragment<F>>,
     tile: &SharedMemory<F>,
-    #[comptime] origin: usize,
+    origin: usize,
     #[comptime] j: usize,
     #[comptime] head_dim: usize,
     #[comptime] blocks: usize,
@@ -263,7 +272,7 @@ fn pair_products<F: Float, A: Float>(
     let chunks = comptime!(head_dim / 16);
     // Matrices: rows 0–7 at columns 0–7 and 8–15 (b0, b1 of the first product), then rows
     // 8–15 (the second).
-    let at = matrix_row(head_dim, false) + comptime!(origin + j * 16 * stride);
+    let at = matrix_row(head_dim, false) + origin + comptime!(j * 16 * stride);
     let mut s = zeroed::<A>(comptime!(2 * blocks));
     #[unroll]
     for c in 0..chunks {
@@ -286,7 +295,7 @@ fn scores<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     q_frags: &Sequence<Fragment<F>>,
     tile: &SharedMemory<F>,
-    #[comptime] origin: usize,
+    origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
@@ -317,7 +326,7 @@ fn accumulate_pair<F: Float, A: Float>(
     w: &Products<A>,
     tile: &SharedMemory<F>,
     acc: &mut Products<A>,
-    #[comptime] origin: usize,
+    origin: usize,
     #[comptime] j: usize,
     #[comptime] head_dim: usize,
     #[comptime] blocks: usize,
@@ -325,7 +334,7 @@ fn accumulate_pair<F: Float, A: Float>(
     let stride = comptime!(tile_stride(head_dim));
     let products = comptime!(head_dim / 8);
     // Transposed matrices: rows 0–7 and 8–15 of columns 0–7 (b0, b1), then of columns 8–15.
-    let at = matrix_row(head_dim, true) + comptime!(origin + j * 16 * stride);
+    let at = matrix_row(head_dim, true) + origin + comptime!(j * 16 * stride);
     let mut weights = Sequence::<Fragment<F>>::new();
     #[unroll]
     for m in 0..blocks {
@@ -358,7 +367,7 @@ fn accumulate<F: Float, A: Float>(
     p: &Products<A>,
     tile: &SharedMemory<F>,
     o: &mut Products<A>,
-    #[comptime] origin: usize,
+    origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
@@ -487,7 +496,7 @@ impl<A: Float> Running<A> {
 
 /// One key tile of the forward for the plane's blocks: `s = q kᵀ`, each block's rows' new max,
 /// `p = exp(scale · s − m)` in place of `s`, the sums; the output rescaled where a row's max
-/// rose; `o += p v`. The tile's keys are at `tiles`' start, its values `v_origin` on. On a
+/// rose; `o += p v`. The tile's keys are at `k_origin` of `tiles`, its values a tile on. On a
 /// tile that reaches the diagonal (`diagonal`) keys after a row are masked first.
 #[allow(clippy::too_many_arguments)]
 #[cube]
@@ -500,12 +509,13 @@ fn forward_tile<F: Float, A: Float>(
     start: usize,
     diagonal: bool,
     scale: A,
-    #[comptime] v_origin: usize,
+    k_origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
 ) {
-    let mut s = scores::<F, A>(mma, q_frags, tiles, 0usize, head_dim, planes, blocks);
+    let v_origin = k_origin + comptime!(16 * planes * tile_stride(head_dim));
+    let mut s = scores::<F, A>(mma, q_frags, tiles, k_origin, head_dim, planes, blocks);
     let mut alpha = Array::<Two<A>>::new(blocks);
     let mut same = true;
     #[unroll]
@@ -571,14 +581,13 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
-    let (k_base, v_base) = (block.k_base, block.v_base);
-    // A key tile, then a value tile: room to stage the cube's query rows first.
-    let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
-    let v_origin = comptime!(16 * planes * tile_stride(head_dim));
+    // Each stage a key tile, then a value tile: room to stage the cube's query rows first.
+    let mut tiles = padded_tile::<F>(head_dim, planes, comptime!(2 * stages));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
@@ -589,23 +598,29 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     );
 
     let mut run = Running::<A>::new(head_dim, blocks);
-    let mut start = 0;
-    while start < block.end {
-        load_keys_values::<F>(
-            k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
-        );
+    let mut walk = KeyWalk::new::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
+    while walk.start < block.end {
+        walk.tile_ready::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
         // Only the cube's last tiles, from its first row on, have keys after a row; of those
         // a plane skips the ones past all its rows.
-        if start < block.plane_end {
-            let diagonal = start >= row0;
+        if walk.start < block.plane_end {
+            let diagonal = walk.start >= row0;
             forward_tile::<F, A>(
-                &mma, &q_frags, &tiles, &mut run, &quad, start, diagonal, scale, v_origin,
-                head_dim, planes, blocks,
+                &mma,
+                &q_frags,
+                &tiles,
+                &mut run,
+                &quad,
+                walk.start,
+                diagonal,
+                scale,
+                walk.origin,
+                head_dim,
+                planes,
+                blocks,
             );
         }
-        // Every plane is done with this tile's keys and values before the next load.
-        sync_cube();
-        start += comptime!(16 * planes); // a tile of keys
+        walk.tile_done(head_dim, planes, stages);
     }
 
     #[unroll]
@@ -633,48 +648,136 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     }
 }
 
-/// Rows `start ..` of `a` (from `a_base`) and `b` (from `b_base`) into padded tiles; ends
-/// with a cube barrier.
-#[allow(clippy::too_many_arguments)]
-#[cube]
-fn load_tiles<F: Float>(
-    a: &Tensor<Chunk<F>>,
-    b: &Tensor<Chunk<F>>,
-    a_tile: &mut SharedMemory<F>,
-    b_tile: &mut SharedMemory<F>,
-    a_base: usize,
-    b_base: usize,
-    start: usize,
-    seq: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] planes: usize,
-) {
-    load_tile::<F>(a, a_tile, a_base, start, seq, head_dim, planes, PAD_CHUNKS);
-    load_tile::<F>(b, b_tile, b_base, start, seq, head_dim, planes, PAD_CHUNKS);
-    sync_cube();
-}
-
-/// Keys `start ..` (from `k_base`) into the first tile of `tiles`, their values (from
-/// `v_base`) into the second; ends with a cube barrier.
+/// Keys `start ..` of the cube's group into the first tile of stage `stage` of `tiles`, their
+/// values into the second: loaded with one stage; with two, copied (`cp.async`), in shared
+/// memory once the unit has passed `sync_storage`.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_keys_values<F: Float>(
     k: &Tensor<Chunk<F>>,
     v: &Tensor<Chunk<F>>,
     tiles: &mut SharedMemory<F>,
-    k_base: usize,
-    v_base: usize,
+    block: &QueryBlock,
     start: usize,
-    seq: usize,
+    stage: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
+    #[comptime] stages: usize,
 ) {
-    load_tile::<F>(k, tiles, k_base, start, seq, head_dim, planes, PAD_CHUNKS);
-    let v_row0 = comptime!(16 * planes);
+    let rows = comptime!(16 * planes);
+    let copies = comptime!(stages == 2);
+    let (seq, k_row0) = (block.seq, stage * comptime!(2 * rows));
     load_tile_at::<F>(
-        v, tiles, v_base, start, seq, head_dim, planes, PAD_CHUNKS, v_row0,
+        k,
+        tiles,
+        block.k_base,
+        start,
+        seq,
+        k_row0,
+        head_dim,
+        planes,
+        PAD_CHUNKS,
+        copies,
     );
-    sync_cube();
+    load_tile_at::<F>(
+        v,
+        tiles,
+        block.v_base,
+        start,
+        seq,
+        k_row0 + rows,
+        head_dim,
+        planes,
+        PAD_CHUNKS,
+        copies,
+    );
+}
+
+/// A forward or `dQ` cube's walk over its key tiles, each a key tile and its value tile in a
+/// stage of `tiles`. With one stage a tile is loaded, then computed, with a barrier after
+/// each. With two, FlashAttention-2's pipeline: the next tile's `cp.async` copies run into
+/// the other stage while the cube computes this one, and one barrier a tile sees both that a
+/// tile has landed and that every plane is done with the stage the next copies overwrite.
+#[derive(CubeType)]
+struct KeyWalk {
+    /// The tile's first key.
+    start: usize,
+    /// Its stage (0 or 1).
+    stage: usize,
+    /// Where its keys are in `tiles`: elements (its values are a tile on).
+    origin: usize,
+}
+
+#[cube]
+impl KeyWalk {
+    /// At the first tile (the cube's query rows staged and read: `tiles` is free); with two
+    /// stages, its copies started.
+    #[allow(clippy::too_many_arguments)]
+    fn new<F: Float>(
+        k: &Tensor<Chunk<F>>,
+        v: &Tensor<Chunk<F>>,
+        tiles: &mut SharedMemory<F>,
+        block: &QueryBlock,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] stages: usize,
+    ) -> KeyWalk {
+        comptime!(assert!(stages == 1 || stages == 2, "one or two stages"));
+        if comptime!(stages == 2) {
+            load_keys_values::<F>(k, v, tiles, block, 0usize, 0usize, head_dim, planes, stages);
+        }
+        KeyWalk {
+            start: 0,
+            stage: 0,
+            origin: 0,
+        }
+    }
+
+    /// This tile in shared memory for every plane; with two stages, the next tile's copies
+    /// (where the walk has one) started into the other stage.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_ready<F: Float>(
+        &self,
+        k: &Tensor<Chunk<F>>,
+        v: &Tensor<Chunk<F>>,
+        tiles: &mut SharedMemory<F>,
+        block: &QueryBlock,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] stages: usize,
+    ) {
+        if comptime!(stages == 2) {
+            // This unit's copies landed, then the barrier: everyone's did, and every plane is
+            // done with the last tile, in the stage the next copies go to.
+            sync_storage();
+            let next = self.start + comptime!(16 * planes);
+            if next < block.end {
+                let other = 1 - self.stage;
+                load_keys_values::<F>(k, v, tiles, block, next, other, head_dim, planes, stages);
+            }
+        } else {
+            load_keys_values::<F>(
+                k, v, tiles, block, self.start, 0usize, head_dim, planes, stages,
+            );
+            sync_cube();
+        }
+    }
+
+    /// On to the next tile (with one stage, once every plane is done with this one).
+    fn tile_done(
+        &mut self,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] stages: usize,
+    ) {
+        if comptime!(stages == 1) {
+            sync_cube();
+        } else {
+            self.stage = 1 - self.stage;
+            self.origin = self.stage * comptime!(32 * planes * tile_stride(head_dim));
+        }
+        self.start += comptime!(16 * planes);
+    }
 }
 
 /// The plane's `blocks` blocks of 16 rows of the `[16 · planes · blocks, hd]` block at `row0`
@@ -702,10 +805,11 @@ fn plane_fragments<F: Float, A: Float>(
             base,
             row0 + first,
             seq,
+            first,
             head_dim,
             planes,
             PAD_CHUNKS,
-            first,
+            false,
         );
     }
     sync_cube();
@@ -743,7 +847,7 @@ fn row_values<A: Float>(
 /// One tile's `dQ += dS K` for each of the plane's `blocks` blocks of rows, 16 keys at a
 /// time: for keys `16j ..`, `p = exp(scale · q·k − lse)` (0 after the row where the tile
 /// reaches the `diagonal`), `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product
-/// with those keys. The tile's keys are at `tiles`' start, its values `v_origin` on; `lse` and
+/// with those keys. The tile's keys are at `k_origin` of `tiles`, its values a tile on; `lse` and
 /// `delta` hold the lane's rows' (block `m`'s at `m`).
 #[allow(clippy::too_many_arguments)]
 #[cube]
@@ -759,14 +863,15 @@ fn grad_q_tile<F: Float, A: Float>(
     scale: A,
     lse: &Products<A>,
     delta: &Products<A>,
-    #[comptime] v_origin: usize,
+    k_origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
 ) {
+    let v_origin = k_origin + comptime!(16 * planes * tile_stride(head_dim));
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, q_frags, tiles, 0usize, j, head_dim, blocks);
+        let mut s = pair_products::<F, A>(mma, q_frags, tiles, k_origin, j, head_dim, blocks);
         if diagonal {
             #[unroll]
             for m in 0..blocks {
@@ -783,7 +888,7 @@ fn grad_q_tile<F: Float, A: Float>(
                 s[at] = p * (dp[at] - Two::<A>::new(delta[m][row]));
             }
         }
-        accumulate_pair::<F, A>(mma, &s, tiles, dq, 0usize, j, head_dim, blocks);
+        accumulate_pair::<F, A>(mma, &s, tiles, dq, k_origin, j, head_dim, blocks);
     }
 }
 
@@ -800,14 +905,13 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] blocks: usize,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let block = QueryBlock::new::<F>(q, k, v, planes, blocks);
     let (seq, heads, b, h, row0) = (block.seq, block.heads, block.b, block.h, block.row0);
-    let (k_base, v_base) = (block.k_base, block.v_base);
-    // A key tile, then a value tile: room to stage the cube's query rows first.
-    let mut tiles = padded_tile::<F>(head_dim, planes, 2usize);
-    let v_origin = comptime!(16 * planes * tile_stride(head_dim));
+    // Each stage a key tile, then a value tile: room to stage the cube's query rows first.
+    let mut tiles = padded_tile::<F>(head_dim, planes, comptime!(2 * stages));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
@@ -824,23 +928,32 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, blocks);
 
     let mut dq = zeroed::<A>(comptime!(blocks * head_dim / 8));
-    let mut start = 0;
-    while start < block.end {
-        load_keys_values::<F>(
-            k, v, &mut tiles, k_base, v_base, start, seq, head_dim, planes,
-        );
+    let mut walk = KeyWalk::new::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
+    while walk.start < block.end {
+        walk.tile_ready::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
         // Only the cube's last tiles, from its first row on, have keys after a row; of those
         // a plane skips the ones past all its rows.
-        if start < block.plane_end {
-            let diagonal = start >= row0;
+        if walk.start < block.plane_end {
+            let diagonal = walk.start >= row0;
             grad_q_tile::<F, A>(
-                &mma, &q_frags, &do_frags, &tiles, &mut dq, &quad, start, diagonal, scale, &lse_i,
-                &delta_i, v_origin, head_dim, planes, blocks,
+                &mma,
+                &q_frags,
+                &do_frags,
+                &tiles,
+                &mut dq,
+                &quad,
+                walk.start,
+                diagonal,
+                scale,
+                &lse_i,
+                &delta_i,
+                walk.origin,
+                head_dim,
+                planes,
+                blocks,
             );
         }
-        // Every plane is done with this tile's keys and values before the next load.
-        sync_cube();
-        start += comptime!(16 * planes); // a tile of keys
+        walk.tile_done(head_dim, planes, stages);
     }
     #[unroll]
     for blk in 0..blocks {
@@ -894,7 +1007,9 @@ fn write_rows<F: Float, A: Float>(
 
 /// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
 /// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, on the
-/// diagonal tile: `masked`); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
+/// diagonal tile: `masked`); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`. The tile's
+/// rows of `q` and `dO` are at `origin` of `q_tile` and `do_tile`, its `lse` and `D` at
+/// `stats_at` of theirs.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tile<F: Float, A: Float>(
@@ -910,6 +1025,8 @@ fn grad_kv_tile<F: Float, A: Float>(
     quad: &Quad,
     start: usize,
     scale: A,
+    origin: usize,
+    stats_at: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] grads: KvGrads,
@@ -917,27 +1034,250 @@ fn grad_kv_tile<F: Float, A: Float>(
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, 0usize, j, head_dim, 1usize);
+        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, origin, j, head_dim, 1usize);
         if comptime!(masked) {
             mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
         }
         #[unroll]
         for e in 0..4usize {
             // The element's query columns, as `lse` and `D` index them.
-            let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
+            let col = stats_at + j * 16 + (e / 2) * 8 + 2 * quad.t;
             s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(lse_tile, col, 0)).exp();
         }
         if comptime!(grads.values()) {
-            accumulate_pair::<F, A>(mma, &s, do_tile, dv, 0usize, j, head_dim, 1usize);
+            accumulate_pair::<F, A>(mma, &s, do_tile, dv, origin, j, head_dim, 1usize);
         }
         if comptime!(grads.keys()) {
-            let dp = pair_products::<F, A>(mma, v_frags, do_tile, 0usize, j, head_dim, 1usize);
+            let dp = pair_products::<F, A>(mma, v_frags, do_tile, origin, j, head_dim, 1usize);
             #[unroll]
             for e in 0..4usize {
-                let col = j * 16 + (e / 2) * 8 + 2 * quad.t;
+                let col = stats_at + j * 16 + (e / 2) * 8 + 2 * quad.t;
                 s[e] = s[e] * (dp[e] - pair::<A>(delta_tile, col, 0));
             }
-            accumulate_pair::<F, A>(mma, &s, q_tile, dk, 0usize, j, head_dim, 1usize);
+            accumulate_pair::<F, A>(mma, &s, q_tile, dk, origin, j, head_dim, 1usize);
+        }
+    }
+}
+
+/// Where a `dK/dV` cube works: key rows `row0 .. row0 + 16 · planes` of key/value head `kvh`
+/// of sequence `b` (of `seq` rows), whose rows start at `k_base` and `v_base`; the queries of
+/// the `group` heads (of `heads`) that share it.
+#[derive(CubeType)]
+struct KeyBlock {
+    seq: usize,
+    heads: usize,
+    group: usize,
+    b: usize,
+    kvh: usize,
+    row0: usize,
+    k_base: usize,
+    v_base: usize,
+}
+
+#[cube]
+impl KeyBlock {
+    fn new<F: Float>(
+        q: &Tensor<Chunk<F>>,
+        k: &Tensor<Chunk<F>>,
+        v: &Tensor<Chunk<F>>,
+        #[comptime] planes: usize,
+    ) -> KeyBlock {
+        let (heads, kv_heads) = (q.shape(1), k.shape(1));
+        let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
+        KeyBlock {
+            seq: q.shape(2),
+            heads,
+            group: heads / kv_heads,
+            b,
+            kvh,
+            row0: CUBE_POS_X as usize * comptime!(16 * planes),
+            k_base: row_at(k, b, kvh, 0),
+            v_base: row_at(v, b, kvh, 0),
+        }
+    }
+}
+
+/// Queries `start ..` of head `g` of the cube's group into stage `stage`: their rows of `q`
+/// and `dO` into `q_tile` and `do_tile`, their `lse` and (`keys`) `D` into `lse_tile` and
+/// `delta_tile`. Loaded with one stage; with two, copied (`cp.async`), in shared memory once
+/// the unit has passed `sync_storage`.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn load_queries<F: Float, A: Float>(
+    q: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    q_tile: &mut SharedMemory<F>,
+    do_tile: &mut SharedMemory<F>,
+    lse_tile: &mut SharedMemory<A>,
+    delta_tile: &mut SharedMemory<A>,
+    block: &KeyBlock,
+    g: usize,
+    start: usize,
+    stage: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] keys: bool,
+    #[comptime] stages: usize,
+) {
+    let rows = comptime!(16 * planes);
+    let copies = comptime!(stages == 2);
+    let (seq, b, head) = (block.seq, block.b, block.kvh * block.group + g);
+    let head_rows = (b * block.heads + head) * seq;
+    let tile_row0 = stage * rows;
+    load_row_stats::<A>(
+        lse, delta, lse_tile, delta_tile, head_rows, start, seq, tile_row0, rows, keys, copies,
+    );
+    load_tile_at::<F>(
+        q,
+        q_tile,
+        row_at(q, b, head, 0),
+        start,
+        seq,
+        tile_row0,
+        head_dim,
+        planes,
+        PAD_CHUNKS,
+        copies,
+    );
+    load_tile_at::<F>(
+        d_out,
+        do_tile,
+        row_at(d_out, b, head, 0),
+        start,
+        seq,
+        tile_row0,
+        head_dim,
+        planes,
+        PAD_CHUNKS,
+        copies,
+    );
+}
+
+/// A `dK/dV` cube's walk over its query tiles: for each head of its group, the queries from
+/// its first key row on (the diagonal tile first), each tile's `q`, `dO`, `lse` and `D` in a
+/// stage of the query tiles. As [`KeyWalk`]: with one stage a tile is loaded, then computed;
+/// with two, the next tile's copies run while the cube computes this one.
+#[derive(CubeType)]
+struct QueryWalk {
+    /// The tile's head in the group.
+    g: usize,
+    /// Its first query.
+    start: usize,
+    /// Its stage (0 or 1).
+    stage: usize,
+}
+
+#[cube]
+impl QueryWalk {
+    /// At the first tile (the key and value rows staged and read: the tiles are free); with
+    /// two stages, its copies started.
+    #[allow(clippy::too_many_arguments)]
+    fn new<F: Float, A: Float>(
+        q: &Tensor<Chunk<F>>,
+        d_out: &Tensor<Chunk<F>>,
+        lse: &Tensor<A>,
+        delta: &Tensor<A>,
+        q_tile: &mut SharedMemory<F>,
+        do_tile: &mut SharedMemory<F>,
+        lse_tile: &mut SharedMemory<A>,
+        delta_tile: &mut SharedMemory<A>,
+        block: &KeyBlock,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] keys: bool,
+        #[comptime] stages: usize,
+    ) -> QueryWalk {
+        comptime!(assert!(stages == 1 || stages == 2, "one or two stages"));
+        if comptime!(stages == 2) {
+            load_queries::<F, A>(
+                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, 0usize,
+                block.row0, 0usize, head_dim, planes, keys, stages,
+            );
+        }
+        QueryWalk {
+            g: 0,
+            start: block.row0,
+            stage: 0,
+        }
+    }
+
+    /// This tile in shared memory for every plane; with two stages, the next tile's copies
+    /// (where the walk has one) started into the other stage.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_ready<F: Float, A: Float>(
+        &self,
+        q: &Tensor<Chunk<F>>,
+        d_out: &Tensor<Chunk<F>>,
+        lse: &Tensor<A>,
+        delta: &Tensor<A>,
+        q_tile: &mut SharedMemory<F>,
+        do_tile: &mut SharedMemory<F>,
+        lse_tile: &mut SharedMemory<A>,
+        delta_tile: &mut SharedMemory<A>,
+        block: &KeyBlock,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] keys: bool,
+        #[comptime] stages: usize,
+    ) {
+        if comptime!(stages == 2) {
+            // This unit's copies landed, then the barrier: everyone's did, and every plane is
+            // done with the last tile, in the stage the next copies go to.
+            sync_storage();
+            let mut next = self.start + comptime!(16 * planes);
+            let mut g = self.g;
+            if next >= block.seq {
+                next = block.row0;
+                g += 1;
+            }
+            if g < block.group {
+                load_queries::<F, A>(
+                    q,
+                    d_out,
+                    lse,
+                    delta,
+                    q_tile,
+                    do_tile,
+                    lse_tile,
+                    delta_tile,
+                    block,
+                    g,
+                    next,
+                    1 - self.stage,
+                    head_dim,
+                    planes,
+                    keys,
+                    stages,
+                );
+            }
+        } else {
+            load_queries::<F, A>(
+                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, self.g,
+                self.start, 0usize, head_dim, planes, keys, stages,
+            );
+            sync_cube();
+        }
+    }
+
+    /// On to the next tile (with one stage, once every plane is done with this one): the
+    /// head's next 64 queries, or the next head's from the cube's first key row.
+    fn tile_done(
+        &mut self,
+        block: &KeyBlock,
+        #[comptime] planes: usize,
+        #[comptime] stages: usize,
+    ) {
+        if comptime!(stages == 1) {
+            sync_cube();
+        } else {
+            self.stage = 1 - self.stage;
+        }
+        self.start += comptime!(16 * planes);
+        if self.start >= block.seq {
+            self.start = block.row0;
+            self.g += 1;
         }
     }
 }
@@ -956,20 +1296,18 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] grads: KvGrads,
+    #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let rows = comptime!(16 * planes);
     let (keys, values) = comptime!((grads.keys(), grads.values()));
-    let (seq, heads, kv_heads) = (q.shape(2), q.shape(1), k.shape(1));
-    let group = heads / kv_heads;
-    let (b, kvh) = (CUBE_POS_Z as usize, CUBE_POS_Y as usize);
-    let row0 = CUBE_POS_X as usize * rows;
-    let (k_base, v_base) = (row_at(k, b, kvh, 0), row_at(v, b, kvh, 0));
-    let mut q_tile = padded_tile::<F>(head_dim, planes, 1usize);
-    let mut do_tile = padded_tile::<F>(head_dim, planes, 1usize);
-    let mut lse_tile = SharedMemory::<A>::new_aligned(rows, TILE_ALIGN);
+    let block = KeyBlock::new::<F>(q, k, v, planes);
+    let (seq, b, kvh, row0) = (block.seq, block.b, block.kvh, block.row0);
+    let mut q_tile = padded_tile::<F>(head_dim, planes, stages);
+    let mut do_tile = padded_tile::<F>(head_dim, planes, stages);
+    let mut lse_tile = SharedMemory::<A>::new_aligned(comptime!(rows * stages), TILE_ALIGN);
     // `D` for `dS` (`dK` only).
-    let delta_len = comptime!(if keys { rows } else { 2 });
+    let delta_len = comptime!(if keys { rows * stages } else { 2 });
     let mut delta_tile = SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN);
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     // Here the lane's rows are key rows; its columns are query rows.
@@ -980,7 +1318,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         &mma,
         k,
         &mut q_tile,
-        k_base,
+        block.k_base,
         row0,
         seq,
         head_dim,
@@ -992,7 +1330,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             &mma,
             v,
             &mut q_tile,
-            v_base,
+            block.v_base,
             row0,
             seq,
             head_dim,
@@ -1006,79 +1344,86 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut dk = zeroed::<A>(comptime!(if keys { head_dim / 8 } else { 1 }));
     let mut dv = zeroed::<A>(comptime!(if values { head_dim / 8 } else { 1 }));
 
-    for g in 0..group {
-        let head = kvh * group + g;
-        let head_rows = (b * heads + head) * seq;
-        let (q_base, do_base) = (row_at(q, b, head, 0), row_at(d_out, b, head, 0));
-        // The key rows' first queries are their own: the diagonal tile comes first.
-        let mut start = row0;
-        while start < seq {
-            load_row_stats::<A>(
-                lse,
-                delta,
-                &mut lse_tile,
-                &mut delta_tile,
-                head_rows,
-                start,
-                seq,
-                rows,
-                keys,
-            );
-            load_tiles::<F>(
-                q,
-                d_out,
-                &mut q_tile,
-                &mut do_tile,
-                q_base,
-                do_base,
-                start,
-                seq,
+    let mut walk = QueryWalk::new::<F, A>(
+        q,
+        d_out,
+        lse,
+        delta,
+        &mut q_tile,
+        &mut do_tile,
+        &mut lse_tile,
+        &mut delta_tile,
+        &block,
+        head_dim,
+        planes,
+        keys,
+        stages,
+    );
+    while walk.g < block.group {
+        walk.tile_ready::<F, A>(
+            q,
+            d_out,
+            lse,
+            delta,
+            &mut q_tile,
+            &mut do_tile,
+            &mut lse_tile,
+            &mut delta_tile,
+            &block,
+            head_dim,
+            planes,
+            keys,
+            stages,
+        );
+        let (origin, stats_at) = (
+            walk.stage * comptime!(rows * tile_stride(head_dim)),
+            walk.stage * rows,
+        );
+        // The key rows' first queries are their own: each head's diagonal tile comes first.
+        if walk.start == row0 {
+            grad_kv_tile::<F, A>(
+                &mma,
+                &k_frags,
+                &v_frags,
+                &q_tile,
+                &do_tile,
+                &lse_tile,
+                &delta_tile,
+                &mut dk,
+                &mut dv,
+                &quad,
+                walk.start,
+                scale,
+                origin,
+                stats_at,
                 head_dim,
                 planes,
+                grads,
+                true,
             );
-            if start == row0 {
-                grad_kv_tile::<F, A>(
-                    &mma,
-                    &k_frags,
-                    &v_frags,
-                    &q_tile,
-                    &do_tile,
-                    &lse_tile,
-                    &delta_tile,
-                    &mut dk,
-                    &mut dv,
-                    &quad,
-                    start,
-                    scale,
-                    head_dim,
-                    planes,
-                    grads,
-                    true,
-                );
-            } else {
-                grad_kv_tile::<F, A>(
-                    &mma,
-                    &k_frags,
-                    &v_frags,
-                    &q_tile,
-                    &do_tile,
-                    &lse_tile,
-                    &delta_tile,
-                    &mut dk,
-                    &mut dv,
-                    &quad,
-                    start,
-                    scale,
-                    head_dim,
-                    planes,
-                    grads,
-                    false,
-                );
-            }
-            // Every plane is done with this tile before the next load.
-            sync_cube();
-            start += rows;
+        } else {
+            grad_kv_tile::<F, A>(
+                &mma,
+                &k_frags,
+                &v_frags,
+                &q_tile,
+                &do_tile,
+                &lse_tile,
+                &delta_tile,
+                &mut dk,
+                &mut dv,
+                &quad,
+                walk.start,
+                scale,
+                origin,
+                stats_at,
+                head_dim,
+                planes,
+                grads,
+                false,
+            );
         }
+        walk.tile_done(&block, planes, stages);
     }
     if comptime!(keys) {
         let factor = Two::<A>::new(scale);
