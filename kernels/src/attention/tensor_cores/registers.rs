@@ -614,13 +614,13 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
                 walk.start,
                 diagonal,
                 scale,
-                walk.origin,
+                walk.origin(head_dim, planes),
                 head_dim,
                 planes,
                 blocks,
             );
         }
-        walk.tile_done(head_dim, planes, stages);
+        walk.tile_done(planes, stages);
     }
 
     #[unroll]
@@ -704,8 +704,6 @@ struct KeyWalk {
     start: usize,
     /// Its stage (0 or 1).
     stage: usize,
-    /// Where its keys are in `tiles`: elements (its values are a tile on).
-    origin: usize,
 }
 
 #[cube]
@@ -726,11 +724,7 @@ impl KeyWalk {
         if comptime!(stages == 2) {
             load_keys_values::<F>(k, v, tiles, block, 0usize, 0usize, head_dim, planes, stages);
         }
-        KeyWalk {
-            start: 0,
-            stage: 0,
-            origin: 0,
-        }
+        KeyWalk { start: 0, stage: 0 }
     }
 
     /// This tile in shared memory for every plane; with two stages, the next tile's copies
@@ -763,18 +757,18 @@ impl KeyWalk {
         }
     }
 
+    /// Where the tile's keys are in `tiles`: elements (its values are a tile on), stage
+    /// `stage` of the rows [`load_keys_values`] fills.
+    fn origin(&self, #[comptime] head_dim: usize, #[comptime] planes: usize) -> usize {
+        self.stage * comptime!(32 * planes * tile_stride(head_dim))
+    }
+
     /// On to the next tile (with one stage, once every plane is done with this one).
-    fn tile_done(
-        &mut self,
-        #[comptime] head_dim: usize,
-        #[comptime] planes: usize,
-        #[comptime] stages: usize,
-    ) {
+    fn tile_done(&mut self, #[comptime] planes: usize, #[comptime] stages: usize) {
         if comptime!(stages == 1) {
             sync_cube();
         } else {
             self.stage = 1 - self.stage;
-            self.origin = self.stage * comptime!(32 * planes * tile_stride(head_dim));
         }
         self.start += comptime!(16 * planes);
     }
@@ -947,13 +941,13 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
                 scale,
                 &lse_i,
                 &delta_i,
-                walk.origin,
+                walk.origin(head_dim, planes),
                 head_dim,
                 planes,
                 blocks,
             );
         }
-        walk.tile_done(head_dim, planes, stages);
+        walk.tile_done(planes, stages);
     }
     #[unroll]
     for blk in 0..blocks {
