@@ -306,8 +306,15 @@ inline float emu_fast_exp(float x) {
     return y < 0x1p-126f ? 0.0f : y;
 }
 inline float emu_fast_log(float x) { return log2f(x) * 0.693147180559945309f; }
+// And the fast pow: the unit's base-2 function of `y · log2 x`; for 2^y (lab's `ex2.approx.ftz`
+// of `y`, vendor/cubecl-cpp) exact in the multiply, flushed below 2^-126 as the exp is.
+inline float emu_fast_pow(float x, float y) {
+    float r = exp2f(y * log2f(x));
+    return x == 2.0f && r < 0x1p-126f ? 0.0f : r;
+}
 #define __expf emu_fast_exp
 #define __logf emu_fast_log
+#define __powf emu_fast_pow
 
 template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {

@@ -22,6 +22,11 @@
 //! `position_of_nth` for CUDA gives the same, and the CUDA emulation implements them apart
 //! from this code (`kernels/cuda-emu/include/emu.h`).
 //!
+//! The forward and `dQ` take their softmax in base 2 ([`LOG2_E`]), as FlashAttention-2 does:
+//! each probability is one FFMA and one `ex2` (lab's fast `powf` of 2,
+//! vendor/cubecl-cpp/LAB-PATCH.md); the forward keeps its rows' maxima in those units and
+//! writes `lse` as a natural log.
+//!
 //! Each kernel keeps two stages of its walk's tiles in shared memory (the forward's and `dQ`'s
 //! keys and values, [`KeyWalk`]; `dK/dV`'s queries, `dO` and their `lse` and `D`,
 //! [`QueryWalk`]): while the cube computes one, the next tile's `cp.async` copies run into the
@@ -68,6 +73,18 @@ pub(crate) const fn query_blocks(head_dim: usize) -> usize {
 
 /// Two adjacent elements: what one 32-bit register of a fragment holds.
 type Two<E> = Vector<E, Const<2>>;
+
+/// The forward and `dQ` take their softmax in base 2, as FlashAttention-2 does: `2^(s · scale
+/// · log2 e − m)`, where `m` is in the same units, is one FFMA and one `2^x` ([`exp2`]) an
+/// element; `exp(s · scale − m)` adds a multiply by `log2 e` between them.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// `2^x` for both elements: on CUDA one `ex2.approx.ftz` each (lab's fast `powf` of 2,
+/// vendor/cubecl-cpp/LAB-PATCH.md).
+#[cube]
+fn exp2<A: Float>(x: Two<A>) -> Two<A> {
+    Two::<A>::new(A::new(2.0)).powf(x)
+}
 
 /// A lane's registers of one fragment: `A` 4, `B` 2, an f32 accumulator 2 (of two f32 each).
 type Fragment<E> = Array<Two<E>>;
@@ -466,9 +483,10 @@ fn row_max<A: Float>(
     largest
 }
 
-/// A forward plane's running softmax: for each block, each of the lane's two rows' largest
-/// scaled score `m` and its sum of `exp(scale · s − m)` over its own columns `l`; and the
-/// output accumulators `o`, `hd / 8` products a block.
+/// A forward plane's running softmax in base 2 ([`LOG2_E`]): for each block, each of the
+/// lane's two rows' largest score times `scale · log2 e`, `m`, and its sum of
+/// `2^(scale · log2 e · s − m)` over its own columns, `l`; and the output accumulators `o`,
+/// `hd / 8` products a block.
 #[derive(CubeType)]
 struct Running<A: Float> {
     m: Products<A>,
@@ -495,7 +513,8 @@ impl<A: Float> Running<A> {
 }
 
 /// One key tile of the forward for the plane's blocks: `s = q kᵀ`, each block's rows' new max,
-/// `p = exp(scale · s − m)` in place of `s`, the sums; the output rescaled where a row's max
+/// `p = 2^(scale_log2 · s − m)` in place of `s` (`scale_log2`: the scale times `log2 e`), the
+/// sums; the output rescaled where a row's max
 /// rose; `o += p v`. The tile's keys are at `k_origin` of `tiles`, its values a tile on. On a
 /// tile that reaches the diagonal (`diagonal`) keys after a row are masked first.
 #[allow(clippy::too_many_arguments)]
@@ -508,7 +527,7 @@ fn forward_tile<F: Float, A: Float>(
     quad: &Quad,
     start: usize,
     diagonal: bool,
-    scale: A,
+    scale_log2: A,
     k_origin: usize,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
@@ -532,22 +551,22 @@ fn forward_tile<F: Float, A: Float>(
         let mut a = Two::<A>::new(A::new(1.0));
         #[unroll]
         for row in 0..2usize {
-            m_new[row] = max(m[row], largest[row] * scale);
+            m_new[row] = max(m[row], largest[row] * scale_log2);
             // 1 where the max stays: the skipped rescale below needs exactly that.
             a[row] = select(
                 m_new[row] == m[row],
                 A::new(1.0),
-                (m[row] - m_new[row]).exp(),
+                A::new(2.0).powf(m[row] - m_new[row]),
             );
         }
-        // p = exp(scale · s − m_new) in place (one FFMA before the exp); each lane sums its
-        // own columns (the quad's sums are added once, at the end).
+        // p = 2^(scale_log2 · s − m_new) in place (one FFMA before the exp); each lane sums
+        // its own columns (the quad's sums are added once, at the end).
         let mut sum = Two::<A>::new(A::new(0.0));
         #[unroll]
         for e in 0..comptime!(4 * planes) {
             let at = comptime!(4 * planes * b + e);
             let row = e % 2;
-            let p = (s[at] * Two::<A>::new(scale) - Two::<A>::new(m_new[row])).exp();
+            let p = exp2::<A>(s[at] * Two::<A>::new(scale_log2) - Two::<A>::new(m_new[row]));
             s[at] = p;
             sum[row] += p[0] + p[1];
         }
@@ -590,7 +609,7 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
     let mut tiles = padded_tile::<F>(head_dim, planes, comptime!(2 * stages));
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
-    let scale = A::cast_from(scale);
+    let scale_log2 = A::cast_from(scale) * A::new(LOG2_E);
 
     let q_base = row_at(q, b, h, 0);
     let q_frags = plane_fragments::<F, A>(
@@ -613,7 +632,7 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
                 &quad,
                 walk.start,
                 diagonal,
-                scale,
+                scale_log2,
                 walk.origin(head_dim, planes),
                 head_dim,
                 planes,
@@ -632,7 +651,9 @@ pub(crate) fn forward_kernel<F: Float, A: Float>(
             factor[row] = A::new(1.0) / l_row;
             let i = quad.i + comptime!(16 * blk + row * 8);
             if i < seq && quad.t == 0 {
-                lse[(b * heads + h) * seq + i] = run.m[blk][row] + l_row.ln();
+                // `m` is in base 2; `lse` is the natural log's.
+                lse[(b * heads + h) * seq + i] =
+                    run.m[blk][row] * A::new(std::f32::consts::LN_2) + l_row.ln();
             }
         }
         write_rows::<F, A>(
@@ -813,13 +834,14 @@ fn plane_fragments<F: Float, A: Float>(
 }
 
 /// A row statistic (`lse` or `D`, `[B, H, T]`) of the lane's two rows of each of `blocks`
-/// blocks (block `m`'s at `m`), 0 past the sequence.
+/// blocks (block `m`'s at `m`), times `factor`; 0 past the sequence.
 #[cube]
 fn row_values<A: Float>(
     t: &Tensor<A>,
     at: usize,
     i: usize,
     seq: usize,
+    factor: A,
     #[comptime] blocks: usize,
 ) -> Products<A> {
     let mut values = Array::<Two<A>>::new(blocks);
@@ -830,7 +852,7 @@ fn row_values<A: Float>(
         for row in 0..2usize {
             let r = i + comptime!(16 * m + row * 8);
             if r < seq {
-                x[row] = t[at + r];
+                x[row] = t[at + r] * factor;
             }
         }
         values[m] = x;
@@ -839,10 +861,11 @@ fn row_values<A: Float>(
 }
 
 /// One tile's `dQ += dS K` for each of the plane's `blocks` blocks of rows, 16 keys at a
-/// time: for keys `16j ..`, `p = exp(scale · q·k − lse)` (0 after the row where the tile
-/// reaches the `diagonal`), `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product
-/// with those keys. The tile's keys are at `k_origin` of `tiles`, its values a tile on; `lse` and
-/// `delta` hold the lane's rows' (block `m`'s at `m`).
+/// time: for keys `16j ..`, `p = exp(scale · q·k − lse)`, taken in base 2 as the forward
+/// does ([`LOG2_E`]: `2^(scale_log2 · q·k − lse_log2)`; 0 after the row where the tile reaches
+/// the `diagonal`), `dS = p (dO·v − D)`, then `dS` as the `A` fragment of the product with
+/// those keys. The tile's keys are at `k_origin` of `tiles`, its values a tile on; `lse_log2`
+/// (`lse · log2 e`) and `delta` hold the lane's rows' (block `m`'s at `m`).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_q_tile<F: Float, A: Float>(
@@ -854,8 +877,8 @@ fn grad_q_tile<F: Float, A: Float>(
     quad: &Quad,
     start: usize,
     diagonal: bool,
-    scale: A,
-    lse: &Products<A>,
+    scale_log2: A,
+    lse_log2: &Products<A>,
     delta: &Products<A>,
     k_origin: usize,
     #[comptime] head_dim: usize,
@@ -878,7 +901,8 @@ fn grad_q_tile<F: Float, A: Float>(
             #[unroll]
             for e in 0..4usize {
                 let (at, row) = (comptime!(4 * m + e), e % 2);
-                let p = (s[at] * Two::<A>::new(scale) - Two::<A>::new(lse[m][row])).exp();
+                let p =
+                    exp2::<A>(s[at] * Two::<A>::new(scale_log2) - Two::<A>::new(lse_log2[m][row]));
                 s[at] = p * (dp[at] - Two::<A>::new(delta[m][row]));
             }
         }
@@ -909,6 +933,7 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     let quad = Quad::new(row0, blocks);
     let scale = A::cast_from(scale);
+    let scale_log2 = scale * A::new(LOG2_E);
 
     let (q_base, do_base) = (row_at(q, b, h, 0), row_at(d_out, b, h, 0));
     let q_frags = plane_fragments::<F, A>(
@@ -918,8 +943,8 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
         &mma, d_out, &mut tiles, do_base, row0, seq, head_dim, planes, blocks,
     );
     let stats_at = (b * heads + h) * seq;
-    let lse_i = row_values::<A>(lse, stats_at, quad.i, seq, blocks);
-    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, blocks);
+    let lse_log2 = row_values::<A>(lse, stats_at, quad.i, seq, A::new(LOG2_E), blocks);
+    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, A::new(1.0), blocks);
 
     let mut dq = zeroed::<A>(comptime!(blocks * head_dim / 8));
     let mut walk = KeyWalk::new::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
@@ -938,8 +963,8 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
                 &quad,
                 walk.start,
                 diagonal,
-                scale,
-                &lse_i,
+                scale_log2,
+                &lse_log2,
                 &delta_i,
                 walk.origin(head_dim, planes),
                 head_dim,
@@ -1033,6 +1058,9 @@ fn grad_kv_tile<F: Float, A: Float>(
         // (2 cubes an SM, not 3); twice, with and without the mask, 1,848 instructions where
         // this is 1,360.
         mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
+        // In natural units, not base 2 as the forward and `dQ` ([`LOG2_E`]): each `lse`
+        // comes from shared memory, so base 2 takes a multiply for it where it saves one for
+        // `p`. With it, ptxas spilled 8 bytes at hd 64 on sm_90a (a reload every tile).
         #[unroll]
         for e in 0..4usize {
             // The element's query columns, as `lse` and `D` index them.

@@ -36,6 +36,11 @@ impl<M: DialectWmmaCompiler<Self>> Dialect for CudaDialect<M> {
 /// probabilities are 0 to f32 anyway) flush to zero, and ptxas emits one `MUFU.EX2` where
 /// `__expf`'s `ex2.approx` takes a compare and two conditional multiplies around it to keep
 /// them. Host compilers of the same source (lab's CUDA emulation) take `__expf`.
+///
+/// And the fast `powf` (`FastPowf`): `lab_fast_pow(x, y)` is `__powf(x, y)`, but where `x` is
+/// 2 (a constant at the call, so the test folds away) it is `ex2.approx.ftz` of `y` alone. A
+/// softmax in base 2 then takes one FFMA (`s · scale · log2 e − m`) and one `MUFU.EX2` an
+/// element, where `exp` adds the multiply by `log2 e` between them.
 const LAB_FAST_EXP: &str = r#"#ifndef LAB_FAST_EXP
 #define LAB_FAST_EXP
 __device__ __forceinline__ float lab_fast_exp(float x) {
@@ -46,6 +51,16 @@ __device__ __forceinline__ float lab_fast_exp(float x) {
 #else
     return __expf(x);
 #endif
+}
+__device__ __forceinline__ float lab_fast_pow(float x, float y) {
+#ifdef __CUDA_ARCH__
+    if (x == 2.0f) {
+        float r;
+        asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(y));
+        return r;
+    }
+#endif
+    return __powf(x, y);
 }
 #endif
 "#;

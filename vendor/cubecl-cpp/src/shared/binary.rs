@@ -266,13 +266,15 @@ pub struct FastPowf;
 
 impl<D: Dialect> Binary<D> for FastPowf {
     // Only executed for f32
+    // LAB PATCH: `lab_fast_pow` (src/cuda/dialect.rs) is `__powf`, but `2^y` is one
+    // `ex2.approx.ftz`: the base-2 exp a softmax takes with its scale folded into one FFMA.
     fn format_scalar<Lhs: Display, Rhs: Display>(
         f: &mut std::fmt::Formatter<'_>,
         lhs: Lhs,
         rhs: Rhs,
         _item: Item<D>,
     ) -> std::fmt::Result {
-        write!(f, "__powf({lhs}, {rhs})")
+        write!(f, "lab_fast_pow({lhs}, {rhs})")
     }
 }
 
