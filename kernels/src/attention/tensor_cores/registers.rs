@@ -419,9 +419,10 @@ fn quad_sum<A: Float>(x: A) -> A {
 
 /// Sets the elements of block `block` of `s` (`products` 16×8 products side by side a block,
 /// the first at column `first_col` of the sequence; the block's rows `16 · block` after the
-/// lane's first) outside the causal mask to `A::min_value()`, which `exp` takes to 0: keys
-/// after the lane's query row, or with `transposed` (rows are keys, columns queries) queries
-/// before the lane's key row.
+/// lane's first) outside the causal mask to `A::min_value()`, which `exp` and [`exp2`] take
+/// to 0: keys after the lane's query row, or with `transposed` (rows are keys, columns
+/// queries) queries before the lane's key row. (Times the forward's `scale · log2 e`, above 1
+/// only for a scale above ln 2, it may round to −∞, whose `2^x` is 0 as well.)
 #[cube]
 fn mask_outside_causal<A: Float>(
     s: &mut Products<A>,
@@ -801,8 +802,9 @@ impl KeyWalk {
 }
 
 /// The stage a walk's tile is in (`stage`; its first row `start`), as its products read it.
-/// With one stage that is 0, written `start >> 31`: 0 for every row lab reaches, but not a
-/// constant to the compiler. With a constant stage each `ldmatrix` address of a tile is the
+/// With one stage that is 0, written `start >> 31`: 0 for every row lab reaches (the kernels
+/// index in 32 bits, and a head's rows at 16 columns or more in chunks of 8 keep
+/// `seq · hd / 8 < 2^32`, so rows stay below 2^31), but not a constant to the compiler. With a constant stage each `ldmatrix` address of a tile is the
 /// same every tile, and ptxas kept them all in registers: `dK/dV` at hd 64 took 254 on sm_90a
 /// at one stage where two take 168.
 #[cube]

@@ -40,7 +40,8 @@ impl<M: DialectWmmaCompiler<Self>> Dialect for CudaDialect<M> {
 /// And the fast `powf` (`FastPowf`): `lab_fast_pow(x, y)` is `__powf(x, y)`, but where `x` is
 /// 2 (a constant at the call, so the test folds away) it is `ex2.approx.ftz` of `y` alone. A
 /// softmax in base 2 then takes one FFMA (`s · scale · log2 e − m`) and one `MUFU.EX2` an
-/// element, where `exp` adds the multiply by `log2 e` between them.
+/// element, where `exp` adds the multiply by `log2 e` between them. (A base that is not a
+/// constant keeps the compare at run time; a runtime 2 then takes the `ex2.ftz` too.)
 const LAB_FAST_EXP: &str = r#"#ifndef LAB_FAST_EXP
 #define LAB_FAST_EXP
 __device__ __forceinline__ float lab_fast_exp(float x) {
