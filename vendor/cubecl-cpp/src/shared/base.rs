@@ -19,7 +19,10 @@ use cubecl_core::{
 };
 use cubecl_opt::{Optimizer, SharedLiveness};
 use cubecl_runtime::compiler::{CompilationError, Compiler};
-use std::{collections::HashSet, fmt::Debug};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Debug,
+};
 
 // LAB PATCH (LAB-PATCH.md): one counter per thread. A process-wide one was reset by any
 // thread's compile while another thread was writing its kernel's source, which then named two
@@ -118,6 +121,9 @@ pub struct CppCompiler<D: Dialect> {
     source_loc: Option<SourceLoc>,
     strategy: ExecutionMode,
     addr_type: Item<D>,
+    // LAB PATCH (LAB-PATCH.md): each immutable local that is another immutable local plus a
+    // constant, by id, so that a `LoadMatrix` at it can address `buffer + local + constant`.
+    const_offsets: HashMap<gpu::Id, (gpu::Variable, u64)>,
 }
 
 impl<D: Dialect> Default for Flags<D> {
@@ -166,6 +172,7 @@ impl<D: Dialect> Default for CppCompiler<D> {
             source_loc: Default::default(),
             strategy: Default::default(),
             addr_type: Item::scalar(Elem::U32, true),
+            const_offsets: Default::default(),
         }
     }
 }
@@ -196,6 +203,7 @@ impl<D: Dialect> Compiler for CppCompiler<D> {
         }
 
         self.addr_type = self.compile_type(addr_type.into());
+        self.const_offsets.clear();
         self.compilation_options = compilation_options.clone();
         self.strategy = strategy;
         self.kernel_name = kernel.options.kernel_name.clone();
@@ -946,14 +954,20 @@ impl<D: Dialect> CppCompiler<D> {
                 vector_size,
                 factor,
                 transpose,
-            } => WmmaInstruction::LdMatrix {
+            } => {
+                // LAB PATCH (LAB-PATCH.md): `buffer + local + constant` where the offset is
+                // one, so that ptxas can put the constant in the `ldmatrix`'s address.
+                let (offset, offset_add) = self.split_const_offset(offset);
+                WmmaInstruction::LdMatrix {
                 output: out,
                 buffer: self.compile_variable(buffer),
                 offset: self.compile_variable(offset),
+                offset_add,
                 vector_size,
                 factor: factor as u32,
                 transpose,
-            },
+            }
+            }
             gpu::CoopMma::StoreMatrix {
                 offset,
                 vector_size,
@@ -1140,6 +1154,38 @@ impl<D: Dialect> CppCompiler<D> {
         }
     }
 
+    /// LAB PATCH (LAB-PATCH.md): remembers `out = lhs + constant` where `out` and `lhs` are
+    /// immutable locals (so `lhs` holds the same value wherever `out` is read) and the
+    /// constant is a non-negative integer.
+    fn note_const_offset(&mut self, op: &gpu::BinaryOperator, out: gpu::Variable) {
+        let gpu::VariableKind::LocalConst { id } = out.kind else {
+            return;
+        };
+        if !matches!(op.lhs.kind, gpu::VariableKind::LocalConst { .. }) {
+            return;
+        }
+        let constant = match op.rhs.kind {
+            gpu::VariableKind::Constant(gpu::ConstantValue::UInt(c)) => c,
+            gpu::VariableKind::Constant(gpu::ConstantValue::Int(c)) if c >= 0 => c as u64,
+            _ => return,
+        };
+        if op.lhs.ty == out.ty && op.rhs.ty == out.ty {
+            self.const_offsets.insert(id, (op.lhs, constant));
+        }
+    }
+
+    /// LAB PATCH (LAB-PATCH.md): `offset` as `(local, constant)` where it was noted as their
+    /// sum, else `(offset, 0)`.
+    fn split_const_offset(&self, offset: gpu::Variable) -> (gpu::Variable, u64) {
+        match offset.kind {
+            gpu::VariableKind::LocalConst { id } => match self.const_offsets.get(&id) {
+                Some(&(local, constant)) => (local, constant),
+                None => (offset, 0),
+            },
+            _ => (offset, 0),
+        }
+    }
+
     fn compile_arithmetic(
         &mut self,
         value: gpu::Arithmetic,
@@ -1150,6 +1196,7 @@ impl<D: Dialect> CppCompiler<D> {
         let out = out.unwrap();
         match value {
             gpu::Arithmetic::Add(op) => {
+                self.note_const_offset(&op, out);
                 instructions.push(Instruction::Add(self.compile_binary(op, out)))
             }
             gpu::Arithmetic::SaturatingAdd(op) => {

@@ -240,6 +240,7 @@ pub fn ldmatrix_call<D: Dialect>(
     output: &Variable<D>,
     buffer: &Variable<D>,
     offset: &Variable<D>,
+    offset_add: u64,
     vector_size: &Option<usize>,
     factor: &u32,
     transpose: &bool,
@@ -257,7 +258,17 @@ pub fn ldmatrix_call<D: Dialect>(
         buffer.fmt_ptr()
     };
 
-    format!("__ldmatrix_m{width}n8_{elem}_{factor}x{is_transposed}({regs}, {buffer} + {offset});\n")
+    // LAB PATCH (LAB-PATCH.md): the constant added to the pointer apart from the 32-bit
+    // offset, where a 32-bit sum could wrap, so that LLVM and ptxas can fold it into the
+    // `ldmatrix` address (`[R+imm]`).
+    let offset_add = if offset_add == 0 {
+        String::new()
+    } else {
+        format!(" + {offset_add}")
+    };
+    format!(
+        "__ldmatrix_m{width}n8_{elem}_{factor}x{is_transposed}({regs}, {buffer} + {offset}{offset_add});\n"
+    )
 }
 
 pub fn ldmatrix_template<D: Dialect>(elem: Elem<D>, factor: u32, transpose: bool) -> String {
