@@ -959,14 +959,14 @@ impl<D: Dialect> CppCompiler<D> {
                 // one, so that ptxas can put the constant in the `ldmatrix`'s address.
                 let (offset, offset_add) = self.split_const_offset(offset);
                 WmmaInstruction::LdMatrix {
-                output: out,
-                buffer: self.compile_variable(buffer),
-                offset: self.compile_variable(offset),
-                offset_add,
-                vector_size,
-                factor: factor as u32,
-                transpose,
-            }
+                    output: out,
+                    buffer: self.compile_variable(buffer),
+                    offset: self.compile_variable(offset),
+                    offset_add,
+                    vector_size,
+                    factor: factor as u32,
+                    transpose,
+                }
             }
             gpu::CoopMma::StoreMatrix {
                 offset,
