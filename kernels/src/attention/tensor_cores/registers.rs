@@ -515,8 +515,7 @@ impl<A: Float> Running<A> {
 
 /// One key tile of the forward for the plane's blocks: `s = q kᵀ`, each block's rows' new max,
 /// `p = 2^(scale_log2 · s − m)` in place of `s` (`scale_log2`: the scale times `log2 e`), the
-/// sums; the output rescaled where a row's max
-/// rose; `o += p v`. The tile's keys are at `k_origin` of `tiles`, its values a tile on. On a
+/// sums; the output rescaled where a row's max rose; `o += p v`. The tile's keys are at `k_origin` of `tiles`, its values a tile on. On a
 /// tile that reaches the diagonal (`diagonal`) keys after a row are masked first.
 #[allow(clippy::too_many_arguments)]
 #[cube]
@@ -804,9 +803,9 @@ impl KeyWalk {
 /// The stage a walk's tile is in (`stage`; its first row `start`), as its products read it.
 /// With one stage that is 0, written `start >> 31`: 0 for every row lab reaches (the kernels
 /// index in 32 bits, and a head's rows at 16 columns or more in chunks of 8 keep
-/// `seq · hd / 8 < 2^32`, so rows stay below 2^31), but not a constant to the compiler. With a constant stage each `ldmatrix` address of a tile is the
-/// same every tile, and ptxas kept them all in registers: `dK/dV` at hd 64 took 254 on sm_90a
-/// at one stage where two take 168.
+/// `seq · hd / 8 < 2^32`, so rows stay below 2^31), but not a constant to the compiler. With a
+/// constant stage each `ldmatrix` address of a tile is the same every tile, and ptxas kept them
+/// all in registers: `dK/dV` at hd 64 took 254 on sm_90a at one stage where two take 168.
 #[cube]
 fn read_stage(stage: usize, start: usize, #[comptime] stages: usize) -> usize {
     if comptime!(stages == 1) {
@@ -1305,6 +1304,23 @@ impl QueryWalk {
         }
     }
 
+    /// Where the tile's `q` and `dO` rows are in their tiles (elements), and its `lse` and `D`
+    /// in theirs: stage `stage` of what [`load_queries`] fills ([`read_stage`]), as
+    /// [`KeyWalk::origin`].
+    fn origins(
+        &self,
+        #[comptime] head_dim: usize,
+        #[comptime] planes: usize,
+        #[comptime] stages: usize,
+    ) -> (usize, usize) {
+        let rows = comptime!(16 * planes);
+        let stage = read_stage(self.stage, self.start, stages);
+        (
+            stage * comptime!(rows * tile_stride(head_dim)),
+            stage * rows,
+        )
+    }
+
     /// On to the next tile (with one stage, once every plane is done with this one): the
     /// head's next 64 queries, or the next head's from the cube's first key row.
     fn tile_done(
@@ -1419,11 +1435,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             keys,
             stages,
         );
-        let stage = read_stage(walk.stage, walk.start, stages);
-        let (origin, stats_at) = (
-            stage * comptime!(rows * tile_stride(head_dim)),
-            stage * rows,
-        );
+        let (origin, stats_at) = walk.origins(head_dim, planes, stages);
         grad_kv_tile::<F, A>(
             &mma,
             &k_frags,

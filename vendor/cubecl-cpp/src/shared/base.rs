@@ -123,6 +123,7 @@ pub struct CppCompiler<D: Dialect> {
     addr_type: Item<D>,
     // LAB PATCH (LAB-PATCH.md): each immutable local that is another immutable local plus a
     // constant, by id, so that a `LoadMatrix` at it can address `buffer + local + constant`.
+    // Filled only in the copy `compile` makes for each kernel (`compile_ir`).
     const_offsets: HashMap<gpu::Id, (gpu::Variable, u64)>,
 }
 
@@ -203,7 +204,6 @@ impl<D: Dialect> Compiler for CppCompiler<D> {
         }
 
         self.addr_type = self.compile_type(addr_type.into());
-        self.const_offsets.clear();
         self.compilation_options = compilation_options.clone();
         self.strategy = strategy;
         self.kernel_name = kernel.options.kernel_name.clone();
