@@ -1156,7 +1156,9 @@ impl<D: Dialect> CppCompiler<D> {
 
     /// LAB PATCH (LAB-PATCH.md): remembers `out = lhs + constant` where `out` and `lhs` are
     /// immutable locals (so `lhs` holds the same value wherever `out` is read) and the
-    /// constant is a non-negative integer.
+    /// constant is a non-negative integer. Where `lhs` was itself noted as `root + c`, `out`
+    /// is noted as `root + (c + constant)`: a tile origin plus a fragment's offset is then one
+    /// register and one immediate, not two sums.
     fn note_const_offset(&mut self, op: &gpu::BinaryOperator, out: gpu::Variable) {
         let gpu::VariableKind::LocalConst { id } = out.kind else {
             return;
@@ -1170,7 +1172,10 @@ impl<D: Dialect> CppCompiler<D> {
             _ => return,
         };
         if op.lhs.ty == out.ty && op.rhs.ty == out.ty {
-            self.const_offsets.insert(id, (op.lhs, constant));
+            let (root, first) = self.split_const_offset(op.lhs);
+            if let Some(sum) = first.checked_add(constant) {
+                self.const_offsets.insert(id, (root, sum));
+            }
         }
     }
 
