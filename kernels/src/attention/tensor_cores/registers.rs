@@ -1069,15 +1069,15 @@ fn grad_kv_tile<F: Float, A: Float>(
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] grads: KvGrads,
+    #[comptime] diagonal: bool,
 ) {
     #[unroll]
     for j in 0..planes {
         let mut s = pair_products::<F, A>(mma, k_frags, q_tile, origin, j, head_dim, 1usize);
-        // Masked on every tile: only the diagonal one (each head's first) has a query before
-        // a key row. Compiled as a branch on it, ptxas took 175 registers at hd 64 on sm_90a
-        // (2 cubes an SM, not 3); twice, with and without the mask, 1,848 instructions where
-        // this is 1,360.
-        mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
+        // Only the diagonal tile has a query before a key row.
+        if comptime!(diagonal) {
+            mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
+        }
         // In natural units, not base 2 as the forward and `dQ` ([`LOG2_E`]): each `lse`
         // comes from shared memory, so base 2 takes a multiply for it where it saves one for
         // `p`. With it, ptxas spilled 8 bytes at hd 64 on sm_90a (a reload every tile).
@@ -1198,15 +1198,19 @@ fn load_queries<F: Float, A: Float>(
     );
 }
 
-/// A `dK/dV` cube's walk over its query tiles: for each head of its group, the queries from
-/// its first key row on (the diagonal tile first), each tile's `q`, `dO`, `lse` and `D` in a
-/// stage of the query tiles. As [`KeyWalk`]: with one stage a tile is loaded, then computed;
-/// with two, the next tile's copies run while the cube computes this one.
+/// A `dK/dV` cube's walk over its query tiles, each tile's `q`, `dO`, `lse` and `D` in a stage
+/// of the query tiles. For each head of the group, its diagonal tile (the queries from the
+/// cube's first key row), the only one that needs the causal mask, and the tiles past it.
+/// Where it splits the diagonal off ([`KvGrads::split_diagonal`]), first every head's tiles
+/// past the diagonal, then every head's diagonal tile, so that the first can be a loop of
+/// their own, without the mask ([`grad_kv_tiles`]); else each head's from the diagonal on.
+/// As [`KeyWalk`]: with one stage a tile is loaded, then computed; with two, the next
+/// tile's copies run while the cube computes this one.
 #[derive(CubeType)]
 struct QueryWalk {
     /// The tile's head in the group.
     g: usize,
-    /// Its first query.
+    /// Its first query: the cube's first key row on a diagonal tile, a later row past it.
     start: usize,
     /// Its stage (0 or 1).
     stage: usize,
@@ -1229,21 +1233,77 @@ impl QueryWalk {
         block: &KeyBlock,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
-        #[comptime] keys: bool,
+        #[comptime] grads: KvGrads,
         #[comptime] stages: usize,
     ) -> QueryWalk {
         comptime!(assert!(stages == 1 || stages == 2, "one or two stages"));
+        let keys = comptime!(grads.keys());
+        let mut start = block.row0;
+        if comptime!(grads.split_diagonal()) {
+            let past = block.row0 + comptime!(16 * planes);
+            if past < block.seq {
+                start = past;
+            }
+        }
         if comptime!(stages == 2) {
             load_queries::<F, A>(
-                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, 0usize,
-                block.row0, 0usize, head_dim, planes, keys, stages,
+                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, 0usize, start,
+                0usize, head_dim, planes, keys, stages,
             );
         }
         QueryWalk {
             g: 0,
-            start: block.row0,
+            start,
             stage: 0,
         }
+    }
+
+    /// Whether the tile is one past the diagonal (the first loop's).
+    fn past_diagonal(&self, block: &KeyBlock) -> bool {
+        self.start != block.row0
+    }
+
+    /// Whether a tile is left: any (`diagonal`), or one past the diagonal.
+    fn more(&self, block: &KeyBlock, #[comptime] diagonal: bool) -> bool {
+        if comptime!(diagonal) {
+            self.g < block.group
+        } else {
+            // Past the diagonal only while the walk is in the group (`next`).
+            self.past_diagonal(block)
+        }
+    }
+
+    /// The tile after this one in the walk's order, as `(g, start)`; `g` is the group's size
+    /// after the last.
+    fn next(
+        &self,
+        block: &KeyBlock,
+        #[comptime] planes: usize,
+        #[comptime] grads: KvGrads,
+    ) -> (usize, usize) {
+        let rows = comptime!(16 * planes);
+        let mut g = self.g;
+        let mut start = self.start + rows;
+        if comptime!(grads.split_diagonal()) {
+            if !self.past_diagonal(block) {
+                // The next head's diagonal tile.
+                start = block.row0;
+                g += 1;
+            } else if start >= block.seq {
+                // The next head's first tile past the diagonal (one exists, as this head had
+                // one), or after the last head's, the first diagonal tile.
+                g += 1;
+                start = block.row0 + rows;
+                if g >= block.group {
+                    g = 0;
+                    start = block.row0;
+                }
+            }
+        } else if start >= block.seq {
+            start = block.row0;
+            g += 1;
+        }
+        (g, start)
     }
 
     /// This tile in shared memory for every plane; with two stages, the next tile's copies
@@ -1262,19 +1322,15 @@ impl QueryWalk {
         block: &KeyBlock,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
-        #[comptime] keys: bool,
+        #[comptime] grads: KvGrads,
         #[comptime] stages: usize,
     ) {
+        let keys = comptime!(grads.keys());
         if comptime!(stages == 2) {
             // This unit's copies landed, then the barrier: everyone's did, and every plane is
             // done with the last tile, in the stage the next copies go to.
             sync_storage();
-            let mut next = self.start + comptime!(16 * planes);
-            let mut g = self.g;
-            if next >= block.seq {
-                next = block.row0;
-                g += 1;
-            }
+            let (g, next) = self.next(block, planes, grads);
             if g < block.group {
                 load_queries::<F, A>(
                     q,
@@ -1321,12 +1377,12 @@ impl QueryWalk {
         )
     }
 
-    /// On to the next tile (with one stage, once every plane is done with this one): the
-    /// head's next 64 queries, or the next head's from the cube's first key row.
+    /// On to the next tile (with one stage, once every plane is done with this one).
     fn tile_done(
         &mut self,
         block: &KeyBlock,
         #[comptime] planes: usize,
+        #[comptime] grads: KvGrads,
         #[comptime] stages: usize,
     ) {
         if comptime!(stages == 1) {
@@ -1334,11 +1390,52 @@ impl QueryWalk {
         } else {
             self.stage = 1 - self.stage;
         }
-        self.start += comptime!(16 * planes);
-        if self.start >= block.seq {
-            self.start = block.row0;
-            self.g += 1;
-        }
+        let (g, start) = self.next(block, planes, grads);
+        self.g = g;
+        self.start = start;
+    }
+}
+
+/// The walk's tiles into `dk` and `dv` ([`grad_kv_tile`]): those past the diagonal, unmasked
+/// (`diagonal` false), or all the rest, masked (true). A loop of each, not one loop with the
+/// mask in a branch, where ptxas took 170 to 176 registers at hd 64 (2 cubes an SM, not 3).
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn grad_kv_tiles<F: Float, A: Float>(
+    walk: &mut QueryWalk,
+    q: &Tensor<Chunk<F>>,
+    d_out: &Tensor<Chunk<F>>,
+    lse: &Tensor<A>,
+    delta: &Tensor<A>,
+    q_tile: &mut SharedMemory<F>,
+    do_tile: &mut SharedMemory<F>,
+    lse_tile: &mut SharedMemory<A>,
+    delta_tile: &mut SharedMemory<A>,
+    block: &KeyBlock,
+    mma: &MmaDefinition<F, F, A>,
+    k_frags: &Sequence<Fragment<F>>,
+    v_frags: &Sequence<Fragment<F>>,
+    dk: &mut Products<A>,
+    dv: &mut Products<A>,
+    quad: &Quad,
+    scale: A,
+    #[comptime] head_dim: usize,
+    #[comptime] planes: usize,
+    #[comptime] grads: KvGrads,
+    #[comptime] stages: usize,
+    #[comptime] diagonal: bool,
+) {
+    while walk.more(block, diagonal) {
+        walk.tile_ready::<F, A>(
+            q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, head_dim, planes,
+            grads, stages,
+        );
+        let (origin, stats_at) = walk.origins(head_dim, planes, stages);
+        grad_kv_tile::<F, A>(
+            mma, k_frags, v_frags, q_tile, do_tile, lse_tile, delta_tile, dk, dv, quad, walk.start,
+            scale, origin, stats_at, head_dim, planes, grads, diagonal,
+        );
+        walk.tile_done(block, planes, grads, stages);
     }
 }
 
@@ -1416,11 +1513,13 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         &block,
         head_dim,
         planes,
-        keys,
+        grads,
         stages,
     );
-    while walk.g < block.group {
-        walk.tile_ready::<F, A>(
+    // Where `split_diagonal`, the tiles past the diagonal unmasked; then the rest, masked.
+    if comptime!(grads.split_diagonal()) {
+        grad_kv_tiles::<F, A>(
+            &mut walk,
             q,
             d_out,
             lse,
@@ -1430,33 +1529,44 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             &mut lse_tile,
             &mut delta_tile,
             &block,
-            head_dim,
-            planes,
-            keys,
-            stages,
-        );
-        let (origin, stats_at) = walk.origins(head_dim, planes, stages);
-        grad_kv_tile::<F, A>(
             &mma,
             &k_frags,
             &v_frags,
-            &q_tile,
-            &do_tile,
-            &lse_tile,
-            &delta_tile,
             &mut dk,
             &mut dv,
             &quad,
-            walk.start,
             scale,
-            origin,
-            stats_at,
             head_dim,
             planes,
             grads,
+            stages,
+            false,
         );
-        walk.tile_done(&block, planes, stages);
     }
+    grad_kv_tiles::<F, A>(
+        &mut walk,
+        q,
+        d_out,
+        lse,
+        delta,
+        &mut q_tile,
+        &mut do_tile,
+        &mut lse_tile,
+        &mut delta_tile,
+        &block,
+        &mma,
+        &k_frags,
+        &v_frags,
+        &mut dk,
+        &mut dv,
+        &quad,
+        scale,
+        head_dim,
+        planes,
+        grads,
+        stages,
+        true,
+    );
     if comptime!(keys) {
         let factor = Two::<A>::new(scale);
         write_rows::<F, A>(
