@@ -363,7 +363,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
 /// queries gives both. Wider, `dK` and `dV` take a launch each: both `[16, hd]` f32
 /// accumulators with the plane's key and value rows held for the whole walk do not fit 255
 /// registers (at hd 128 ptxas spilled 2.4 KB a thread on sm_80), and one of them with the rows
-/// it needs does (`dK` at hd 128: 214 registers on sm_80, 251 on sm_90a, no spill). The `dV`
+/// it needs does (`dK` at hd 128: 168 registers on both, no spill; BENCHMARKS.md). The `dV`
 /// launch recomputes `P`: five products where one walk takes four.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum KvGrads {
@@ -397,11 +397,12 @@ impl KvGrads {
     }
 
     /// Whether the walk takes the tiles past the diagonal in a loop of their own, without the
-    /// causal mask (the diagonal ones after, masked), or masks every tile in one loop. Two
-    /// loops shorten the common tile's loop from 650 instructions to 540–551 at hd 64
-    /// (BENCHMARKS.md, "`dK/dV`'s tiles past the diagonal without the mask"); at hd 128 they
-    /// took ptxas from 168 to 247 registers for `dK` and from 128 to 180 for `dV` (hd 96
-    /// alike), so there one loop stays.
+    /// causal mask (the diagonal ones after, masked), or masks every tile in one loop: two
+    /// loops where one launch gives both gradients (up to hd 64, [`KvGrads::launches`]).
+    /// There they shorten the common tile's loop from 653 instructions to 540 on sm_80, 650
+    /// to 551 on sm_90a, at hd 64 (BENCHMARKS.md, "`dK/dV`'s tiles past the diagonal without
+    /// the mask"); at hd 128 they took ptxas from 168 to 247 registers for `dK` and from 128
+    /// to 180–183 for `dV` (hd 96 alike), so there one loop stays.
     fn split_diagonal(self) -> bool {
         self == KvGrads::Both
     }

@@ -1045,10 +1045,10 @@ fn write_rows<F: Float, A: Float>(
 }
 
 /// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
-/// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key);
-/// `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`. The tile's
-/// rows of `q` and `dO` are at `origin` of `q_tile` and `do_tile`, its `lse` and `D` at
-/// `stats_at` of theirs.
+/// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, which only a
+/// `diagonal` tile has: it is masked); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
+/// The tile's rows of `q` and `dO` are at `origin` of `q_tile` and `do_tile`, its `lse` and
+/// `D` at `stats_at` of theirs.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tile<F: Float, A: Float>(
@@ -1268,7 +1268,8 @@ impl QueryWalk {
         if comptime!(diagonal) {
             self.g < block.group
         } else {
-            // Past the diagonal only while the walk is in the group (`next`).
+            // Past the diagonal only while the walk is in the group (`next`; a launch has a
+            // group of at least one head, `Dims::of`).
             self.past_diagonal(block)
         }
     }
@@ -1397,8 +1398,9 @@ impl QueryWalk {
 }
 
 /// The walk's tiles into `dk` and `dv` ([`grad_kv_tile`]): those past the diagonal, unmasked
-/// (`diagonal` false), or all the rest, masked (true). A loop of each, not one loop with the
-/// mask in a branch, where ptxas took 170 to 176 registers at hd 64 (2 cubes an SM, not 3).
+/// (`diagonal` false), or all the rest, masked (true). A loop of each: in one loop, ptxas
+/// took 175–176 registers at hd 64 with the mask in a branch, and 170–172 with two calls of
+/// the tile, masked and not, under one (2 cubes an SM, not 3).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tiles<F: Float, A: Float>(
