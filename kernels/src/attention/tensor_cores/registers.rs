@@ -1518,8 +1518,11 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         grads,
         stages,
     );
-    // Where `split_diagonal`, the tiles past the diagonal unmasked; then the rest, masked.
-    if comptime!(grads.split_diagonal()) {
+    // Where `split_diagonal`, the tiles past the diagonal unmasked (pass 0); then the rest,
+    // masked (pass 1).
+    let first_pass = comptime!(usize::from(!grads.split_diagonal()));
+    #[unroll]
+    for pass in first_pass..2usize {
         grad_kv_tiles::<F, A>(
             &mut walk,
             q,
@@ -1542,33 +1545,9 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             planes,
             grads,
             stages,
-            false,
+            comptime!(pass == 1),
         );
     }
-    grad_kv_tiles::<F, A>(
-        &mut walk,
-        q,
-        d_out,
-        lse,
-        delta,
-        &mut q_tile,
-        &mut do_tile,
-        &mut lse_tile,
-        &mut delta_tile,
-        &block,
-        &mma,
-        &k_frags,
-        &v_frags,
-        &mut dk,
-        &mut dv,
-        &quad,
-        scale,
-        head_dim,
-        planes,
-        grads,
-        stages,
-        true,
-    );
     if comptime!(keys) {
         let factor = Two::<A>::new(scale);
         write_rows::<F, A>(
