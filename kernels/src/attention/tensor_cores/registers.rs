@@ -515,8 +515,9 @@ impl<A: Float> Running<A> {
 
 /// One key tile of the forward for the plane's blocks: `s = q kᵀ`, each block's rows' new max,
 /// `p = 2^(scale_log2 · s − m)` in place of `s` (`scale_log2`: the scale times `log2 e`), the
-/// sums; the output rescaled where a row's max rose; `o += p v`. The tile's keys are at `k_origin` of `tiles`, its values a tile on. On a
-/// tile that reaches the diagonal (`diagonal`) keys after a row are masked first.
+/// sums; the output rescaled where a row's max rose; `o += p v`. The tile's keys are at
+/// `k_origin` of `tiles`, its values a tile on. On a tile that reaches the diagonal
+/// (`diagonal`) keys after a row are masked first.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn forward_tile<F: Float, A: Float>(
