@@ -31,9 +31,9 @@
 //! keys and values, [`KeyWalk`]; `dK/dV`'s queries, `dO` and their `lse` and `D`,
 //! [`QueryWalk`]): while the cube computes one, the next tile's `cp.async` copies run into the
 //! other, so the tile's global-memory latency hides behind the products, and one barrier a
-//! tile serves both stages, as in FlashAttention-2. cubecl 0.10 has the copy (`copy_async_checked`) but
-//! no wait without a `cuda::barrier`; lab's patch of the vendored cubecl-cpp makes
-//! `sync_storage` the wait (`cp.async.wait_all`) and the cube barrier
+//! tile serves both stages, as in FlashAttention-2. cubecl 0.10 has the copy
+//! (`copy_async_checked`) but no wait without a `cuda::barrier`; lab's patch of the vendored
+//! cubecl-cpp makes `sync_storage` the wait (`cp.async.wait_all`) and the cube barrier
 //! (vendor/cubecl-cpp/LAB-PATCH.md). `LAB_ATTENTION_STAGES=1` takes one stage: load a tile,
 //! barrier, compute it, barrier.
 
@@ -1048,18 +1048,15 @@ fn write_rows<F: Float, A: Float>(
 /// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
 /// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, which only a
 /// `diagonal` tile has: it is masked); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
-/// The tile's rows of `q` and `dO` are at `origin` of `q_tile` and `do_tile`, its `lse` and
-/// `D` at `stats_at` of theirs.
+/// The tile's rows of `q` and `dO` are at `origin` of their `tiles`, its `lse` and `D` at
+/// `stats_at` of theirs.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tile<F: Float, A: Float>(
     mma: &MmaDefinition<F, F, A>,
     k_frags: &Sequence<Fragment<F>>,
     v_frags: &Sequence<Fragment<F>>,
-    q_tile: &SharedMemory<F>,
-    do_tile: &SharedMemory<F>,
-    lse_tile: &SharedMemory<A>,
-    delta_tile: &SharedMemory<A>,
+    tiles: &QueryTiles<F, A>,
     dk: &mut Products<A>,
     dv: &mut Products<A>,
     quad: &Quad,
@@ -1074,7 +1071,7 @@ fn grad_kv_tile<F: Float, A: Float>(
 ) {
     #[unroll]
     for j in 0..planes {
-        let mut s = pair_products::<F, A>(mma, k_frags, q_tile, origin, j, head_dim, 1usize);
+        let mut s = pair_products::<F, A>(mma, k_frags, &tiles.q, origin, j, head_dim, 1usize);
         // Only the diagonal tile has a query before a key row.
         if comptime!(diagonal) {
             mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
@@ -1086,19 +1083,19 @@ fn grad_kv_tile<F: Float, A: Float>(
         for e in 0..4usize {
             // The element's query columns, as `lse` and `D` index them.
             let col = stats_at + j * 16 + (e / 2) * 8 + 2 * quad.t;
-            s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(lse_tile, col, 0)).exp();
+            s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(&tiles.lse, col, 0)).exp();
         }
         if comptime!(grads.values()) {
-            accumulate_pair::<F, A>(mma, &s, do_tile, dv, origin, j, head_dim, 1usize);
+            accumulate_pair::<F, A>(mma, &s, &tiles.d_out, dv, origin, j, head_dim, 1usize);
         }
         if comptime!(grads.keys()) {
-            let dp = pair_products::<F, A>(mma, v_frags, do_tile, origin, j, head_dim, 1usize);
+            let dp = pair_products::<F, A>(mma, v_frags, &tiles.d_out, origin, j, head_dim, 1usize);
             #[unroll]
             for e in 0..4usize {
                 let col = stats_at + j * 16 + (e / 2) * 8 + 2 * quad.t;
-                s[e] = s[e] * (dp[e] - pair::<A>(delta_tile, col, 0));
+                s[e] = s[e] * (dp[e] - pair::<A>(&tiles.delta, col, 0));
             }
-            accumulate_pair::<F, A>(mma, &s, q_tile, dk, origin, j, head_dim, 1usize);
+            accumulate_pair::<F, A>(mma, &s, &tiles.q, dk, origin, j, head_dim, 1usize);
         }
     }
 }
@@ -1141,10 +1138,19 @@ impl KeyBlock {
     }
 }
 
-/// Queries `start ..` of head `g` of the cube's group into stage `stage`: their rows of `q`
-/// and `dO` into `q_tile` and `do_tile`, their `lse` and (`keys`) `D` into `lse_tile` and
-/// `delta_tile`. Loaded with one stage; with two, copied (`cp.async`), in shared memory once
-/// the unit has passed `sync_storage`.
+/// A `dK/dV` cube's query tiles in shared memory, `stages` of each: rows of `q` and `dO`
+/// ([`padded_tile`]), and their `lse` and (`dK` only) `D`.
+#[derive(CubeType)]
+struct QueryTiles<F: Float, A: Float> {
+    q: SharedMemory<F>,
+    d_out: SharedMemory<F>,
+    lse: SharedMemory<A>,
+    delta: SharedMemory<A>,
+}
+
+/// Queries `start ..` of head `g` of the cube's group into stage `stage` of `tiles`: their rows
+/// of `q` and `dO`, their `lse` and (`keys`) `D`. Loaded with one stage; with two, copied
+/// (`cp.async`), in shared memory once the unit has passed `sync_storage`.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_queries<F: Float, A: Float>(
@@ -1152,10 +1158,7 @@ fn load_queries<F: Float, A: Float>(
     d_out: &Tensor<Chunk<F>>,
     lse: &Tensor<A>,
     delta: &Tensor<A>,
-    q_tile: &mut SharedMemory<F>,
-    do_tile: &mut SharedMemory<F>,
-    lse_tile: &mut SharedMemory<A>,
-    delta_tile: &mut SharedMemory<A>,
+    tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
     g: usize,
     start: usize,
@@ -1171,11 +1174,21 @@ fn load_queries<F: Float, A: Float>(
     let head_rows = (b * block.heads + head) * seq;
     let tile_row0 = stage * rows;
     load_row_stats::<A>(
-        lse, delta, lse_tile, delta_tile, head_rows, start, seq, tile_row0, rows, keys, copies,
+        lse,
+        delta,
+        &mut tiles.lse,
+        &mut tiles.delta,
+        head_rows,
+        start,
+        seq,
+        tile_row0,
+        rows,
+        keys,
+        copies,
     );
     load_tile_at::<F>(
         q,
-        q_tile,
+        &mut tiles.q,
         row_at(q, b, head, 0),
         start,
         seq,
@@ -1187,7 +1200,7 @@ fn load_queries<F: Float, A: Float>(
     );
     load_tile_at::<F>(
         d_out,
-        do_tile,
+        &mut tiles.d_out,
         row_at(d_out, b, head, 0),
         start,
         seq,
@@ -1227,10 +1240,7 @@ impl QueryWalk {
         d_out: &Tensor<Chunk<F>>,
         lse: &Tensor<A>,
         delta: &Tensor<A>,
-        q_tile: &mut SharedMemory<F>,
-        do_tile: &mut SharedMemory<F>,
-        lse_tile: &mut SharedMemory<A>,
-        delta_tile: &mut SharedMemory<A>,
+        tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
@@ -1248,8 +1258,8 @@ impl QueryWalk {
         }
         if comptime!(stages == 2) {
             load_queries::<F, A>(
-                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, 0usize, start,
-                0usize, head_dim, planes, keys, stages,
+                q, d_out, lse, delta, tiles, block, 0usize, start, 0usize, head_dim, planes, keys,
+                stages,
             );
         }
         QueryWalk {
@@ -1317,10 +1327,7 @@ impl QueryWalk {
         d_out: &Tensor<Chunk<F>>,
         lse: &Tensor<A>,
         delta: &Tensor<A>,
-        q_tile: &mut SharedMemory<F>,
-        do_tile: &mut SharedMemory<F>,
-        lse_tile: &mut SharedMemory<A>,
-        delta_tile: &mut SharedMemory<A>,
+        tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
         #[comptime] head_dim: usize,
         #[comptime] planes: usize,
@@ -1339,10 +1346,7 @@ impl QueryWalk {
                     d_out,
                     lse,
                     delta,
-                    q_tile,
-                    do_tile,
-                    lse_tile,
-                    delta_tile,
+                    tiles,
                     block,
                     g,
                     next,
@@ -1355,8 +1359,8 @@ impl QueryWalk {
             }
         } else {
             load_queries::<F, A>(
-                q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, self.g,
-                self.start, 0usize, head_dim, planes, keys, stages,
+                q, d_out, lse, delta, tiles, block, self.g, self.start, 0usize, head_dim, planes,
+                keys, stages,
             );
             sync_cube();
         }
@@ -1410,10 +1414,7 @@ fn grad_kv_tiles<F: Float, A: Float>(
     d_out: &Tensor<Chunk<F>>,
     lse: &Tensor<A>,
     delta: &Tensor<A>,
-    q_tile: &mut SharedMemory<F>,
-    do_tile: &mut SharedMemory<F>,
-    lse_tile: &mut SharedMemory<A>,
-    delta_tile: &mut SharedMemory<A>,
+    tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
     mma: &MmaDefinition<F, F, A>,
     k_frags: &Sequence<Fragment<F>>,
@@ -1430,13 +1431,12 @@ fn grad_kv_tiles<F: Float, A: Float>(
 ) {
     while walk.more(block, diagonal) {
         walk.tile_ready::<F, A>(
-            q, d_out, lse, delta, q_tile, do_tile, lse_tile, delta_tile, block, head_dim, planes,
-            grads, stages,
+            q, d_out, lse, delta, tiles, block, head_dim, planes, grads, stages,
         );
         let (origin, stats_at) = walk.origins(head_dim, planes, stages);
         grad_kv_tile::<F, A>(
-            mma, k_frags, v_frags, q_tile, do_tile, lse_tile, delta_tile, dk, dv, quad, walk.start,
-            scale, origin, stats_at, head_dim, planes, grads, diagonal,
+            mma, k_frags, v_frags, tiles, dk, dv, quad, walk.start, scale, origin, stats_at,
+            head_dim, planes, grads, diagonal,
         );
         walk.tile_done(block, planes, grads, stages);
     }
@@ -1463,12 +1463,14 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let (keys, values) = comptime!((grads.keys(), grads.values()));
     let block = KeyBlock::new::<F>(q, k, v, planes);
     let (seq, b, kvh, row0) = (block.seq, block.b, block.kvh, block.row0);
-    let mut q_tile = padded_tile::<F>(head_dim, planes, stages);
-    let mut do_tile = padded_tile::<F>(head_dim, planes, stages);
-    let mut lse_tile = SharedMemory::<A>::new_aligned(comptime!(rows * stages), TILE_ALIGN);
     // `D` for `dS` (`dK` only).
     let delta_len = comptime!(if keys { rows * stages } else { 2 });
-    let mut delta_tile = SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN);
+    let mut tiles = QueryTiles::<F, A> {
+        q: padded_tile::<F>(head_dim, planes, stages),
+        d_out: padded_tile::<F>(head_dim, planes, stages),
+        lse: SharedMemory::<A>::new_aligned(comptime!(rows * stages), TILE_ALIGN),
+        delta: SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN),
+    };
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     // Here the lane's rows are key rows; its columns are query rows.
     let quad = Quad::new(row0, 1usize);
@@ -1477,7 +1479,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let k_frags = plane_fragments::<F, A>(
         &mma,
         k,
-        &mut q_tile,
+        &mut tiles.q,
         block.k_base,
         row0,
         seq,
@@ -1489,7 +1491,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         plane_fragments::<F, A>(
             &mma,
             v,
-            &mut q_tile,
+            &mut tiles.q,
             block.v_base,
             row0,
             seq,
@@ -1505,19 +1507,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut dv = zeroed::<A>(comptime!(if values { head_dim / 8 } else { 1 }));
 
     let mut walk = QueryWalk::new::<F, A>(
-        q,
-        d_out,
-        lse,
-        delta,
-        &mut q_tile,
-        &mut do_tile,
-        &mut lse_tile,
-        &mut delta_tile,
-        &block,
-        head_dim,
-        planes,
-        grads,
-        stages,
+        q, d_out, lse, delta, &mut tiles, &block, head_dim, planes, grads, stages,
     );
     // Where `split_diagonal`, the tiles past the diagonal unmasked (pass 0); then the rest,
     // masked (pass 1).
@@ -1530,10 +1520,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             d_out,
             lse,
             delta,
-            &mut q_tile,
-            &mut do_tile,
-            &mut lse_tile,
-            &mut delta_tile,
+            &mut tiles,
             &block,
             &mma,
             &k_frags,
