@@ -47,7 +47,7 @@ constexpr unsigned warpSize = 32;
 #define __grid_constant__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) alignas(n)
 

@@ -401,9 +401,14 @@ impl<M: DialectWmmaCompiler<Self>> DialectBindings<Self> for CudaDialect<M> {
             f,
             "
 
-extern \"C\" __global__ void __launch_bounds__({})",
+extern \"C\" __global__ void __launch_bounds__({}",
             flags.cube_dim.num_elems()
         )?;
+        // LAB PATCH: the cubes an SM a kernel asks for (`shared::MIN_CUBES_COMMENT`).
+        if let Some(cubes) = flags.min_cubes_per_sm {
+            write!(f, ", {cubes}")?;
+        }
+        f.write_str(")")?;
         if let Some(cluster_dim) = flags.cluster_dim {
             write!(
                 f,

@@ -101,7 +101,16 @@ pub struct Flags<D: Dialect> {
     pub cube_dim: CubeDim,
     pub cluster_dim: Option<CubeDim>,
     pub address_type: Item<D>,
+    // LAB PATCH: the cubes an SM the kernel asks registers for, from a comment
+    // `lab: cubes an SM N` in its body (`MIN_CUBES_COMMENT`); CUDA's second
+    // `__launch_bounds__` argument.
+    pub min_cubes_per_sm: Option<u32>,
 }
+
+/// LAB PATCH: a kernel whose body has the comment `lab: cubes an SM N` (cubecl's `comment!`)
+/// compiles for CUDA with `__launch_bounds__(threads, N)`, so that ptxas keeps its registers
+/// within what `N` cubes an SM leave each thread. cubecl has no kernel option for it.
+pub const MIN_CUBES_COMMENT: &str = "lab: cubes an SM ";
 
 #[allow(clippy::too_many_arguments)]
 #[derive(Clone, Debug)]
@@ -151,6 +160,7 @@ impl<D: Dialect> Default for Flags<D> {
             cube_dim: CubeDim::new_single(),
             cluster_dim: Default::default(),
             address_type: Item::scalar(Elem::U32, true),
+            min_cubes_per_sm: None,
         }
     }
 }
@@ -276,6 +286,7 @@ impl<D: Dialect> CppCompiler<D> {
             cube_dim: value.cube_dim,
             cluster_dim: value.options.cluster_dim,
             address_type: self.compile_type(address_type.into()),
+            min_cubes_per_sm: self.flags.min_cubes_per_sm,
         };
 
         let mut opt = Optimizer::shared_only(value.body, value.cube_dim);
@@ -585,6 +596,11 @@ impl<D: Dialect> CppCompiler<D> {
                         .collect(),
                 }),
                 gpu::NonSemantic::Comment { content } => {
+                    // LAB PATCH: `MIN_CUBES_COMMENT`.
+                    if let Some(cubes) = content.strip_prefix(MIN_CUBES_COMMENT) {
+                        let cubes = cubes.parse().expect("`lab: cubes an SM N`: N a number");
+                        self.flags.min_cubes_per_sm = Some(cubes);
+                    }
                     instructions.push(Instruction::Comment { content })
                 }
                 // Don't need to handle scopes
