@@ -8,8 +8,9 @@
 //   kernels come that way (the tensor cores' dK and dV launched apart, as above hd 64); for the
 //   f32-arithmetic kernels also -DKERNELS=…, -DROWS=<rows a cube owns> and each kernel's cube
 //   as -DFORWARD_CUBE=x,y,z (GRAD_Q_CUBE, GRAD_KV_CUBE); -DQUERY_ROWS=<rows a forward or dQ
-//   cube owns> where it differs from ROWS (the register kernels' 128 up to hd 64). The defaults
-//   are the tensor cores'.
+//   cube owns> where it differs from ROWS (the register kernels' 128 up to hd 64); -DLSE_LOG2
+//   for kernels whose backward reads lse in base 2 (the register kernels). The defaults are
+//   the tensor cores'.
 #include "emu.h"
 
 #include <cstdio>
@@ -264,21 +265,26 @@ bool check(const Case& c, uint64_t seed, double tolerance) {
         for (unsigned d = 0; d < hd; ++d) s += float(d_out[r * hd + d]) * float(out[r * hd + d]);
         delta[r] = s;
     }
+    // The register kernels (-DLSE_LOG2) read lse · log2 e, in f32 as the delta kernel writes it.
+    std::vector<float> backward_lse = lse;
+#ifdef LSE_LOG2
+    for (float& x : backward_lse) x *= 1.44269504088896340736f;
+#endif
     auto gq = metadata<info_grad_q>(scale, {input(aq), input(akv), input(akv), input(arq), arow, arow, arq});
-    emu::launch(grad_q_kernel, query_grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(grad_q_kernel, query_grid, emu::dim3{GRAD_Q_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), backward_lse.data(),
                 delta.data(), dq.data(), gq.dynamic.data(), gq.info);
     emu::dim3 kv_grid{grid.x, c.kv_heads, c.batch};
     std::vector<Arg> kv_args{input(aq), input(akv), input(akv), input(arq), arow, arow, arkv, arkv};
 #ifdef SPLIT_KV
     auto gv = metadata<info_grad_kv_values>(scale, kv_args);
     emu::launch(grad_kv_values_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(),
-                lse.data(), delta.data(), dk.data(), dv.data(), gv.dynamic.data(), gv.info);
+                backward_lse.data(), delta.data(), dk.data(), dv.data(), gv.dynamic.data(), gv.info);
     auto gk = metadata<info_grad_kv_keys>(scale, kv_args);
     emu::launch(grad_kv_keys_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(),
-                lse.data(), delta.data(), dk.data(), dv.data(), gk.dynamic.data(), gk.info);
+                backward_lse.data(), delta.data(), dk.data(), dv.data(), gk.dynamic.data(), gk.info);
 #else
     auto gkv = metadata<info_grad_kv>(scale, kv_args);
-    emu::launch(grad_kv_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), lse.data(),
+    emu::launch(grad_kv_kernel, kv_grid, emu::dim3{GRAD_KV_CUBE}, sq.data(), sk.data(), sv.data(), s_do.data(), backward_lse.data(),
                 delta.data(), dk.data(), dv.data(), gkv.dynamic.data(), gkv.info);
 #endif
     dq = stored(c, group_rest, c.heads, dq, true);

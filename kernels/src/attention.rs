@@ -347,12 +347,16 @@ fn zeros<A: Float>(#[comptime] tiling: Tiling) -> Array<A> {
     x
 }
 
-/// `D_i = Σ_d dO_i,d · O_i,d` for every row.
+/// `D_i = Σ_d dO_i,d · O_i,d` for every row, and its `lse_i · log2 e`, the units the tensor
+/// cores' register kernels take their softmax in (one FFMA an element in their loops, where
+/// `lse` in natural units takes a multiply more).
 #[cube(launch)]
 fn delta_kernel<F: Float, A: Float>(
     out: &Tensor<F>,
     d_out: &Tensor<F>,
+    lse: &Tensor<A>,
     delta: &mut Tensor<A>,
+    lse_log2: &mut Tensor<A>,
     #[comptime] head_dim: usize,
     #[comptime] unroll: bool,
     #[define(F, A)] _dtypes: [StorageType; 2],
@@ -367,7 +371,9 @@ fn delta_kernel<F: Float, A: Float>(
         for d in 0..head_dim {
             s += A::cast_from(d_out[g + d]) * A::cast_from(out[o + d]);
         }
-        delta[(b * heads + h) * seq + i] = s;
+        let row = (b * heads + h) * seq + i;
+        delta[row] = s;
+        lse_log2[row] = lse[row] * A::new(std::f32::consts::LOG2_E);
     }
 }
 
@@ -856,6 +862,7 @@ pub fn backward_into<R: CubeRuntime>(
     let types = [q.dtype.into(), DType::F32.into()];
 
     let delta = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
+    let lse_log2 = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
     // Rows spread over three grid axes as the other kernels: wgpu caps each at 65,535.
     delta_kernel::launch::<R>(
         &client,
@@ -863,13 +870,16 @@ pub fn backward_into<R: CubeRuntime>(
         CubeDim::new_1d(64),
         out.into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
         delta.clone().into_tensor_arg(),
+        lse_log2.clone().into_tensor_arg(),
         d.head_dim,
         unroll,
         types,
     );
     if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
-        tensor_cores::launch_backward([q, k, v, d_out, lse, delta], &grads, scale, &d);
+        let rows = [lse, lse_log2, delta];
+        tensor_cores::launch_backward([q, k, v, d_out], rows, &grads, scale, &d);
         return grads;
     }
     let tiling = Tiling::of(variant, 3, d.head_dim);

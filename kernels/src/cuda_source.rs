@@ -329,6 +329,50 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
     }
 }
 
+/// The register `dK/dV` launches that compute `dK` from hd 64 on ask ptxas for three cubes an
+/// SM (`__launch_bounds__(128, 3)`, from their comment `lab: cubes an SM 3` through the
+/// vendored cubecl-cpp's patch), which their shared memory leaves room for on an H100; every
+/// other tensor-core kernel compiles with the thread count alone.
+#[test]
+fn register_grad_kv_kernels_ask_for_three_cubes_an_sm() {
+    const H100_SHARED_PER_SM: usize = 228 * 1024;
+    const RESERVED_PER_CUBE: usize = 1024;
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let families = [16, 48, 64, 96, 128]
+        .into_iter()
+        .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)));
+    let mut bounded = 0;
+    for (hd, rows) in families {
+        for (kernel, cpp) in tensor_core_kernels(
+            &client,
+            DType::BF16,
+            hd,
+            rows,
+            rows.default_query_blocks(hd),
+            rows.default_tile_stages(),
+            ExecutionMode::Unchecked,
+        ) {
+            let keys = kernel == "grad_kv" || kernel == "grad_kv_keys";
+            let three = rows == RowWork::Registers && keys && hd >= 64;
+            let bounds = if three { "(128, 3)" } else { "(128)" };
+            assert!(
+                cpp.contains(&format!("__global__ void __launch_bounds__{bounds}")),
+                "{kernel} ({rows:?}) at hd {hd}: not __launch_bounds__{bounds}"
+            );
+            if three {
+                bounded += 1;
+                let bytes = shared_bytes(&cpp);
+                assert!(
+                    3 * (bytes + RESERVED_PER_CUBE) <= H100_SHARED_PER_SM,
+                    "{kernel}: {bytes}"
+                );
+            }
+        }
+    }
+    // hd 64's one launch, 96's and 128's `dK`.
+    assert_eq!(bounded, 3);
+}
+
 /// The end of a kernel's last shared array: cubecl writes each array's size in a comment
 /// (`// Shared array size: N, BYTES bytes`) above its line `T *shared_memory_N = …[OFFSET]`.
 fn shared_bytes(cpp: &str) -> usize {

@@ -75,9 +75,10 @@ pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Va
         at(3), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), tiling(3), types);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
         at(4), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), tiling(4), types);
-    // `D = dO·O`, which both backward variants (these and the tensor cores') read.
+    // `D = dO·O`, which both backward variants (these and the tensor cores') read, and `lse`
+    // in base 2 (the tensor cores' register kernels).
     let delta = delta_kernel::DeltaKernel::new(
-        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), hd, variant.unroll, types);
+        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), t(), t(), hd, variant.unroll, types);
     [("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode)), ("grad_kv", cuda_cpp_in(&grad_kv, mode)), ("delta", cuda_cpp(&delta))]
 }
 
@@ -333,10 +334,14 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
         storage,
         suffix,
         hd,
-        defines: vec![format!(
+        defines: [format!(
             "-DQUERY_ROWS={}",
             16 * tensor_cores::PLANES * blocks
-        )],
+        )]
+        .into_iter()
+        // The register kernels read `lse` in base 2, as the `D` kernel writes it for them.
+        .chain((rows == RowWork::Registers).then(|| "-DLSE_LOG2".into()))
+        .collect(),
     };
     let registers = STORAGES.into_iter().flat_map(|storage| {
         // bf16 also at the 7B's and MedGemma's 128, where `dK` and `dV` take a launch each

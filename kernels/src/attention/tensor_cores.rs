@@ -290,10 +290,12 @@ pub(super) fn launch_forward<R: CubeRuntime>(
     }
 }
 
-/// Launches `dQ` and `dK/dV` into `grads` from `q, k, v, dO` with unit-stride rows, the forward's
-/// `lse` and the rows' `D = dO·O`.
+/// Launches `dQ` and `dK/dV` into `grads` from `q, k, v, dO` with unit-stride rows and the rows'
+/// statistics: the forward's `lse`, `lse · log2 e` (which the register kernels read) and `D =
+/// dO·O`.
 pub(super) fn launch_backward<R: CubeRuntime>(
-    [q, k, v, d_out, lse, delta]: [CubeTensor<R>; 6],
+    [q, k, v, d_out]: [CubeTensor<R>; 4],
+    [lse, lse_log2, delta]: [CubeTensor<R>; 3],
     grads: &Grads<R>,
     scale: f32,
     d: &Dims,
@@ -304,6 +306,11 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let rows = RowWork::chosen();
     let blocks = rows.query_blocks(d.head_dim);
     let stages = rows.tile_stages();
+    // The register kernels take their softmax in base 2, the bounce kernels in natural units.
+    let lse = match rows {
+        RowWork::Registers => lse_log2,
+        RowWork::Bounce => lse,
+    };
     let grad_q = match rows {
         RowWork::Registers => registers::grad_q_kernel::launch_unchecked::<R>,
         RowWork::Bounce => grad_q_kernel::launch_unchecked::<R>,
@@ -329,7 +336,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             types,
         );
     }
-    let grad_kv = match RowWork::chosen() {
+    let grad_kv = match rows {
         RowWork::Registers => registers::grad_kv_kernel::launch_unchecked::<R>,
         RowWork::Bounce => grad_kv_kernel::launch_unchecked::<R>,
     };

@@ -22,13 +22,14 @@
 //! `position_of_nth` for CUDA gives the same, and the CUDA emulation implements them apart
 //! from this code (`kernels/cuda-emu/include/emu.h`).
 //!
-//! The forward and `dQ` take their softmax in base 2 ([`LOG2_E`]), as FlashAttention-2 does:
-//! each probability is one FFMA and one `ex2` (lab's fast `powf` of 2,
-//! vendor/cubecl-cpp/LAB-PATCH.md); the forward keeps its rows' maxima in those units and
-//! writes `lse` as a natural log.
+//! All three take their softmax in base 2 ([`LOG2_E`]), as FlashAttention-2 does: each
+//! probability is one FFMA and one `ex2` (lab's fast `powf` of 2,
+//! vendor/cubecl-cpp/LAB-PATCH.md). The forward keeps its rows' maxima in those units and
+//! writes `lse` as a natural log; the backward reads it as `lse_log2 = lse · log2 e`, which
+//! the kernel of the rows' `D` writes beside `D` (`super::super::delta_kernel`).
 //!
 //! Each kernel keeps two stages of its walk's tiles in shared memory (the forward's and `dQ`'s
-//! keys and values, [`KeyWalk`]; `dK/dV`'s queries, `dO` and their `lse` and `D`,
+//! keys and values, [`KeyWalk`]; `dK/dV`'s queries, `dO` and their `lse_log2` and `D`,
 //! [`QueryWalk`]): while the cube computes one, the next tile's `cp.async` copies run into the
 //! other, so the tile's global-memory latency hides behind the products, and one barrier a
 //! tile serves both stages, as in FlashAttention-2. cubecl 0.10 has the copy
@@ -74,7 +75,7 @@ pub(crate) const fn query_blocks(head_dim: usize) -> usize {
 /// Two adjacent elements: what one 32-bit register of a fragment holds.
 type Two<E> = Vector<E, Const<2>>;
 
-/// The forward and `dQ` take their softmax in base 2, as FlashAttention-2 does: `2^(s · scale
+/// The kernels take their softmax in base 2, as FlashAttention-2 does: `2^(s · scale
 /// · log2 e − m)`, where `m` is in the same units, is one FFMA and one `2^x` ([`exp2`]) an
 /// element; `exp(s · scale − m)` adds a multiply by `log2 e` between them.
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -855,14 +856,13 @@ fn plane_fragments<F: Float, A: Float>(
 }
 
 /// A row statistic (`lse` or `D`, `[B, H, T]`) of the lane's two rows of each of `blocks`
-/// blocks (block `m`'s at `m`), times `factor`; 0 past the sequence.
+/// blocks (block `m`'s at `m`); 0 past the sequence.
 #[cube]
 fn row_values<A: Float>(
     t: &Tensor<A>,
     at: usize,
     i: usize,
     seq: usize,
-    factor: A,
     #[comptime] blocks: usize,
 ) -> Products<A> {
     let mut values = Array::<Two<A>>::new(blocks);
@@ -873,7 +873,7 @@ fn row_values<A: Float>(
         for row in 0..2usize {
             let r = i + comptime!(16 * m + row * 8);
             if r < seq {
-                x[row] = t[at + r] * factor;
+                x[row] = t[at + r];
             }
         }
         values[m] = x;
@@ -937,7 +937,7 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
     k: &Tensor<Chunk<F>>,
     v: &Tensor<Chunk<F>>,
     d_out: &Tensor<Chunk<F>>,
-    lse: &Tensor<A>,
+    lse_log2: &Tensor<A>,
     delta: &Tensor<A>,
     d_q: &mut Tensor<F>,
     scale: f32,
@@ -964,8 +964,8 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
         &mma, d_out, &mut tiles, do_base, row0, seq, head_dim, planes, blocks,
     );
     let stats_at = (b * heads + h) * seq;
-    let lse_log2 = row_values::<A>(lse, stats_at, quad.i, seq, A::new(LOG2_E), blocks);
-    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, A::new(1.0), blocks);
+    let lse_log2_i = row_values::<A>(lse_log2, stats_at, quad.i, seq, blocks);
+    let delta_i = row_values::<A>(delta, stats_at, quad.i, seq, blocks);
 
     let mut dq = zeroed::<A>(comptime!(blocks * head_dim / 8));
     let mut walk = KeyWalk::new::<F>(k, v, &mut tiles, &block, head_dim, planes, stages);
@@ -985,7 +985,7 @@ pub(crate) fn grad_q_kernel<F: Float, A: Float>(
                 walk.start,
                 diagonal,
                 scale_log2,
-                &lse_log2,
+                &lse_log2_i,
                 &delta_i,
                 walk.origin(head_dim, planes, stages),
                 head_dim,
@@ -1046,10 +1046,11 @@ fn write_rows<F: Float, A: Float>(
 }
 
 /// One tile of queries' share of `dK` and `dV` for the plane's 16 key rows, 16 queries at a
-/// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)` (0 before the key, which only a
-/// `diagonal` tile has: it is masked); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`.
-/// The tile's rows of `q` and `dO` are at `origin` of their `tiles`, its `lse` and `D` at
-/// `stats_at` of theirs.
+/// time: for queries `16j ..`, `pᵀ = exp(scale · k·q − lse)`, taken in base 2 as the forward
+/// does (`2^(scale_log2 · k·q − lse_log2)`; 0 before the key, which only a `diagonal` tile
+/// has: it is masked); `dV += Pᵀ dO`; `dSᵀ = pᵀ (v·dO − D)`; `dK += dSᵀ Q`. The tile's rows of
+/// `q` and `dO` are at `origin` of their `tiles`, its `lse_log2` and `D` at `stats_at` of
+/// theirs.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tile<F: Float, A: Float>(
@@ -1061,7 +1062,7 @@ fn grad_kv_tile<F: Float, A: Float>(
     dv: &mut Products<A>,
     quad: &Quad,
     start: usize,
-    scale: A,
+    scale_log2: A,
     origin: usize,
     stats_at: usize,
     #[comptime] head_dim: usize,
@@ -1076,14 +1077,13 @@ fn grad_kv_tile<F: Float, A: Float>(
         if comptime!(diagonal) {
             mask_outside_causal::<A>(&mut s, quad, start + j * 16, 2usize, 0usize, true);
         }
-        // In natural units, not base 2 as the forward and `dQ` ([`LOG2_E`]): each `lse`
-        // comes from shared memory, so base 2 takes a multiply for it where it saves one for
-        // `p`. With it, ptxas spilled 8 bytes at hd 64 on sm_90a (a reload every tile).
+        // One FFMA and one `2^x` an element: `lse_log2` comes in base 2 (the `D` kernel's).
         #[unroll]
         for e in 0..4usize {
-            // The element's query columns, as `lse` and `D` index them.
+            // The element's query columns, as `lse_log2` and `D` index them.
             let col = stats_at + j * 16 + (e / 2) * 8 + 2 * quad.t;
-            s[e] = (s[e] * Two::<A>::new(scale) - pair::<A>(&tiles.lse, col, 0)).exp();
+            let lse_log2 = pair::<A>(&tiles.lse_log2, col, 0);
+            s[e] = exp2::<A>(s[e] * Two::<A>::new(scale_log2) - lse_log2);
         }
         if comptime!(grads.values()) {
             accumulate_pair::<F, A>(mma, &s, &tiles.d_out, dv, origin, j, head_dim, 1usize);
@@ -1139,24 +1139,24 @@ impl KeyBlock {
 }
 
 /// A `dK/dV` cube's query tiles in shared memory, `stages` of each: rows of `q` and `dO`
-/// ([`padded_tile`]), and their `lse` and (`dK` only) `D`.
+/// ([`padded_tile`]), and their `lse_log2` and (`dK` only) `D`.
 #[derive(CubeType)]
 struct QueryTiles<F: Float, A: Float> {
     q: SharedMemory<F>,
     d_out: SharedMemory<F>,
-    lse: SharedMemory<A>,
+    lse_log2: SharedMemory<A>,
     delta: SharedMemory<A>,
 }
 
 /// Queries `start ..` of head `g` of the cube's group into stage `stage` of `tiles`: their rows
-/// of `q` and `dO`, their `lse` and (`keys`) `D`. Loaded with one stage; with two, copied
+/// of `q` and `dO`, their `lse_log2` and (`keys`) `D`. Loaded with one stage; with two, copied
 /// (`cp.async`), in shared memory once the unit has passed `sync_storage`.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_queries<F: Float, A: Float>(
     q: &Tensor<Chunk<F>>,
     d_out: &Tensor<Chunk<F>>,
-    lse: &Tensor<A>,
+    lse_log2: &Tensor<A>,
     delta: &Tensor<A>,
     tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
@@ -1174,9 +1174,9 @@ fn load_queries<F: Float, A: Float>(
     let head_rows = (b * block.heads + head) * seq;
     let tile_row0 = stage * rows;
     load_row_stats::<A>(
-        lse,
+        lse_log2,
         delta,
-        &mut tiles.lse,
+        &mut tiles.lse_log2,
         &mut tiles.delta,
         head_rows,
         start,
@@ -1212,7 +1212,7 @@ fn load_queries<F: Float, A: Float>(
     );
 }
 
-/// A `dK/dV` cube's walk over its query tiles, each tile's `q`, `dO`, `lse` and `D` in a stage
+/// A `dK/dV` cube's walk over its query tiles, each tile's `q`, `dO`, `lse_log2` and `D` in a stage
 /// of the query tiles. For each head of the group, its diagonal tile (the queries from the
 /// cube's first key row), the only one that needs the causal mask, and the tiles past it.
 /// Where it splits the diagonal off ([`KvGrads::split_diagonal`]), first every head's tiles
@@ -1238,7 +1238,7 @@ impl QueryWalk {
     fn new<F: Float, A: Float>(
         q: &Tensor<Chunk<F>>,
         d_out: &Tensor<Chunk<F>>,
-        lse: &Tensor<A>,
+        lse_log2: &Tensor<A>,
         delta: &Tensor<A>,
         tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
@@ -1258,8 +1258,8 @@ impl QueryWalk {
         }
         if comptime!(stages == 2) {
             load_queries::<F, A>(
-                q, d_out, lse, delta, tiles, block, 0usize, start, 0usize, head_dim, planes, keys,
-                stages,
+                q, d_out, lse_log2, delta, tiles, block, 0usize, start, 0usize, head_dim, planes,
+                keys, stages,
             );
         }
         QueryWalk {
@@ -1325,7 +1325,7 @@ impl QueryWalk {
         &self,
         q: &Tensor<Chunk<F>>,
         d_out: &Tensor<Chunk<F>>,
-        lse: &Tensor<A>,
+        lse_log2: &Tensor<A>,
         delta: &Tensor<A>,
         tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
@@ -1344,7 +1344,7 @@ impl QueryWalk {
                 load_queries::<F, A>(
                     q,
                     d_out,
-                    lse,
+                    lse_log2,
                     delta,
                     tiles,
                     block,
@@ -1359,14 +1359,14 @@ impl QueryWalk {
             }
         } else {
             load_queries::<F, A>(
-                q, d_out, lse, delta, tiles, block, self.g, self.start, 0usize, head_dim, planes,
-                keys, stages,
+                q, d_out, lse_log2, delta, tiles, block, self.g, self.start, 0usize, head_dim,
+                planes, keys, stages,
             );
             sync_cube();
         }
     }
 
-    /// Where the tile's `q` and `dO` rows are in their tiles (elements), and its `lse` and `D`
+    /// Where the tile's `q` and `dO` rows are in their tiles (elements), and its `lse_log2` and `D`
     /// in theirs: stage `stage` of what [`load_queries`] fills ([`read_stage`]), as
     /// [`KeyWalk::origin`].
     fn origins(
@@ -1412,7 +1412,7 @@ fn grad_kv_tiles<F: Float, A: Float>(
     walk: &mut QueryWalk,
     q: &Tensor<Chunk<F>>,
     d_out: &Tensor<Chunk<F>>,
-    lse: &Tensor<A>,
+    lse_log2: &Tensor<A>,
     delta: &Tensor<A>,
     tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
@@ -1422,7 +1422,7 @@ fn grad_kv_tiles<F: Float, A: Float>(
     dk: &mut Products<A>,
     dv: &mut Products<A>,
     quad: &Quad,
-    scale: A,
+    scale_log2: A,
     #[comptime] head_dim: usize,
     #[comptime] planes: usize,
     #[comptime] grads: KvGrads,
@@ -1431,11 +1431,11 @@ fn grad_kv_tiles<F: Float, A: Float>(
 ) {
     while walk.more(block, diagonal) {
         walk.tile_ready::<F, A>(
-            q, d_out, lse, delta, tiles, block, head_dim, planes, grads, stages,
+            q, d_out, lse_log2, delta, tiles, block, head_dim, planes, grads, stages,
         );
         let (origin, stats_at) = walk.origins(head_dim, planes, stages);
         grad_kv_tile::<F, A>(
-            mma, k_frags, v_frags, tiles, dk, dv, quad, walk.start, scale, origin, stats_at,
+            mma, k_frags, v_frags, tiles, dk, dv, quad, walk.start, scale_log2, origin, stats_at,
             head_dim, planes, grads, diagonal,
         );
         walk.tile_done(block, planes, grads, stages);
@@ -1448,7 +1448,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     k: &Tensor<Chunk<F>>,
     v: &Tensor<Chunk<F>>,
     d_out: &Tensor<Chunk<F>>,
-    lse: &Tensor<A>,
+    lse_log2: &Tensor<A>,
     delta: &Tensor<A>,
     d_k: &mut Tensor<F>,
     d_v: &mut Tensor<F>,
@@ -1459,6 +1459,15 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
+    // At least three cubes of 128 threads an SM where `dK` is computed from hd 64 on: ptxas
+    // keeps to 168 registers a thread (`__launch_bounds__(128, 3)`,
+    // vendor/cubecl-cpp/LAB-PATCH.md). Without it, hd 64 took 170 (sm_80) and 174 (sm_90a):
+    // two cubes. Narrower heads and the `dV` launch stay below on their own (128 or fewer), and
+    // the bound lets ptxas take more (hd 16: 69 to 109; `dV` at hd 96: 128 to 168, one cube
+    // fewer on an H100).
+    if comptime!(grads.keys() && head_dim >= 64) {
+        comment!("lab: cubes an SM 3");
+    }
     let rows = comptime!(16 * planes);
     let (keys, values) = comptime!((grads.keys(), grads.values()));
     let block = KeyBlock::new::<F>(q, k, v, planes);
@@ -1468,13 +1477,15 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut tiles = QueryTiles::<F, A> {
         q: padded_tile::<F>(head_dim, planes, stages),
         d_out: padded_tile::<F>(head_dim, planes, stages),
-        lse: SharedMemory::<A>::new_aligned(comptime!(rows * stages), TILE_ALIGN),
+        lse_log2: SharedMemory::<A>::new_aligned(comptime!(rows * stages), TILE_ALIGN),
         delta: SharedMemory::<A>::new_aligned(delta_len, TILE_ALIGN),
     };
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     // Here the lane's rows are key rows; its columns are query rows.
     let quad = Quad::new(row0, 1usize);
-    let scale = A::cast_from(scale);
+    // Read again for `dK` at the end: held through the walk beside `scale_log2`, it took
+    // ptxas to 170-174 registers at hd 64 (2 cubes an SM, not 3).
+    let scale_log2 = A::cast_from(scale) * A::new(LOG2_E);
 
     let k_frags = plane_fragments::<F, A>(
         &mma,
@@ -1507,7 +1518,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut dv = zeroed::<A>(comptime!(if values { head_dim / 8 } else { 1 }));
 
     let mut walk = QueryWalk::new::<F, A>(
-        q, d_out, lse, delta, &mut tiles, &block, head_dim, planes, grads, stages,
+        q, d_out, lse_log2, delta, &mut tiles, &block, head_dim, planes, grads, stages,
     );
     // Where `split_diagonal`, the tiles past the diagonal unmasked (pass 0); then the rest,
     // masked (pass 1).
@@ -1518,7 +1529,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             &mut walk,
             q,
             d_out,
-            lse,
+            lse_log2,
             delta,
             &mut tiles,
             &block,
@@ -1528,7 +1539,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
             &mut dk,
             &mut dv,
             &quad,
-            scale,
+            scale_log2,
             head_dim,
             planes,
             grads,
@@ -1537,7 +1548,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
         );
     }
     if comptime!(keys) {
-        let factor = Two::<A>::new(scale);
+        let factor = Two::<A>::new(A::cast_from(scale));
         write_rows::<F, A>(
             d_k,
             row_at(d_k, b, kvh, 0),
