@@ -402,17 +402,6 @@ impl KvGrads {
     fn values(self) -> bool {
         self != KvGrads::Keys
     }
-
-    /// Whether the walk takes the tiles past the diagonal in a loop of their own, without the
-    /// causal mask (the diagonal ones after, masked), or masks every tile in one loop: two
-    /// loops where one launch gives both gradients (up to hd 64, [`KvGrads::launches`]).
-    /// There they shorten the common tile's loop from 653 instructions to 540 on sm_80, 650
-    /// to 551 on sm_90a, at hd 64 (BENCHMARKS.md, "`dK/dV`'s tiles past the diagonal without
-    /// the mask"); at hd 128 they took ptxas from 168 to 247 registers for `dK` and from 128
-    /// to 180–183 for `dV` (hd 96 alike), so there one loop stays.
-    fn split_diagonal(self) -> bool {
-        self == KvGrads::Both
-    }
 }
 
 /// The f32 arithmetic the kernels may do approximately: `exp` and `ln` as CUDA's `__expf` and

@@ -1215,10 +1215,8 @@ fn load_queries<F: Float, A: Float>(
 /// A `dK/dV` cube's walk over its query tiles, each tile's `q`, `dO`, `lse_log2` and `D` in a stage
 /// of the query tiles. For each head of the group, its diagonal tile (the queries from the
 /// cube's first key row), the only one that needs the causal mask, and the tiles past it.
-/// Where it splits the diagonal off ([`KvGrads::split_diagonal`]), first every head's tiles
-/// past the diagonal, then every head's diagonal tile, so that the first can be a loop of
-/// their own, without the mask ([`grad_kv_tiles`]); else each head's from the diagonal on.
-/// As [`KeyWalk`]: with one stage a tile is loaded, then computed; with two, the next
+/// First every head's tiles past the diagonal, then every head's diagonal tile, so that the
+/// first can be a loop of their own, without the mask ([`grad_kv_tiles`]). As [`KeyWalk`]: with one stage a tile is loaded, then computed; with two, the next
 /// tile's copies run while the cube computes this one.
 #[derive(CubeType)]
 struct QueryWalk {
@@ -1250,11 +1248,9 @@ impl QueryWalk {
         comptime!(assert!(stages == 1 || stages == 2, "one or two stages"));
         let keys = comptime!(grads.keys());
         let mut start = block.row0;
-        if comptime!(grads.split_diagonal()) {
-            let past = block.row0 + comptime!(16 * planes);
-            if past < block.seq {
-                start = past;
-            }
+        let past = block.row0 + comptime!(16 * planes);
+        if past < block.seq {
+            start = past;
         }
         if comptime!(stages == 2) {
             load_queries::<F, A>(
@@ -1287,33 +1283,23 @@ impl QueryWalk {
 
     /// The tile after this one in the walk's order, as `(g, start)`; `g` is the group's size
     /// after the last.
-    fn next(
-        &self,
-        block: &KeyBlock,
-        #[comptime] planes: usize,
-        #[comptime] grads: KvGrads,
-    ) -> (usize, usize) {
+    fn next(&self, block: &KeyBlock, #[comptime] planes: usize) -> (usize, usize) {
         let rows = comptime!(16 * planes);
         let mut g = self.g;
         let mut start = self.start + rows;
-        if comptime!(grads.split_diagonal()) {
-            if !self.past_diagonal(block) {
-                // The next head's diagonal tile.
-                start = block.row0;
-                g += 1;
-            } else if start >= block.seq {
-                // The next head's first tile past the diagonal (one exists, as this head had
-                // one), or after the last head's, the first diagonal tile.
-                g += 1;
-                start = block.row0 + rows;
-                if g >= block.group {
-                    g = 0;
-                    start = block.row0;
-                }
-            }
-        } else if start >= block.seq {
+        if !self.past_diagonal(block) {
+            // The next head's diagonal tile.
             start = block.row0;
             g += 1;
+        } else if start >= block.seq {
+            // The next head's first tile past the diagonal (one exists, as this head had one),
+            // or after the last head's, the first diagonal tile.
+            g += 1;
+            start = block.row0 + rows;
+            if g >= block.group {
+                g = 0;
+                start = block.row0;
+            }
         }
         (g, start)
     }
@@ -1339,7 +1325,7 @@ impl QueryWalk {
             // This unit's copies landed, then the barrier: everyone's did, and every plane is
             // done with the last tile, in the stage the next copies go to.
             sync_storage();
-            let (g, next) = self.next(block, planes, grads);
+            let (g, next) = self.next(block, planes);
             if g < block.group {
                 load_queries::<F, A>(
                     q,
@@ -1388,7 +1374,6 @@ impl QueryWalk {
         &mut self,
         block: &KeyBlock,
         #[comptime] planes: usize,
-        #[comptime] grads: KvGrads,
         #[comptime] stages: usize,
     ) {
         if comptime!(stages == 1) {
@@ -1396,7 +1381,7 @@ impl QueryWalk {
         } else {
             self.stage = 1 - self.stage;
         }
-        let (g, start) = self.next(block, planes, grads);
+        let (g, start) = self.next(block, planes);
         self.g = g;
         self.start = start;
     }
@@ -1405,7 +1390,8 @@ impl QueryWalk {
 /// The walk's tiles into `dk` and `dv` ([`grad_kv_tile`]): those past the diagonal, unmasked
 /// (`diagonal` false), or all the rest, masked (true). A loop of each: in one loop, ptxas
 /// took 175–176 registers at hd 64 with the mask in a branch, and 170–172 with two calls of
-/// the tile, masked and not, under one (2 cubes an SM, not 3).
+/// the tile, masked and not, under one (2 cubes an SM, not 3). The common tile's loop is 13
+/// to 21 % shorter without the mask (BENCHMARKS.md, "`dK/dV` in base 2 …").
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tiles<F: Float, A: Float>(
@@ -1438,7 +1424,7 @@ fn grad_kv_tiles<F: Float, A: Float>(
             mma, k_frags, v_frags, tiles, dk, dv, quad, walk.start, scale_log2, origin, stats_at,
             head_dim, planes, grads, diagonal,
         );
-        walk.tile_done(block, planes, grads, stages);
+        walk.tile_done(block, planes, stages);
     }
 }
 
@@ -1459,13 +1445,12 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     #[comptime] stages: usize,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    // At least three cubes of 128 threads an SM where `dK` is computed from hd 64 on: ptxas
-    // keeps to 168 registers a thread (`__launch_bounds__(128, 3)`,
-    // vendor/cubecl-cpp/LAB-PATCH.md). Without it, hd 64 took 170 (sm_80) and 174 (sm_90a):
-    // two cubes. Narrower heads and the `dV` launch stay below on their own (128 or fewer), and
-    // the bound lets ptxas take more (hd 16: 69 to 109; `dV` at hd 96: 128 to 168, one cube
-    // fewer on an H100).
-    if comptime!(grads.keys() && head_dim >= 64) {
+    // At least three cubes of 128 threads an SM from hd 64 on: ptxas keeps to 168 registers a
+    // thread (`__launch_bounds__(128, 3)`, vendor/cubecl-cpp/LAB-PATCH.md). Without it, hd 64
+    // took 170 (sm_80) and 174 (sm_90a), and the two loops (`grad_kv_tiles`) took `dK` at hd
+    // 128 to 247 and `dV` to 180–183: two cubes. Narrower heads stay below on their own, and
+    // the bound would let ptxas take more (hd 16: 69 to 109 registers, fewer cubes).
+    if comptime!(head_dim >= 64) {
         comment!("lab: cubes an SM 3");
     }
     let rows = comptime!(16 * planes);
@@ -1520,11 +1505,9 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut walk = QueryWalk::new::<F, A>(
         q, d_out, lse_log2, delta, &mut tiles, &block, head_dim, planes, grads, stages,
     );
-    // Where `split_diagonal`, the tiles past the diagonal unmasked (pass 0); then the rest,
-    // masked (pass 1).
-    let first_pass = comptime!(usize::from(!grads.split_diagonal()));
+    // The tiles past the diagonal unmasked (pass 0); then the rest, masked (pass 1).
     #[unroll]
-    for pass in first_pass..2usize {
+    for pass in 0..2usize {
         grad_kv_tiles::<F, A>(
             &mut walk,
             q,
