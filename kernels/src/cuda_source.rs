@@ -304,28 +304,13 @@ fn a_kernels_shared_arrays_take_the_same_offsets_in_every_compile() {
 #[test]
 fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
     const A100_SHARED_PER_SM: usize = 164 * 1024;
-    const RESERVED_PER_CUBE: usize = 1024;
-    let client = WgpuRuntime::client(&WgpuDevice::default());
-    let families = [16, 48, 64, 96, 128]
-        .into_iter()
-        .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)));
-    for (hd, rows) in families {
-        for (kernel, cpp) in tensor_core_kernels(
-            &client,
-            DType::BF16,
-            hd,
-            rows,
-            rows.default_query_blocks(hd),
-            rows.default_tile_stages(),
-            ExecutionMode::Unchecked,
-        ) {
-            let bytes = shared_bytes(&cpp);
-            assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
-            assert!(
-                2 * (bytes + RESERVED_PER_CUBE) <= A100_SHARED_PER_SM,
-                "{kernel} at hd {hd}: {bytes} bytes of shared memory, one cube an SM on an A100"
-            );
-        }
+    for (hd, _, kernel, cpp) in default_tensor_core_kernels() {
+        let bytes = shared_bytes(&cpp);
+        assert!(bytes > 0, "{kernel} at hd {hd}: no shared arrays in {cpp}");
+        assert!(
+            2 * (bytes + RESERVED_PER_CUBE) <= A100_SHARED_PER_SM,
+            "{kernel} at hd {hd}: {bytes} bytes of shared memory, one cube an SM on an A100"
+        );
     }
 }
 
@@ -336,40 +321,54 @@ fn tensor_core_kernels_fit_two_cubes_an_sm_on_an_a100() {
 #[test]
 fn register_grad_kv_kernels_ask_for_three_cubes_an_sm() {
     const H100_SHARED_PER_SM: usize = 228 * 1024;
-    const RESERVED_PER_CUBE: usize = 1024;
-    let client = WgpuRuntime::client(&WgpuDevice::default());
-    let families = [16, 48, 64, 96, 128]
-        .into_iter()
-        .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)));
     let mut bounded = 0;
-    for (hd, rows) in families {
-        for (kernel, cpp) in tensor_core_kernels(
-            &client,
-            DType::BF16,
-            hd,
-            rows,
-            rows.default_query_blocks(hd),
-            rows.default_tile_stages(),
-            ExecutionMode::Unchecked,
-        ) {
-            let three = rows == RowWork::Registers && kernel.starts_with("grad_kv") && hd >= 64;
-            let bounds = if three { "(128, 3)" } else { "(128)" };
+    for (hd, rows, kernel, cpp) in default_tensor_core_kernels() {
+        let three = rows == RowWork::Registers && kernel.starts_with("grad_kv") && hd >= 64;
+        let bounds = if three { "(128, 3)" } else { "(128)" };
+        assert!(
+            cpp.contains(&format!("__global__ void __launch_bounds__{bounds}")),
+            "{kernel} ({rows:?}) at hd {hd}: not __launch_bounds__{bounds}"
+        );
+        if three {
+            bounded += 1;
+            let bytes = shared_bytes(&cpp);
+            let room = 3 * (bytes + RESERVED_PER_CUBE) <= H100_SHARED_PER_SM;
             assert!(
-                cpp.contains(&format!("__global__ void __launch_bounds__{bounds}")),
-                "{kernel} ({rows:?}) at hd {hd}: not __launch_bounds__{bounds}"
+                room,
+                "{kernel} at hd {hd}: {bytes} bytes, under 3 cubes an SM"
             );
-            if three {
-                bounded += 1;
-                let bytes = shared_bytes(&cpp);
-                assert!(
-                    3 * (bytes + RESERVED_PER_CUBE) <= H100_SHARED_PER_SM,
-                    "{kernel}: {bytes}"
-                );
-            }
         }
     }
     // hd 64's one launch, 96's and 128's two each.
     assert_eq!(bounded, 5);
+}
+
+/// Shared memory a CUDA SM reserves for each cube.
+const RESERVED_PER_CUBE: usize = 1024;
+
+/// Every tensor-core kernel, register and bounce, at bf16 and head widths 16 to 128, as their
+/// launches define them by default: `(hd, rows, kernel, source)`.
+fn default_tensor_core_kernels() -> Vec<(usize, RowWork, &'static str, String)> {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    let families = [16, 48, 64, 96, 128]
+        .into_iter()
+        .flat_map(|hd| [RowWork::Registers, RowWork::Bounce].map(|rows| (hd, rows)));
+    families
+        .flat_map(|(hd, rows)| {
+            let kernels = tensor_core_kernels(
+                &client,
+                DType::BF16,
+                hd,
+                rows,
+                rows.default_query_blocks(hd),
+                rows.default_tile_stages(),
+                ExecutionMode::Unchecked,
+            );
+            kernels
+                .into_iter()
+                .map(move |(kernel, cpp)| (hd, rows, kernel, cpp))
+        })
+        .collect()
 }
 
 /// The end of a kernel's last shared array: cubecl writes each array's size in a comment
