@@ -801,6 +801,50 @@ pub fn forward_into<R: CubeRuntime>(
     outputs
 }
 
+/// What the backward reads of each row beside the forward's `lse`, `[B, H, T]` f32 each.
+pub struct BackwardRows<R: CubeRuntime> {
+    /// `D = dO·O`.
+    pub delta: CubeTensor<R>,
+    /// `lse · log2 e`: the tensor cores' register kernels take their softmax in base 2. The
+    /// f32 kernels read `lse` itself; it costs an f32 write a row where `D` reads `2 · hd`
+    /// elements.
+    pub lse_log2: CubeTensor<R>,
+}
+
+/// [`BackwardRows`] of the forward's `out` and its upstream gradient `d_out` (`[B, H, T, hd]`,
+/// rows of unit stride) and its contiguous `lse`, one unit a row; `unroll` its loop over the
+/// head width.
+pub fn backward_rows<R: CubeRuntime>(
+    out: CubeTensor<R>,
+    d_out: &CubeTensor<R>,
+    lse: &CubeTensor<R>,
+    unroll: bool,
+) -> BackwardRows<R> {
+    let s = out.meta.shape();
+    let [batch, heads, seq, head_dim] = [s[0], s[1], s[2], s[3]];
+    assert_shaped("d_out", d_out, &[batch, heads, seq, head_dim], out.dtype);
+    assert_shaped("lse", lse, &[batch, heads, seq], DType::F32);
+    let rows = BackwardRows {
+        delta: empty(&out, vec![batch, heads, seq], DType::F32),
+        lse_log2: empty(&out, vec![batch, heads, seq], DType::F32),
+    };
+    // Rows spread over three grid axes as the other kernels: wgpu caps each at 65,535.
+    delta_kernel::launch::<R>(
+        &out.client.clone(),
+        CubeCount::Static(seq.div_ceil(64) as u32, heads as u32, batch as u32),
+        CubeDim::new_1d(64),
+        out.clone().into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        lse.clone().into_tensor_arg(),
+        rows.delta.clone().into_tensor_arg(),
+        rows.lse_log2.clone().into_tensor_arg(),
+        head_dim,
+        unroll,
+        [out.dtype.into(), DType::F32.into()],
+    );
+    rows
+}
+
 /// Gradients of [`forward`] for the upstream gradient `d_out` (shaped as `out`), from the
 /// forward's `out` and `lse`; each in the layout of its input.
 #[allow(clippy::too_many_arguments)]
@@ -861,22 +905,7 @@ pub fn backward_into<R: CubeRuntime>(
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
 
-    let delta = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
-    let lse_log2 = empty(&q, vec![d.batch, d.heads, d.seq], DType::F32);
-    // Rows spread over three grid axes as the other kernels: wgpu caps each at 65,535.
-    delta_kernel::launch::<R>(
-        &client,
-        CubeCount::Static(d.seq.div_ceil(64) as u32, d.heads as u32, d.batch as u32),
-        CubeDim::new_1d(64),
-        out.into_tensor_arg(),
-        d_out.clone().into_tensor_arg(),
-        lse.clone().into_tensor_arg(),
-        delta.clone().into_tensor_arg(),
-        lse_log2.clone().into_tensor_arg(),
-        d.head_dim,
-        unroll,
-        types,
-    );
+    let BackwardRows { delta, lse_log2 } = backward_rows(out, &d_out, &lse, unroll);
     if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
         let rows = [lse, lse_log2, delta];
         tensor_cores::launch_backward([q, k, v, d_out], rows, &grads, scale, &d);

@@ -323,6 +323,42 @@ fn an_empty_sequence_gives_empty_outputs() {
     assert_eq!(g.k.meta.shape().as_slice(), kvs);
 }
 
+/// The backward's row statistics against fp64: `D = dO·O` summed in f32 from f16 rows, and
+/// `lse · log2 e`, the units the tensor cores' register kernels read `lse` in (which only a
+/// GPU's tensor cores run: this is their one check without one). 70 rows a head: a whole cube
+/// of 64 and part of one; the loop over the head width unrolled and not.
+#[test]
+fn backward_rows_are_d_and_lse_in_base_2() {
+    let (b, h, t, hd) = (2, 3, 70, 48);
+    let out = values(b * h * t * hd, 21, DType::F16);
+    let d_out = values(b * h * t * hd, 22, DType::F16);
+    let lse: Vec<f32> = values(b * h * t, 23, DType::F32)
+        .iter()
+        .map(|x| 4.0 * x)
+        .collect();
+    let want_delta: Vec<f64> = (0..b * h * t)
+        .map(|r| {
+            (r * hd..(r + 1) * hd)
+                .map(|i| f64::from(out[i]) * f64::from(d_out[i]))
+                .sum()
+        })
+        .collect();
+    let want_lse_log2: Vec<f64> = lse
+        .iter()
+        .map(|&x| f64::from(x) * std::f64::consts::LOG2_E)
+        .collect();
+    for unroll in [true, false] {
+        let rows = attention::backward_rows(
+            upload(&out, &[b, h, t, hd], DType::F16),
+            &upload(&d_out, &[b, h, t, hd], DType::F16),
+            &upload(&lse, &[b, h, t], DType::F32),
+            unroll,
+        );
+        assert_close("delta", &download(rows.delta), &want_delta, 1e-5);
+        assert_close("lse_log2", &download(rows.lse_log2), &want_lse_log2, 1e-6);
+    }
+}
+
 /// The allocating calls put each output in its input's layout: in the model's layout, the
 /// output and the gradients swapped back are contiguous (the merge of heads and RoPE's
 /// backward read them with no copy); contiguous inputs give contiguous outputs.

@@ -307,7 +307,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let blocks = rows.query_blocks(d.head_dim);
     let stages = rows.tile_stages();
     // The register kernels take their softmax in base 2, the bounce kernels in natural units.
-    let lse = match rows {
+    let backward_lse = match rows {
         RowWork::Registers => lse_log2,
         RowWork::Bounce => lse,
     };
@@ -325,7 +325,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             k.clone().into_tensor_arg(),
             v.clone().into_tensor_arg(),
             d_out.clone().into_tensor_arg(),
-            lse.clone().into_tensor_arg(),
+            backward_lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
             grads.q.clone().into_tensor_arg(),
             scale,
@@ -351,7 +351,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
                 k.clone().into_tensor_arg(),
                 v.clone().into_tensor_arg(),
                 d_out.clone().into_tensor_arg(),
-                lse.clone().into_tensor_arg(),
+                backward_lse.clone().into_tensor_arg(),
                 delta.clone().into_tensor_arg(),
                 grads.k.clone().into_tensor_arg(),
                 grads.v.clone().into_tensor_arg(),
@@ -769,7 +769,8 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
     }
 }
 
-/// `lse` and, for `dK` (`keys`), `D` of the queries `start .. start + 64` of the head whose
+/// `lse` (in the units the kernel reads it: natural for the bounce kernels, base 2 for the
+/// register ones, [`launch_backward`]) and, for `dK` (`keys`), `D` of the queries `start .. start + 64` of the head whose
 /// rows start at `head_rows` of them, into `lse_tile` and `delta_tile` from `tile_at` on: 0
 /// past the sequence, where `q` and `dO` are zeros, so that `pᵀ dO` and `dS` are too. Loaded
 /// and stored, or copied by `cp.async` (`asynchronous`: in shared memory once the unit has

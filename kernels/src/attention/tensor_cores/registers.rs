@@ -855,7 +855,7 @@ fn plane_fragments<F: Float, A: Float>(
     frags
 }
 
-/// A row statistic (`lse` or `D`, `[B, H, T]`) of the lane's two rows of each of `blocks`
+/// A row statistic (`lse_log2` or `D`, `[B, H, T]`) of the lane's two rows of each of `blocks`
 /// blocks (block `m`'s at `m`); 0 past the sequence.
 #[cube]
 fn row_values<A: Float>(
@@ -1216,8 +1216,9 @@ fn load_queries<F: Float, A: Float>(
 /// of the query tiles. For each head of the group, its diagonal tile (the queries from the
 /// cube's first key row), the only one that needs the causal mask, and the tiles past it.
 /// First every head's tiles past the diagonal, then every head's diagonal tile, so that the
-/// first can be a loop of their own, without the mask ([`grad_kv_tiles`]). As [`KeyWalk`]: with one stage a tile is loaded, then computed; with two, the next
-/// tile's copies run while the cube computes this one.
+/// first can be a loop of their own, without the mask ([`grad_kv_tiles`]). As [`KeyWalk`]:
+/// with one stage a tile is loaded, then computed; with two, the next tile's copies run while
+/// the cube computes this one.
 #[derive(CubeType)]
 struct QueryWalk {
     /// The tile's head in the group.
@@ -1388,10 +1389,10 @@ impl QueryWalk {
 }
 
 /// The walk's tiles into `dk` and `dv` ([`grad_kv_tile`]): those past the diagonal, unmasked
-/// (`diagonal` false), or all the rest, masked (true). A loop of each: in one loop, ptxas
-/// took 175–176 registers at hd 64 with the mask in a branch, and 170–172 with two calls of
-/// the tile, masked and not, under one (2 cubes an SM, not 3). The common tile's loop is 13
-/// to 21 % shorter without the mask (BENCHMARKS.md, "`dK/dV` in base 2 …").
+/// (`diagonal` false), or all the rest, masked (true). A loop of each, 10 to 26 % shorter
+/// without the mask than with it (BENCHMARKS.md, "`dK/dV` in base 2 …"). In one loop, before
+/// the launch bounds, ptxas took 175–176 registers at hd 64 with the mask in a branch, and
+/// 170–172 with two calls of the tile, masked and not, under one.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn grad_kv_tiles<F: Float, A: Float>(
@@ -1446,7 +1447,8 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     // At least three cubes of 128 threads an SM from hd 64 on: ptxas keeps to 168 registers a
-    // thread (`__launch_bounds__(128, 3)`, vendor/cubecl-cpp/LAB-PATCH.md). Without it, hd 64
+    // thread (`__launch_bounds__(128, 3)`, from this comment: cubecl_cpp's
+    // `MIN_CUBES_COMMENT`, vendor/cubecl-cpp/LAB-PATCH.md). Without it, hd 64
     // took 170 (sm_80) and 174 (sm_90a), and the two loops (`grad_kv_tiles`) took `dK` at hd
     // 128 to 247 and `dV` to 180–183: two cubes. Narrower heads stay below on their own, and
     // the bound would let ptxas take more (hd 16: 69 to 109 registers, fewer cubes).
@@ -1468,8 +1470,7 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mma = MmaDefinition::<F, F, A>::new(16usize, 8usize, 16usize);
     // Here the lane's rows are key rows; its columns are query rows.
     let quad = Quad::new(row0, 1usize);
-    // Read again for `dK` at the end: held through the walk beside `scale_log2`, it took
-    // ptxas to 170-174 registers at hd 64 (2 cubes an SM, not 3).
+    // `scale` itself is read again for `dK` at the end, not held through the walk.
     let scale_log2 = A::cast_from(scale) * A::new(LOG2_E);
 
     let k_frags = plane_fragments::<F, A>(

@@ -598,7 +598,9 @@ impl<D: Dialect> CppCompiler<D> {
                 gpu::NonSemantic::Comment { content } => {
                     // LAB PATCH: `MIN_CUBES_COMMENT`.
                     if let Some(cubes) = content.strip_prefix(MIN_CUBES_COMMENT) {
-                        let cubes = cubes.parse().expect("`lab: cubes an SM N`: N a number");
+                        let cubes = cubes.trim().parse().unwrap_or_else(|_| {
+                            panic!("kernel comment `{content}`: `{MIN_CUBES_COMMENT}N`, N a number")
+                        });
                         self.flags.min_cubes_per_sm = Some(cubes);
                     }
                     instructions.push(Instruction::Comment { content })
