@@ -770,11 +770,11 @@ pub(super) fn grad_kv_kernel<F: Float, A: Float>(
 }
 
 /// `lse` (in the units the kernel reads it: natural for the bounce kernels, base 2 for the
-/// register ones, [`launch_backward`]) and, for `dK` (`keys`), `D` of the queries `start .. start + 64` of the head whose
-/// rows start at `head_rows` of them, into `lse_tile` and `delta_tile` from `tile_at` on: 0
-/// past the sequence, where `q` and `dO` are zeros, so that `pᵀ dO` and `dS` are too. Loaded
-/// and stored, or copied by `cp.async` (`asynchronous`: in shared memory once the unit has
-/// passed `sync_storage`).
+/// register ones, [`launch_backward`]) and, for `dK` (`keys`), `D` of the queries `start ..
+/// start + 64` of the head whose rows start at `head_rows` of them, into `lse_tile` and
+/// `delta_tile` from `tile_at` on: 0 past the sequence, where `q` and `dO` are zeros, so that
+/// `pᵀ dO` and `dS` are too. Loaded and stored, or copied by `cp.async` (`asynchronous`: in
+/// shared memory once the unit has passed `sync_storage`).
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_row_stats<A: Float>(
