@@ -1148,16 +1148,23 @@ struct QueryTiles<F: Float, A: Float> {
     delta: SharedMemory<A>,
 }
 
+/// The `dK/dV` kernel's query-side inputs, which its walk loads tile by tile: `q`, `dO`, and
+/// the rows' `lse_log2` and `D` (`[B, H, T]`).
+#[derive(CubeType)]
+struct QueryInputs<F: Float, A: Float> {
+    q: Tensor<Chunk<F>>,
+    d_out: Tensor<Chunk<F>>,
+    lse_log2: Tensor<A>,
+    delta: Tensor<A>,
+}
+
 /// Queries `start ..` of head `g` of the cube's group into stage `stage` of `tiles`: their rows
 /// of `q` and `dO`, their `lse_log2` and (`keys`) `D`. Loaded with one stage; with two, copied
 /// (`cp.async`), in shared memory once the unit has passed `sync_storage`.
 #[allow(clippy::too_many_arguments)]
 #[cube]
 fn load_queries<F: Float, A: Float>(
-    q: &Tensor<Chunk<F>>,
-    d_out: &Tensor<Chunk<F>>,
-    lse_log2: &Tensor<A>,
-    delta: &Tensor<A>,
+    inputs: &QueryInputs<F, A>,
     tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
     g: usize,
@@ -1174,8 +1181,8 @@ fn load_queries<F: Float, A: Float>(
     let head_rows = (b * block.heads + head) * seq;
     let tile_row0 = stage * rows;
     load_row_stats::<A>(
-        lse_log2,
-        delta,
+        &inputs.lse_log2,
+        &inputs.delta,
         &mut tiles.lse_log2,
         &mut tiles.delta,
         head_rows,
@@ -1187,9 +1194,9 @@ fn load_queries<F: Float, A: Float>(
         copies,
     );
     load_tile_at::<F>(
-        q,
+        &inputs.q,
         &mut tiles.q,
-        row_at(q, b, head, 0),
+        row_at(&inputs.q, b, head, 0),
         start,
         seq,
         tile_row0,
@@ -1199,9 +1206,9 @@ fn load_queries<F: Float, A: Float>(
         copies,
     );
     load_tile_at::<F>(
-        d_out,
+        &inputs.d_out,
         &mut tiles.d_out,
-        row_at(d_out, b, head, 0),
+        row_at(&inputs.d_out, b, head, 0),
         start,
         seq,
         tile_row0,
@@ -1235,10 +1242,7 @@ impl QueryWalk {
     /// two stages, its copies started.
     #[allow(clippy::too_many_arguments)]
     fn new<F: Float, A: Float>(
-        q: &Tensor<Chunk<F>>,
-        d_out: &Tensor<Chunk<F>>,
-        lse_log2: &Tensor<A>,
-        delta: &Tensor<A>,
+        inputs: &QueryInputs<F, A>,
         tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
         #[comptime] head_dim: usize,
@@ -1255,8 +1259,7 @@ impl QueryWalk {
         }
         if comptime!(stages == 2) {
             load_queries::<F, A>(
-                q, d_out, lse_log2, delta, tiles, block, 0usize, start, 0usize, head_dim, planes,
-                keys, stages,
+                inputs, tiles, block, 0usize, start, 0usize, head_dim, planes, keys, stages,
             );
         }
         QueryWalk {
@@ -1310,10 +1313,7 @@ impl QueryWalk {
     #[allow(clippy::too_many_arguments)]
     fn tile_ready<F: Float, A: Float>(
         &self,
-        q: &Tensor<Chunk<F>>,
-        d_out: &Tensor<Chunk<F>>,
-        lse_log2: &Tensor<A>,
-        delta: &Tensor<A>,
+        inputs: &QueryInputs<F, A>,
         tiles: &mut QueryTiles<F, A>,
         block: &KeyBlock,
         #[comptime] head_dim: usize,
@@ -1329,10 +1329,7 @@ impl QueryWalk {
             let (g, next) = self.next(block, planes);
             if g < block.group {
                 load_queries::<F, A>(
-                    q,
-                    d_out,
-                    lse_log2,
-                    delta,
+                    inputs,
                     tiles,
                     block,
                     g,
@@ -1346,8 +1343,7 @@ impl QueryWalk {
             }
         } else {
             load_queries::<F, A>(
-                q, d_out, lse_log2, delta, tiles, block, self.g, self.start, 0usize, head_dim,
-                planes, keys, stages,
+                inputs, tiles, block, self.g, self.start, 0usize, head_dim, planes, keys, stages,
             );
             sync_cube();
         }
@@ -1397,10 +1393,7 @@ impl QueryWalk {
 #[cube]
 fn grad_kv_tiles<F: Float, A: Float>(
     walk: &mut QueryWalk,
-    q: &Tensor<Chunk<F>>,
-    d_out: &Tensor<Chunk<F>>,
-    lse_log2: &Tensor<A>,
-    delta: &Tensor<A>,
+    inputs: &QueryInputs<F, A>,
     tiles: &mut QueryTiles<F, A>,
     block: &KeyBlock,
     mma: &MmaDefinition<F, F, A>,
@@ -1417,9 +1410,7 @@ fn grad_kv_tiles<F: Float, A: Float>(
     #[comptime] diagonal: bool,
 ) {
     while walk.more(block, diagonal) {
-        walk.tile_ready::<F, A>(
-            q, d_out, lse_log2, delta, tiles, block, head_dim, planes, grads, stages,
-        );
+        walk.tile_ready::<F, A>(inputs, tiles, block, head_dim, planes, grads, stages);
         let (origin, stats_at) = walk.origins(head_dim, planes, stages);
         grad_kv_tile::<F, A>(
             mma, k_frags, v_frags, tiles, dk, dv, quad, walk.start, scale_log2, origin, stats_at,
@@ -1503,18 +1494,20 @@ pub(crate) fn grad_kv_kernel<F: Float, A: Float>(
     let mut dk = zeroed::<A>(comptime!(if keys { head_dim / 8 } else { 1 }));
     let mut dv = zeroed::<A>(comptime!(if values { head_dim / 8 } else { 1 }));
 
-    let mut walk = QueryWalk::new::<F, A>(
-        q, d_out, lse_log2, delta, &mut tiles, &block, head_dim, planes, grads, stages,
-    );
+    let inputs = QueryInputs::<F, A> {
+        q: *q,
+        d_out: *d_out,
+        lse_log2: *lse_log2,
+        delta: *delta,
+    };
+    let mut walk =
+        QueryWalk::new::<F, A>(&inputs, &mut tiles, &block, head_dim, planes, grads, stages);
     // The tiles past the diagonal unmasked (pass 0); then the rest, masked (pass 1).
     #[unroll]
     for pass in 0..2usize {
         grad_kv_tiles::<F, A>(
             &mut walk,
-            q,
-            d_out,
-            lse_log2,
-            delta,
+            &inputs,
             &mut tiles,
             &block,
             &mma,
