@@ -144,10 +144,13 @@ impl CudaContext {
         }
 
         let cube_dim = kernel_compiled.cube_dim;
+        // lab: the virtual architecture (`compute_*`), so that NVRTC writes PTX only. For a
+        // real one (`sm_*`) it also runs ptxas to a cubin, which is dropped here: the PTX is
+        // loaded, and the driver compiles it again. The PTX is the same (LAB-PATCH.md).
         let arch = if self.arch.version >= 90 {
-            format!("--gpu-architecture=sm_{}a", self.arch)
+            format!("--gpu-architecture=compute_{}a", self.arch)
         } else {
-            format!("--gpu-architecture=sm_{}", self.arch)
+            format!("--gpu-architecture=compute_{}", self.arch)
         };
 
         let include_path = include_path();
