@@ -86,7 +86,10 @@ measure() {
 }
 measure lab.json with_memory lab "$lab" bench --backend "$backend" --precision bf16 \
   "${common[@]}" --json --tokens-out "$out/tokens.u32"
-ref=("$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
+# PyTorch with the library path it was called with (session.sh's PYTORCH_LD_LIBRARY_PATH), not
+# CUDA's lib folder first: its wheels bring their own CUDA libraries.
+ref=(env LD_LIBRARY_PATH="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}"
+     "$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
      --precision bf16 --json)
 if [ -s "$out/tokens.u32" ]; then
   measure eager.json with_memory eager "${ref[@]}" --tokens "$out/tokens.u32"
@@ -106,7 +109,7 @@ if [ -s "$out/lab_matmul.json" ]; then
   measure torch_matmul.json "${ref[@]}" --matmul-shapes "$out/lab_matmul.json" --steps 20
 fi
 
-REPO="$repo" "$py" - "$out" "$config" <<'EOF'
+REPO="$repo" LD_LIBRARY_PATH="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$py" - "$out" "$config" <<'EOF'
 import json, os, sys
 sys.path.insert(0, os.path.join(os.environ.get("REPO", "."), "scripts", "reference"))
 out, config = sys.argv[1], sys.argv[2]

@@ -25,19 +25,23 @@
 #
 # lease:   for a lease of 15 minutes of device time, one call: the questions the other stages
 #          answer, most decisive first, each step given at most what is left of --budget
-#          (default 480 s; call with timeout_s 600) and skipped when under a minute is left,
+#          (default 520 s; call with timeout_s 600) and skipped when under a minute is left,
 #          the summary and logs returned after every step, so a call cut off still returns
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
-#          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); the CUDA tests of
-#          those paths; the tensor-core attention's split with its row-wise work in
-#          registers and through shared rows (LAB_ATTENTION_ROWS=bounce), and in registers
-#          at one block of query rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1) and with one
-#          stage of tiles, no cp.async (LAB_ATTENTION_STAGES=1); lab as it trains
-#          by default (the split, to set against the H100's 557 ms, then each kernel's
-#          time: scripts/launches.sh --times); the other kernel tests; 200 bf16 steps with
-#          both paths on; the bounce, one-block and one-stage kernels' tests; if time is left, the split with the
-#          f32 attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
-#          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests (scripts/gpu/build.sh).
+#          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); then every
+#          module of the CUDA test binaries side by side (up to TESTS_TOGETHER, default 12,
+#          at a time, 150 s for all: they check results, so they need not have the GPU to
+#          themselves, and each compiles its kernels on a core of its own), those of the
+#          opt-in paths first, the tensor-core attention's also under each switch below; the
+#          tensor-core attention's split with its row-wise work in registers and through
+#          shared rows (LAB_ATTENTION_ROWS=bounce), and in registers at one block of query
+#          rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1) and with one stage of tiles, no
+#          cp.async (LAB_ATTENTION_STAGES=1); lab as it trains by default (the split, to set
+#          against the H100's 557 ms, then each kernel's time: scripts/launches.sh --times);
+#          200 bf16 steps with both paths on; if time is left, the split with the f32
+#          attention one unit a row (LAB_ATTENTION_SHUFFLE=0) and a bench with each of
+#          cubecl's pool layouts (LAB_GPU_POOLS). Needs .bin/lab and .bin/tests
+#          (scripts/gpu/build.sh).
 # smoke:   the GPU; lab bench in bf16 (tokens/s, MFU, peak memory) and its split by op class
 #          (on CUDA again: the attention one unit a row, LAB_ATTENTION_SHUFFLE=0, and also
 #          rolled, LAB_ATTENTION_UNROLL=0; the tensor-core attention, LAB_ATTENTION_MMA=1;
@@ -77,7 +81,9 @@ work="${WORK:-/tmp/lab-session}"
 config="$repo/configs/x1-50m-a100.toml"
 device=cuda
 steps=200
-budget=480
+budget=520
+# Kernel-test processes at a time in the lease (tests_together).
+together="${TESTS_TOGETHER:-12}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --lab) lab="$2"; shift 2 ;;
@@ -95,7 +101,7 @@ case "$stage" in lease|smoke|curves|memory|compare|kernels) ;; *)
   exit 2 ;;
 esac
 case "$budget" in ''|*[!0-9]*)
-  echo "session.sh: --budget $budget: give whole seconds, e.g. --budget 480" >&2; exit 2 ;;
+  echo "session.sh: --budget $budget: give whole seconds, e.g. --budget 520" >&2; exit 2 ;;
 esac
 case "$device" in cuda|cpu) ;; *)
   echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
@@ -114,11 +120,16 @@ fi
 # NCCL (and NVRTC) from PyTorch's pip wheels when the system has no libnccl: cudarc loads them
 # by name at run time.
 # (grep without -q: under pipefail, -q's early exit can fail ldconfig with a broken pipe.)
+# PyTorch (bench.sh) runs with the caller's library path, not this one: its wheels bring their own
+# CUDA libraries, which the toolkit's, if older, would shadow.
+export PYTORCH_LD_LIBRARY_PATH="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}"
 if ! ldconfig -p | grep 'libnccl\.so' >/dev/null; then
   wheels="$(python3 -c 'import nvidia, os; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))))' 2>/dev/null || true)"
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 logs="$work/logs-$stage"
+# lab's compiled kernels, kept for the call's later runs of lab even where HOME is unset.
+export LAB_KERNEL_CACHE="${LAB_KERNEL_CACHE:-$work/kernel-cache}"
 # A fresh log folder, and a mark of when this call began: the archive holds this call's steps
 # and runs, not an earlier call's on the same warm machine.
 rm -rf "$logs"
@@ -152,7 +163,12 @@ step() {
   else
     echo "FAILED $name (exit ${PIPESTATUS[0]}), see $name.log" | tee -a "$summary"
   fi
-  pack
+  pack_or_warn
+}
+
+# A failed pack (tar: a full disk) is said, not fatal: the steps after it still run.
+pack_or_warn() {
+  pack || echo "session.sh: packing $out/$stage.tar.gz failed; the last whole archive stays" >&2
 }
 
 # Runs FUNCTION ARGS… (step, run, …) with each of its steps given at most CAP seconds.
@@ -285,12 +301,78 @@ kernels() {
   [ "$found" = 1 ] || echo "FAILED kernels: no test binaries in $tests (see the header)" | tee -a "$summary"
 }
 
-# The tests whose names contain FILTER in the GPU test binary BINARY (.bin/tests), one at a
-# time, as a step; further arguments go to the test harness (--skip …).
-test_module() {
-  local binary="$1" filter="$2" name="${2//::/-}"
+# The kernel tests side by side, up to $together processes at a time: "[VAR=value…] BINARY
+# FILTER [ARGS…]" each, BINARY one of .bin/tests. They check results, not speed, so they need
+# not have the GPU to themselves; each process compiles its own kernels with NVRTC on one core
+# (the test binaries keep no kernel cache), and the GPU hosts have 16. All of them end within
+# CAP seconds of the call and within the lease's deadline; one that would start with under 30 s
+# left is skipped. The summary lists them in the order given; the archive is packed each time
+# one ends.
+tests_together() {
+  local end=$((SECONDS + $1)) names=() spec name limit
+  shift
+  if [ -n "${deadline:-}" ] && [ "$deadline" -lt "$end" ]; then end="$deadline"; fi
+  rm -f "$logs"/.status-*
+  for spec in "$@"; do
+    # shellcheck disable=SC2086 # a spec is words
+    name="$(test_step_name $spec)"
+    names+=("$name")
+    while [ "$(jobs -rp | wc -l)" -ge "$together" ]; do wait -n || true; pack_or_warn; done
+    limit=$((end - SECONDS))
+    if [ "$limit" -lt 30 ]; then
+      echo "SKIPPED $name (${limit} s of the tests' time left)" > "$logs/.status-$name"
+      continue
+    fi
+    echo "== $name: $spec (at most $limit s)"
+    (
+      # shellcheck disable=SC2086
+      if run_test "$limit" $spec > "$logs/$name.log" 2>&1; then
+        echo "ok $name" > "$logs/.status-$name"
+      else
+        echo "FAILED $name (exit $?), see $name.log" > "$logs/.status-$name"
+      fi
+    ) &
+  done
+  while [ -n "$(jobs -rp)" ]; do wait -n || true; pack_or_warn; done
+  for name in "${names[@]}"; do
+    cat "$logs/.status-$name" 2>/dev/null || echo "FAILED $name (no status)"
+  done | tee -a "$summary"
+  pack_or_warn
+}
+
+# `run_test LIMIT [VAR=value…] BINARY FILTER [ARGS…]`: the tests whose names contain FILTER in
+# .bin/tests/BINARY, one at a time, killed after LIMIT seconds (-k: 20 s after that if it
+# ignores SIGTERM).
+run_test() {
+  local limit="$1" envs=()
+  shift
+  while [ $# -gt 0 ] && [[ "$1" == *=* ]]; do envs+=("$1"); shift; done
+  local binary="$1" filter="$2"
   shift 2
-  step "test-$binary-${name%-}" "$tests/$binary" "$filter" --test-threads 1 "$@"
+  timeout -k 20 "$limit" env ${envs[@]+"${envs[@]}"} "$tests/$binary" "$filter" --test-threads 1 "$@"
+}
+
+# A test step's name: test-BINARY-FILTER (:: as -), then each variable as -name-value
+# (LAB_ATTENTION_STAGES=1: -stages-1), so that variants keep logs of their own.
+test_step_name() {
+  local suffix=""
+  while [ $# -gt 0 ] && [[ "$1" == *=* ]]; do
+    suffix+="-$(echo "${1#LAB_ATTENTION_}" | tr 'A-Z=' 'a-z-')"
+    shift
+  done
+  local name="test-$1-${2//::/-}"
+  echo "${name%-}$suffix"
+}
+
+# `other_modules BINARY MODULE…`: a spec ("BINARY module::") for each test module of
+# .bin/tests/BINARY but those named, so that a module added later is run too.
+other_modules() {
+  local binary="$1" module
+  shift
+  [ -x "$tests/$binary" ] || return 0
+  for module in $("$tests/$binary" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u); do
+    [[ " $* " == *" $module "* ]] || echo "$binary ${module}::"
+  done
 }
 
 lease() {
@@ -305,9 +387,19 @@ lease() {
     BENCH_OUT="$logs/compare-new" LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt \
       within 300 step compare-new "$here/bench.sh" \
       --lab "$lab" --config "$cfg" --device "$device" --steps 20 --warmup 3 --no-compile
-    # Whether the opt-in paths are right on this GPU: they become the default only if so.
+    # Whether the kernels are right on this GPU, bf16 included, the opt-in paths first (they
+    # become the default only if so): every module of every test binary, side by side.
     unpack_tests
-    within 90 test_module kernels attention::tensor_core
+    local rest=()
+    mapfile -t rest < <(other_modules kernels attention gemm; other_modules ops projection
+      other_modules model fused_attention mixed_precision)
+    tests_together 150 \
+      "kernels attention::tensor_core" "kernels gemm::" "ops projection::" \
+      "LAB_ATTENTION_ROWS=bounce kernels attention::tensor_core" \
+      "LAB_ATTENTION_QUERY_BLOCKS=1 kernels attention::tensor_core" \
+      "LAB_ATTENTION_STAGES=1 kernels attention::tensor_core" \
+      "model fused_attention::" "model mixed_precision::" \
+      "kernels attention:: --skip attention::tensor_core" ${rest[@]+"${rest[@]}"}
     # The tensor-core attention with its row-wise work in the products' registers (the
     # default) against the same through shared bounce rows (LAB_ATTENTION_ROWS=bounce).
     within 90 step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
@@ -322,8 +414,6 @@ lease() {
     # default's next tile copied by cp.async while the cube computes one.
     within 90 step split-mma-one-stage env LAB_ATTENTION_MMA=1 LAB_ATTENTION_STAGES=1 \
       "$lab" bench --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
-    within 90 test_module kernels gemm::
-    within 90 test_module ops projection::
   else
     BENCH_OUT="$logs/compare" within 240 step compare "$here/bench.sh" --lab "$lab" \
       --config "$cfg" --device "$device" --steps 2 --warmup 1 --no-compile
@@ -334,20 +424,7 @@ lease() {
     # Each kernel's time in a step as it trains by default (cubecl's products included).
     within 90 step kernel-times "$repo/scripts/launches.sh" --lab "$lab" --config "$cfg" \
       --backend cuda --times
-    for filter in rms_norm:: embedding:: lm_head:: rope:: adamw:: square_sums::; do
-      within 60 test_module kernels "$filter"
-    done
-    within 60 test_module kernels attention:: --skip attention::tensor_core
-    for filter in cube_loss:: cube_square_sums:: embedding:: rms_norm:: rope:: swiglu:: heads::; do
-      within 60 test_module ops "$filter"
-    done
-    # The planner's activation count against the GPU pool, in bf16 (lavapipe checks fp32).
-    within 90 test_module model gpu_memory::
     LAB_ATTENTION_MMA=1 LAB_MATMUL=cublaslt run new "$steps" --precision bf16
-    # The bounce kernels' tests (the register kernels' ran above).
-    LAB_ATTENTION_ROWS=bounce within 90 test_module kernels attention::tensor_core_kernels
-    LAB_ATTENTION_QUERY_BLOCKS=1 within 90 test_module kernels attention::tensor_core_kernels_match
-    LAB_ATTENTION_STAGES=1 within 90 test_module kernels attention::tensor_core_kernels_match
     # If time is left: the f32 attention one unit a row, against `split`'s shared rows.
     within 120 step split-one-lane env LAB_ATTENTION_SHUFFLE=0 "$lab" bench \
       --backend "$backend" --config "$cfg" --precision bf16 --steps 5 --warmup 2 --split
@@ -361,10 +438,12 @@ pack() {
   for r in "$work"/run-*; do [ -d "$r" ] && [ "$r" -nt "$started" ] && runs+=("$(basename "$r")"); done
   # Under a temporary name beside it, renamed when whole: a call cut off mid-write still
   # returns the last whole archive.
+  # (&&, not set -e: pack_or_warn calls this where set -e does not apply.)
   tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='.step-*' --exclude='latest' \
     --exclude='*.u32' \
-    "logs-$stage" ${runs[@]+"${runs[@]}"}
-  mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz"
+    "logs-$stage" ${runs[@]+"${runs[@]}"} \
+    && mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz" \
+    || { rm -f "$out/$stage.tar.gz.tmp"; return 1; }
 }
 
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
