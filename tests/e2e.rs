@@ -10,6 +10,7 @@ mod data_cli;
 mod data_mixture_e2e;
 mod embedded_default;
 mod eval_e2e;
+mod gpu_lease;
 mod hf_init_e2e;
 mod lab_run_e2e;
 mod parallel_e2e;
