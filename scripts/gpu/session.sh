@@ -7,7 +7,7 @@
 #
 # The first run on a fresh host compiles every kernel with NVRTC, about a second each: x1-50m's
 # first steps wait ~100 s, its first evaluation ~60 s more. They are kept in LAB_KERNEL_CACHE
-# (default ~/.cache/lab/kernels), so the same host compiles them once.
+# (default here $WORK/kernel-cache), so the same host compiles them once.
 #
 # On the GPU host (the device call's `carry`: [".bin"]), one stage per call; with 15 minutes
 # of device time a lease is one call of `lease`:
@@ -30,9 +30,12 @@
 #          what ran. Order: the GPU; lab with both opt-in paths on (tensor-core attention,
 #          cuBLASLt products) against PyTorch eager (bench.sh --no-compile); then every
 #          module of the CUDA test binaries side by side (up to TESTS_TOGETHER, default 12,
-#          at a time, 150 s for all: they check results, so they need not have the GPU to
-#          themselves, and each compiles its kernels on a core of its own), those of the
-#          opt-in paths first, the tensor-core attention's also under each switch below; the
+#          at a time, 150 s for all, none started with under 30 s left: they check results,
+#          so they need not have the GPU to themselves, and each compiles its kernels on a
+#          core of its own; 12 CUDA contexts and their pools on one GPU have not been
+#          measured), those of the opt-in paths first, the tensor-core attention's also under
+#          each switch below; after a slow headline and slow tests, the timed steps below may
+#          find under a minute left and be skipped; the
 #          tensor-core attention's split with its row-wise work in registers and through
 #          shared rows (LAB_ATTENTION_ROWS=bounce), and in registers at one block of query
 #          rows a warp (LAB_ATTENTION_QUERY_BLOCKS=1) and with one stage of tiles, no
@@ -102,6 +105,9 @@ case "$stage" in lease|smoke|curves|memory|compare|kernels) ;; *)
 esac
 case "$budget" in ''|*[!0-9]*)
   echo "session.sh: --budget $budget: give whole seconds, e.g. --budget 520" >&2; exit 2 ;;
+esac
+case "$together" in ''|0|*[!0-9]*)
+  echo "session.sh: TESTS_TOGETHER=$together: give a whole number of test processes, e.g. 12" >&2; exit 2 ;;
 esac
 case "$device" in cuda|cpu) ;; *)
   echo "session.sh: --device $device: use cuda or cpu" >&2; exit 2 ;;
@@ -292,7 +298,7 @@ kernels() {
     # One step per test file: each is a module of the crate's one test binary. A binary that
     # lists nothing (it cannot load, say) runs whole, so its failure is a step's.
     local modules
-    modules=$("$t" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u) || true
+    modules=$(modules_of "$t") || true
     [ -n "$modules" ] || step "test-$(basename "$t")" timeout 400 "$t" --test-threads 1
     for module in $modules; do
       step "test-$(basename "$t")-$module" timeout 400 "$t" "$module::" --test-threads 1
@@ -302,42 +308,58 @@ kernels() {
 }
 
 # The kernel tests side by side, up to $together processes at a time: "[VAR=value…] BINARY
-# FILTER [ARGS…]" each, BINARY one of .bin/tests. They check results, not speed, so they need
-# not have the GPU to themselves; each process compiles its own kernels with NVRTC on one core
-# (the test binaries keep no kernel cache), and the GPU hosts have 16. All of them end within
-# CAP seconds of the call and within the lease's deadline; one that would start with under 30 s
-# left is skipped. The summary lists them in the order given; the archive is packed each time
-# one ends.
+# FILTER [ARGS…]" each (words without spaces), BINARY one of .bin/tests. They check results,
+# not speed, so they need not have the GPU to themselves; each process compiles its own kernels
+# with NVRTC on one core (the test binaries keep no kernel cache), and the GPU hosts have 16.
+# The first CAP seconds of the call are theirs (not `within`: the cap is the phase's, not each
+# test's), within the lease's deadline; each test gets what is left of them when it starts
+# (and its 20 s of grace, run_test), and one that would start with under 30 s left is skipped.
+# The summary lists them in the order given; the archive is packed each time one ends.
 tests_together() {
-  local end=$((SECONDS + $1)) names=() spec name limit
+  local end=$((SECONDS + $1)) names=() spec name
   shift
   if [ -n "${deadline:-}" ] && [ "$deadline" -lt "$end" ]; then end="$deadline"; fi
-  rm -f "$logs"/.status-*
+  # Each test's summary line, written by its job; outside the logs, so not in the archive.
+  statuses="$work/.status-$stage"
+  rm -rf "$statuses" && mkdir -p "$statuses"
   for spec in "$@"; do
     # shellcheck disable=SC2086 # a spec is words
     name="$(test_step_name $spec)"
     names+=("$name")
     while [ "$(jobs -rp | wc -l)" -ge "$together" ]; do wait -n || true; pack_or_warn; done
-    limit=$((end - SECONDS))
-    if [ "$limit" -lt 30 ]; then
-      echo "SKIPPED $name (${limit} s of the tests' time left)" > "$logs/.status-$name"
-      continue
-    fi
-    echo "== $name: $spec (at most $limit s)"
-    (
-      # shellcheck disable=SC2086
-      if run_test "$limit" $spec > "$logs/$name.log" 2>&1; then
-        echo "ok $name" > "$logs/.status-$name"
-      else
-        echo "FAILED $name (exit $?), see $name.log" > "$logs/.status-$name"
-      fi
-    ) &
+    start_test "$name" $((end - SECONDS)) "$spec"
   done
   while [ -n "$(jobs -rp)" ]; do wait -n || true; pack_or_warn; done
   for name in "${names[@]}"; do
-    cat "$logs/.status-$name" 2>/dev/null || echo "FAILED $name (no status)"
+    cat "$statuses/$name" 2>/dev/null || echo "FAILED $name (no status)"
   done | tee -a "$summary"
   pack_or_warn
+}
+
+# `start_test NAME LIMIT SPEC`: SPEC (tests_together's) as a job with LIMIT seconds, its output
+# in $logs/NAME.log, its summary line in $statuses/NAME; skipped with under 30 s.
+start_test() {
+  local name="$1" limit="$2" spec="$3"
+  if [ "$limit" -lt 30 ]; then
+    echo "SKIPPED $name (${limit} s of the tests' time left)" > "$statuses/$name"
+    return
+  fi
+  echo "== $name: $spec (at most $limit s)"
+  (
+    local log="$logs/$name.log" rc=0
+    # shellcheck disable=SC2086
+    run_test "$limit" $spec > "$log" 2>&1 || rc=$?
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      echo "FAILED $name (out of its $limit s), see $name.log"
+    elif [ "$rc" != 0 ]; then
+      echo "FAILED $name (exit $rc), see $name.log"
+    elif grep -q '^running 0 tests' "$log"; then
+      # A filter that matches nothing (a module renamed) passes in libtest.
+      echo "FAILED $name (no test matches), see $name.log"
+    else
+      echo "ok $name"
+    fi > "$statuses/$name"
+  ) &
 }
 
 # `run_test LIMIT [VAR=value…] BINARY FILTER [ARGS…]`: the tests whose names contain FILTER in
@@ -353,24 +375,34 @@ run_test() {
 }
 
 # A test step's name: test-BINARY-FILTER (:: as -), then each variable as -name-value
-# (LAB_ATTENTION_STAGES=1: -stages-1), so that variants keep logs of their own.
+# (LAB_ATTENTION_STAGES=1: -stages-1), so that variants keep logs of their own; any other
+# character a file name should not have as _.
 test_step_name() {
   local suffix=""
   while [ $# -gt 0 ] && [[ "$1" == *=* ]]; do
     suffix+="-$(echo "${1#LAB_ATTENTION_}" | tr 'A-Z=' 'a-z-')"
     shift
   done
-  local name="test-$1-${2//::/-}"
-  echo "${name%-}$suffix"
+  local filter="${2//::/-}"
+  filter="${filter%-}"
+  echo "test-$1${filter:+-$filter}$suffix" | tr -c 'A-Za-z0-9_.\n-' _
+}
+
+# The test modules of test binary BINARY (its tests' names up to the first ::), one a line.
+modules_of() {
+  "$1" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u
 }
 
 # `other_modules BINARY MODULE…`: a spec ("BINARY module::") for each test module of
-# .bin/tests/BINARY but those named, so that a module added later is run too.
+# .bin/tests/BINARY but those named, so that a module added later is run too; the whole binary
+# ("BINARY ::", every test's name has one) where it lists none (it cannot load, say).
 other_modules() {
-  local binary="$1" module
+  local binary="$1" modules module
   shift
   [ -x "$tests/$binary" ] || return 0
-  for module in $("$tests/$binary" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u); do
+  modules="$(modules_of "$tests/$binary")" || true
+  [ -n "$modules" ] || { echo "$binary ::"; return 0; }
+  for module in $modules; do
     [[ " $* " == *" $module "* ]] || echo "$binary ${module}::"
   done
 }
@@ -391,8 +423,11 @@ lease() {
     # become the default only if so): every module of every test binary, side by side.
     unpack_tests
     local rest=()
-    mapfile -t rest < <(other_modules kernels attention gemm; other_modules ops projection
-      other_modules model fused_attention mixed_precision)
+    mapfile -t rest < <(
+      other_modules kernels attention gemm
+      other_modules ops projection
+      other_modules model fused_attention mixed_precision
+    )
     tests_together 150 \
       "kernels attention::tensor_core" "kernels gemm::" "ops projection::" \
       "LAB_ATTENTION_ROWS=bounce kernels attention::tensor_core" \
@@ -438,12 +473,18 @@ pack() {
   for r in "$work"/run-*; do [ -d "$r" ] && [ "$r" -nt "$started" ] && runs+=("$(basename "$r")"); done
   # Under a temporary name beside it, renamed when whole: a call cut off mid-write still
   # returns the last whole archive.
-  # (&&, not set -e: pack_or_warn calls this where set -e does not apply.)
-  tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --exclude='step-*' --exclude='.step-*' --exclude='latest' \
-    --exclude='*.u32' \
-    "logs-$stage" ${runs[@]+"${runs[@]}"} \
-    && mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz" \
-    || { rm -f "$out/$stage.tar.gz.tmp"; return 1; }
+  # tar's exit 1 is a file that changed as it read it (a test still writing its log): the
+  # archive is whole. (Statuses by hand, not set -e: pack_or_warn calls this where set -e does
+  # not apply.)
+  local rc=0
+  tar -czf "$out/$stage.tar.gz.tmp" -C "$work" --warning=no-file-changed \
+    --exclude='step-*' --exclude='.step-*' --exclude='latest' --exclude='*.u32' \
+    "logs-$stage" ${runs[@]+"${runs[@]}"} || rc=$?
+  if [ "$rc" -gt 1 ]; then
+    rm -f "$out/$stage.tar.gz.tmp"
+    return 1
+  fi
+  mv "$out/$stage.tar.gz.tmp" "$out/$stage.tar.gz"
 }
 
 echo "session.sh $stage: lab $lab, config $config, device $device, work in $work, results in $out"
