@@ -31,6 +31,10 @@ device=cuda
 with_compile=1
 with_split=1
 py="${PYTHON:-python3}"
+# PyTorch (and the table, which imports the reference) with the library path it was called
+# with (session.sh's PYTORCH_LD_LIBRARY_PATH), not CUDA's lib folder first: its wheels bring
+# their own CUDA libraries.
+torch_ld="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --lab) lab="$2"; shift 2 ;;
@@ -86,11 +90,8 @@ measure() {
 }
 measure lab.json with_memory lab "$lab" bench --backend "$backend" --precision bf16 \
   "${common[@]}" --json --tokens-out "$out/tokens.u32"
-# PyTorch with the library path it was called with (session.sh's PYTORCH_LD_LIBRARY_PATH), not
-# CUDA's lib folder first: its wheels bring their own CUDA libraries.
-ref=(env LD_LIBRARY_PATH="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}"
-     "$py" "$repo/scripts/reference/torch_train_ref.py" "${common[@]}" --device "$device"
-     --precision bf16 --json)
+ref=(env LD_LIBRARY_PATH="$torch_ld" "$py" "$repo/scripts/reference/torch_train_ref.py"
+     "${common[@]}" --device "$device" --precision bf16 --json)
 if [ -s "$out/tokens.u32" ]; then
   measure eager.json with_memory eager "${ref[@]}" --tokens "$out/tokens.u32"
   if [ "$with_compile" = 1 ]; then
@@ -109,7 +110,7 @@ if [ -s "$out/lab_matmul.json" ]; then
   measure torch_matmul.json "${ref[@]}" --matmul-shapes "$out/lab_matmul.json" --steps 20
 fi
 
-REPO="$repo" LD_LIBRARY_PATH="${PYTORCH_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$py" - "$out" "$config" <<'EOF'
+REPO="$repo" LD_LIBRARY_PATH="$torch_ld" "$py" - "$out" "$config" <<'EOF'
 import json, os, sys
 sys.path.insert(0, os.path.join(os.environ.get("REPO", "."), "scripts", "reference"))
 out, config = sys.argv[1], sys.argv[2]

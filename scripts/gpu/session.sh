@@ -393,17 +393,28 @@ modules_of() {
   "$1" --list --format terse 2>/dev/null | sed -n 's/::.*//p' | sort -u
 }
 
-# `other_modules BINARY MODULE…`: a spec ("BINARY module::") for each test module of
-# .bin/tests/BINARY but those named, so that a module added later is run too; the whole binary
-# ("BINARY ::", every test's name has one) where it lists none (it cannot load, say).
+# The binary and test module a spec (tests_together's) runs, as BINARY:MODULE.
+spec_module() {
+  while [ $# -gt 0 ] && [[ "$1" == *=* ]]; do shift; done
+  echo "$1:${2%%::*}"
+}
+
+# `other_modules SPEC…`: a spec ("BINARY module::") for each test module of the kernels, ops and
+# model binaries in .bin/tests that no SPEC runs, so that a module added later is run too; the
+# whole binary ("BINARY ::", every test's name has one) where it lists none (it cannot load).
 other_modules() {
-  local binary="$1" modules module
-  shift
-  [ -x "$tests/$binary" ] || return 0
-  modules="$(modules_of "$tests/$binary")" || true
-  [ -n "$modules" ] || { echo "$binary ::"; return 0; }
-  for module in $modules; do
-    [[ " $* " == *" $module "* ]] || echo "$binary ${module}::"
+  local named=" " spec binary modules module
+  for spec in "$@"; do
+    # shellcheck disable=SC2086 # a spec is words
+    named+="$(spec_module $spec) "
+  done
+  for binary in kernels ops model; do
+    [ -x "$tests/$binary" ] || continue
+    modules="$(modules_of "$tests/$binary")" || true
+    [ -n "$modules" ] || { echo "$binary ::"; continue; }
+    for module in $modules; do
+      [[ "$named" == *" $binary:$module "* ]] || echo "$binary ${module}::"
+    done
   done
 }
 
@@ -422,19 +433,16 @@ lease() {
     # Whether the kernels are right on this GPU, bf16 included, the opt-in paths first (they
     # become the default only if so): every module of every test binary, side by side.
     unpack_tests
-    local rest=()
-    mapfile -t rest < <(
-      other_modules kernels attention gemm
-      other_modules ops projection
-      other_modules model fused_attention mixed_precision
-    )
-    tests_together 150 \
-      "kernels attention::tensor_core" "kernels gemm::" "ops projection::" \
-      "LAB_ATTENTION_ROWS=bounce kernels attention::tensor_core" \
-      "LAB_ATTENTION_QUERY_BLOCKS=1 kernels attention::tensor_core" \
-      "LAB_ATTENTION_STAGES=1 kernels attention::tensor_core" \
-      "model fused_attention::" "model mixed_precision::" \
-      "kernels attention:: --skip attention::tensor_core" ${rest[@]+"${rest[@]}"}
+    local first=(
+      "kernels attention::tensor_core" "kernels gemm::" "ops projection::"
+      "LAB_ATTENTION_ROWS=bounce kernels attention::tensor_core"
+      "LAB_ATTENTION_QUERY_BLOCKS=1 kernels attention::tensor_core"
+      "LAB_ATTENTION_STAGES=1 kernels attention::tensor_core"
+      "model fused_attention::" "model mixed_precision::"
+      "kernels attention:: --skip attention::tensor_core"
+    ) rest=()
+    mapfile -t rest < <(other_modules "${first[@]}")
+    tests_together 150 "${first[@]}" ${rest[@]+"${rest[@]}"}
     # The tensor-core attention with its row-wise work in the products' registers (the
     # default) against the same through shared bounce rows (LAB_ATTENTION_ROWS=bounce).
     within 90 step split-mma env LAB_ATTENTION_MMA=1 "$lab" bench --backend "$backend" \
