@@ -80,23 +80,10 @@ impl Host {
         host.stub("repo/.bin/lab", &logged(LAB));
         host.stub("repo/scripts/launches.sh", &logged("true"));
         for (binary, modules) in MODULES {
-            let list: String = if *binary == UNLISTED {
-                "exit 1\n".into()
-            } else {
-                modules
-                    .iter()
-                    .map(|m| format!("echo '{m}::a: test'\n"))
-                    .collect()
-            };
-            // Listing is not logged. A filter runs a test where it names a module, or is `::`
-            // (every test), as libtest says; the gemm tests fail.
-            let run = logged(&format!(
-                r#"case " {} :: " in *" ${{1%%::*}} "*|*" $1 "*) echo 'running 1 test' ;; *) echo 'running 0 tests' ;; esac
-[ "$1" != gemm:: ] || exit 3"#,
-                modules.join(" ")
-            ));
-            let body = format!("if [ \"$1\" = --list ]; then\n{list}exit 0\nfi\n{run}");
-            host.stub(&format!("repo/.bin/tests/{binary}"), &body);
+            host.stub(
+                &format!("repo/.bin/tests/{binary}"),
+                &test_binary(binary, modules),
+            );
         }
         host
     }
@@ -142,6 +129,27 @@ impl Host {
         };
         (out, read("out/summary-lease.txt"), read("state/calls"))
     }
+}
+
+/// A CUDA test binary with `modules`: it lists them (unless it is [`UNLISTED`]), unlogged; a
+/// filter runs a test where it names a module, or is `::` (every test), as libtest says; the
+/// gemm tests fail.
+fn test_binary(binary: &str, modules: &[&str]) -> String {
+    let list: String = if binary == UNLISTED {
+        "exit 1\n".into()
+    } else {
+        modules
+            .iter()
+            .map(|m| format!("echo '{m}::a: test'\n"))
+            .collect()
+    };
+    let run = format!(
+        r#"{LOG}
+case " {} :: " in *" ${{1%%::*}} "*|*" $1 "*) echo 'running 1 test' ;; *) echo 'running 0 tests' ;; esac
+[ "$1" != gemm:: ] || exit 3"#,
+        modules.join(" ")
+    );
+    format!("if [ \"$1\" = --list ]; then\n{list}exit 0\nfi\n{run}")
 }
 
 fn repo() -> PathBuf {
