@@ -905,10 +905,9 @@ pub fn backward_into<R: CubeRuntime>(
     let client = q.client.clone();
     let types = [q.dtype.into(), DType::F32.into()];
 
-    let BackwardRows { delta, lse_log2 } = backward_rows(out, &d_out, &lse, unroll);
+    let stats = backward_rows(out, &d_out, &lse, unroll);
     if variant.tensor_cores && tensor_cores::runs(&q, d.head_dim) {
-        let rows = [lse, lse_log2, delta];
-        tensor_cores::launch_backward([q, k, v, d_out], rows, &grads, scale, &d);
+        tensor_cores::launch_backward([q, k, v, d_out], lse, &stats, &grads, scale, &d);
         return grads;
     }
     let tiling = Tiling::of(variant, 3, d.head_dim);
@@ -922,7 +921,7 @@ pub fn backward_into<R: CubeRuntime>(
         v.clone().into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
         lse.clone().into_tensor_arg(),
-        delta.clone().into_tensor_arg(),
+        stats.delta.clone().into_tensor_arg(),
         grads.q.clone().into_tensor_arg(),
         scale,
         tiling,
@@ -939,7 +938,7 @@ pub fn backward_into<R: CubeRuntime>(
         v.into_tensor_arg(),
         d_out.into_tensor_arg(),
         lse.into_tensor_arg(),
-        delta.into_tensor_arg(),
+        stats.delta.into_tensor_arg(),
         grads.k.clone().into_tensor_arg(),
         grads.v.clone().into_tensor_arg(),
         scale,

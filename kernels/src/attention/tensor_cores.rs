@@ -51,7 +51,7 @@ use cubecl::prelude::barrier::copy_async_checked;
 use cubecl::prelude::*;
 use enumset::EnumSet;
 
-use super::{row_at, Dims, Forward, Grads};
+use super::{row_at, BackwardRows, Dims, Forward, Grads};
 
 pub(crate) mod registers;
 
@@ -291,11 +291,12 @@ pub(super) fn launch_forward<R: CubeRuntime>(
 }
 
 /// Launches `dQ` and `dK/dV` into `grads` from `q, k, v, dO` with unit-stride rows and the rows'
-/// statistics: the forward's `lse`, `lse · log2 e` (which the register kernels read) and `D =
-/// dO·O`.
+/// statistics: the forward's `lse`, and `stats`' `lse · log2 e` (which the register kernels
+/// read) and `D = dO·O`.
 pub(super) fn launch_backward<R: CubeRuntime>(
     [q, k, v, d_out]: [CubeTensor<R>; 4],
-    [lse, lse_log2, delta]: [CubeTensor<R>; 3],
+    lse: CubeTensor<R>,
+    stats: &BackwardRows<R>,
     grads: &Grads<R>,
     scale: f32,
     d: &Dims,
@@ -308,7 +309,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
     let stages = rows.tile_stages();
     // The register kernels take their softmax in base 2, the bounce kernels in natural units.
     let backward_lse = match rows {
-        RowWork::Registers => lse_log2,
+        RowWork::Registers => stats.lse_log2.clone(),
         RowWork::Bounce => lse,
     };
     let grad_q = match rows {
@@ -326,7 +327,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
             v.clone().into_tensor_arg(),
             d_out.clone().into_tensor_arg(),
             backward_lse.clone().into_tensor_arg(),
-            delta.clone().into_tensor_arg(),
+            stats.delta.clone().into_tensor_arg(),
             grads.q.clone().into_tensor_arg(),
             scale,
             d.head_dim,
@@ -352,7 +353,7 @@ pub(super) fn launch_backward<R: CubeRuntime>(
                 v.clone().into_tensor_arg(),
                 d_out.clone().into_tensor_arg(),
                 backward_lse.clone().into_tensor_arg(),
-                delta.clone().into_tensor_arg(),
+                stats.delta.clone().into_tensor_arg(),
                 grads.k.clone().into_tensor_arg(),
                 grads.v.clone().into_tensor_arg(),
                 scale,
