@@ -130,10 +130,11 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
     let elementwise = settings(CubeDim::new_1d(swiglu::UNITS));
+    // 8 bf16 a unit: x1-50m's rows are whole 16-byte vectors (`vectors::row_vector_size`).
     let swiglu_forward = swiglu::swiglu_kernel::SwigluKernel::new(
-        elementwise.clone(), c.clone(), t(), t(), [bf16, f32]);
+        elementwise.clone(), c.clone(), t(), t(), 8, [bf16, f32]);
     let swiglu_backward = swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
-        elementwise, c.clone(), t(), t(), t(), [bf16, f32]);
+        elementwise, c.clone(), t(), t(), t(), 8, [bf16, f32]);
     let join = |parts| join::join_columns_kernel::JoinColumnsKernel::new(
         settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), t(), parts, bf16);
     vec![

@@ -43,3 +43,5 @@ mod rows;
 pub mod square_sums;
 #[cfg(feature = "cube")]
 pub mod swiglu;
+#[cfg(feature = "cube")]
+pub mod vectors;

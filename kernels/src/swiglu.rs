@@ -17,56 +17,76 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use crate::vectors::row_vector_size;
+
 /// Units per cube.
 pub(crate) const UNITS: u32 = 256;
 
 #[cube(launch)]
-pub(crate) fn swiglu_kernel<F: Float, A: Float>(
-    h: &Tensor<F>,
-    out: &mut Tensor<F>,
+pub(crate) fn swiglu_kernel<F: Float, A: Float, N: Size>(
+    h: &Tensor<Vector<F, N>>,
+    out: &mut Tensor<Vector<F, N>>,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let f = out.shape(1);
-    let i = ABSOLUTE_POS;
-    if i < out.shape(0) * f {
-        let (row, j) = (i / f, i % f);
-        let (g, u) = gate_and_up::<F, A>(h, row, j, f);
-        out[row * out.stride(0) + j * out.stride(1)] = F::cast_from(g * sigmoid::<A>(g) * u);
+    let (f, width) = (out.shape(1), out.vector_size());
+    let vectors = f / width;
+    if ABSOLUTE_POS < out.shape(0) * vectors {
+        let (row, j) = (ABSOLUTE_POS / vectors, (ABSOLUTE_POS % vectors) * width);
+        let (g, u) = gate_and_up::<F, A, N>(h, row, j, f);
+        out[at(out, row, j)] = Vector::cast_from(g * sigmoid::<A, N>(g) * u);
     }
 }
 
 #[cube(launch)]
-pub(crate) fn swiglu_backward_kernel<F: Float, A: Float>(
-    h: &Tensor<F>,
-    dy: &Tensor<F>,
-    dh: &mut Tensor<F>,
+pub(crate) fn swiglu_backward_kernel<F: Float, A: Float, N: Size>(
+    h: &Tensor<Vector<F, N>>,
+    dy: &Tensor<Vector<F, N>>,
+    dh: &mut Tensor<Vector<F, N>>,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
-    let f = dy.shape(1);
-    let i = ABSOLUTE_POS;
-    if i < dy.shape(0) * f {
-        let (row, j) = (i / f, i % f);
-        let (g, u) = gate_and_up::<F, A>(h, row, j, f);
-        let dy = A::cast_from(dy[row * dy.stride(0) + j * dy.stride(1)]);
-        let s = sigmoid::<A>(g);
+    let (f, width) = (dy.shape(1), dy.vector_size());
+    let vectors = f / width;
+    if ABSOLUTE_POS < dy.shape(0) * vectors {
+        let (row, j) = (ABSOLUTE_POS / vectors, (ABSOLUTE_POS % vectors) * width);
+        let (g, u) = gate_and_up::<F, A, N>(h, row, j, f);
+        let dy = Vector::<A, N>::cast_from(dy[at(dy, row, j)]);
+        let s = sigmoid::<A, N>(g);
         let d_silu = dy * u;
-        let o = row * dh.stride(0) + j * dh.stride(1);
-        dh[o] = F::cast_from(d_silu * s + d_silu * g * s * (A::new(1.0) - s));
-        dh[o + f * dh.stride(1)] = F::cast_from(dy * (g * s));
+        let one = Vector::<A, N>::new(A::new(1.0));
+        dh[at(dh, row, j)] = Vector::cast_from(d_silu * s + d_silu * g * s * (one - s));
+        dh[at(dh, row, j + f)] = Vector::cast_from(dy * (g * s));
     }
 }
 
-/// Row `row`'s gate and up values at column `j` of `h = [g | u]` (`f` columns each), widened.
+/// The vector of `t` that holds element `(row, j)`: strides count elements, a vector
+/// tensor is indexed in vectors (a row's columns are unit stride wherever a vector is wider
+/// than one: [`row_vector_size`]).
 #[cube]
-fn gate_and_up<F: Float, A: Float>(h: &Tensor<F>, row: usize, j: usize, f: usize) -> (A, A) {
-    let at = row * h.stride(0) + j * h.stride(1);
-    (A::cast_from(h[at]), A::cast_from(h[at + f * h.stride(1)]))
+fn at<E: Scalar, N: Size>(t: &Tensor<Vector<E, N>>, row: usize, j: usize) -> usize {
+    (row * t.stride(0) + j * t.stride(1)) / t.vector_size()
+}
+
+/// Row `row`'s gate and up values at columns `j ..` of `h = [g | u]` (`f` columns each),
+/// widened.
+#[cube]
+fn gate_and_up<F: Float, A: Float, N: Size>(
+    h: &Tensor<Vector<F, N>>,
+    row: usize,
+    j: usize,
+    f: usize,
+) -> (Vector<A, N>, Vector<A, N>) {
+    (
+        Vector::cast_from(h[at(h, row, j)]),
+        Vector::cast_from(h[at(h, row, j + f)]),
+    )
 }
 
 /// `σ(x) = 1 / (1 + e^−x)`: 0 (not NaN) where `e^−x` overflows.
 #[cube]
-fn sigmoid<A: Float>(x: A) -> A {
-    A::new(1.0) / (A::new(1.0) + (-x).exp())
+fn sigmoid<A: Float, N: Size>(x: Vector<A, N>) -> Vector<A, N> {
+    let one = Vector::<A, N>::new(A::new(1.0));
+    // `0 − x`, not `−x`: cubecl-cpp writes no unary minus for its vector types.
+    one / (one + (Vector::<A, N>::new(A::new(0.0)) - x).exp())
 }
 
 /// `[N, f]` of `h [N, 2f]`, checked.
@@ -114,10 +134,12 @@ pub fn swiglu_into<R: CubeRuntime>(h: CubeTensor<R>, out: CubeTensor<R>) -> Cube
     let client = h.client.clone();
     let (cube_dim, types) = (CubeDim::new_1d(UNITS), [h.dtype.into(), DType::F32.into()]);
     if n * f > 0 {
+        let width = row_vector_size(&[&h, &out], f);
         swiglu_kernel::launch::<R>(
             &client,
-            cubecl::calculate_cube_count_elemwise(&client, n * f, cube_dim),
+            cubecl::calculate_cube_count_elemwise(&client, n * f / width, cube_dim),
             cube_dim,
+            width,
             h.into_tensor_arg(),
             out.clone().into_tensor_arg(),
             types,
@@ -143,10 +165,12 @@ pub fn swiglu_backward_into<R: CubeRuntime>(
     let client = h.client.clone();
     let (cube_dim, types) = (CubeDim::new_1d(UNITS), [h.dtype.into(), DType::F32.into()]);
     if n * f > 0 {
+        let width = row_vector_size(&[&h, &dy, &dh], f);
         swiglu_backward_kernel::launch::<R>(
             &client,
-            cubecl::calculate_cube_count_elemwise(&client, n * f, cube_dim),
+            cubecl::calculate_cube_count_elemwise(&client, n * f / width, cube_dim),
             cube_dim,
+            width,
             h.into_tensor_arg(),
             dy.into_tensor_arg(),
             dh.clone().into_tensor_arg(),

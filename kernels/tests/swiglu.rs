@@ -19,7 +19,7 @@
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::DType;
-use lab_kernels::swiglu;
+use lab_kernels::{swiglu, vectors};
 use proptest::prelude::*;
 
 use crate::common;
@@ -110,8 +110,11 @@ const fn case(shape: [usize; 2], h: Input, dy: Input) -> Case {
     Case { shape, h, dy }
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 9] = [
     case([1, 1], Input::Contiguous, Input::Contiguous),
+    // Rows of whole vectors: the kernels read and write several columns a unit.
+    case([65, 24], Input::Contiguous, Input::Contiguous),
+    case([9, 40], Input::Offset, Input::Offset),
     case([3, 5], Input::Transposed, Input::Contiguous),
     case([7, 64], Input::Contiguous, Input::Transposed),
     case([33, 100], Input::Padded, Input::Padded),
@@ -142,6 +145,23 @@ fn bf16_matches_the_fp64_reference() {
     for (k, c) in CASES.into_iter().enumerate() {
         check(c, DType::BF16, 10 * k as u64 + 7);
     }
+}
+
+/// Where every row is whole vectors of the device's widest access, the kernels take them:
+/// the cases above then test the vector path, not only one element a unit.
+#[test]
+fn rows_of_whole_vectors_are_read_as_vectors() {
+    let (n, f) = (65, 24);
+    let (h, dy) = inputs([n, f], 1, DType::F32);
+    let h = Input::Offset.upload(&h, [n, 2 * f], DType::F32);
+    let dy = Input::Contiguous.upload(&dy, [n, f], DType::F32);
+    let widest = h.client.io_optimized_vector_sizes(4).max().unwrap();
+    assert!(widest > 1, "the device loads one f32 an access");
+    assert_eq!(vectors::row_vector_size(&[&h, &dy], f), widest);
+    // A transposed input or a width of part of a vector takes one element a unit.
+    let hh = Input::Transposed.upload(&vec![0.0; 2 * n * f], [n, 2 * f], DType::F32);
+    assert_eq!(vectors::row_vector_size(&[&hh, &dy], f), 1);
+    assert_eq!(vectors::row_vector_size(&[&dy], widest + 1), 1);
 }
 
 /// The allocating launches give the allocated outputs' shapes, contiguous.

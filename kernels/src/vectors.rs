@@ -1,0 +1,82 @@
+//! Rows read and written several elements an access, as wide as the device loads at once
+//! (16 bytes: 8 bf16 or f16, 4 f32 on CUDA; lavapipe takes up to 4 elements).
+//!
+//! An element-wise kernel that moves one 2-byte element a unit keeps few bytes in flight
+//! an SM, which bounds its share of the GPU's memory bandwidth well below the peak; a 16-byte
+//! access moves eight times as much per instruction, as llm.c's packed `x128` loads do. A
+//! kernel takes a vector of `N` elements of a row a unit where every tensor it touches allows
+//! it, and one element (`N = 1`, at any strides) otherwise.
+
+use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
+
+/// The widest vector, in elements, that the device loads in one access and in which every
+/// one of `tensors` can be read along its rows, `columns` at a time being whole vectors (a
+/// kernel's step along a row: its width, or the offset of a second half it reads). 1 where
+/// none is wider.
+pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
+    let Some(first) = tensors.first() else {
+        return 1;
+    };
+    let sizes = first.client.io_optimized_vector_sizes(first.dtype.size());
+    sizes
+        .filter(|&size| {
+            tensors.iter().all(|t| {
+                let start = t.handle.offset_start.unwrap_or(0);
+                rows_in_vectors(size, start, t.meta.strides(), t.dtype.size(), columns)
+            })
+        })
+        .max()
+        .unwrap_or(1)
+}
+
+/// Whether a tensor of `elem_bytes` elements, `start_bytes` into its buffer, at `strides`,
+/// can be read `size` elements an access along its rows, `columns` at a time: its rows unit
+/// stride, every other stride and its start whole vectors, so that every vector lies in
+/// one row and starts on a multiple of its own size in bytes.
+pub fn rows_in_vectors(
+    size: usize,
+    start_bytes: u64,
+    strides: &[usize],
+    elem_bytes: usize,
+    columns: usize,
+) -> bool {
+    let Some((&row_stride, outer)) = strides.split_last() else {
+        return size == 1;
+    };
+    size == 1
+        || (row_stride == 1
+            && columns.is_multiple_of(size)
+            && outer.iter().all(|s| s.is_multiple_of(size))
+            && start_bytes.is_multiple_of((size * elem_bytes) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_in_vectors;
+
+    #[test]
+    fn one_element_an_access_takes_any_layout() {
+        assert!(rows_in_vectors(1, 2, &[1, 7], 2, 5));
+        assert!(rows_in_vectors(1, 0, &[], 4, 0));
+    }
+
+    #[test]
+    fn contiguous_rows_of_whole_vectors_take_the_vector() {
+        // bf16 [N, 2048]: 8 a vector; and the same rows 64 columns into their buffer.
+        assert!(rows_in_vectors(8, 0, &[2048, 1], 2, 2048));
+        assert!(rows_in_vectors(8, 128, &[2048, 1], 2, 2048));
+    }
+
+    #[test]
+    fn a_layout_that_splits_a_vector_takes_one_element() {
+        // Rows with strided columns (a transposed matrix).
+        assert!(!rows_in_vectors(4, 0, &[1, 64], 4, 64));
+        // A width that is not whole vectors, or rows a part of a vector apart.
+        assert!(!rows_in_vectors(8, 0, &[2048, 1], 2, 2044));
+        assert!(!rows_in_vectors(4, 0, &[102, 1], 4, 100));
+        // A start half a vector in.
+        assert!(!rows_in_vectors(8, 8, &[2048, 1], 2, 2048));
+        // Smaller vectors may still fit where the widest does not.
+        assert!(rows_in_vectors(2, 8, &[102, 1], 4, 100));
+    }
+}
