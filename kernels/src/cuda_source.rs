@@ -107,10 +107,11 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         [bf16, f32]);
     let add_into = accumulate::add_into_kernel::AddIntoKernel::new(
         settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (), [bf16, f32]);
+    // The logits' rows, padded to 50,304 columns, in vectors of 8 bf16.
     let row_loss = lm_head::row_loss_kernel::RowLossKernel::new(
-        rows.clone(), c.clone(), t(), t(), t(), t(), (), lm_head::ROW_UNITS, [bf16, i32, f32]);
+        rows.clone(), c.clone(), t(), t(), t(), t(), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
     let softmax_grad = lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
-        rows, c.clone(), t(), t(), t(), t(), (), (), lm_head::ROW_UNITS, [bf16, i32, f32]);
+        rows, c.clone(), t(), t(), t(), t(), (), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
     let add_widened = lm_head::add_widened_kernel::AddWidenedKernel::new(
         settings(CubeDim::new_1d(256)), c.clone(), t(), t(), [bf16, f32]);
     let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(

@@ -15,12 +15,21 @@
 //! the softmax and the loss run in fp32. One cube of [`ROW_UNITS`] units owns a row; each unit
 //! strides over the vocabulary keeping its own running max and sum (online softmax), then the
 //! cube combines the units' pairs in shared memory, in a fixed order (deterministic).
+//!
+//! The row kernels read the logits in vectors of 16 bytes (8 bf16) where the rows allow it
+//! ([`padded_row_vector_size`]): GPT-2's 50,257 columns are not whole vectors, so a row's last
+//! vector reaches into the padding of the 50,304-column product, whose lanes are left out of
+//! the sums and written back unchanged. A vector raises the running max at most once, then
+//! takes one `exp` a lane, all independent.
 
 use burn::tensor::DType;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
-use crate::rows::{cube_row, row_grid};
+use crate::{
+    rows::{cube_row, row_grid},
+    vectors::padded_row_vector_size,
+};
 
 /// Units per row: within every target's workgroup limit (lavapipe and CUDA allow 1,024), and
 /// a 50K-word row is streamed in about 200 strides.
@@ -30,8 +39,8 @@ pub const ROW_UNITS: usize = 256;
 const _: () = assert!(ROW_UNITS.is_power_of_two());
 
 #[cube(launch)]
-pub(crate) fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
-    logits: &Tensor<F>,
+pub(crate) fn row_loss_kernel<F: Float, I: Numeric, A: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
     targets: &Tensor<I>,
     lse: &mut Tensor<A>,
     loss: &mut Tensor<A>,
@@ -40,35 +49,66 @@ pub(crate) fn row_loss_kernel<F: Float, I: Numeric, A: Float>(
     #[define(F, I, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, vocab) = (logits.shape(0), logits.shape(1));
+    let width = logits.vector_size();
     let r = cube_row();
     let u = UNIT_POS_X as usize;
+    // The target's logit, kept by the unit whose vector holds it, read by unit 0 after the
+    // barriers in `combine_units`.
+    let mut target_logit = SharedMemory::<A>::new(1usize);
     // The whole cube shares `r`, so leaving here skips no barrier another unit waits at.
     if r < rows {
+        let row = row_offset + r;
+        let t = usize::cast_from(targets[row]);
         // Strided: CUDA pads each row of a matmul's output to 512 bytes.
         let (base, col) = (r * logits.stride(0), logits.stride(1));
-        // This unit's running max and sum over columns u, u + units, …
+        // This unit's running max and sum over its vectors u, u + units, … of the row.
         let mut m = A::min_value();
         let mut s = A::new(0.0);
-        let mut j = u;
+        let mut j = u * width;
         while j < vocab {
-            let x = A::cast_from(logits[base + j * col]);
-            if x > m {
-                s = s * (m - x).exp() + A::new(1.0);
-                m = x;
-            } else {
-                s += (x - m).exp();
+            let xs = widened::<F, A, N>(logits[(base + j * col) / width], j, vocab);
+            let mut top = m;
+            #[unroll]
+            for k in 0..width {
+                if j + k == t {
+                    target_logit[0] = xs[k];
+                }
+                top = max(top, xs[k]);
             }
-            j += units;
+            // Rescaled only when the vector raises the max; then one exp a lane, all
+            // independent.
+            if top > m {
+                s *= (m - top).exp();
+                m = top;
+            }
+            let e = (xs - Vector::new(m)).exp();
+            #[unroll]
+            for k in 0..width {
+                s += e[k];
+            }
+            j += units * width;
         }
         let (m, s) = combine_units::<A>(m, s, units);
         if u == 0 {
-            let row = row_offset + r;
-            let t = usize::cast_from(targets[row]);
             let row_lse = m + s.ln();
             lse[row] = row_lse;
-            loss[row] = row_lse - A::cast_from(logits[base + t * col]);
+            loss[row] = row_lse - target_logit[0];
         }
     }
+}
+
+/// The vector of columns `j ..` of a row of `vocab` columns in f32, the lanes past the last
+/// column (the row's padding) as the lowest value, whose `exp(x − max)` is 0.
+#[cube]
+fn widened<F: Float, A: Float, N: Size>(xs: Vector<F, N>, j: usize, vocab: usize) -> Vector<A, N> {
+    let mut wide = Vector::<A, N>::cast_from(xs);
+    #[unroll]
+    for k in 0..xs.vector_size() {
+        if j + k >= vocab {
+            wide[k] = A::min_value();
+        }
+    }
+    wide
 }
 
 /// The cube's max and sum of `exp(x − max)` from every unit's pair, in a tree over shared
@@ -102,8 +142,8 @@ fn combine_units<A: Float>(m: A, s: A, #[comptime] units: usize) -> (A, A) {
 }
 
 #[cube(launch)]
-pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
-    logits: &mut Tensor<F>,
+pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float, N: Size>(
+    logits: &mut Tensor<Vector<F, N>>,
     targets: &Tensor<I>,
     lse: &Tensor<A>,
     grad_loss: &Tensor<A>,
@@ -113,6 +153,7 @@ pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
     #[define(F, I, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, vocab) = (logits.shape(0), logits.shape(1));
+    let width = logits.vector_size();
     let r = cube_row();
     if r < rows {
         let row = row_offset + r;
@@ -120,15 +161,23 @@ pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float>(
         let t = usize::cast_from(targets[row]);
         let row_lse = lse[row];
         let scale = grad_loss[0] * A::cast_from(inv_rows);
-        let mut j = UNIT_POS_X as usize;
+        let mut j = UNIT_POS_X as usize * width;
         while j < vocab {
-            let at = base + j * col;
-            let mut g = (A::cast_from(logits[at]) - row_lse).exp();
-            if j == t {
-                g -= A::new(1.0);
+            let at = (base + j * col) / width;
+            // Lanes past the row's last column are its padding: written back as they were.
+            let mut xs = logits[at];
+            let mut g = (widened::<F, A, N>(xs, j, vocab) - Vector::new(row_lse)).exp();
+            #[unroll]
+            for k in 0..width {
+                if j + k == t {
+                    g[k] -= A::new(1.0);
+                }
+                if j + k < vocab {
+                    xs[k] = F::cast_from(g[k] * scale);
+                }
             }
-            logits[at] = F::cast_from(g * scale);
-            j += units;
+            logits[at] = xs;
+            j += units * width;
         }
     }
 }
@@ -211,15 +260,17 @@ pub fn row_loss<R: CubeRuntime>(
     loss: &CubeTensor<R>,
     row_offset: usize,
 ) {
-    let [rows, _vocab] = shape2(&logits, "row_loss logits");
+    let [rows, vocab] = shape2(&logits, "row_loss logits");
     check_rows(&targets, &[lse, loss], rows, row_offset);
     let targets = into_contiguous(targets);
     let client = logits.client.clone();
     let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
+    let width = padded_row_vector_size(&logits, vocab);
     row_loss_kernel::launch::<R>(
         &client,
         row_grid(rows),
         CubeDim::new_1d(ROW_UNITS as u32),
+        width,
         logits.into_tensor_arg(),
         targets.into_tensor_arg(),
         lse.clone().into_tensor_arg(),
@@ -242,7 +293,7 @@ pub fn softmax_grad_in_place<R: CubeRuntime>(
     inv_rows: f32,
     row_offset: usize,
 ) {
-    let [rows, _vocab] = shape2(logits, "softmax_grad logits");
+    let [rows, vocab] = shape2(logits, "softmax_grad logits");
     check_rows(&targets, &[&lse], rows, row_offset);
     assert_distinct(logits, "softmax_grad: logits are written in place");
     assert_eq!(
@@ -253,10 +304,12 @@ pub fn softmax_grad_in_place<R: CubeRuntime>(
     let [targets, lse, grad_loss] = [targets, lse, grad_loss].map(into_contiguous);
     let client = logits.client.clone();
     let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
+    let width = padded_row_vector_size(logits, vocab);
     softmax_grad_kernel::launch::<R>(
         &client,
         row_grid(rows),
         CubeDim::new_1d(ROW_UNITS as u32),
+        width,
         logits.clone().into_tensor_arg(),
         targets.into_tensor_arg(),
         lse.into_tensor_arg(),

@@ -29,6 +29,35 @@ pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usiz
         .unwrap_or(1)
 }
 
+/// The widest vector, as [`row_vector_size`], in which the matrix `t` can be read along its
+/// rows with every row's last vector whole: a row of `columns` is read to the next multiple
+/// of the vector, into the padding its stride leaves after it (the LM head's logits: 50,257
+/// columns of rows 50,304 apart). The kernel leaves the lanes past `columns` out.
+pub fn padded_row_vector_size<R: CubeRuntime>(t: &CubeTensor<R>, columns: usize) -> usize {
+    let start = t.handle.offset_start.unwrap_or(0);
+    let (strides, elem_bytes) = (t.meta.strides(), t.dtype.size());
+    t.client
+        .io_optimized_vector_sizes(elem_bytes)
+        .filter(|&size| padded_rows_in_vectors(size, start, strides, elem_bytes, columns))
+        .max()
+        .unwrap_or(1)
+}
+
+/// [`rows_in_vectors`] for a matrix whose rows of `columns` are read to the next multiple of
+/// `size`: those vectors must end within the row's stride.
+pub fn padded_rows_in_vectors(
+    size: usize,
+    start_bytes: u64,
+    strides: &[usize],
+    elem_bytes: usize,
+    columns: usize,
+) -> bool {
+    size == 1
+        || (strides.len() == 2
+            && rows_in_vectors(size, start_bytes, strides, elem_bytes, size)
+            && columns.next_multiple_of(size) <= strides[0])
+}
+
 /// Whether a tensor of `elem_bytes` elements, `start_bytes` into its buffer, at `strides`,
 /// can be read `size` elements an access along its rows, `columns` at a time: its rows unit
 /// stride, every other stride and its start whole vectors, so that every vector lies in
@@ -52,7 +81,7 @@ pub fn rows_in_vectors(
 
 #[cfg(test)]
 mod tests {
-    use super::rows_in_vectors;
+    use super::{padded_rows_in_vectors, rows_in_vectors};
 
     #[test]
     fn one_element_an_access_takes_any_layout() {
@@ -78,5 +107,22 @@ mod tests {
         assert!(!rows_in_vectors(8, 8, &[2048, 1], 2, 2048));
         // Smaller vectors may still fit where the widest does not.
         assert!(rows_in_vectors(2, 8, &[102, 1], 4, 100));
+    }
+
+    #[test]
+    fn padded_rows_take_vectors_that_end_within_their_stride() {
+        // GPT-2's 50,257 logits of rows padded to 50,304, bf16: 8 a vector, the last one
+        // reaching column 50,263.
+        assert!(padded_rows_in_vectors(8, 0, &[50304, 1], 2, 50257));
+        // Contiguous rows of 50,257: the last vector would run into the next row.
+        assert!(!padded_rows_in_vectors(8, 0, &[50257, 1], 2, 50257));
+        assert!(!padded_rows_in_vectors(2, 0, &[7, 1], 2, 7));
+        // Rows that are whole vectors need no padding.
+        assert!(padded_rows_in_vectors(4, 0, &[64, 1], 4, 64));
+        // Strided columns, a misaligned start, or not a matrix: one element.
+        assert!(!padded_rows_in_vectors(8, 0, &[1, 50304], 2, 50257));
+        assert!(!padded_rows_in_vectors(8, 2, &[50304, 1], 2, 50257));
+        assert!(!padded_rows_in_vectors(4, 0, &[64], 4, 64));
+        assert!(padded_rows_in_vectors(1, 2, &[1, 7], 2, 7));
     }
 }

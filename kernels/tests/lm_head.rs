@@ -22,7 +22,7 @@
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use lab_kernels::lm_head;
+use lab_kernels::{lm_head, vectors};
 use proptest::prelude::*;
 
 use crate::common;
@@ -245,6 +245,58 @@ proptest! {
         let total = before + rows + after;
         let c = Case { rows, vocab, total, offset: before, spread: 2.0, pad };
         check(c, DType::F32, seed);
+    }
+}
+
+/// The padded cases above are read in the device's widest vectors, the last of each row
+/// reaching into the NaN padding (257 columns of rows 304 apart): the cases test that the
+/// kernels leave those lanes out, and write them back as they were.
+#[test]
+fn padded_rows_are_read_in_vectors_past_their_last_column() {
+    let (view, _) = padded(&vec![0.0; 3 * 257], [3, 257], 47, DType::F32);
+    let widest = view.client.io_optimized_vector_sizes(4).max().unwrap();
+    assert!(
+        widest > 1 && 257 % widest != 0,
+        "a last vector part padding"
+    );
+    assert_eq!(vectors::padded_row_vector_size(&view, 257), widest);
+    // Contiguous rows of 257: the last vector would run into the next row.
+    let contiguous = upload(&vec![0.0; 3 * 257], &[3, 257], DType::F32);
+    assert_eq!(vectors::padded_row_vector_size(&contiguous, 257), 1);
+}
+
+/// Padding that holds a finite logit, far above the row's: read, it would take over the
+/// row's `lse`; written, it would change. Both kernels leave it out and keep its value (NaN
+/// padding cannot show a write that puts NaN back).
+#[test]
+fn padding_with_a_large_logit_is_neither_counted_nor_changed() {
+    let c = Case {
+        rows: 3,
+        vocab: 257,
+        total: 3,
+        offset: 0,
+        spread: 2.0,
+        pad: 47,
+    };
+    let width = c.vocab + c.pad;
+    let logits = values(c.rows * c.vocab, 5, DType::F32);
+    let ids = targets(&c, 5);
+    let (want_lse, _, want_grad) = reference(&c, &logits, &ids, 1.0);
+    let mut full = vec![1000.0; c.rows * width];
+    for r in 0..c.rows {
+        full[r * width..][..c.vocab].copy_from_slice(&logits[r * c.vocab..][..c.vocab]);
+    }
+    let whole = upload(&full, &[c.rows, width], DType::F32);
+    let view = lm_head::leading_columns(&whole, c.vocab);
+    let (ids, lse) = (upload_ids(&ids), poisoned(&[c.total], DType::F32));
+    let loss = poisoned(&[c.total], DType::F32);
+    lm_head::row_loss(view.clone(), ids.clone(), &lse, &loss, 0);
+    assert_close("lse", &download(lse.clone()), &want_lse, 1e-5);
+    let scale = upload(&[1.0], &[1], DType::F32);
+    lm_head::softmax_grad_in_place(&view, ids, lse, scale, 1.0 / c.total as f32, 0);
+    assert_close_to_scale("grad", &download(view), &want_grad, 1e-5, 1.0 / 3.0);
+    for (i, x) in download(whole).iter().enumerate() {
+        assert!(i % width < c.vocab || *x == 1000.0, "padding [{i}] is {x}");
     }
 }
 
