@@ -75,8 +75,9 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
     let (c, t) = (client, tensor);
     let rows = settings(CubeDim::new_1d(ROW_UNITS as u32));
     let types = [DType::F32.into(), DType::BF16.into(), DType::F32.into()];
+    // x f32 in vectors of 4 (16 bytes), y bf16 (8 bytes): every width here is whole vectors.
     let forward = forward_kernel::ForwardKernel::new(
-        rows, c.clone(), t(), t(), t(), (), (), ROW_UNITS, types);
+        rows, c.clone(), t(), t(), t(), (), (), 4, ROW_UNITS, types);
     let units = backward_units(d);
     let blocks = |adds_skip| backward_blocks_kernel::BackwardBlocksKernel::new(
         settings(CubeDim::new_1d(units as u32)), c.clone(), t(), t(), t(), t(), t(), t(), (), (),

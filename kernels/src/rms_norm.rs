@@ -39,7 +39,10 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
-use crate::rows::{cube_row, row_grid};
+use crate::{
+    rows::{cube_row, row_grid},
+    vectors::row_vector_size,
+};
 
 /// Units per row: a power of two for the tree in `cube_sums`; x1-50m's 768 columns are six
 /// strides of a unit.
@@ -110,36 +113,45 @@ fn root_mean_square<A: Float>(sum_squares: A, inv_d: f32, eps: f32) -> A {
 
 /// `G` is the output's storage type: the compute dtype the projections read (a cast fused into
 /// the norm), or `F`.
+/// Each unit reads and writes vectors of `N` columns (one where a tensor's rows do not
+/// allow more: [`row_vector_size`]).
 #[cube(launch)]
-pub(crate) fn forward_kernel<F: Float, G: Float, A: Float>(
-    x: &Tensor<F>,
-    gain: &Tensor<F>,
-    y: &mut Tensor<G>,
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_kernel<F: Float, G: Float, A: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    gain: &Tensor<Vector<F, N>>,
+    y: &mut Tensor<Vector<G, N>>,
     inv_d: f32,
     eps: f32,
     #[comptime] units: usize,
     #[define(F, G, A)] _dtypes: [StorageType; 3],
 ) {
     let (rows, d) = (x.shape(0), x.shape(1));
+    let width = x.vector_size();
     let row = cube_row();
     // The whole cube shares `row`, so leaving here skips no barrier another unit waits at.
     if row < rows {
         let (base, col) = (row * x.stride(0), x.stride(1));
         let mut squares = A::new(0.0);
-        let mut j = UNIT_POS_X as usize;
+        let mut j = UNIT_POS_X as usize * width;
         while j < d {
-            let v = A::cast_from(x[base + j * col]);
-            squares += v * v;
-            j += units;
+            let v = Vector::<A, N>::cast_from(x[(base + j * col) / width]);
+            let v2 = v * v;
+            #[unroll]
+            for k in 0..width {
+                squares += v2[k];
+            }
+            j += units * width;
         }
         let (squares, _) = cube_sums::<A>(squares, A::new(0.0), units);
-        let r = root_mean_square::<A>(squares, inv_d, eps);
-        let mut j = UNIT_POS_X as usize;
+        let r = Vector::<A, N>::new(root_mean_square::<A>(squares, inv_d, eps));
+        let mut j = UNIT_POS_X as usize * width;
         while j < d {
             // The composition's order: `x / r`, then the gain.
-            let q = A::cast_from(x[base + j * col]) / r;
-            y[row * d + j] = G::cast_from(q * A::cast_from(gain[j * gain.stride(0)]));
-            j += units;
+            let q = Vector::<A, N>::cast_from(x[(base + j * col) / width]) / r;
+            let g = Vector::<A, N>::cast_from(gain[j * gain.stride(0) / width]);
+            y[(row * d + j) / width] = Vector::cast_from(q * g);
+            j += units * width;
         }
     }
 }
@@ -384,10 +396,12 @@ pub fn forward_into<R: CubeRuntime>(
         return out;
     }
     let client = x.client.clone();
+    let width = row_vector_size(&[&x, &gain, &out], d);
     forward_kernel::launch::<R>(
         &client,
         row_grid(n),
         CubeDim::new_1d(ROW_UNITS as u32),
+        width,
         x.clone().into_tensor_arg(),
         gain.into_tensor_arg(),
         out.clone().into_tensor_arg(),
