@@ -100,11 +100,12 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
     let (c, t) = (client, tensor);
     let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
     let rows = settings(CubeDim::new_1d(lm_head::ROW_UNITS as u32));
+    // 8 bf16 pairs a unit: head width 64, 32 pairs a half.
     let rope = rope::rope_kernel::RopeKernel::new(
-        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), false, false,
-        [bf16, f32]);
+        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), 8, false,
+        false, [bf16, f32]);
     let rope_added = rope::rope_kernel::RopeKernel::new(
-        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), true, true,
+        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), 8, true, true,
         [bf16, f32]);
     let add_into = accumulate::add_into_kernel::AddIntoKernel::new(
         settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (), [bf16, f32]);

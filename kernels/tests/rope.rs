@@ -21,7 +21,7 @@
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::{DType, Tensor, TensorPrimitive};
-use lab_kernels::rope;
+use lab_kernels::{rope, vectors};
 use proptest::prelude::*;
 
 use crate::common;
@@ -260,6 +260,25 @@ const fn case_into(shape: [usize; 4], layout: Layout, out: Layout, offset: usize
         out,
         offset,
     }
+}
+
+/// At head width 64 (x1-50m's) the kernel turns vectors of pairs, the tables and the
+/// heads-swapped `x` read as vectors: the case of width 64 above tests that path. A half of 15
+/// columns takes one pair a unit.
+#[test]
+fn head_rows_of_whole_vectors_are_read_as_vectors() {
+    let c = case([3, 2, 9, 64], Layout::HeadsSwapped, 0);
+    let x = upload_x(&c, &vec![1.0; 3 * 2 * 9 * 64], DType::F32);
+    let table = upload_table(&vec![1.0; 11 * 64], 11, 64, 0, 9, DType::F32);
+    let widest = x.client.io_optimized_vector_sizes(4).max().unwrap();
+    assert!(widest > 1, "the device loads one f32 an access");
+    assert_eq!(vectors::row_vector_size(&[&x, &table, &table], 32), widest);
+    let odd = upload_x(
+        &case([2, 5, 33, 30], Layout::Contiguous, 0),
+        &[1.0; 9900],
+        DType::F32,
+    );
+    assert_eq!(vectors::row_vector_size(&[&odd], 15), 1);
 }
 
 const CASES: [Case; 9] = [
