@@ -159,6 +159,43 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The kernels that read vectors ([`crate::vectors`]) at f32 (4 a vector) and f16 (8), as
+/// fp32 training and the f16 kernel tests launch them on CUDA: each storage type has its own
+/// vector type in CUDA C++ (`float_4`, `__half_8`), with its own conversions.
+#[rustfmt::skip]
+fn vector_kernels_in_other_dtypes(client: &Client) -> Vec<(String, String)> {
+    use crate::{lm_head, rms_norm, rope, swiglu};
+    let (c, t) = (client, tensor);
+    let (f32, i32) = (DType::F32.into(), DType::I32.into());
+    let mut sources = Vec::new();
+    for (name, dtype, n) in [("f32", DType::F32, 4), ("f16", DType::F16, 8)] {
+        let e = dtype.into();
+        let units = |n| settings(CubeDim::new_1d(n as u32));
+        let cpp = [
+            ("swiglu", cuda_cpp(&swiglu::swiglu_kernel::SwigluKernel::new(
+                units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]))),
+            ("swiglu_backward", cuda_cpp(&swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
+                units(swiglu::UNITS), c.clone(), t(), t(), t(), n, [e, f32]))),
+            ("lm_head-row_loss", cuda_cpp(&lm_head::row_loss_kernel::RowLossKernel::new(
+                units(lm_head::ROW_UNITS as u32), c.clone(), t(), t(), t(), t(), (), n,
+                lm_head::ROW_UNITS, [e, i32, f32]))),
+            ("lm_head-softmax_grad", cuda_cpp(&lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
+                units(lm_head::ROW_UNITS as u32), c.clone(), t(), t(), t(), t(), (), (), n,
+                lm_head::ROW_UNITS, [e, i32, f32]))),
+            ("rope_transposed_added", cuda_cpp(&rope::rope_kernel::RopeKernel::new(
+                units(rope::UNITS), c.clone(), t(), t(), t(), t(), (), n, true, true, [e, f32]))),
+            // x and y in one dtype: fp32 training's norms, and the f16 tests'.
+            ("rmsnorm-forward", cuda_cpp(&rms_norm::forward_kernel::ForwardKernel::new(
+                units(rms_norm::ROW_UNITS as u32), c.clone(), t(), t(), t(), (), (), n,
+                rms_norm::ROW_UNITS, [e, e, f32]))),
+        ];
+        for (kernel, cpp) in cpp {
+            sources.push((format!("{kernel}-{name}-vectors"), cpp));
+        }
+    }
+    sources
+}
+
 /// The head widths the tensor-core kernels take (16 to 128 but 112).
 fn tensor_core_widths() -> impl Iterator<Item = usize> {
     (1..=tensor_cores::MAX_HEAD_DIM).filter(|&hd| tensor_cores::fits(hd))
@@ -247,6 +284,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     for (name, cpp) in other_kernels(client) {
         sources.push((name.to_string(), cpp));
     }
+    sources.extend(vector_kernels_in_other_dtypes(client));
     sources
 }
 
