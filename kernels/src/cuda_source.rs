@@ -114,8 +114,9 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         rows.clone(), c.clone(), t(), t(), t(), t(), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
     let softmax_grad = lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
         rows, c.clone(), t(), t(), t(), t(), (), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
+    // 4 a vector: the f32 accumulator's 16 bytes.
     let add_widened = lm_head::add_widened_kernel::AddWidenedKernel::new(
-        settings(CubeDim::new_1d(256)), c.clone(), t(), t(), [bf16, f32]);
+        settings(CubeDim::new_1d(256)), c.clone(), t(), t(), 4, [bf16, f32]);
     let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(
         settings(CubeDim::new_1d(embedding::UNITS as u32)), c.clone(), t(), t(), t(), (),
         embedding::UNITS, [f32, i32]);

@@ -182,20 +182,33 @@ pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float, N: Size>(
     }
 }
 
-/// One unit per element of the 2-D `acc`; each tensor read through its own strides (an f32
-/// and a bf16 matrix are padded differently on CUDA).
+/// One unit per vector of a row of the 2-D `acc` (one element where a row's layout does not
+/// allow more); each tensor read through its own strides (an f32 and a bf16 matrix are padded
+/// differently on CUDA). A row's last vector may reach into its padding
+/// ([`padded_row_vector_size`]: the weight gradient's 50,257 columns): those lanes of `acc`
+/// are written back as they were.
 #[cube(launch)]
-pub(crate) fn add_widened_kernel<F: Float, A: Float>(
-    acc: &mut Tensor<A>,
-    x: &Tensor<F>,
+pub(crate) fn add_widened_kernel<F: Float, A: Float, N: Size>(
+    acc: &mut Tensor<Vector<A, N>>,
+    x: &Tensor<Vector<F, N>>,
     #[define(F, A)] _dtypes: [StorageType; 2],
 ) {
     let (rows, cols) = (acc.shape(0), acc.shape(1));
+    let width = acc.vector_size();
+    let vectors = (cols + width - 1) / width;
     let i = ABSOLUTE_POS;
-    if i < rows * cols {
-        let (r, c) = (i / cols, i % cols);
-        let a = r * acc.stride(0) + c * acc.stride(1);
-        acc[a] += A::cast_from(x[r * x.stride(0) + c * x.stride(1)]);
+    if i < rows * vectors {
+        let (r, c) = (i / vectors, (i % vectors) * width);
+        let a = (r * acc.stride(0) + c * acc.stride(1)) / width;
+        let mut sum = acc[a];
+        let widened = Vector::<A, N>::cast_from(x[(r * x.stride(0) + c * x.stride(1)) / width]);
+        #[unroll]
+        for k in 0..width {
+            if c + k < cols {
+                sum[k] += widened[k];
+            }
+        }
+        acc[a] = sum;
     }
 }
 
@@ -265,7 +278,7 @@ pub fn row_loss<R: CubeRuntime>(
     let targets = into_contiguous(targets);
     let client = logits.client.clone();
     let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
-    let width = padded_row_vector_size(&logits, vocab);
+    let width = padded_row_vector_size(&[&logits], vocab);
     row_loss_kernel::launch::<R>(
         &client,
         row_grid(rows),
@@ -304,7 +317,7 @@ pub fn softmax_grad_in_place<R: CubeRuntime>(
     let [targets, lse, grad_loss] = [targets, lse, grad_loss].map(into_contiguous);
     let client = logits.client.clone();
     let types = [logits.dtype.into(), targets.dtype.into(), DType::F32.into()];
-    let width = padded_row_vector_size(logits, vocab);
+    let width = padded_row_vector_size(&[logits], vocab);
     softmax_grad_kernel::launch::<R>(
         &client,
         row_grid(rows),
@@ -332,13 +345,15 @@ pub fn add_widened<R: CubeRuntime>(acc: &CubeTensor<R>, x: CubeTensor<R>) {
         "add_widened: shapes differ"
     );
     let types = [x.dtype.into(), DType::F32.into()];
-    let n = acc.meta.shape().num_elements();
+    let [rows, cols] = shape2(acc, "add_widened");
+    let width = padded_row_vector_size(&[acc, &x], cols);
     let client = acc.client.clone();
     let cube_dim = CubeDim::new_1d(256);
     add_widened_kernel::launch::<R>(
         &client,
-        cubecl::calculate_cube_count_elemwise(&client, n, cube_dim),
+        cubecl::calculate_cube_count_elemwise(&client, rows * cols.div_ceil(width), cube_dim),
         cube_dim,
+        width,
         acc.clone().into_tensor_arg(),
         x.into_tensor_arg(),
         types,

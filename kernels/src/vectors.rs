@@ -9,38 +9,44 @@
 
 use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 
-/// The widest vector, in elements, that the device loads in one access and in which every
-/// one of `tensors` can be read along its rows, `columns` at a time being whole vectors (a
-/// kernel's step along a row: its width, or the offset of a second half it reads). 1 where
-/// none is wider.
+/// The widest vector, in elements, that the device loads in one access (of the first
+/// tensor's elements) and in which every one of `tensors` can be read along its rows,
+/// `columns` at a time being whole vectors (a kernel's step along a row: its width, or the
+/// offset of a second half it reads). 1 where none is wider.
 pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
+    widest(tensors, |size, start, strides, elem_bytes| {
+        rows_in_vectors(size, start, strides, elem_bytes, columns)
+    })
+}
+
+/// The widest vector, as [`row_vector_size`], in which the matrices `tensors` can be read
+/// along their rows with every row's last vector whole: a row of `columns` is read to the
+/// next multiple of the vector, into the padding its stride leaves after it (the LM head's
+/// logits: 50,257 columns of rows 50,304 apart). The kernel leaves the lanes past `columns`
+/// out, and writes them back as they were.
+pub fn padded_row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
+    widest(tensors, |size, start, strides, elem_bytes| {
+        padded_rows_in_vectors(size, start, strides, elem_bytes, columns)
+    })
+}
+
+/// The widest of the device's sizes for the first tensor's elements that `fits` (size, start
+/// in bytes, strides, element bytes) every one of `tensors`; 1 where none is wider.
+fn widest<R: CubeRuntime>(
+    tensors: &[&CubeTensor<R>],
+    fits: impl Fn(usize, u64, &[usize], usize) -> bool,
+) -> usize {
     let Some(first) = tensors.first() else {
         return 1;
     };
-    let sizes = first.client.io_optimized_vector_sizes(first.dtype.size());
-    sizes
-        .filter(|&size| {
-            tensors.iter().all(|t| {
-                let start = t.handle.offset_start.unwrap_or(0);
-                rows_in_vectors(size, start, t.meta.strides(), t.dtype.size(), columns)
-            })
+    let fits_all = |size| {
+        tensors.iter().all(|t| {
+            let start = t.handle.offset_start.unwrap_or(0);
+            fits(size, start, t.meta.strides(), t.dtype.size())
         })
-        .max()
-        .unwrap_or(1)
-}
-
-/// The widest vector, as [`row_vector_size`], in which the matrix `t` can be read along its
-/// rows with every row's last vector whole: a row of `columns` is read to the next multiple
-/// of the vector, into the padding its stride leaves after it (the LM head's logits: 50,257
-/// columns of rows 50,304 apart). The kernel leaves the lanes past `columns` out.
-pub fn padded_row_vector_size<R: CubeRuntime>(t: &CubeTensor<R>, columns: usize) -> usize {
-    let start = t.handle.offset_start.unwrap_or(0);
-    let (strides, elem_bytes) = (t.meta.strides(), t.dtype.size());
-    t.client
-        .io_optimized_vector_sizes(elem_bytes)
-        .filter(|&size| padded_rows_in_vectors(size, start, strides, elem_bytes, columns))
-        .max()
-        .unwrap_or(1)
+    };
+    let sizes = first.client.io_optimized_vector_sizes(first.dtype.size());
+    sizes.filter(|&size| fits_all(size)).max().unwrap_or(1)
 }
 
 /// [`rows_in_vectors`] for a matrix whose rows of `columns` are read to the next multiple of

@@ -259,10 +259,10 @@ fn padded_rows_are_read_in_vectors_past_their_last_column() {
         widest > 1 && 257 % widest != 0,
         "a last vector part padding"
     );
-    assert_eq!(vectors::padded_row_vector_size(&view, 257), widest);
+    assert_eq!(vectors::padded_row_vector_size(&[&view], 257), widest);
     // Contiguous rows of 257: the last vector would run into the next row.
     let contiguous = upload(&vec![0.0; 3 * 257], &[3, 257], DType::F32);
-    assert_eq!(vectors::padded_row_vector_size(&contiguous, 257), 1);
+    assert_eq!(vectors::padded_row_vector_size(&[&contiguous], 257), 1);
 }
 
 /// Padding that holds a finite logit, far above the row's: read, it would take over the
@@ -331,6 +331,32 @@ fn add_widened_sums_padded_views_through_their_own_strides() {
     let want: Vec<f32> = acc_host.iter().zip(&x_host).map(|(a, x)| a + x).collect();
     assert_eq!(download(acc), want);
     assert_padding_untouched(acc_whole, cols);
+}
+
+/// Rows of 30 columns, 64 apart: 4 a vector on every device here, the last vector of a row
+/// reaching two columns into the padding, which holds a finite value (NaN plus anything is
+/// NaN again). The sums are the host's bits and the padding keeps its value.
+#[test]
+fn add_widened_leaves_the_accumulators_padding_as_it_was() {
+    let (rows, cols, width) = (5, 30, 64);
+    let acc_host = values(rows * cols, 3, DType::F32);
+    let x_host = values(rows * cols, 4, DType::F16);
+    let mut full = vec![1000.0; rows * width];
+    for r in 0..rows {
+        full[r * width..][..cols].copy_from_slice(&acc_host[r * cols..][..cols]);
+    }
+    let acc_whole = upload(&full, &[rows, width], DType::F32);
+    let acc = lm_head::leading_columns(&acc_whole, cols);
+    let (x, _) = padded(&x_host, [rows, cols], 2, DType::F16);
+    let widest = acc.client.io_optimized_vector_sizes(4).max().unwrap();
+    assert!(widest > 2, "a vector that reaches into the padding");
+    assert_eq!(vectors::padded_row_vector_size(&[&acc, &x], cols), widest);
+    lm_head::add_widened(&acc, x);
+    let want: Vec<f32> = acc_host.iter().zip(&x_host).map(|(a, x)| a + x).collect();
+    assert_eq!(download(acc), want);
+    for (i, v) in download(acc_whole).iter().enumerate() {
+        assert!(i % width < cols || *v == 1000.0, "padding [{i}] is {v}");
+    }
 }
 
 #[test]
