@@ -171,7 +171,7 @@ fn vector_kernels_in_other_dtypes(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype, n) in [("f32", DType::F32, 4), ("f16", DType::F16, 8)] {
         let e = dtype.into();
-        let units = |n| settings(CubeDim::new_1d(n as u32));
+        let units = |n: u32| settings(CubeDim::new_1d(n));
         let cpp = [
             ("swiglu", cuda_cpp(&swiglu::swiglu_kernel::SwigluKernel::new(
                 units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]))),

@@ -195,7 +195,7 @@ pub(crate) fn add_widened_kernel<F: Float, A: Float, N: Size>(
 ) {
     let (rows, cols) = (acc.shape(0), acc.shape(1));
     let width = acc.vector_size();
-    let vectors = (cols + width - 1) / width;
+    let vectors = cols.div_ceil(width);
     let i = ABSOLUTE_POS;
     if i < rows * vectors {
         let (r, c) = (i / vectors, (i % vectors) * width);
