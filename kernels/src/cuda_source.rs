@@ -189,11 +189,20 @@ fn vector_kernels_in_other_dtypes(client: &Client) -> Vec<(String, String)> {
             ("rmsnorm-forward", cuda_cpp(&rms_norm::forward_kernel::ForwardKernel::new(
                 units(rms_norm::ROW_UNITS as u32), c.clone(), t(), t(), t(), (), (), n,
                 rms_norm::ROW_UNITS, [e, e, f32]))),
+            // The f32 accumulator takes 4 a vector whatever the addend.
+            ("lm_head-add_widened", cuda_cpp(&lm_head::add_widened_kernel::AddWidenedKernel::new(
+                units(256), c.clone(), t(), t(), 4, [e, f32]))),
         ];
         for (kernel, cpp) in cpp {
             sources.push((format!("{kernel}-{name}-vectors"), cpp));
         }
     }
+    // A bf16 x and y, 8 a vector.
+    let bf16 = DType::BF16.into();
+    let forward = rms_norm::forward_kernel::ForwardKernel::new(
+        settings(CubeDim::new_1d(rms_norm::ROW_UNITS as u32)), c.clone(), t(), t(), t(), (), (), 8,
+        rms_norm::ROW_UNITS, [bf16, bf16, f32]);
+    sources.push(("rmsnorm-forward-bf16-vectors".into(), cuda_cpp(&forward)));
     sources
 }
 

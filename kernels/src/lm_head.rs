@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// Units per row: within every target's workgroup limit (lavapipe and CUDA allow 1,024), and
-/// a 50K-word row is streamed in about 200 strides.
+/// a 50K-word row is streamed in about 25 strides of 8 columns a unit.
 pub const ROW_UNITS: usize = 256;
 
 // The tree in `combine_units` halves the cube's width down to one unit.
@@ -53,10 +53,15 @@ pub(crate) fn row_loss_kernel<F: Float, I: Numeric, A: Float, N: Size>(
     let r = cube_row();
     let u = UNIT_POS_X as usize;
     // The target's logit, kept by the unit whose vector holds it, read by unit 0 after the
-    // barriers in `combine_units`.
+    // barriers in `combine_units`. An id past the row's columns finds none and leaves the
+    // lowest value: a loss of ~3.4e38, deterministic, where it read another row's logit.
     let mut target_logit = SharedMemory::<A>::new(1usize);
     // The whole cube shares `r`, so leaving here skips no barrier another unit waits at.
     if r < rows {
+        if u == 0 {
+            target_logit[0] = A::min_value();
+        }
+        sync_cube();
         let row = row_offset + r;
         let t = usize::cast_from(targets[row]);
         // Strided: CUDA pads each row of a matmul's output to 512 bytes.
@@ -184,9 +189,10 @@ pub(crate) fn softmax_grad_kernel<F: Float, I: Numeric, A: Float, N: Size>(
 
 /// One unit per vector of a row of the 2-D `acc` (one element where a row's layout does not
 /// allow more); each tensor read through its own strides (an f32 and a bf16 matrix are padded
-/// differently on CUDA). A row's last vector may reach into its padding
-/// ([`padded_row_vector_size`]: the weight gradient's 50,257 columns): those lanes of `acc`
-/// are written back as they were.
+/// differently on CUDA). Where the columns are not whole vectors, a row's last vector may
+/// reach into its padding ([`padded_row_vector_size`]): those lanes of `acc` are written back
+/// as they were. (The loss sums its weight gradient at the padded width, 50,304 columns:
+/// whole vectors.)
 #[cube(launch)]
 pub(crate) fn add_widened_kernel<F: Float, A: Float, N: Size>(
     acc: &mut Tensor<Vector<A, N>>,

@@ -45,7 +45,7 @@ use crate::{
 };
 
 /// Units per row: a power of two for the tree in `cube_sums`; x1-50m's 768 columns are six
-/// strides of a unit.
+/// strides of a unit in the backward, and one or two vectors of 4 in the forward.
 pub const ROW_UNITS: usize = 128;
 
 /// Units per row of the backward for rows of `d` columns: [`ROW_UNITS`], or twice that past

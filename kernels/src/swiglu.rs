@@ -8,8 +8,9 @@
 //! - [`swiglu_backward`]: from `dy [N, f]`, `dh[n, j] = dg = (dy·u)·σ(g) + ((dy·u)·g)·σ(g)·(1 − σ(g))`
 //!   and `dh[n, f + j] = du = dy·(g·σ(g))`, written into one `[N, 2f]` tensor.
 //!
-//! One unit owns one column `j` of one row: it reads `g` and `u` (and `dy`) and writes its
-//! element of `y` (both of `dh`). Inputs are read through their strides; outputs are new
+//! One unit owns a vector of columns `j ..` of one row (8 bf16 on CUDA where every tensor's
+//! rows allow it, else one column: [`row_vector_size`]): it reads those of `g` and `u` (and
+//! `dy`) and writes those of `y` (both halves of `dh`). Inputs are read through their strides; outputs are new
 //! contiguous tensors. Arithmetic is f32 whatever the storage type (f32, f16, bf16): one
 //! rounding per output element.
 

@@ -9,8 +9,8 @@
 
 use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 
-/// The widest vector, in elements, that the device loads in one access (of the first
-/// tensor's elements) and in which every one of `tensors` can be read along its rows,
+/// The widest vector, in elements, that the device loads in one access (of the widest
+/// elements among the tensors: no access past 16 bytes on CUDA) and in which every one of `tensors` can be read along its rows,
 /// `columns` at a time being whole vectors (a kernel's step along a row: its width, or the
 /// offset of a second half it reads). 1 where none is wider.
 pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
@@ -22,7 +22,7 @@ pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usiz
 /// The widest vector, as [`row_vector_size`], in which the matrices `tensors` can be read
 /// along their rows with every row's last vector whole: a row of `columns` is read to the
 /// next multiple of the vector, into the padding its stride leaves after it (the LM head's
-/// logits: 50,257 columns of rows 50,304 apart). The kernel leaves the lanes past `columns`
+/// logits: 50,257 columns of rows at least 50,304 apart, 50,432 where CUDA pitches them). The kernel leaves the lanes past `columns`
 /// out, and writes them back as they were.
 pub fn padded_row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
     widest(tensors, |size, start, strides, elem_bytes| {
@@ -30,8 +30,8 @@ pub fn padded_row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], column
     })
 }
 
-/// The widest of the device's sizes for the first tensor's elements that `fits` (size, start
-/// in bytes, strides, element bytes) every one of `tensors`; 1 where none is wider.
+/// The widest of the device's sizes for the widest elements among `tensors` that `fits`
+/// (size, start in bytes, strides, element bytes) every one of them; 1 where none is wider.
 fn widest<R: CubeRuntime>(
     tensors: &[&CubeTensor<R>],
     fits: impl Fn(usize, u64, &[usize], usize) -> bool,
@@ -45,7 +45,8 @@ fn widest<R: CubeRuntime>(
             fits(size, start, t.meta.strides(), t.dtype.size())
         })
     };
-    let sizes = first.client.io_optimized_vector_sizes(first.dtype.size());
+    let widest_elements = tensors.iter().map(|t| t.dtype.size()).max().unwrap_or(1);
+    let sizes = first.client.io_optimized_vector_sizes(widest_elements);
     sizes.filter(|&size| fits_all(size)).max().unwrap_or(1)
 }
 

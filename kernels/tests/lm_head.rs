@@ -300,6 +300,20 @@ fn padding_with_a_large_logit_is_neither_counted_nor_changed() {
     }
 }
 
+/// An id past the vocabulary (in a row's last vector, among its padding, or past the row)
+/// finds no logit: the loss is `lse` less the lowest f32, which rounds to f32's largest, the
+/// same on every run.
+#[test]
+fn an_id_past_the_vocabulary_gives_the_largest_loss() {
+    let (rows, vocab) = (2, 257);
+    let logits = values(rows * vocab, 1, DType::F32);
+    let (view, _) = padded(&logits, [rows, vocab], 47, DType::F32);
+    let (lse, loss) = (poisoned(&[rows], DType::F32), poisoned(&[rows], DType::F32));
+    lm_head::row_loss(view, upload_ids(&[260, 5000]), &lse, &loss, 0);
+    assert_eq!(download(loss), [f32::MAX, f32::MAX]);
+    assert!(download(lse).iter().all(|l| l.is_finite()));
+}
+
 #[test]
 fn more_rows_than_one_grid_axis_holds() {
     // 65,536 rows: one past wgpu's 65,535 cubes per axis, so the rows spill into a second.

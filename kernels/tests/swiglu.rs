@@ -157,7 +157,11 @@ fn rows_of_whole_vectors_are_read_as_vectors() {
     let dy = Input::Contiguous.upload(&dy, [n, f], DType::F32);
     let widest = h.client.io_optimized_vector_sizes(4).max().unwrap();
     assert!(widest > 1, "the device loads one f32 an access");
-    assert_eq!(vectors::row_vector_size(&[&h, &dy], f), widest);
+    let (y, dh) = (
+        poisoned(&[n, f], DType::F32),
+        poisoned(&[n, 2 * f], DType::F32),
+    );
+    assert_eq!(vectors::row_vector_size(&[&h, &dy, &y, &dh], f), widest);
     // A transposed input or a width of part of a vector takes one element a unit.
     let hh = Input::Transposed.upload(&vec![0.0; 2 * n * f], [n, 2 * f], DType::F32);
     assert_eq!(vectors::row_vector_size(&[&hh, &dy], f), 1);
