@@ -135,6 +135,17 @@ fn check(c: Case, dtype: DType, seed: u64) {
     assert_padding_untouched(whole, c.vocab);
 }
 
+/// 257 columns of rows 304 apart: a row's last vector (of 4 on lavapipe, 8 on CUDA) reaches
+/// into the padding.
+const LAST_VECTOR_IN_PADDING: Case = Case {
+    rows: 3,
+    vocab: 257,
+    total: 3,
+    offset: 0,
+    spread: 2.0,
+    pad: 47,
+};
+
 const CASES: [Case; 8] = [
     // A chunk in the middle of the rows; vocabulary not a multiple of 256.
     Case {
@@ -189,14 +200,7 @@ const CASES: [Case; 8] = [
         spread: 1.0,
         pad: 128,
     },
-    Case {
-        rows: 3,
-        vocab: 257,
-        total: 3,
-        offset: 0,
-        spread: 2.0,
-        pad: 47,
-    },
+    LAST_VECTOR_IN_PADDING,
     Case {
         rows: 4,
         vocab: 40,
@@ -270,14 +274,7 @@ fn padded_rows_are_read_in_vectors_past_their_last_column() {
 /// padding cannot show a write that puts NaN back).
 #[test]
 fn padding_with_a_large_logit_is_neither_counted_nor_changed() {
-    let c = Case {
-        rows: 3,
-        vocab: 257,
-        total: 3,
-        offset: 0,
-        spread: 2.0,
-        pad: 47,
-    };
+    let c = LAST_VECTOR_IN_PADDING;
     let width = c.vocab + c.pad;
     let logits = values(c.rows * c.vocab, 5, DType::F32);
     let ids = targets(&c, 5);
