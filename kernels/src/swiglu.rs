@@ -10,9 +10,9 @@
 //!
 //! One unit owns a vector of columns `j ..` of one row (8 bf16 on CUDA where every tensor's
 //! rows allow it, else one column: [`row_vector_size`]): it reads those of `g` and `u` (and
-//! `dy`) and writes those of `y` (both halves of `dh`). Inputs are read through their strides; outputs are new
-//! contiguous tensors. Arithmetic is f32 whatever the storage type (f32, f16, bf16): one
-//! rounding per output element.
+//! `dy`) and writes those of `y` (both halves of `dh`). Inputs are read through their strides;
+//! outputs are new contiguous tensors. Arithmetic is f32 whatever the storage type (f32, f16,
+//! bf16): one rounding per output element.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor, CubeRuntime};

@@ -9,21 +9,21 @@
 
 use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 
-/// The widest vector, in elements, that the device loads in one access (of the widest
-/// elements among the tensors: no access past 16 bytes on CUDA) and in which every one of `tensors` can be read along its rows,
-/// `columns` at a time being whole vectors (a kernel's step along a row: its width, or the
-/// offset of a second half it reads). 1 where none is wider.
+/// The widest vector, in elements, that the device loads in one access (of the widest elements
+/// among the tensors: no access past 16 bytes on CUDA) and in which every one of `tensors` can be
+/// read along its rows, `columns` at a time being whole vectors (a kernel's step along a row: its
+/// width, or the offset of a second half it reads). 1 where none is wider.
 pub fn row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
     widest(tensors, |size, start, strides, elem_bytes| {
         rows_in_vectors(size, start, strides, elem_bytes, columns)
     })
 }
 
-/// The widest vector, as [`row_vector_size`], in which the matrices `tensors` can be read
-/// along their rows with every row's last vector whole: a row of `columns` is read to the
-/// next multiple of the vector, into the padding its stride leaves after it (the LM head's
-/// logits: 50,257 columns of rows at least 50,304 apart, 50,432 where CUDA pitches them). The kernel leaves the lanes past `columns`
-/// out, and writes them back as they were.
+/// The widest vector, as [`row_vector_size`], in which the matrices `tensors` can be read along
+/// their rows with every row's last vector whole: a row of `columns` is read to the next multiple
+/// of the vector, into the padding its stride leaves after it (the LM head's logits: 50,257 columns
+/// of rows at least 50,304 apart, 50,432 where CUDA pitches them). The kernel leaves the lanes past
+/// `columns` out, and writes them back as they were.
 pub fn padded_row_vector_size<R: CubeRuntime>(tensors: &[&CubeTensor<R>], columns: usize) -> usize {
     widest(tensors, |size, start, strides, elem_bytes| {
         padded_rows_in_vectors(size, start, strides, elem_bytes, columns)
