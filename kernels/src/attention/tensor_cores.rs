@@ -52,6 +52,7 @@ use cubecl::prelude::*;
 use enumset::EnumSet;
 
 use super::{row_at, BackwardRows, Dims, Forward, Grads};
+use crate::vectors::RowLayout;
 
 pub(crate) mod registers;
 
@@ -1229,11 +1230,15 @@ type Chunk<F> = Vector<F, Const<CHUNK>>;
 
 /// Whether a tensor of `elem_bytes` elements that starts `start_bytes` into its buffer, at
 /// `strides` (the last, the rows', 1), can be read [`CHUNK`] elements at a time: its start and
-/// every other stride whole chunks, so that every chunk of a row is 16-byte aligned.
+/// every other stride whole chunks, so that every chunk of a row is 16-byte aligned (the rule
+/// the element-wise kernels' vectors follow: [`RowLayout::in_vectors`]).
 fn chunk_aligned(start_bytes: u64, strides: &[usize], elem_bytes: usize) -> bool {
-    let (_, outer) = strides.split_last().unwrap_or((&1, &[]));
-    start_bytes.is_multiple_of((CHUNK * elem_bytes) as u64)
-        && outer.iter().all(|s| s.is_multiple_of(CHUNK))
+    let layout = RowLayout {
+        start_bytes,
+        strides,
+        elem_bytes,
+    };
+    layout.in_vectors(CHUNK, CHUNK)
 }
 
 /// `t` as [`load_tile`] reads it: itself where it is [`chunk_aligned`] (the model's tensors
