@@ -89,34 +89,17 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
      ("backward_blocks_skip", cuda_cpp(&blocks(true))), ("gain_sums", cuda_cpp(&sums))]
 }
 
-/// The other kernels, at bf16 training's dtypes: SwiGLU's gating, the weights' join and RoPE
-/// (bf16), the LM-head loss's row kernels
-/// (bf16 logits, i32 targets, f32 statistics) and its widening add, the embedding's backward
-/// (fp32 gradient, i32 ids), AdamW (fp32 masters) and the gradient norm's sums of squares
-/// (fp32 gradients).
+/// The other kernels, at bf16 training's dtypes: the weights' join and the v gradient's add
+/// into the heads (bf16), the embedding's backward (fp32 gradient, i32 ids), AdamW (fp32
+/// masters) and the gradient norm's sums of squares (fp32 gradients). The kernels that read
+/// vectors are [`vector_kernels`].
 #[rustfmt::skip]
 fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
-    use crate::{accumulate, adamw, embedding, join, lm_head, rope, square_sums, swiglu};
+    use crate::{accumulate, adamw, embedding, join, square_sums};
     let (c, t) = (client, tensor);
     let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
-    let rows = settings(CubeDim::new_1d(lm_head::ROW_UNITS as u32));
-    // 8 bf16 pairs a unit: head width 64, 32 pairs a half.
-    let rope = rope::rope_kernel::RopeKernel::new(
-        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), 8, false,
-        false, [bf16, f32]);
-    let rope_added = rope::rope_kernel::RopeKernel::new(
-        settings(CubeDim::new_1d(rope::UNITS)), c.clone(), t(), t(), t(), t(), (), 8, true, true,
-        [bf16, f32]);
     let add_into = accumulate::add_into_kernel::AddIntoKernel::new(
         settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (), [bf16, f32]);
-    // The logits' rows, padded to 50,304 columns, in vectors of 8 bf16.
-    let row_loss = lm_head::row_loss_kernel::RowLossKernel::new(
-        rows.clone(), c.clone(), t(), t(), t(), t(), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
-    let softmax_grad = lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
-        rows, c.clone(), t(), t(), t(), t(), (), (), 8, lm_head::ROW_UNITS, [bf16, i32, f32]);
-    // 4 a vector: the f32 accumulator's 16 bytes.
-    let add_widened = lm_head::add_widened_kernel::AddWidenedKernel::new(
-        settings(CubeDim::new_1d(256)), c.clone(), t(), t(), 4, [bf16, f32]);
     let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(
         settings(CubeDim::new_1d(embedding::UNITS as u32)), c.clone(), t(), t(), t(), (),
         embedding::UNITS, [f32, i32]);
@@ -133,25 +116,13 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         [f32, f32]);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
-    let elementwise = settings(CubeDim::new_1d(swiglu::UNITS));
-    // 8 bf16 a unit: x1-50m's rows are whole 16-byte vectors (`vectors::row_vector_size`).
-    let swiglu_forward = swiglu::swiglu_kernel::SwigluKernel::new(
-        elementwise.clone(), c.clone(), t(), t(), 8, [bf16, f32]);
-    let swiglu_backward = swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
-        elementwise, c.clone(), t(), t(), t(), 8, [bf16, f32]);
     let join = |parts| join::join_columns_kernel::JoinColumnsKernel::new(
         settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), t(), parts, bf16);
     vec![
-        ("swiglu-bf16", cuda_cpp(&swiglu_forward)),
-        ("swiglu_backward-bf16", cuda_cpp(&swiglu_backward)),
         ("join_columns-bf16", cuda_cpp(&join(2))),
         ("join_three_columns-bf16", cuda_cpp(&join(3))),
         ("pad_columns-bf16", cuda_cpp(&join(1))),
-        ("rope-bf16", cuda_cpp(&rope)),
-        ("rope_transposed_added-bf16", cuda_cpp(&rope_added)),
-        ("add_into-bf16", cuda_cpp(&add_into)), ("lm_head-row_loss-bf16", cuda_cpp(&row_loss)),
-        ("lm_head-softmax_grad-bf16", cuda_cpp(&softmax_grad)),
-        ("lm_head-add_widened-bf16", cuda_cpp(&add_widened)),
+        ("add_into-bf16", cuda_cpp(&add_into)),
         ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw(false))),
         ("adamw-f32-matrix_grad", cuda_cpp(&adamw(true))),
         ("partial_squares-f32", cuda_cpp(&squares(false))),
@@ -160,50 +131,40 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The kernels that read vectors ([`crate::vectors`]) at f32 (4 a vector) and f16 (8), as
-/// fp32 training and the f16 kernel tests launch them on CUDA: each storage type has its own
-/// vector type in CUDA C++ (`float_4`, `__half_8`), with its own conversions.
+/// The kernels that read vectors ([`crate::vectors`]) at storage type `dtype`, `n` elements a
+/// vector (8 for bf16 and f16, 4 for f32: 16 bytes; x1-50m's rows are whole vectors). Each
+/// storage type has its own vector type in CUDA C++ (`__nv_bfloat16_8`, `float_4`, `__half_8`),
+/// with its own conversions: bf16 is training's, f32 fp32 training's, f16 the kernel tests'.
 #[rustfmt::skip]
-fn vector_kernels_in_other_dtypes(client: &Client) -> Vec<(String, String)> {
+fn vector_kernels(client: &Client, dtype: DType, n: usize) -> Vec<(&'static str, String)> {
     use crate::{lm_head, rms_norm, rope, swiglu};
     let (c, t) = (client, tensor);
-    let (f32, i32) = (DType::F32.into(), DType::I32.into());
-    let mut sources = Vec::new();
-    for (name, dtype, n) in [("f32", DType::F32, 4), ("f16", DType::F16, 8)] {
-        let e = dtype.into();
-        let units = |n: u32| settings(CubeDim::new_1d(n));
-        let cpp = [
-            ("swiglu", cuda_cpp(&swiglu::swiglu_kernel::SwigluKernel::new(
-                units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]))),
-            ("swiglu_backward", cuda_cpp(&swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
-                units(swiglu::UNITS), c.clone(), t(), t(), t(), n, [e, f32]))),
-            ("lm_head-row_loss", cuda_cpp(&lm_head::row_loss_kernel::RowLossKernel::new(
-                units(lm_head::ROW_UNITS as u32), c.clone(), t(), t(), t(), t(), (), n,
-                lm_head::ROW_UNITS, [e, i32, f32]))),
-            ("lm_head-softmax_grad", cuda_cpp(&lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
-                units(lm_head::ROW_UNITS as u32), c.clone(), t(), t(), t(), t(), (), (), n,
-                lm_head::ROW_UNITS, [e, i32, f32]))),
-            ("rope_transposed_added", cuda_cpp(&rope::rope_kernel::RopeKernel::new(
-                units(rope::UNITS), c.clone(), t(), t(), t(), t(), (), n, true, true, [e, f32]))),
-            // x and y in one dtype: fp32 training's norms, and the f16 tests'.
-            ("rmsnorm-forward", cuda_cpp(&rms_norm::forward_kernel::ForwardKernel::new(
-                units(rms_norm::ROW_UNITS as u32), c.clone(), t(), t(), t(), (), (), n,
-                rms_norm::ROW_UNITS, [e, e, f32]))),
-            // The f32 accumulator takes 4 a vector whatever the addend.
-            ("lm_head-add_widened", cuda_cpp(&lm_head::add_widened_kernel::AddWidenedKernel::new(
-                units(256), c.clone(), t(), t(), 4, [e, f32]))),
-        ];
-        for (kernel, cpp) in cpp {
-            sources.push((format!("{kernel}-{name}-vectors"), cpp));
-        }
-    }
-    // A bf16 x and y, 8 a vector.
-    let bf16 = DType::BF16.into();
-    let forward = rms_norm::forward_kernel::ForwardKernel::new(
-        settings(CubeDim::new_1d(rms_norm::ROW_UNITS as u32)), c.clone(), t(), t(), t(), (), (), 8,
-        rms_norm::ROW_UNITS, [bf16, bf16, f32]);
-    sources.push(("rmsnorm-forward-bf16-vectors".into(), cuda_cpp(&forward)));
-    sources
+    let (e, f32, i32) = (dtype.into(), DType::F32.into(), DType::I32.into());
+    let units = |n: u32| settings(CubeDim::new_1d(n));
+    let rows = || units(lm_head::ROW_UNITS as u32);
+    let rope = |transposed_added| rope::rope_kernel::RopeKernel::new(
+        units(rope::UNITS), c.clone(), t(), t(), t(), t(), (), n, transposed_added,
+        transposed_added, [e, f32]);
+    vec![
+        ("swiglu", cuda_cpp(&swiglu::swiglu_kernel::SwigluKernel::new(
+            units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]))),
+        ("swiglu_backward", cuda_cpp(&swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
+            units(swiglu::UNITS), c.clone(), t(), t(), t(), n, [e, f32]))),
+        // The logits' rows, padded to 50,304 columns: the last vector masked.
+        ("lm_head-row_loss", cuda_cpp(&lm_head::row_loss_kernel::RowLossKernel::new(
+            rows(), c.clone(), t(), t(), t(), t(), (), n, lm_head::ROW_UNITS, [e, i32, f32]))),
+        ("lm_head-softmax_grad", cuda_cpp(&lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
+            rows(), c.clone(), t(), t(), t(), t(), (), (), n, lm_head::ROW_UNITS, [e, i32, f32]))),
+        // The f32 accumulator takes 4 a vector (16 bytes) whatever the addend.
+        ("lm_head-add_widened", cuda_cpp(&lm_head::add_widened_kernel::AddWidenedKernel::new(
+            units(256), c.clone(), t(), t(), 4, [e, f32]))),
+        ("rope", cuda_cpp(&rope(false))),
+        ("rope_transposed_added", cuda_cpp(&rope(true))),
+        // x and y in one dtype (bf16 training's norm of an f32 x is in `rms_norm_kernels`).
+        ("rmsnorm-forward", cuda_cpp(&rms_norm::forward_kernel::ForwardKernel::new(
+            units(rms_norm::ROW_UNITS as u32), c.clone(), t(), t(), t(), (), (), n,
+            rms_norm::ROW_UNITS, [e, e, f32]))),
+    ]
 }
 
 /// The head widths the tensor-core kernels take (16 to 128 but 112).
@@ -214,7 +175,8 @@ fn tensor_core_widths() -> impl Iterator<Item = usize> {
 /// Every kernel's CUDA C++ by name: the tensor-core kernels at f16 and bf16 at every head
 /// width they take ([`tensor_core_widths`]), the f32-arithmetic kernels at bf16 in each
 /// layout (below), RMSNorm's at x1-50m's width (768), the 7B's (4096) and MedGemma-27B's
-/// (5376), and the others once ([`other_kernels`]).
+/// (5376), the kernels that read vectors at bf16, f32 and f16 ([`vector_kernels`]), and the
+/// others once ([`other_kernels`]).
 fn all_sources(client: &Client) -> Vec<(String, String)> {
     let mut sources = Vec::new();
     for (name, dtype) in [("f16", DType::F16), ("bf16", DType::BF16)] {
@@ -294,7 +256,15 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
     for (name, cpp) in other_kernels(client) {
         sources.push((name.to_string(), cpp));
     }
-    sources.extend(vector_kernels_in_other_dtypes(client));
+    for (name, dtype, n) in [
+        ("bf16", DType::BF16, 8),
+        ("f32", DType::F32, 4),
+        ("f16", DType::F16, 8),
+    ] {
+        for (kernel, cpp) in vector_kernels(client, dtype, n) {
+            sources.push((format!("{kernel}-{name}"), cpp));
+        }
+    }
     sources
 }
 
