@@ -258,7 +258,7 @@ proptest! {
 #[test]
 fn padded_rows_are_read_in_vectors_past_their_last_column() {
     let (view, _) = padded(&vec![0.0; 3 * 257], [3, 257], 47, DType::F32);
-    let widest = view.client.io_optimized_vector_sizes(4).max().unwrap();
+    let widest = common::widest_f32_vector(&view);
     assert!(
         widest > 1 && 257 % widest != 0,
         "a last vector part padding"
@@ -359,7 +359,7 @@ fn add_widened_leaves_the_accumulators_padding_as_it_was() {
     let acc_whole = upload(&full, &[rows, width], DType::F32);
     let acc = lm_head::leading_columns(&acc_whole, cols);
     let (x, _) = padded(&x_host, [rows, cols], 2, DType::F16);
-    let widest = acc.client.io_optimized_vector_sizes(4).max().unwrap();
+    let widest = common::widest_f32_vector(&acc);
     assert!(widest > 2, "a vector that reaches into the padding");
     assert_eq!(vectors::padded_row_vector_size(&[&acc, &x], cols), widest);
     lm_head::add_widened(&acc, x);

@@ -262,8 +262,7 @@ fn a_bf16_output_has_the_bits_of_casting_the_f32_output() {
 fn rows_of_whole_vectors_are_read_as_vectors() {
     let x = upload(&vec![1.0; 40 * 768], &[40, 768], DType::F32);
     let gain = upload(&vec![1.0; 768], &[768], DType::F32);
-    let widest = x.client.io_optimized_vector_sizes(4).max().unwrap();
-    assert!(widest > 1, "the device loads one f32 an access");
+    let widest = common::widest_f32_vector(&x);
     assert_eq!(vectors::row_vector_size(&[&x, &gain], 768), widest);
     let transposed = Input::Transposed.upload(&vec![1.0; 40 * 768], [40, 768], DType::F32);
     assert_eq!(vectors::row_vector_size(&[&transposed, &gain], 768), 1);

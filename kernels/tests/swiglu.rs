@@ -155,8 +155,7 @@ fn rows_of_whole_vectors_are_read_as_vectors() {
     let (h, dy) = inputs([n, f], 1, DType::F32);
     let h = Input::Offset.upload(&h, [n, 2 * f], DType::F32);
     let dy = Input::Contiguous.upload(&dy, [n, f], DType::F32);
-    let widest = h.client.io_optimized_vector_sizes(4).max().unwrap();
-    assert!(widest > 1, "the device loads one f32 an access");
+    let widest = common::widest_f32_vector(&h);
     let (y, dh) = (
         poisoned(&[n, f], DType::F32),
         poisoned(&[n, 2 * f], DType::F32),

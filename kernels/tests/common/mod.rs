@@ -324,6 +324,15 @@ pub fn assert_padding_untouched(whole: Prim, cols: usize) {
     }
 }
 
+/// The widest vector of f32 the device of `t` reads in one access (`lab_kernels::vectors`
+/// takes no wider), checked to be more than one element: a test of the vector paths would
+/// otherwise test one element a unit.
+pub fn widest_f32_vector(t: &Prim) -> usize {
+    let widest = t.client.io_optimized_vector_sizes(4).max().unwrap_or(1);
+    assert!(widest > 1, "the device loads one f32 an access");
+    widest
+}
+
 /// A tensor of `shape` filled with NaN in `dtype`: what the kernels must overwrite.
 pub fn poisoned(shape: &[usize], dtype: DType) -> Prim {
     upload(&vec![f32::NAN; shape.iter().product()], shape, dtype)
