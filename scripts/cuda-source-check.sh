@@ -2,13 +2,12 @@
 # Compiles every lab-kernels kernel's CUDA C++ with NVRTC and prints ptxas's registers and
 # spills, the shared memory cubecl allots, the machine code's instructions (nvdisasm: a static
 # count, each loop body once), NVRTC's seconds and ptxas's (the driver's compile at load), for
-# each, on a machine with no
-# GPU and no CUDA toolkit: the check a kernel change can have before a GPU host runs it (a
-# kernel that does not compile there costs a device call). Speed and results still need the
-# GPU.
+# each, on a machine with no GPU and no CUDA toolkit: the check a kernel change can have before
+# a GPU host runs it (a kernel that does not compile there costs a device call). Speed and
+# results still need the GPU.
 #
-#   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...] [--only GLOB] [--both-targets]
-#                                [--nvrtc DIR]
+#   scripts/cuda-source-check.sh [--out DIR] [--arch sm_80|sm_90a ...] [--only GLOB]
+#                                [--both-targets] [--nvrtc DIR]
 #
 # NVRTC compiles to PTX for the virtual architecture (compute_90a for sm_90a), as lab's
 # cubecl-cuda does (vendor/cubecl-cuda/LAB-PATCH.md); --both-targets also compiles for the real
@@ -42,7 +41,12 @@ while [ $# -gt 0 ]; do
     --arch) archs+=("$2"); shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --both-targets) both_targets=1; shift ;;
-    --nvrtc) nvrtc_dir="$(cd "$2" && pwd)"; shift 2 ;;
+    --nvrtc)
+      [ -f "$(ls "${2:-}"/lib/libnvrtc.so.* 2>/dev/null | head -1)" ] || {
+        echo "cuda-source-check.sh: --nvrtc ${2:-}: no lib/libnvrtc.so.* there; give the folder of NVIDIA's unpacked CUDA wheels (nvidia/cu13)" >&2
+        exit 2
+      }
+      nvrtc_dir="$(cd "$2" && pwd)"; shift 2 ;;
     *) echo "cuda-source-check.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
