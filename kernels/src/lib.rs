@@ -22,6 +22,8 @@ pub mod adamw;
 #[cfg(feature = "cube")]
 pub mod attention;
 #[cfg(all(test, feature = "cuda-source"))]
+mod cuda_emulation;
+#[cfg(all(test, feature = "cuda-source"))]
 mod cuda_source;
 #[cfg(feature = "cube")]
 pub mod embedding;

@@ -1,0 +1,235 @@
+//! cubecl's CUDA C++ run on a CPU emulation of the CUDA it uses (`kernels/cuda-emu`:
+//! threads, barriers, warp shuffles, wmma tiles, a shared-memory race detector), built with the
+//! host's C++ compiler (`$CXX`, default `c++`) together with a driver that launches the kernels
+//! and checks them against an fp64 reference: `attention.cpp` for the attention's kernels
+//! (`attention::cuda_source`), `rows.cpp` for the kernels that read 16-byte vectors
+//! (`cuda_source`: 8 bf16 a vector, a width lavapipe does not take).
+
+use burn::tensor::DType;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The emulation's sources: `include/emu.h` (CUDA on threads) and the drivers.
+fn emulation_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda-emu")
+}
+
+/// `cpp` as the driver includes it: its `info_st` and its entry named after `kernel`
+/// (`info_grad_q`, `grad_q_kernel`: the kernels share one translation unit, and the two
+/// `dK/dV` launches of wide heads are one kernel), and its shared arrays as the emulation's
+/// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets.
+fn for_emulation(cpp: &str, kernel: &str) -> String {
+    let info = format!("info_{kernel}");
+    let lines = without_register_products(cpp)
+        .into_iter()
+        .filter(|line| !line.starts_with("extern __shared__"))
+        .map(|line| {
+            shared_array(line)
+                .or_else(|| entry_renamed(line, kernel))
+                .or_else(|| shared_recast(line))
+                .unwrap_or_else(|| line.replace("info_st", &info))
+        });
+    vector_types_once(lines).join("\n")
+}
+
+/// `cpp`'s lines less cubecl's inline-PTX definitions of `ldmatrix` and `mma.sync`
+/// (`inline __device__ void` on the line before `__ldmatrix_…(` or `__mma_m16n8k…(`, to the
+/// line `}`): the emulation defines them (include/emu.h).
+fn without_register_products(cpp: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    let mut in_definition = false;
+    for line in cpp.lines() {
+        if in_definition {
+            in_definition = line.trim() != "}";
+            continue;
+        }
+        let defines = line.starts_with("__ldmatrix_") || line.starts_with("__mma_m16n8k");
+        if defines && line.ends_with('{') && out.last() == Some(&"inline __device__ void") {
+            out.pop();
+            in_definition = true;
+            continue;
+        }
+        out.push(line);
+    }
+    out
+}
+
+/// The vector types cubecl defines in every kernel's source (`struct __align__(16)
+/// __nv_bfloat16_8 {` to `};`) guarded, so that the kernels can share the driver's translation
+/// unit.
+fn vector_types_once(lines: impl Iterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_type = false;
+    for line in lines {
+        if let Some(name) = line
+            .strip_prefix("struct __align__(")
+            .and_then(|rest| rest.split_once(") "))
+            .and_then(|(_, rest)| rest.strip_suffix(" {"))
+        {
+            out.push(format!("#ifndef LAB_EMU_{name}\n#define LAB_EMU_{name}"));
+            in_type = true;
+        }
+        let ends_type = in_type && line == "};";
+        out.push(line);
+        if ends_type {
+            out.push("#endif".into());
+            in_type = false;
+        }
+    }
+    out
+}
+
+/// ` T *_tmp_N = reinterpret_cast< T*>(shared_memory_M);` (a vector access to a shared array)
+/// as `emu::Shared<T> _tmp_N = emu::recast<T>(shared_memory_M);`; `None` for any other line.
+fn shared_recast(line: &str) -> Option<String> {
+    let (ty, rest) = line.trim_start().split_once(" *_tmp_")?;
+    let (number, rest) = rest.split_once(" = reinterpret_cast<")?;
+    let array = rest.split_once(">(shared_memory_")?.1.strip_suffix(");")?;
+    Some(format!(
+        "emu::Shared<{ty}> _tmp_{number} = emu::recast<{ty}>(shared_memory_{array});"
+    ))
+}
+
+/// The entry's first line, `extern "C" __global__ void … NAME (`, with `NAME` (what follows
+/// the last `)` or space before ` (`) as `{kernel}_kernel`; `None` for any other line. (A line
+/// in another shape leaves the name, and the driver's build fails on the missing entry.)
+fn entry_renamed(line: &str, kernel: &str) -> Option<String> {
+    if !line.starts_with("extern \"C\" __global__") {
+        return None;
+    }
+    let head = line.strip_suffix(" (")?;
+    let name_at = head.rfind([')', ' '])? + 1;
+    Some(format!("{}{kernel}_kernel (", &head[..name_at]))
+}
+
+/// `T *shared_memory_N = reinterpret_cast<T*>(&dynamic_shared_mem[OFFSET]);` as
+/// `emu::Shared<T> shared_memory_N{OFFSET};`; `None` for any other line.
+fn shared_array(line: &str) -> Option<String> {
+    let (ty, rest) = line.split_once(" *shared_memory_")?;
+    let (number, rest) = rest.split_once(" = reinterpret_cast<")?;
+    let offset = rest
+        .split_once("&dynamic_shared_mem[")?
+        .1
+        .split_once(']')?
+        .0;
+    Some(format!(
+        "emu::Shared<{ty}> shared_memory_{number}{{{offset}}};"
+    ))
+}
+
+/// One build of a driver: a set of kernels (`kernels`: name and CUDA C++, each written into
+/// the build's folder as `NAME.cu`) at one storage type, in a folder of its own.
+pub(crate) struct Emulation {
+    /// The driver in `kernels/cuda-emu` that includes the kernels, launches and checks them.
+    pub driver: &'static str,
+    pub kernels: Vec<(&'static str, String)>,
+    /// The storage type, as C++ names it (`-DSTORAGE`) and as the reports do (`-DSUFFIX`).
+    pub storage: &'static str,
+    pub suffix: &'static str,
+    /// What else tells this build apart in messages and folder names (`hd64`).
+    pub label: String,
+    /// How the driver launches them, as `-D` definitions.
+    pub defines: Vec<String>,
+}
+
+/// Seconds an emulation may run before it counts as hung: a hang is a bug, slowness is not,
+/// so this is far above the slowest seen (a few minutes on CI's 2 cores, beside the other
+/// lavapipe test runs; one OS thread per CUDA thread is slow when the cores are shared).
+const EMULATION_LIMIT_S: u32 = 1200;
+
+/// The storage types the kernels are emulated at: (suffix, C++ type, dtype).
+pub(crate) const STORAGES: [(&str, &str, DType); 2] = [
+    ("f16", "__half", DType::F16),
+    ("bf16", "__nv_bfloat16", DType::BF16),
+];
+
+impl Emulation {
+    /// Writes the kernels into `dir`, builds the driver there and runs it; its output.
+    fn run(&self, dir: &Path) -> String {
+        std::fs::create_dir_all(dir).expect("a temporary folder");
+        for (kernel, cpp) in &self.kernels {
+            std::fs::write(dir.join(format!("{kernel}.cu")), for_emulation(cpp, kernel))
+                .expect("a temporary file");
+        }
+        let what = format!("{} {} {}", self.driver, self.suffix, self.label);
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let emu = emulation_dir();
+        let binary = dir.join("driver");
+        let built = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-w", "-pthread"])
+            .arg(format!("-I{}", emu.join("include").display()))
+            .arg(format!("-I{}", dir.display()))
+            .args([
+                format!("-DSTORAGE={}", self.storage),
+                format!("-DSUFFIX={}", self.suffix),
+            ])
+            .args(&self.defines)
+            .arg(emu.join(self.driver))
+            .arg("-o")
+            .arg(&binary)
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
+        assert!(
+            built.status.success(),
+            "{cxx} failed on the {what} emulation:\n{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        // A shuffle or barrier that some thread never reaches hangs the emulation: coreutils'
+        // `timeout` turns that into a failure (exit 124) instead of a stuck test run.
+        let run = Command::new("timeout")
+            .arg(EMULATION_LIMIT_S.to_string())
+            .arg(&binary)
+            .output()
+            .expect("the emulation runs (under coreutils' timeout)");
+        let report = String::from_utf8_lossy(&run.stdout).into_owned();
+        assert!(
+            run.status.code() != Some(124),
+            "{what}: the emulation hung for {EMULATION_LIMIT_S} s: a warp shuffle or barrier \
+             that not every thread reaches (called in a branch that differs between rows?):\n\
+             {report}"
+        );
+        assert!(
+            run.status.success(),
+            "{what}: off the fp64 reference or a shared-memory race:\n{report}{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        // Kernels compiled in `Validate` mode print each access past the end of a tensor
+        // (cubecl's `[VALIDATION kernel]: Encountered OOB …`), which `launch_unchecked`
+        // would not catch.
+        assert!(
+            !report.contains("Encountered OOB"),
+            "{what}: an access out of bounds:\n{report}"
+        );
+        report
+    }
+}
+
+/// Runs every emulation, one thread apiece (each a C++ build and run of ~15 s, so that they
+/// use every core), and prints their reports.
+pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
+    let root = std::env::temp_dir().join(format!(
+        "lab-cuda-emu-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let reports: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = emulations
+            .iter()
+            .enumerate()
+            .map(|(n, e)| {
+                let dir = root.join(format!("{n}-{}-{}", e.suffix, e.label.replace(' ', "")));
+                s.spawn(move || e.run(&dir))
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| {
+                run.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    for report in reports {
+        print!("{report}");
+    }
+    std::fs::remove_dir_all(&root).ok();
+}
