@@ -1,8 +1,9 @@
 //! Every cubecl kernel of the crate as CUDA C++, written on a machine without a GPU, for
 //! `scripts/cuda-source-check.sh` to compile with NVRTC and report ptxas's registers and
 //! spills: a kernel that does not compile for CUDA fails here, not in a GPU host's first call.
-//! (The attention's tensor-core kernels also run on a CPU emulation of CUDA:
-//! `attention::cuda_source`.)
+//! (The attention's tensor-core kernels also run on a CPU emulation of CUDA,
+//! `attention::cuda_source`, and so do the kernels that read 16-byte vectors, here:
+//! [`vector_kernels_match_fp64_on_the_cuda_emulation`].)
 //!
 //! Each kernel is defined as a launch would define it, through a wgpu client (lavapipe), and
 //! compiled by cubecl's CUDA C++ compiler, as `cubecl-cuda` does before it calls NVRTC. The
@@ -19,6 +20,7 @@ use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
 use crate::attention::tensor_cores::{self, RowWork};
 use crate::attention::Variant;
+use crate::cuda_emulation::{emulate_all, Emulation, STORAGES};
 
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
 
@@ -64,17 +66,18 @@ pub(crate) fn settings(cube_dim: CubeDim) -> KernelSettings {
     KernelSettings::default().cube_dim(cube_dim)
 }
 
-/// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` bf16) at
-/// `d` columns: the backward keeps a column sum a unit per column it owns in registers.
+/// RMSNorm's kernels as bf16 training runs them (`x` and the gain f32, `y` and `dy` in
+/// `output`: bf16, or f16 standing in) at `d` columns, compiled in `mode` (`Checked` as they
+/// are launched): the backward keeps a column sum a unit per column it owns in registers.
 #[rustfmt::skip]
-fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
+fn rms_norm_kernels(client: &Client, d: usize, output: DType, mode: ExecutionMode) -> [(&'static str, String); 4] {
     use crate::rms_norm::{
         backward_blocks_kernel, backward_units, forward_kernel, gain_sums_kernel, ROW_UNITS,
         SUM_COLUMNS, SUM_LANES,
     };
     let (c, t) = (client, tensor);
     let rows = settings(CubeDim::new_1d(ROW_UNITS as u32));
-    let types = [DType::F32.into(), DType::BF16.into(), DType::F32.into()];
+    let types = [DType::F32.into(), output.into(), DType::F32.into()];
     // x f32 in vectors of 4 (16 bytes), y bf16 (8 bytes): every width here is whole vectors.
     let forward = forward_kernel::ForwardKernel::new(
         rows, c.clone(), t(), t(), t(), (), (), 4, ROW_UNITS, types);
@@ -85,8 +88,8 @@ fn rms_norm_kernels(client: &Client, d: usize) -> [(&'static str, String); 4] {
     let lanes = settings(CubeDim::new_2d(SUM_COLUMNS as u32, SUM_LANES as u32));
     let sums = gain_sums_kernel::GainSumsKernel::new(
         lanes, c.clone(), t(), t(), SUM_COLUMNS, SUM_LANES, [DType::F32.into(), DType::F32.into()]);
-    [("forward", cuda_cpp(&forward)), ("backward_blocks", cuda_cpp(&blocks(false))),
-     ("backward_blocks_skip", cuda_cpp(&blocks(true))), ("gain_sums", cuda_cpp(&sums))]
+    [("forward", cuda_cpp_in(&forward, mode)), ("backward_blocks", cuda_cpp_in(&blocks(false), mode)),
+     ("backward_blocks_skip", cuda_cpp_in(&blocks(true), mode)), ("gain_sums", cuda_cpp_in(&sums, mode))]
 }
 
 /// The other kernels, at bf16 training's dtypes: the weights' join and the v gradient's add
@@ -135,8 +138,9 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
 /// vector (8 for bf16 and f16, 4 for f32: 16 bytes; x1-50m's rows are whole vectors). Each
 /// storage type has its own vector type in CUDA C++ (`__nv_bfloat16_8`, `float_4`, `__half_8`),
 /// with its own conversions: bf16 is training's, f32 fp32 training's, f16 the kernel tests'.
+/// Compiled in `mode`: `Checked` as they are launched, `Validate` for the CUDA emulation.
 #[rustfmt::skip]
-fn vector_kernels(client: &Client, dtype: DType, n: usize) -> Vec<(&'static str, String)> {
+fn vector_kernels(client: &Client, dtype: DType, n: usize, mode: ExecutionMode) -> Vec<(&'static str, String)> {
     use crate::{lm_head, rms_norm, rope, swiglu};
     let (c, t) = (client, tensor);
     let (e, f32, i32) = (dtype.into(), DType::F32.into(), DType::I32.into());
@@ -146,24 +150,24 @@ fn vector_kernels(client: &Client, dtype: DType, n: usize) -> Vec<(&'static str,
         units(rope::UNITS), c.clone(), t(), t(), t(), t(), (), n, transposed_added,
         transposed_added, [e, f32]);
     vec![
-        ("swiglu", cuda_cpp(&swiglu::swiglu_kernel::SwigluKernel::new(
-            units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]))),
-        ("swiglu_backward", cuda_cpp(&swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
-            units(swiglu::UNITS), c.clone(), t(), t(), t(), n, [e, f32]))),
+        ("swiglu", cuda_cpp_in(&swiglu::swiglu_kernel::SwigluKernel::new(
+            units(swiglu::UNITS), c.clone(), t(), t(), n, [e, f32]), mode)),
+        ("swiglu_backward", cuda_cpp_in(&swiglu::swiglu_backward_kernel::SwigluBackwardKernel::new(
+            units(swiglu::UNITS), c.clone(), t(), t(), t(), n, [e, f32]), mode)),
         // The logits' rows, padded to 50,304 columns: the last vector masked.
-        ("lm_head-row_loss", cuda_cpp(&lm_head::row_loss_kernel::RowLossKernel::new(
-            rows(), c.clone(), t(), t(), t(), t(), (), n, lm_head::ROW_UNITS, [e, i32, f32]))),
-        ("lm_head-softmax_grad", cuda_cpp(&lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
-            rows(), c.clone(), t(), t(), t(), t(), (), (), n, lm_head::ROW_UNITS, [e, i32, f32]))),
+        ("lm_head-row_loss", cuda_cpp_in(&lm_head::row_loss_kernel::RowLossKernel::new(
+            rows(), c.clone(), t(), t(), t(), t(), (), n, lm_head::ROW_UNITS, [e, i32, f32]), mode)),
+        ("lm_head-softmax_grad", cuda_cpp_in(&lm_head::softmax_grad_kernel::SoftmaxGradKernel::new(
+            rows(), c.clone(), t(), t(), t(), t(), (), (), n, lm_head::ROW_UNITS, [e, i32, f32]), mode)),
         // The f32 accumulator takes 4 a vector (16 bytes) whatever the addend.
-        ("lm_head-add_widened", cuda_cpp(&lm_head::add_widened_kernel::AddWidenedKernel::new(
-            units(256), c.clone(), t(), t(), 4, [e, f32]))),
-        ("rope", cuda_cpp(&rope(false))),
-        ("rope_transposed_added", cuda_cpp(&rope(true))),
+        ("lm_head-add_widened", cuda_cpp_in(&lm_head::add_widened_kernel::AddWidenedKernel::new(
+            units(256), c.clone(), t(), t(), 4, [e, f32]), mode)),
+        ("rope", cuda_cpp_in(&rope(false), mode)),
+        ("rope_transposed_added", cuda_cpp_in(&rope(true), mode)),
         // x and y in one dtype (bf16 training's norm of an f32 x is in `rms_norm_kernels`).
-        ("rmsnorm-forward", cuda_cpp(&rms_norm::forward_kernel::ForwardKernel::new(
+        ("rmsnorm-forward", cuda_cpp_in(&rms_norm::forward_kernel::ForwardKernel::new(
             units(rms_norm::ROW_UNITS as u32), c.clone(), t(), t(), t(), (), (), n,
-            rms_norm::ROW_UNITS, [e, e, f32]))),
+            rms_norm::ROW_UNITS, [e, e, f32]), mode)),
     ]
 }
 
@@ -249,7 +253,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
         }
     }
     for d in [768, 4096, 5376] {
-        for (kernel, cpp) in rms_norm_kernels(client, d) {
+        for (kernel, cpp) in rms_norm_kernels(client, d, DType::BF16, ExecutionMode::Checked) {
             sources.push((format!("rmsnorm-{kernel}-bf16-d{d}"), cpp));
         }
     }
@@ -261,7 +265,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
         ("f32", DType::F32, 4),
         ("f16", DType::F16, 8),
     ] {
-        for (kernel, cpp) in vector_kernels(client, dtype, n) {
+        for (kernel, cpp) in vector_kernels(client, dtype, n, ExecutionMode::Checked) {
             sources.push((format!("{kernel}-{name}"), cpp));
         }
     }
@@ -278,6 +282,60 @@ fn every_kernel_compiles_to_cuda_cpp() {
             cpp.contains("extern \"C\" __global__"),
             "{name}: no kernel entry in {cpp}"
         );
+    }
+}
+
+/// The kernels that read 16-byte vectors, as CUDA runs them at bf16 and f16 (8 elements a
+/// vector, where lavapipe takes 4 at most and has no bf16), run as their CUDA C++ on the CPU
+/// emulation against fp64 references (`kernels/cuda-emu/rows.cpp`): SwiGLU forward and
+/// backward on pitched rows, the LM head's loss and gradient on GPT-2's odd vocabulary in
+/// padded rows (padding excluded from the sums and left unchanged) at a chunk's offset,
+/// `add_widened` on rows whose last vector is part padding, RoPE and its transpose added into
+/// the heads of a wider tensor in the model's swapped layout, RMSNorm's forward at 768 columns
+/// and at more vectors than units; and RMSNorm as bf16 training runs it (`x` f32, `y` and `dy`
+/// bf16; f16 standing in at f16) at 768 columns, forward and backward (with and without the
+/// skip connection's gradient, in blocks of rows, the last one partial), against fp64. Outputs
+/// start as NaN; the kernels are compiled in cubecl's
+/// `Validate` mode, so an access past a buffer's end fails too.
+#[test]
+fn vector_kernels_match_fp64_on_the_cuda_emulation() {
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    // `rms_norm_kernels`' four, in its order, as rows.cpp includes them.
+    let norm_names = [
+        "rms_norm_mixed",
+        "rms_norm_backward",
+        "rms_norm_backward_skip",
+        "rms_norm_gain_sums",
+    ];
+    let emulations = STORAGES
+        .into_iter()
+        .map(|(suffix, storage, dtype)| Emulation {
+            driver: "rows.cpp",
+            kernels: vector_kernels(&client, dtype, 8, ExecutionMode::Validate)
+                .into_iter()
+                .map(|(name, cpp)| (emulated_name(name), cpp))
+                .chain(
+                    norm_names.into_iter().zip(
+                        rms_norm_kernels(&client, 768, dtype, ExecutionMode::Validate)
+                            .map(|(_, cpp)| cpp),
+                    ),
+                )
+                .collect(),
+            storage,
+            suffix,
+            label: "8 a vector".into(),
+            defines: Vec::new(),
+        })
+        .collect();
+    emulate_all(emulations);
+}
+
+/// A [`vector_kernels`] name as `rows.cpp` includes the kernel (`NAME.cu`, entry `NAME_kernel`):
+/// a C++ identifier.
+fn emulated_name(name: &'static str) -> &'static str {
+    match name {
+        "rmsnorm-forward" => "rms_norm",
+        name => name.trim_start_matches("lm_head-"),
     }
 }
 

@@ -1,5 +1,6 @@
-// A CPU emulation of the CUDA surface that cubecl's generated attention kernels use, so that
-// their C++ (kernels/src/attention/cuda_source.rs) runs on a machine without a GPU:
+// A CPU emulation of the CUDA surface that cubecl's generated attention and row kernels use,
+// so that their C++ (kernels/src/attention/cuda_source.rs, kernels/src/cuda_source.rs) runs on
+// a machine without a GPU:
 // - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
 //   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp and
 //   __all_sync votes in it.
@@ -40,6 +41,11 @@ struct dim3 {
 }  // namespace emu
 
 inline thread_local emu::dim3 threadIdx, blockIdx;
+// What element-wise kernels compute their unit's absolute position in.
+struct uint3 {
+    unsigned x, y, z;
+};
+inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return {x, y, z}; }
 inline emu::dim3 blockDim, gridDim;
 constexpr unsigned warpSize = 32;
 
@@ -140,21 +146,30 @@ namespace emu {
 // and compute-sanitizer's racecheck): two accesses to the same 2 bytes by different threads,
 // at least one a write, with no barrier between them, abort the run. Only __syncwarp and
 // __syncthreads order threads; a warp shuffle does not.
-constexpr unsigned max_threads = 128;
+// Up to 256 threads a block (the LM head's row kernels); the bookkeeping below is walked only
+// for the block's own threads (`block_threads`), so smaller blocks cost no more.
+constexpr unsigned max_threads = 256;
 constexpr size_t granules = shared_size / 2;
 inline uint32_t clocks[max_threads][max_threads];    // row t: what thread t has seen
 inline uint32_t exchanged[max_threads][max_threads]; // rows copied at a barrier
 inline int16_t writer[granules];                     // last writer of a granule, -1 none
 inline uint32_t written_at[granules];                // its clock then
-inline uint32_t read_at[granules][max_threads];      // each thread's clock at its last read
+// Each thread's clock at its last read of a granule: the block's threads side by side for each
+// granule (read_at[g * block_threads + t]), so that a write checks one run of memory.
+inline uint32_t read_at[granules * max_threads];
+inline unsigned block_threads;
 inline thread_local unsigned tid;
 
 inline void reset_races(unsigned threads) {
-    if (threads > max_threads) std::abort();
+    if (threads > max_threads) {
+        std::fprintf(stderr, "a block of %u threads: the emulation takes %u at most\n", threads, max_threads);
+        std::abort();
+    }
+    block_threads = threads;
     std::memset(clocks, 0, sizeof clocks);
     for (unsigned t = 0; t < threads; ++t) clocks[t][t] = 1;
     std::memset(writer, 0xff, sizeof writer);
-    std::memset(read_at, 0, sizeof read_at);
+    std::memset(read_at, 0, granules * threads * sizeof read_at[0]);
 }
 
 [[noreturn]] inline void race(const char* kind, size_t at, unsigned other) {
@@ -177,7 +192,7 @@ inline void on_read(size_t at, size_t size) {
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("read after write", at, w);
-        read_at[g][tid] = clocks[tid][tid];
+        read_at[g * block_threads + tid] = clocks[tid][tid];
     }
 }
 
@@ -186,9 +201,10 @@ inline void on_write(size_t at, size_t size) {
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("write after write", at, w);
-        for (unsigned u = 0; u < max_threads; ++u)
-            if (u != tid && read_at[g][u] && !seen(u, read_at[g][u])) race("write after read", at, u);
-        std::memset(read_at[g], 0, sizeof read_at[g]);
+        uint32_t* reads = &read_at[g * block_threads];
+        for (unsigned u = 0; u < block_threads; ++u)
+            if (u != tid && reads[u] && !seen(u, reads[u])) race("write after read", at, u);
+        std::memset(reads, 0, block_threads * sizeof reads[0]);
         writer[g] = int16_t(tid);
         written_at[g] = clocks[tid][tid];
     }
@@ -210,13 +226,14 @@ void write(size_t at, T value) {
 
 // A barrier of the threads [first, first + count): each leaves having seen all they had seen.
 inline void join(std::barrier<>& barrier, unsigned first, unsigned count) {
-    std::memcpy(exchanged[tid], clocks[tid], sizeof clocks[tid]);
+    unsigned n = block_threads;
+    std::memcpy(exchanged[tid], clocks[tid], n * sizeof clocks[tid][0]);
     barrier.arrive_and_wait();
     uint32_t joined[max_threads] = {};
     for (unsigned t = first; t < first + count; ++t)
-        for (unsigned u = 0; u < max_threads; ++u) joined[u] = std::max(joined[u], exchanged[t][u]);
+        for (unsigned u = 0; u < n; ++u) joined[u] = std::max(joined[u], exchanged[t][u]);
     barrier.arrive_and_wait();
-    std::memcpy(clocks[tid], joined, sizeof joined);
+    std::memcpy(clocks[tid], joined, n * sizeof joined[0]);
     clocks[tid][tid] += 1;
 }
 

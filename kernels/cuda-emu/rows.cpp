@@ -1,0 +1,342 @@
+// Runs cubecl's CUDA C++ of the kernels that read 16-byte vectors (8 bf16 or f16 a vector, the
+// width CUDA launches them at and lavapipe does not take) on the CPU emulation in
+// include/emu.h, against fp64 references, as kernels/tests/{swiglu,lm_head,rope,rms_norm}.rs
+// check them on a GPU. Built and run by kernels/src/cuda_source.rs's test, once per storage
+// type (-DSTORAGE=__nv_bfloat16 -DSUFFIX=bf16), with each kernel's .cu file on the include
+// path (its `info_st` and entry renamed after the file: info_row_loss, row_loss_kernel).
+// Outputs start as NaN, so an element no unit writes fails; padding that a kernel must leave
+// alone starts as a large finite value and must come back with the same bits.
+#include "emu.h"
+#include "tensors.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "add_widened.cu"
+#include "rms_norm.cu"
+#include "rms_norm_backward.cu"
+#include "rms_norm_backward_skip.cu"
+#include "rms_norm_gain_sums.cu"
+#include "rms_norm_mixed.cu"
+#include "rope.cu"
+#include "rope_transposed_added.cu"
+#include "row_loss.cu"
+#include "softmax_grad.cu"
+#include "swiglu.cu"
+#include "swiglu_backward.cu"
+
+#define QUOTE2(x) #x
+#define QUOTE(x) QUOTE2(x)
+
+using T = STORAGE;
+// Elements a vector: 16 bytes of the storage type; the f32 accumulator's 4.
+constexpr unsigned width = 16 / sizeof(T);
+constexpr unsigned f32_width = 4;
+// The kernels' units a cube (lab_kernels::swiglu::UNITS, rope::UNITS, lm_head::ROW_UNITS,
+// rms_norm::ROW_UNITS; add_widened's launch takes 256).
+constexpr unsigned elementwise_units = 256, loss_units = 256, norm_units = 128;
+// A value no kernel computes: padding lanes start as it and must keep it.
+constexpr float padding_value = 60.0f;
+// bf16 keeps 8 significant bits, f16 11: one rounding of the output, with room.
+const double tolerance = std::is_same_v<T, __half> ? 2e-3 : 1e-2;
+
+bool all_passed = true;
+
+// Prints one check's line and remembers a failure.
+void report(const char* kernel, const char* shape, const char* what, double err, double limit) {
+    bool pass = err <= limit;
+    all_passed &= pass;
+    std::printf("rows %-5s %-22s %-16s %-8s %.1e%s (tolerance %.0e)\n", QUOTE(SUFFIX), kernel, shape, what, err,
+                pass ? "" : " FAIL", limit);
+}
+
+// Whether the elements of `got` at `at(i)` for every i with `padding(i)` kept their bits.
+template <class V>
+double padding_changed(const std::vector<V>& got, const std::vector<V>& before, const std::vector<bool>& padding) {
+    for (size_t i = 0; i < got.size(); ++i)
+        if (padding[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
+    return 0;
+}
+
+emu::dim3 elementwise_grid(size_t units) { return {unsigned((units + elementwise_units - 1) / elementwise_units), 1, 1}; }
+
+double sigmoid(double x) { return 1 / (1 + exp(-x)); }
+
+// SwiGLU forward and backward on `h = [g | u]` of rows `stride` elements apart (more than
+// 2f: a pitched matrix), `f` columns a half.
+void check_swiglu(unsigned n, unsigned f, unsigned stride, uint64_t seed) {
+    auto h = random_values<T>(size_t(n) * stride, seed), dy = random_values<T>(size_t(n) * f, seed + 1);
+    std::vector<T> out(size_t(n) * f, T(NAN)), dh(size_t(n) * 2 * f, T(NAN));
+    std::vector<double> want(out.size()), want_dh(dh.size());
+    for (unsigned r = 0; r < n; ++r)
+        for (unsigned j = 0; j < f; ++j) {
+            double g = float(h[r * stride + j]), u = float(h[r * stride + f + j]), d = float(dy[r * f + j]);
+            double s = sigmoid(g);
+            want[r * f + j] = g * s * u;
+            want_dh[r * 2 * f + j] = d * u * s * (1 + g * (1 - s));
+            want_dh[r * 2 * f + f + j] = d * g * s;
+        }
+    Arg ah{{n, 2 * f}, {stride, 1}, width, n * stride}, ay{{n, f}, {}, width}, adh{{n, 2 * f}, {}, width};
+    auto m = tensor_metadata<info_swiglu>({ah, ay});
+    emu::launch(swiglu_kernel, elementwise_grid(n * f / width), emu::dim3{elementwise_units}, h.data(), out.data(),
+                m.dynamic.data(), m.info);
+    auto mb = tensor_metadata<info_swiglu_backward>({ah, ay, adh});
+    emu::launch(swiglu_backward_kernel, elementwise_grid(n * f / width), emu::dim3{elementwise_units}, h.data(),
+                dy.data(), dh.data(), mb.dynamic.data(), mb.info);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, f, stride);
+    report("swiglu", shape, "y", error(out, want), tolerance);
+    report("swiglu_backward", shape, "dh", error(dh, want_dh), tolerance);
+}
+
+// The LM head's loss and its gradient on a `[rows, vocab]` view of logits `stride` columns
+// apart (the padded product's rows; the last vector of a row reaches into the padding), rows
+// `offset ..` of `total` targets.
+void check_loss(unsigned rows, unsigned vocab, unsigned stride, unsigned offset, unsigned total, uint64_t seed) {
+    auto logits = random_values<T>(size_t(rows) * stride, seed);
+    std::vector<bool> padding(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i)
+        if (i % stride >= vocab) padding[i] = true, logits[i] = T(padding_value);
+    std::vector<int32_t> targets(total);
+    for (unsigned r = 0; r < total; ++r) targets[r] = int32_t((r * 7919u + seed) % vocab);
+    targets[offset] = int32_t(vocab - 1);  // in a row's last vector, beside the padding
+    std::vector<float> lse(total, NAN), loss(total, NAN), grad_loss{0.75f};
+    std::vector<double> want_lse(rows), want_loss(rows), want_grad;
+    float inv_rows = 1.0f / float(total);
+    for (unsigned r = 0; r < rows; ++r) {
+        double top = -INFINITY, sum = 0;
+        for (unsigned j = 0; j < vocab; ++j) top = std::max(top, double(float(logits[r * stride + j])));
+        for (unsigned j = 0; j < vocab; ++j) sum += exp(double(float(logits[r * stride + j])) - top);
+        want_lse[r] = top + log(sum);
+        want_loss[r] = want_lse[r] - double(float(logits[r * stride + targets[offset + r]]));
+        for (unsigned j = 0; j < vocab; ++j) {
+            double p = exp(double(float(logits[r * stride + j])) - want_lse[r]);
+            want_grad.push_back((p - (int32_t(j) == targets[offset + r])) * 0.75 * double(inv_rows));
+        }
+    }
+    Arg alogits{{rows, vocab}, {stride, 1}, width, rows * stride}, arow{{total}, {}};
+    auto m = tensor_metadata<info_row_loss>({alogits, arow, arow, arow});
+    m.info.scalars_uint32[0] = offset;
+    emu::launch(row_loss_kernel, emu::dim3{rows, 1, 1}, emu::dim3{loss_units}, logits.data(), targets.data(), lse.data(),
+                loss.data(), m.dynamic.data(), m.info);
+    auto before = logits;
+    auto g = tensor_metadata<info_softmax_grad>({alogits, arow, arow, Arg{{1}, {}}});
+    g.info.scalars_float[0] = inv_rows;
+    g.info.scalars_uint32[0] = offset;
+    emu::launch(softmax_grad_kernel, emu::dim3{rows, 1, 1}, emu::dim3{loss_units}, logits.data(), targets.data(),
+                lse.data(), grad_loss.data(), g.dynamic.data(), g.info);
+    std::vector<T> grad;
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned j = 0; j < vocab; ++j) grad.push_back(logits[r * stride + j]);
+    // Rows outside the chunk keep their NaN: the kernels write at the chunk's offset only.
+    bool others_untouched = true;
+    for (unsigned r = 0; r < total; ++r)
+        if ((r < offset || r >= offset + rows) && (lse[r] == lse[r] || loss[r] == loss[r])) others_untouched = false;
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%u/%u", rows, vocab, stride);
+    std::vector<float> chunk_lse(lse.begin() + offset, lse.begin() + offset + rows);
+    std::vector<float> chunk_loss(loss.begin() + offset, loss.begin() + offset + rows);
+    report("row_loss", shape, "lse", error(chunk_lse, want_lse), 1e-5);
+    report("row_loss", shape, "loss", error(chunk_loss, want_loss), 1e-5);
+    report("row_loss", shape, "others", others_untouched ? 0 : INFINITY, 0);
+    // Relative to the largest gradient (|p − 1| of a target): the values are small.
+    report("softmax_grad", shape, "grad", error(grad, want_grad, 0), tolerance);
+    report("softmax_grad", shape, "padding", padding_changed(logits, before, padding), 0);
+}
+
+// `acc += x` of `[rows, cols]` matrices, `acc` f32 rows `acc_stride` apart, `x` rows
+// `x_stride` apart; `cols` not whole vectors, so a row's last vector reaches into padding.
+void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsigned x_stride, uint64_t seed) {
+    auto acc = random_values<float>(size_t(rows) * acc_stride, seed);
+    auto x = random_values<T>(size_t(rows) * x_stride, seed + 1);
+    std::vector<bool> padding(acc.size());
+    for (size_t i = 0; i < acc.size(); ++i)
+        if (i % acc_stride >= cols) padding[i] = true, acc[i] = padding_value;
+    std::vector<double> want;
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned c = 0; c < cols; ++c) want.push_back(double(float(acc[r * acc_stride + c] + float(x[r * x_stride + c]))));
+    auto before = acc;
+    Arg aacc{{rows, cols}, {acc_stride, 1}, f32_width, rows * acc_stride};
+    Arg ax{{rows, cols}, {x_stride, 1}, f32_width, rows * x_stride};
+    auto m = tensor_metadata<info_add_widened>({aacc, ax});
+    unsigned vectors = (cols + f32_width - 1) / f32_width;
+    emu::launch(add_widened_kernel, elementwise_grid(rows * vectors), emu::dim3{elementwise_units}, acc.data(), x.data(),
+                m.dynamic.data(), m.info);
+    std::vector<float> got;
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned c = 0; c < cols; ++c) got.push_back(acc[r * acc_stride + c]);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%u/%u,%u", rows, cols, acc_stride, x_stride);
+    // One f32 add, as the reference's sum rounded to f32: the same bits.
+    report("add_widened", shape, "acc", error(got, want), 0);
+    report("add_widened", shape, "padding", padding_changed(acc, before, padding), 0);
+}
+
+// RoPE of `x [B, H, T, hd]` stored `[B, T, H, hd]` (the model's swapped heads), and its
+// transpose added into heads `first ..` of `out [B, H_out, T, hd]`, whose other heads keep
+// their bits.
+void check_rope(unsigned b, unsigned heads, unsigned t, unsigned hd, unsigned first, uint64_t seed) {
+    unsigned half = hd / 2, out_heads = first + heads + 1;
+    auto x = random_values<T>(size_t(b) * t * heads * hd, seed);
+    auto cos_t = random_values<T>(size_t(t) * hd, seed + 1), sin_t = random_values<T>(size_t(t) * hd, seed + 2);
+    auto at = [&](unsigned n, unsigned h, unsigned p, unsigned count) { return ((size_t(n) * t + p) * count + h) * hd; };
+    std::vector<T> y(x.size(), T(NAN));
+    auto out = random_values<T>(size_t(b) * t * out_heads * hd, seed + 3);
+    auto before = out;
+    std::vector<double> want(x.size()), want_out(out.size());
+    for (size_t i = 0; i < out.size(); ++i) want_out[i] = float(out[i]);
+    for (unsigned n = 0; n < b; ++n)
+        for (unsigned h = 0; h < heads; ++h)
+            for (unsigned p = 0; p < t; ++p)
+                for (unsigned i = 0; i < half; ++i) {
+                    size_t row = at(n, h, p, heads), o = at(n, first + h, p, out_heads);
+                    double xa = float(x[row + i]), xb = float(x[row + i + half]);
+                    double ca = float(cos_t[p * hd + i]), cb = float(cos_t[p * hd + i + half]);
+                    double sa = float(sin_t[p * hd + i]), sb = float(sin_t[p * hd + i + half]);
+                    want[row + i] = xa * ca - xb * sa;
+                    want[row + i + half] = xb * cb + xa * sb;
+                    want_out[o + i] += xa * ca + xb * sb;
+                    want_out[o + i + half] += xb * cb - xa * sa;
+                }
+    auto swapped = [&](unsigned count) {
+        return Arg{{b, count, t, hd}, {t * count * hd, hd, count * hd, 1}, width};
+    };
+    Arg table{{t, hd}, {}, width};
+    auto m = tensor_metadata<info_rope>({swapped(heads), table, table, swapped(heads)});
+    m.info.scalars_uint32[0] = 0;
+    emu::dim3 grid = elementwise_grid(size_t(b) * heads * t * half / width);
+    emu::launch(rope_kernel, grid, emu::dim3{elementwise_units}, x.data(), cos_t.data(), sin_t.data(), y.data(),
+                m.dynamic.data(), m.info);
+    auto ma = tensor_metadata<info_rope_transposed_added>({swapped(heads), table, table, swapped(out_heads)});
+    ma.info.scalars_uint32[0] = first;
+    emu::launch(rope_transposed_added_kernel, grid, emu::dim3{elementwise_units}, x.data(), cos_t.data(), sin_t.data(),
+                out.data(), ma.dynamic.data(), ma.info);
+    std::vector<bool> other_heads(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+        unsigned h = unsigned(i / hd % out_heads);
+        other_heads[i] = h < first || h >= first + heads;
+    }
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%ux%ux%u", b, heads, t, hd);
+    report("rope", shape, "y", error(y, want), tolerance);
+    report("rope_transposed_added", shape, "out", error(out, want_out), tolerance);
+    report("rope_transposed_added", shape, "others", padding_changed(out, before, other_heads), 0);
+}
+
+// RMSNorm's forward of `x [n, d]` by the gain `[d]`, `eps` 1e-5.
+void check_rms_norm(unsigned n, unsigned d, uint64_t seed) {
+    auto x = random_values<T>(size_t(n) * d, seed), gain = random_values<T>(d, seed + 1);
+    std::vector<T> y(x.size(), T(NAN));
+    std::vector<double> want(x.size());
+    const float eps = 1e-5f;
+    for (unsigned r = 0; r < n; ++r) {
+        double squares = 0;
+        for (unsigned j = 0; j < d; ++j) squares += double(float(x[r * d + j])) * float(x[r * d + j]);
+        double rms = sqrt(squares / d + eps);
+        for (unsigned j = 0; j < d; ++j) want[r * d + j] = float(x[r * d + j]) / rms * float(gain[j]);
+    }
+    Arg ax{{n, d}, {}, width}, again{{d}, {}, width};
+    auto m = tensor_metadata<info_rms_norm>({ax, again, ax});
+    m.info.scalars_float[0] = 1.0f / float(d);
+    m.info.scalars_float[1] = eps;
+    emu::launch(rms_norm_kernel, emu::dim3{n, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(), y.data(),
+                m.dynamic.data(), m.info);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%u", n, d);
+    report("rms_norm", shape, "y", error(y, want), tolerance);
+}
+
+// The backward blocks' tensors (x, gain, dy, skip, dx, partials) and scalars.
+template <class Info>
+Metadata<Info> norm_backward_metadata(unsigned n, unsigned d, unsigned blocks, unsigned block_rows, float eps) {
+    Arg matrix{{n, d}, {}};
+    auto m = tensor_metadata<Info>({matrix, Arg{{d}, {}}, matrix, matrix, matrix, Arg{{blocks, d}, {}}});
+    m.info.scalars_uint32[0] = block_rows;
+    m.info.scalars_float[0] = 1.0f / float(d);
+    m.info.scalars_float[1] = eps;
+    return m;
+}
+
+// RMSNorm as bf16 training runs it (f16 standing in at -DSUFFIX=f16): `x`, the gain and the
+// gradients f32, `y` and `dy` in the storage type; the forward 4 f32 a vector; the backward
+// in blocks of `block_rows` rows (the last one partial), with and without the skip
+// connection's gradient added into `dx`, and the gain's gradient summed over the blocks. The
+// backward kernels are compiled for `d` columns (lab_kernels::cuda_source::rms_norm_kernels).
+void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64_t seed) {
+    auto x = random_values<float>(size_t(n) * d, seed), gain = random_values<float>(d, seed + 1);
+    auto dy = random_values<T>(size_t(n) * d, seed + 2);
+    auto skip = random_values<float>(size_t(n) * d, seed + 3);
+    const float eps = 1e-5f;
+    std::vector<double> want_y(x.size()), want_dx(x.size()), want_dx_skip(x.size()), want_dg(d);
+    for (unsigned r = 0; r < n; ++r) {
+        double squares = 0, gy_x = 0;
+        for (unsigned j = 0; j < d; ++j) {
+            double v = x[r * d + j];
+            squares += v * v;
+            gy_x += double(float(dy[r * d + j])) * gain[j] * v;
+        }
+        double rms = sqrt(squares / d + eps), along = gy_x / rms / d;
+        for (unsigned j = 0; j < d; ++j) {
+            size_t i = size_t(r) * d + j;
+            double q = x[i] / rms, g = float(dy[i]);
+            want_y[i] = q * gain[j];
+            want_dx[i] = (g * gain[j] - q * along) / rms;
+            want_dx_skip[i] = want_dx[i] + skip[i];
+            want_dg[j] += g * q;
+        }
+    }
+    std::vector<T> y(x.size(), T(NAN));
+    Arg row{{d}, {}};
+    Arg x4{{n, d}, {}, f32_width}, gain4{{d}, {}, f32_width};
+    auto fm = tensor_metadata<info_rms_norm_mixed>({x4, gain4, x4});
+    fm.info.scalars_float[0] = 1.0f / float(d);
+    fm.info.scalars_float[1] = eps;
+    emu::launch(rms_norm_mixed_kernel, emu::dim3{n, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(), y.data(),
+                fm.dynamic.data(), fm.info);
+    unsigned blocks = (n + block_rows - 1) / block_rows;
+    std::vector<float> dx(x.size(), NAN), dx_skip(x.size(), NAN), partials(size_t(blocks) * d, NAN), dg(d, NAN);
+    auto with_skip = norm_backward_metadata<info_rms_norm_backward_skip>(n, d, blocks, block_rows, eps);
+    emu::launch(rms_norm_backward_skip_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
+                dy.data(), skip.data(), dx_skip.data(), partials.data(), with_skip.dynamic.data(), with_skip.info);
+    // The gain's sums below read this launch's partials. Without the skip connection, `x`
+    // stands in for its binding, as the launch passes it.
+    std::fill(partials.begin(), partials.end(), NAN);
+    auto bm = norm_backward_metadata<info_rms_norm_backward>(n, d, blocks, block_rows, eps);
+    emu::launch(rms_norm_backward_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
+                dy.data(), x.data(), dx.data(), partials.data(), bm.dynamic.data(), bm.info);
+    auto sm = tensor_metadata<info_rms_norm_gain_sums>({Arg{{blocks, d}, {}}, row});
+    // lab_kernels::rms_norm's SUM_COLUMNS columns a cube, SUM_LANES lanes a column.
+    constexpr unsigned sum_columns = 8, sum_lanes = 32;
+    emu::launch(rms_norm_gain_sums_kernel, emu::dim3{(d + sum_columns - 1) / sum_columns, 1, 1},
+                emu::dim3{sum_columns, sum_lanes, 1}, partials.data(), dg.data(), sm.dynamic.data(), sm.info);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, d, block_rows);
+    report("rms_norm f32 in", shape, "y", error(y, want_y), tolerance);
+    // f32 arithmetic and f32 outputs: sums of d terms in f32.
+    report("rms_norm backward", shape, "dx", error(dx, want_dx), 1e-5);
+    report("rms_norm backward", shape, "dx+skip", error(dx_skip, want_dx_skip), 1e-5);
+    report("rms_norm backward", shape, "dg", error(dg, want_dg), 1e-5);
+}
+
+int main() {
+    // Rows of one vector and of several, more than one cube of units, pitched rows.
+    check_swiglu(3, width, 2 * width, 1);
+    check_swiglu(9, 5 * width, 12 * width, 2);
+    check_swiglu(70, 4 * width, 8 * width, 3);
+    // GPT-2's odd vocabulary on a padded row; a row of fewer columns than the cube's units
+    // take; a chunk at an offset into the targets.
+    check_loss(3, 257, 304, 0, 3, 4);
+    check_loss(4, 1001, 1008, 5, 11, 5);
+    check_loss(2, 3 * width, 3 * width, 1, 3, 6);
+    check_add_widened(3, 10, 12, 16, 7);
+    check_add_widened(40, 37, 40, 40, 8);
+    // Head width 64 (4 vectors a half); 16, one vector a half; heads swapped.
+    check_rope(2, 3, 5, 64, 1, 9);
+    check_rope(1, 4, 3, 2 * width, 2, 10);
+    // x1-50m's 768 columns (96 vectors on 128 units) and more vectors than units.
+    check_rms_norm(3, 768, 11);
+    check_rms_norm(2, 192 * width, 12);
+    // Three blocks of rows, the last one partial.
+    check_rms_norm_training(40, 768, 16, 13);
+    return all_passed ? 0 : 1;
+}
