@@ -323,10 +323,11 @@ int main() {
     check_swiglu(3, width, 2 * width, 1);
     check_swiglu(9, 5 * width, 12 * width, 2);
     check_swiglu(70, 4 * width, 8 * width, 3);
-    // GPT-2's odd vocabulary on a padded row; a row of fewer columns than the cube's units
-    // take; a chunk at an offset into the targets.
+    // 257 columns (as GPT-2's 50,257: 1 real lane in a row's last vector) and 1,006 (6) on
+    // padded rows; a row of fewer columns than the cube has units; chunks at an offset into
+    // the targets.
     check_loss(3, 257, 304, 0, 3, 4);
-    check_loss(4, 1001, 1008, 5, 11, 5);
+    check_loss(4, 1006, 1008, 5, 11, 5);
     check_loss(2, 3 * width, 3 * width, 1, 3, 6);
     check_add_widened(3, 10, 12, 16, 7);
     check_add_widened(40, 37, 40, 40, 8);
