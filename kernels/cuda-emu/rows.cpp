@@ -50,11 +50,12 @@ void report(const char* kernel, const char* shape, const char* what, double err,
                 pass ? "" : " FAIL", limit);
 }
 
-// Whether the elements of `got` at `at(i)` for every i with `padding(i)` kept their bits.
+// 0 where every element of `got` in `marked` kept its bits from `before`, else
+// infinite.
 template <class V>
-double padding_changed(const std::vector<V>& got, const std::vector<V>& before, const std::vector<bool>& padding) {
+double bits_changed(const std::vector<V>& got, const std::vector<V>& before, const std::vector<bool>& marked) {
     for (size_t i = 0; i < got.size(); ++i)
-        if (padding[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
+        if (marked[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
     return 0;
 }
 
@@ -62,8 +63,8 @@ emu::dim3 elementwise_grid(size_t units) { return {unsigned((units + elementwise
 
 double sigmoid(double x) { return 1 / (1 + exp(-x)); }
 
-// SwiGLU forward and backward on `h = [g | u]` of rows `stride` elements apart (more than
-// 2f: a pitched matrix), `f` columns a half.
+// SwiGLU forward and backward on `h = [g | u]` of rows `stride` elements apart (2f, or more
+// for a pitched matrix), `f` columns a half.
 void check_swiglu(unsigned n, unsigned f, unsigned stride, uint64_t seed) {
     auto h = random_values<T>(size_t(n) * stride, seed), dy = random_values<T>(size_t(n) * f, seed + 1);
     std::vector<T> out(size_t(n) * f, T(NAN)), dh(size_t(n) * 2 * f, T(NAN));
@@ -139,9 +140,10 @@ void check_loss(unsigned rows, unsigned vocab, unsigned stride, unsigned offset,
     report("row_loss", shape, "lse", error(chunk_lse, want_lse), 1e-5);
     report("row_loss", shape, "loss", error(chunk_loss, want_loss), 1e-5);
     report("row_loss", shape, "others", others_untouched ? 0 : INFINITY, 0);
-    // Relative to the largest gradient (|p − 1| of a target): the values are small.
-    report("softmax_grad", shape, "grad", error(grad, want_grad, 0), tolerance);
-    report("softmax_grad", shape, "padding", padding_changed(logits, before, padding), 0);
+    // Each element against its own size: the target's is ~1/total, the others far smaller.
+    // (Below f16's smallest normal, 2^-14, its spacing is absolute.)
+    report("softmax_grad", shape, "grad", relative_error(grad, want_grad, ldexp(1.0, -14)), tolerance);
+    report("softmax_grad", shape, "padding", bits_changed(logits, before, padding), 0);
 }
 
 // `acc += x` of `[rows, cols]` matrices, `acc` f32 rows `acc_stride` apart, `x` rows
@@ -169,7 +171,7 @@ void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsign
     std::snprintf(shape, sizeof shape, "%ux%u/%u,%u", rows, cols, acc_stride, x_stride);
     // One f32 add, as the reference's sum rounded to f32: the same bits.
     report("add_widened", shape, "acc", error(got, want), 0);
-    report("add_widened", shape, "padding", padding_changed(acc, before, padding), 0);
+    report("add_widened", shape, "padding", bits_changed(acc, before, padding), 0);
 }
 
 // RoPE of `x [B, H, T, hd]` stored `[B, T, H, hd]` (the model's swapped heads), and its
@@ -220,40 +222,60 @@ void check_rope(unsigned b, unsigned heads, unsigned t, unsigned hd, unsigned fi
     std::snprintf(shape, sizeof shape, "%ux%ux%ux%u", b, heads, t, hd);
     report("rope", shape, "y", error(y, want), tolerance);
     report("rope_transposed_added", shape, "out", error(out, want_out), tolerance);
-    report("rope_transposed_added", shape, "others", padding_changed(out, before, other_heads), 0);
+    report("rope_transposed_added", shape, "others", bits_changed(out, before, other_heads), 0);
 }
 
-// RMSNorm's forward of `x [n, d]` by the gain `[d]`, `eps` 1e-5.
-void check_rms_norm(unsigned n, unsigned d, uint64_t seed) {
-    auto x = random_values<T>(size_t(n) * d, seed), gain = random_values<T>(d, seed + 1);
-    std::vector<T> y(x.size(), T(NAN));
-    std::vector<double> want(x.size());
-    const float eps = 1e-5f;
+// RMSNorm's `eps`, as the model's.
+constexpr float norm_eps = 1e-5f;
+
+// RMSNorm's forward in fp64: `x [n, d] / rms(x) ⊙ gain`, row by row, `x`'s rows `stride`
+// apart, `y` contiguous.
+template <class X, class G>
+std::vector<double> rms_norm_reference(const std::vector<X>& x, const std::vector<G>& gain, unsigned n, unsigned d,
+                                       unsigned stride) {
+    std::vector<double> y(size_t(n) * d);
     for (unsigned r = 0; r < n; ++r) {
         double squares = 0;
-        for (unsigned j = 0; j < d; ++j) squares += double(float(x[r * d + j])) * float(x[r * d + j]);
-        double rms = sqrt(squares / d + eps);
-        for (unsigned j = 0; j < d; ++j) want[r * d + j] = float(x[r * d + j]) / rms * float(gain[j]);
+        for (unsigned j = 0; j < d; ++j) squares += double(float(x[r * stride + j])) * float(x[r * stride + j]);
+        double rms = sqrt(squares / d + norm_eps);
+        for (unsigned j = 0; j < d; ++j) y[r * d + j] = float(x[r * stride + j]) / rms * float(gain[j]);
     }
-    Arg ax{{n, d}, {}, width}, again{{d}, {}, width};
-    auto m = tensor_metadata<info_rms_norm>({ax, again, ax});
+    return y;
+}
+
+// An RMSNorm forward kernel (its info `Info`) over `x [n, d]` of rows `stride` apart into a
+// contiguous `y`, read `vector` elements at a time, one cube of `norm_units` a row, as
+// lab_kernels::rms_norm launches it.
+template <class Info, class Kernel, class X, class G, class Y>
+void launch_rms_norm(Kernel kernel, const std::vector<X>& x, const std::vector<G>& gain, std::vector<Y>& y, unsigned n,
+                     unsigned d, unsigned stride, unsigned vector) {
+    Arg input{{n, d}, {stride, 1}, vector, n * stride}, row{{d}, {}, vector}, output{{n, d}, {}, vector};
+    auto m = tensor_metadata<Info>({input, row, output});
     m.info.scalars_float[0] = 1.0f / float(d);
-    m.info.scalars_float[1] = eps;
-    emu::launch(rms_norm_kernel, emu::dim3{n, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(), y.data(),
-                m.dynamic.data(), m.info);
+    m.info.scalars_float[1] = norm_eps;
+    emu::launch(kernel, emu::dim3{n, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(), y.data(), m.dynamic.data(),
+                m.info);
+}
+
+// RMSNorm's forward of `x [n, d]`, rows `stride` apart, by the gain `[d]`, all in the storage
+// type.
+void check_rms_norm(unsigned n, unsigned d, unsigned stride, uint64_t seed) {
+    auto x = random_values<T>(size_t(n) * stride, seed), gain = random_values<T>(d, seed + 1);
+    std::vector<T> y(size_t(n) * d, T(NAN));
+    launch_rms_norm<info_rms_norm>(rms_norm_kernel, x, gain, y, n, d, stride, width);
     char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u", n, d);
-    report("rms_norm", shape, "y", error(y, want), tolerance);
+    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, d, stride);
+    report("rms_norm", shape, "y", error(y, rms_norm_reference(x, gain, n, d, stride)), tolerance);
 }
 
 // The backward blocks' tensors (x, gain, dy, skip, dx, partials) and scalars.
 template <class Info>
-Metadata<Info> norm_backward_metadata(unsigned n, unsigned d, unsigned blocks, unsigned block_rows, float eps) {
+Metadata<Info> norm_backward_metadata(unsigned n, unsigned d, unsigned blocks, unsigned block_rows) {
     Arg matrix{{n, d}, {}};
     auto m = tensor_metadata<Info>({matrix, Arg{{d}, {}}, matrix, matrix, matrix, Arg{{blocks, d}, {}}});
     m.info.scalars_uint32[0] = block_rows;
     m.info.scalars_float[0] = 1.0f / float(d);
-    m.info.scalars_float[1] = eps;
+    m.info.scalars_float[1] = norm_eps;
     return m;
 }
 
@@ -266,8 +288,7 @@ void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64
     auto x = random_values<float>(size_t(n) * d, seed), gain = random_values<float>(d, seed + 1);
     auto dy = random_values<T>(size_t(n) * d, seed + 2);
     auto skip = random_values<float>(size_t(n) * d, seed + 3);
-    const float eps = 1e-5f;
-    std::vector<double> want_y(x.size()), want_dx(x.size()), want_dx_skip(x.size()), want_dg(d);
+    std::vector<double> want_dx(x.size()), want_dx_skip(x.size()), want_dg(d);
     for (unsigned r = 0; r < n; ++r) {
         double squares = 0, gy_x = 0;
         for (unsigned j = 0; j < d; ++j) {
@@ -275,47 +296,44 @@ void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64
             squares += v * v;
             gy_x += double(float(dy[r * d + j])) * gain[j] * v;
         }
-        double rms = sqrt(squares / d + eps), along = gy_x / rms / d;
+        double rms = sqrt(squares / d + norm_eps), along = gy_x / rms / d;
         for (unsigned j = 0; j < d; ++j) {
             size_t i = size_t(r) * d + j;
             double q = x[i] / rms, g = float(dy[i]);
-            want_y[i] = q * gain[j];
             want_dx[i] = (g * gain[j] - q * along) / rms;
             want_dx_skip[i] = want_dx[i] + skip[i];
             want_dg[j] += g * q;
         }
     }
     std::vector<T> y(x.size(), T(NAN));
-    Arg row{{d}, {}};
-    Arg x4{{n, d}, {}, f32_width}, gain4{{d}, {}, f32_width};
-    auto fm = tensor_metadata<info_rms_norm_mixed>({x4, gain4, x4});
-    fm.info.scalars_float[0] = 1.0f / float(d);
-    fm.info.scalars_float[1] = eps;
-    emu::launch(rms_norm_mixed_kernel, emu::dim3{n, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(), y.data(),
-                fm.dynamic.data(), fm.info);
+    launch_rms_norm<info_rms_norm_mixed>(rms_norm_mixed_kernel, x, gain, y, n, d, d, f32_width);
     unsigned blocks = (n + block_rows - 1) / block_rows;
     std::vector<float> dx(x.size(), NAN), dx_skip(x.size(), NAN), partials(size_t(blocks) * d, NAN), dg(d, NAN);
-    auto with_skip = norm_backward_metadata<info_rms_norm_backward_skip>(n, d, blocks, block_rows, eps);
+    auto with_skip = norm_backward_metadata<info_rms_norm_backward_skip>(n, d, blocks, block_rows);
     emu::launch(rms_norm_backward_skip_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
                 dy.data(), skip.data(), dx_skip.data(), partials.data(), with_skip.dynamic.data(), with_skip.info);
-    // The gain's sums below read this launch's partials. Without the skip connection, `x`
-    // stands in for its binding, as the launch passes it.
+    // The gain's sums below read the next launch's partials, which must be this one's: the
+    // skip changes `dx` only. Without the skip connection, `x` stands in for its binding, as
+    // the launch passes it.
+    auto skip_partials = partials;
     std::fill(partials.begin(), partials.end(), NAN);
-    auto bm = norm_backward_metadata<info_rms_norm_backward>(n, d, blocks, block_rows, eps);
+    auto bm = norm_backward_metadata<info_rms_norm_backward>(n, d, blocks, block_rows);
     emu::launch(rms_norm_backward_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
                 dy.data(), x.data(), dx.data(), partials.data(), bm.dynamic.data(), bm.info);
-    auto sm = tensor_metadata<info_rms_norm_gain_sums>({Arg{{blocks, d}, {}}, row});
+    auto sm = tensor_metadata<info_rms_norm_gain_sums>({Arg{{blocks, d}, {}}, Arg{{d}, {}}});
     // lab_kernels::rms_norm's SUM_COLUMNS columns a cube, SUM_LANES lanes a column.
     constexpr unsigned sum_columns = 8, sum_lanes = 32;
     emu::launch(rms_norm_gain_sums_kernel, emu::dim3{(d + sum_columns - 1) / sum_columns, 1, 1},
                 emu::dim3{sum_columns, sum_lanes, 1}, partials.data(), dg.data(), sm.dynamic.data(), sm.info);
     char shape[32];
     std::snprintf(shape, sizeof shape, "%ux%u/%u", n, d, block_rows);
-    report("rms_norm f32 in", shape, "y", error(y, want_y), tolerance);
+    report("rms_norm f32 in", shape, "y", error(y, rms_norm_reference(x, gain, n, d, d)), tolerance);
     // f32 arithmetic and f32 outputs: sums of d terms in f32.
     report("rms_norm backward", shape, "dx", error(dx, want_dx), 1e-5);
     report("rms_norm backward", shape, "dx+skip", error(dx_skip, want_dx_skip), 1e-5);
     report("rms_norm backward", shape, "dg", error(dg, want_dg), 1e-5);
+    std::vector<bool> every(partials.size(), true);
+    report("rms_norm backward", shape, "partials", bits_changed(partials, skip_partials, every), 0);
 }
 
 int main() {
@@ -334,10 +352,16 @@ int main() {
     // Head width 64 (4 vectors a half); 16, one vector a half; heads swapped.
     check_rope(2, 3, 5, 64, 1, 9);
     check_rope(1, 4, 3, 2 * width, 2, 10);
-    // x1-50m's 768 columns (96 vectors on 128 units) and more vectors than units.
-    check_rms_norm(3, 768, 11);
-    check_rms_norm(2, 192 * width, 12);
-    // Three blocks of rows, the last one partial.
+    // Five cubes of units.
+    check_rope(2, 4, 40, 64, 0, 14);
+    // x1-50m's 768 columns (96 vectors on 128 units), on pitched rows too; more vectors than
+    // units.
+    check_rms_norm(3, 768, 768, 11);
+    check_rms_norm(3, 768, 768 + 4 * width, 15);
+    check_rms_norm(2, 192 * width, 192 * width, 12);
+    // Three blocks of rows, the last one partial; and 40 blocks, more than the gain's sums
+    // have lanes a column (lab_kernels::rms_norm::SUM_LANES, 32).
     check_rms_norm_training(40, 768, 16, 13);
+    check_rms_norm_training(40, 768, 1, 16);
     return all_passed ? 0 : 1;
 }

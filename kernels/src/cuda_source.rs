@@ -292,11 +292,11 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// padded rows (padding excluded from the sums and left unchanged) at a chunk's offset,
 /// `add_widened` on rows whose last vector is part padding, RoPE and its transpose added into
 /// the heads of a wider tensor in the model's swapped layout, RMSNorm's forward at 768 columns
-/// and at more vectors than units; and RMSNorm as bf16 training runs it (`x` f32, `y` and `dy`
-/// bf16; f16 standing in at f16) at 768 columns, forward and backward (with and without the
-/// skip connection's gradient, in blocks of rows, the last one partial), against fp64. Outputs
-/// start as NaN; the kernels are compiled in cubecl's
-/// `Validate` mode, so an access past a buffer's end fails too.
+/// (contiguous and pitched) and at more vectors than units; and RMSNorm as bf16 training runs
+/// it (`x` f32, `y` and `dy` bf16; f16 standing in at f16) at 768 columns, forward and
+/// backward (with and without the skip connection's gradient, in 3 blocks of rows, the last
+/// one partial, and in 40), against fp64. Outputs start as NaN; the kernels are compiled in
+/// cubecl's `Validate` mode, so an access past a buffer's end fails too.
 #[test]
 fn vector_kernels_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());

@@ -146,8 +146,9 @@ namespace emu {
 // and compute-sanitizer's racecheck): two accesses to the same 2 bytes by different threads,
 // at least one a write, with no barrier between them, abort the run. Only __syncwarp and
 // __syncthreads order threads; a warp shuffle does not.
-// Up to 256 threads a block (the LM head's row kernels); the bookkeeping below is walked only
-// for the block's own threads (`block_threads`), so smaller blocks cost no more.
+// Up to 256 threads a block (the row kernels': SwiGLU, RoPE, the LM head's); the bookkeeping
+// below is walked only for the block's own threads (`block_threads`), so smaller blocks cost
+// no more.
 constexpr unsigned max_threads = 256;
 constexpr size_t granules = shared_size / 2;
 inline uint32_t clocks[max_threads][max_threads];    // row t: what thread t has seen
@@ -166,7 +167,10 @@ inline void reset_races(unsigned threads) {
         std::abort();
     }
     block_threads = threads;
+    // `exchanged` too: a thread that leaves before a barrier must not count with what a thread
+    // of an earlier block had seen.
     std::memset(clocks, 0, sizeof clocks);
+    std::memset(exchanged, 0, sizeof exchanged);
     for (unsigned t = 0; t < threads; ++t) clocks[t][t] = 1;
     std::memset(writer, 0xff, sizeof writer);
     std::memset(read_at, 0, granules * threads * sizeof read_at[0]);

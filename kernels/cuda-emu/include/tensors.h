@@ -2,6 +2,7 @@
 // metadata, seeded inputs and the error against an fp64 reference.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,8 +36,11 @@ template <class Info>
 Metadata<Info> tensor_metadata(const std::vector<Arg>& args) {
     size_t n = args.size();
     static_assert(sizeof(Info::static_meta) % 4 == 0);
-    if (sizeof(Info::static_meta) / 4 < 5 * n) {
-        std::fprintf(stderr, "metadata: %zu tensors do not fit static_meta\n", n);
+    // Five entries a tensor, rounded up to an even count (as cubecl sizes the array): fewer
+    // or more tensors than the kernel takes would lay the entries out for another count.
+    if (sizeof(Info::static_meta) / 4 != ((5 * n + 1) & ~size_t(1))) {
+        std::fprintf(stderr, "metadata: %zu tensors, where the kernel's static_meta holds %zu entries\n", n,
+                     sizeof(Info::static_meta) / 4);
         std::exit(2);
     }
     Metadata<Info> m;
@@ -90,4 +94,16 @@ double error(const std::vector<G>& got, const std::vector<double>& want, double 
         worst = e == e ? std::max(worst, e) : INFINITY;
     }
     return worst / peak;
+}
+
+// The largest |got - want| over max(|want|, floor), element by element: for values far smaller
+// than the largest, which `error` would measure against it. NaN is infinite.
+template <class G>
+double relative_error(const std::vector<G>& got, const std::vector<double>& want, double floor) {
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        double e = fabs(double(float(got[i])) - want[i]) / std::max(fabs(want[i]), floor);
+        worst = e == e ? std::max(worst, e) : INFINITY;
+    }
+    return worst;
 }
