@@ -3,7 +3,9 @@
 // include/emu.h, against fp64 references, as kernels/tests/{swiglu,lm_head,rope,rms_norm}.rs
 // check them on a GPU. Built and run by kernels/src/cuda_source.rs's test, once per storage
 // type (-DSTORAGE=__nv_bfloat16 -DSUFFIX=bf16), with each kernel's .cu file on the include
-// path (its `info_st` and entry renamed after the file: info_row_loss, row_loss_kernel).
+// path (its `info_st` and entry renamed after the file: info_row_loss, row_loss_kernel), and
+// the units of each kernel's cube and RMSNorm's backward width as lab launches them
+// (-DSWIGLU_UNITS=256 …, -DNORM_WIDTH=768, as that test passes them).
 // Outputs start as NaN, so an element no unit writes fails; padding that a kernel must leave
 // alone starts as a large finite value and must come back with the same bits.
 #include "emu.h"
@@ -11,6 +13,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "add_widened.cu"
 #include "rms_norm.cu"
@@ -32,9 +35,12 @@ using T = STORAGE;
 // Elements a vector: 16 bytes of the storage type; the f32 accumulator's 4.
 constexpr unsigned width = 16 / sizeof(T);
 constexpr unsigned f32_width = 4;
-// The kernels' units a cube (lab_kernels::swiglu::UNITS, rope::UNITS, lm_head::ROW_UNITS,
-// rms_norm::ROW_UNITS; add_widened's launch takes 256).
-constexpr unsigned elementwise_units = 256, loss_units = 256, norm_units = 128;
+// Units a cube, as lab_kernels launches each kernel (the test's -D definitions).
+constexpr unsigned swiglu_units = SWIGLU_UNITS, rope_units = ROPE_UNITS, add_units = ADD_UNITS;
+constexpr unsigned loss_units = LOSS_UNITS, norm_units = NORM_UNITS, norm_backward_units = NORM_BACKWARD_UNITS;
+// RMSNorm's backward: the columns its kernels are compiled for; the gain's sums' cube, of
+// SUM_COLUMNS columns and SUM_LANES lanes a column.
+constexpr unsigned norm_width = NORM_WIDTH, sum_columns = SUM_COLUMNS, sum_lanes = SUM_LANES;
 // A value no kernel computes: padding lanes start as it and must keep it.
 constexpr float padding_value = 60.0f;
 // bf16 keeps 8 significant bits, f16 11: one rounding of the output, with room.
@@ -43,11 +49,38 @@ const double tolerance = std::is_same_v<T, __half> ? 2e-3 : 1e-2;
 bool all_passed = true;
 
 // Prints one check's line and remembers a failure.
-void report(const char* kernel, const char* shape, const char* what, double err, double limit) {
+void report(const char* kernel, const std::string& shape, const char* what, double err, double limit) {
     bool pass = err <= limit;
     all_passed &= pass;
-    std::printf("rows %-5s %-22s %-16s %-8s %.1e%s (tolerance %.0e)\n", QUOTE(SUFFIX), kernel, shape, what, err,
-                pass ? "" : " FAIL", limit);
+    std::printf("rows %-5s %-22s %-16s %-8s %.1e%s (tolerance %.0e)\n", QUOTE(SUFFIX), kernel, shape.c_str(), what,
+                err, pass ? "" : " FAIL", limit);
+}
+
+// `format` filled in, as printf: a case's shape for its reports.
+template <class... A>
+std::string text(const char* format, A... args) {
+    char out[48];
+    std::snprintf(out, sizeof out, format, args...);
+    return out;
+}
+
+// Sets the padding of `values`, rows `stride` apart, past their first `cols`, to
+// `padding_value`; returns where it is, for bits_changed.
+template <class V>
+std::vector<bool> fill_padding(std::vector<V>& values, unsigned cols, unsigned stride) {
+    std::vector<bool> padding(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+        if (i % stride >= cols) padding[i] = true, values[i] = V(padding_value);
+    return padding;
+}
+
+// The first `cols` of each of the rows of `values`, `stride` apart, side by side.
+template <class V>
+std::vector<V> leading_columns(const std::vector<V>& values, unsigned cols, unsigned stride) {
+    std::vector<V> out;
+    for (size_t i = 0; i < values.size(); ++i)
+        if (i % stride < cols) out.push_back(values[i]);
+    return out;
 }
 
 // 0 where every element of `got` in `marked` kept its bits from `before`, else
@@ -59,7 +92,11 @@ double bits_changed(const std::vector<V>& got, const std::vector<V>& before, con
     return 0;
 }
 
-emu::dim3 elementwise_grid(size_t units) { return {unsigned((units + elementwise_units - 1) / elementwise_units), 1, 1}; }
+unsigned ceil_div(size_t n, unsigned d) { return unsigned((n + d - 1) / d); }
+
+// A grid of cubes of `cube` units for `units` units, as cubecl's calculate_cube_count_elemwise
+// lays out a small launch.
+emu::dim3 grid_for(size_t units, unsigned cube) { return {ceil_div(units, cube), 1, 1}; }
 
 double sigmoid(double x) { return 1 / (1 + exp(-x)); }
 
@@ -79,13 +116,12 @@ void check_swiglu(unsigned n, unsigned f, unsigned stride, uint64_t seed) {
         }
     Arg ah{{n, 2 * f}, {stride, 1}, width, n * stride}, ay{{n, f}, {}, width}, adh{{n, 2 * f}, {}, width};
     auto m = tensor_metadata<info_swiglu>({ah, ay});
-    emu::launch(swiglu_kernel, elementwise_grid(n * f / width), emu::dim3{elementwise_units}, h.data(), out.data(),
+    emu::launch(swiglu_kernel, grid_for(n * f / width, swiglu_units), emu::dim3{swiglu_units}, h.data(), out.data(),
                 m.dynamic.data(), m.info);
     auto mb = tensor_metadata<info_swiglu_backward>({ah, ay, adh});
-    emu::launch(swiglu_backward_kernel, elementwise_grid(n * f / width), emu::dim3{elementwise_units}, h.data(),
+    emu::launch(swiglu_backward_kernel, grid_for(n * f / width, swiglu_units), emu::dim3{swiglu_units}, h.data(),
                 dy.data(), dh.data(), mb.dynamic.data(), mb.info);
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, f, stride);
+    const auto shape = text("%ux%u/%u", n, f, stride);
     report("swiglu", shape, "y", error(out, want), tolerance);
     report("swiglu_backward", shape, "dh", error(dh, want_dh), tolerance);
 }
@@ -95,9 +131,7 @@ void check_swiglu(unsigned n, unsigned f, unsigned stride, uint64_t seed) {
 // `offset ..` of `total` targets.
 void check_loss(unsigned rows, unsigned vocab, unsigned stride, unsigned offset, unsigned total, uint64_t seed) {
     auto logits = random_values<T>(size_t(rows) * stride, seed);
-    std::vector<bool> padding(logits.size());
-    for (size_t i = 0; i < logits.size(); ++i)
-        if (i % stride >= vocab) padding[i] = true, logits[i] = T(padding_value);
+    auto padding = fill_padding(logits, vocab, stride);
     std::vector<int32_t> targets(total);
     for (unsigned r = 0; r < total; ++r) targets[r] = int32_t((r * 7919u + seed) % vocab);
     targets[offset] = int32_t(vocab - 1);  // in a row's last vector, beside the padding
@@ -126,15 +160,12 @@ void check_loss(unsigned rows, unsigned vocab, unsigned stride, unsigned offset,
     g.info.scalars_uint32[0] = offset;
     emu::launch(softmax_grad_kernel, emu::dim3{rows, 1, 1}, emu::dim3{loss_units}, logits.data(), targets.data(),
                 lse.data(), grad_loss.data(), g.dynamic.data(), g.info);
-    std::vector<T> grad;
-    for (unsigned r = 0; r < rows; ++r)
-        for (unsigned j = 0; j < vocab; ++j) grad.push_back(logits[r * stride + j]);
+    auto grad = leading_columns(logits, vocab, stride);
     // Rows outside the chunk keep their NaN: the kernels write at the chunk's offset only.
     bool others_untouched = true;
     for (unsigned r = 0; r < total; ++r)
         if ((r < offset || r >= offset + rows) && (lse[r] == lse[r] || loss[r] == loss[r])) others_untouched = false;
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u/%u", rows, vocab, stride);
+    const auto shape = text("%ux%u/%u", rows, vocab, stride);
     std::vector<float> chunk_lse(lse.begin() + offset, lse.begin() + offset + rows);
     std::vector<float> chunk_loss(loss.begin() + offset, loss.begin() + offset + rows);
     report("row_loss", shape, "lse", error(chunk_lse, want_lse), 1e-5);
@@ -151,9 +182,7 @@ void check_loss(unsigned rows, unsigned vocab, unsigned stride, unsigned offset,
 void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsigned x_stride, uint64_t seed) {
     auto acc = random_values<float>(size_t(rows) * acc_stride, seed);
     auto x = random_values<T>(size_t(rows) * x_stride, seed + 1);
-    std::vector<bool> padding(acc.size());
-    for (size_t i = 0; i < acc.size(); ++i)
-        if (i % acc_stride >= cols) padding[i] = true, acc[i] = padding_value;
+    auto padding = fill_padding(acc, cols, acc_stride);
     std::vector<double> want;
     for (unsigned r = 0; r < rows; ++r)
         for (unsigned c = 0; c < cols; ++c) want.push_back(double(float(acc[r * acc_stride + c] + float(x[r * x_stride + c]))));
@@ -161,14 +190,10 @@ void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsign
     Arg aacc{{rows, cols}, {acc_stride, 1}, f32_width, rows * acc_stride};
     Arg ax{{rows, cols}, {x_stride, 1}, f32_width, rows * x_stride};
     auto m = tensor_metadata<info_add_widened>({aacc, ax});
-    unsigned vectors = (cols + f32_width - 1) / f32_width;
-    emu::launch(add_widened_kernel, elementwise_grid(rows * vectors), emu::dim3{elementwise_units}, acc.data(), x.data(),
+    emu::launch(add_widened_kernel, grid_for(rows * ceil_div(cols, f32_width), add_units), emu::dim3{add_units}, acc.data(), x.data(),
                 m.dynamic.data(), m.info);
-    std::vector<float> got;
-    for (unsigned r = 0; r < rows; ++r)
-        for (unsigned c = 0; c < cols; ++c) got.push_back(acc[r * acc_stride + c]);
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u/%u,%u", rows, cols, acc_stride, x_stride);
+    auto got = leading_columns(acc, cols, acc_stride);
+    const auto shape = text("%ux%u/%u,%u", rows, cols, acc_stride, x_stride);
     // One f32 add, as the reference's sum rounded to f32: the same bits.
     report("add_widened", shape, "acc", error(got, want), 0);
     report("add_widened", shape, "padding", bits_changed(acc, before, padding), 0);
@@ -206,20 +231,19 @@ void check_rope(unsigned b, unsigned heads, unsigned t, unsigned hd, unsigned fi
     Arg table{{t, hd}, {}, width};
     auto m = tensor_metadata<info_rope>({swapped(heads), table, table, swapped(heads)});
     m.info.scalars_uint32[0] = 0;
-    emu::dim3 grid = elementwise_grid(size_t(b) * heads * t * half / width);
-    emu::launch(rope_kernel, grid, emu::dim3{elementwise_units}, x.data(), cos_t.data(), sin_t.data(), y.data(),
+    emu::dim3 grid = grid_for(size_t(b) * heads * t * half / width, rope_units);
+    emu::launch(rope_kernel, grid, emu::dim3{rope_units}, x.data(), cos_t.data(), sin_t.data(), y.data(),
                 m.dynamic.data(), m.info);
     auto ma = tensor_metadata<info_rope_transposed_added>({swapped(heads), table, table, swapped(out_heads)});
     ma.info.scalars_uint32[0] = first;
-    emu::launch(rope_transposed_added_kernel, grid, emu::dim3{elementwise_units}, x.data(), cos_t.data(), sin_t.data(),
+    emu::launch(rope_transposed_added_kernel, grid, emu::dim3{rope_units}, x.data(), cos_t.data(), sin_t.data(),
                 out.data(), ma.dynamic.data(), ma.info);
     std::vector<bool> other_heads(out.size());
     for (size_t i = 0; i < out.size(); ++i) {
         unsigned h = unsigned(i / hd % out_heads);
         other_heads[i] = h < first || h >= first + heads;
     }
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%ux%ux%u", b, heads, t, hd);
+    const auto shape = text("%ux%ux%ux%u", b, heads, t, hd);
     report("rope", shape, "y", error(y, want), tolerance);
     report("rope_transposed_added", shape, "out", error(out, want_out), tolerance);
     report("rope_transposed_added", shape, "others", bits_changed(out, before, other_heads), 0);
@@ -263,8 +287,7 @@ void check_rms_norm(unsigned n, unsigned d, unsigned stride, uint64_t seed) {
     auto x = random_values<T>(size_t(n) * stride, seed), gain = random_values<T>(d, seed + 1);
     std::vector<T> y(size_t(n) * d, T(NAN));
     launch_rms_norm<info_rms_norm>(rms_norm_kernel, x, gain, y, n, d, stride, width);
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, d, stride);
+    const auto shape = text("%ux%u/%u", n, d, stride);
     report("rms_norm", shape, "y", error(y, rms_norm_reference(x, gain, n, d, stride)), tolerance);
 }
 
@@ -283,8 +306,9 @@ Metadata<Info> norm_backward_metadata(unsigned n, unsigned d, unsigned blocks, u
 // gradients f32, `y` and `dy` in the storage type; the forward 4 f32 a vector; the backward
 // in blocks of `block_rows` rows (the last one partial), with and without the skip
 // connection's gradient added into `dx`, and the gain's gradient summed over the blocks. The
-// backward kernels are compiled for `d` columns (lab_kernels::cuda_source::rms_norm_kernels).
-void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64_t seed) {
+// backward kernels are compiled for `norm_width` columns.
+void check_rms_norm_training(unsigned n, unsigned block_rows, uint64_t seed) {
+    const unsigned d = norm_width;
     auto x = random_values<float>(size_t(n) * d, seed), gain = random_values<float>(d, seed + 1);
     auto dy = random_values<T>(size_t(n) * d, seed + 2);
     auto skip = random_values<float>(size_t(n) * d, seed + 3);
@@ -307,10 +331,10 @@ void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64
     }
     std::vector<T> y(x.size(), T(NAN));
     launch_rms_norm<info_rms_norm_mixed>(rms_norm_mixed_kernel, x, gain, y, n, d, d, f32_width);
-    unsigned blocks = (n + block_rows - 1) / block_rows;
+    unsigned blocks = ceil_div(n, block_rows);
     std::vector<float> dx(x.size(), NAN), dx_skip(x.size(), NAN), partials(size_t(blocks) * d, NAN), dg(d, NAN);
     auto with_skip = norm_backward_metadata<info_rms_norm_backward_skip>(n, d, blocks, block_rows);
-    emu::launch(rms_norm_backward_skip_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
+    emu::launch(rms_norm_backward_skip_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_backward_units}, x.data(), gain.data(),
                 dy.data(), skip.data(), dx_skip.data(), partials.data(), with_skip.dynamic.data(), with_skip.info);
     // The gain's sums below read the next launch's partials, which must be this one's: the
     // skip changes `dx` only. Without the skip connection, `x` stands in for its binding, as
@@ -318,15 +342,12 @@ void check_rms_norm_training(unsigned n, unsigned d, unsigned block_rows, uint64
     auto skip_partials = partials;
     std::fill(partials.begin(), partials.end(), NAN);
     auto bm = norm_backward_metadata<info_rms_norm_backward>(n, d, blocks, block_rows);
-    emu::launch(rms_norm_backward_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_units}, x.data(), gain.data(),
+    emu::launch(rms_norm_backward_kernel, emu::dim3{blocks, 1, 1}, emu::dim3{norm_backward_units}, x.data(), gain.data(),
                 dy.data(), x.data(), dx.data(), partials.data(), bm.dynamic.data(), bm.info);
     auto sm = tensor_metadata<info_rms_norm_gain_sums>({Arg{{blocks, d}, {}}, Arg{{d}, {}}});
-    // lab_kernels::rms_norm's SUM_COLUMNS columns a cube, SUM_LANES lanes a column.
-    constexpr unsigned sum_columns = 8, sum_lanes = 32;
-    emu::launch(rms_norm_gain_sums_kernel, emu::dim3{(d + sum_columns - 1) / sum_columns, 1, 1},
+    emu::launch(rms_norm_gain_sums_kernel, emu::dim3{ceil_div(d, sum_columns), 1, 1},
                 emu::dim3{sum_columns, sum_lanes, 1}, partials.data(), dg.data(), sm.dynamic.data(), sm.info);
-    char shape[32];
-    std::snprintf(shape, sizeof shape, "%ux%u/%u", n, d, block_rows);
+    const auto shape = text("%ux%u/%u", n, d, block_rows);
     report("rms_norm f32 in", shape, "y", error(y, rms_norm_reference(x, gain, n, d, d)), tolerance);
     // f32 arithmetic and f32 outputs: sums of d terms in f32.
     report("rms_norm backward", shape, "dx", error(dx, want_dx), 1e-5);
@@ -355,13 +376,14 @@ int main() {
     // Five cubes of units.
     check_rope(2, 4, 40, 64, 0, 14);
     // x1-50m's 768 columns (96 vectors on 128 units), on pitched rows too; more vectors than
-    // units.
+    // units. (The forward is compiled for any width.)
     check_rms_norm(3, 768, 768, 11);
     check_rms_norm(3, 768, 768 + 4 * width, 15);
     check_rms_norm(2, 192 * width, 192 * width, 12);
     // Three blocks of rows, the last one partial; and 40 blocks, more than the gain's sums
-    // have lanes a column (lab_kernels::rms_norm::SUM_LANES, 32).
-    check_rms_norm_training(40, 768, 16, 13);
-    check_rms_norm_training(40, 768, 1, 16);
+    // have lanes a column.
+    static_assert(sum_lanes < 40, "a lane sums more than one block");
+    check_rms_norm_training(40, 16, 13);
+    check_rms_norm_training(40, 1, 16);
     return all_passed ? 0 : 1;
 }

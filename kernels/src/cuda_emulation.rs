@@ -126,7 +126,7 @@ pub(crate) struct Emulation {
     /// The storage type, as C++ names it (`-DSTORAGE`) and as the reports do (`-DSUFFIX`).
     pub storage: &'static str,
     pub suffix: &'static str,
-    /// What else tells this build apart in messages and folder names (`hd64`).
+    /// What else tells this build apart in messages and folder names (`hd 64`).
     pub label: String,
     /// How the driver launches them, as `-D` definitions.
     pub defines: Vec<String>,

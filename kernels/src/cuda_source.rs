@@ -161,7 +161,7 @@ fn vector_kernels(client: &Client, dtype: DType, n: usize, mode: ExecutionMode) 
             rows(), c.clone(), t(), t(), t(), t(), (), (), n, lm_head::ROW_UNITS, [e, i32, f32]), mode)),
         // The f32 accumulator takes 4 a vector (16 bytes) whatever the addend.
         ("lm_head-add_widened", cuda_cpp_in(&lm_head::add_widened_kernel::AddWidenedKernel::new(
-            units(256), c.clone(), t(), t(), 4, [e, f32]), mode)),
+            units(lm_head::ADD_UNITS), c.clone(), t(), t(), 4, [e, f32]), mode)),
         ("rope", cuda_cpp_in(&rope(false), mode)),
         ("rope_transposed_added", cuda_cpp_in(&rope(true), mode)),
         // x and y in one dtype (bf16 training's norm of an f32 x is in `rms_norm_kernels`).
@@ -299,7 +299,22 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// cubecl's `Validate` mode, so an access past a buffer's end fails too.
 #[test]
 fn vector_kernels_match_fp64_on_the_cuda_emulation() {
+    use crate::{lm_head, rms_norm, rope, swiglu};
     let client = WgpuRuntime::client(&WgpuDevice::default());
+    // x1-50m's width: the backward's kernels are compiled for one.
+    let norm_width = 768;
+    // How lab launches the kernels, for rows.cpp to launch them alike.
+    let launches = [
+        ("SWIGLU_UNITS", swiglu::UNITS as usize),
+        ("ROPE_UNITS", rope::UNITS as usize),
+        ("ADD_UNITS", lm_head::ADD_UNITS as usize),
+        ("LOSS_UNITS", lm_head::ROW_UNITS),
+        ("NORM_UNITS", rms_norm::ROW_UNITS),
+        ("NORM_BACKWARD_UNITS", rms_norm::backward_units(norm_width)),
+        ("NORM_WIDTH", norm_width),
+        ("SUM_COLUMNS", rms_norm::SUM_COLUMNS),
+        ("SUM_LANES", rms_norm::SUM_LANES),
+    ];
     // `rms_norm_kernels`' four, in its order, as rows.cpp includes them.
     let norm_names = [
         "rms_norm_mixed",
@@ -316,7 +331,7 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
                 .map(|(name, cpp)| (emulated_name(name), cpp))
                 .chain(
                     norm_names.into_iter().zip(
-                        rms_norm_kernels(&client, 768, dtype, ExecutionMode::Validate)
+                        rms_norm_kernels(&client, norm_width, dtype, ExecutionMode::Validate)
                             .map(|(_, cpp)| cpp),
                     ),
                 )
@@ -324,7 +339,9 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
             storage,
             suffix,
             label: "8 a vector".into(),
-            defines: Vec::new(),
+            defines: launches
+                .map(|(name, value)| format!("-D{name}={value}"))
+                .to_vec(),
         })
         .collect();
     emulate_all(emulations);

@@ -35,6 +35,9 @@ use crate::{
 /// a 50K-word row is streamed in about 25 strides of 8 columns a unit.
 pub const ROW_UNITS: usize = 256;
 
+/// Units per cube of [`add_widened`]: one a vector of the weight gradient.
+pub(crate) const ADD_UNITS: u32 = 256;
+
 // The tree in `combine_units` halves the cube's width down to one unit.
 const _: () = assert!(ROW_UNITS.is_power_of_two());
 
@@ -354,7 +357,7 @@ pub fn add_widened<R: CubeRuntime>(acc: &CubeTensor<R>, x: CubeTensor<R>) {
     let [rows, cols] = shape2(acc, "add_widened");
     let width = padded_row_vector_size(&[acc, &x], cols);
     let client = acc.client.clone();
-    let cube_dim = CubeDim::new_1d(256);
+    let cube_dim = CubeDim::new_1d(ADD_UNITS);
     add_widened_kernel::launch::<R>(
         &client,
         cubecl::calculate_cube_count_elemwise(&client, rows * cols.div_ceil(width), cube_dim),
