@@ -132,16 +132,45 @@ pub(crate) struct Emulation {
     pub defines: Vec<String>,
 }
 
-/// Seconds an emulation may run before it counts as hung: a hang is a bug, slowness is not,
-/// so this is far above the slowest seen (a few minutes on CI's 2 cores, beside the other
-/// lavapipe test runs; one OS thread per CUDA thread is slow when the cores are shared).
-const EMULATION_LIMIT_S: u32 = 1200;
+/// Seconds an emulation may run before it counts as hung (a loop that never ends: a barrier
+/// or shuffle that some threads never reach ends the run at once, exit 124). A hang is a bug,
+/// slowness is not, so this is far above the slowest seen (~10 s, on a core of 2).
+const EMULATION_LIMIT_S: u32 = 600;
 
 /// The storage types the kernels are emulated at: (suffix, C++ type, dtype).
 pub(crate) const STORAGES: [(&str, &str, DType); 2] = [
     ("f16", "__half", DType::F16),
     ("bf16", "__nv_bfloat16", DType::BF16),
 ];
+
+/// Builds `driver` (in `kernels/cuda-emu`) into `binary` with the kernels in `dir` on the include
+/// path. At -Og: a build and run take less than at -O1 (hd 64's tensor-core kernels: 3.8 s and
+/// 3.0 s, against 6.9 s and 2.3 s; BENCHMARKS, "The CUDA emulation on fibers").
+fn build<'a>(
+    driver: &str,
+    dir: &Path,
+    defines: impl Iterator<Item = &'a String>,
+    binary: &Path,
+    what: &str,
+) {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let emu = emulation_dir();
+    let built = Command::new(&cxx)
+        .args(["-std=c++20", "-Og", "-w"])
+        .arg(format!("-I{}", emu.join("include").display()))
+        .arg(format!("-I{}", dir.display()))
+        .args(defines)
+        .arg(emu.join(driver))
+        .arg("-o")
+        .arg(binary)
+        .output()
+        .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
+    assert!(
+        built.status.success(),
+        "{cxx} failed on the {what} emulation:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+}
 
 impl Emulation {
     /// Writes the kernels into `dir`, builds the driver there and runs it; its output.
@@ -152,30 +181,20 @@ impl Emulation {
                 .expect("a temporary file");
         }
         let what = format!("{} {} {}", self.driver, self.suffix, self.label);
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let emu = emulation_dir();
         let binary = dir.join("driver");
-        let built = Command::new(&cxx)
-            .args(["-std=c++20", "-O1", "-w", "-pthread"])
-            .arg(format!("-I{}", emu.join("include").display()))
-            .arg(format!("-I{}", dir.display()))
-            .args([
-                format!("-DSTORAGE={}", self.storage),
-                format!("-DSUFFIX={}", self.suffix),
-            ])
-            .args(&self.defines)
-            .arg(emu.join(self.driver))
-            .arg("-o")
-            .arg(&binary)
-            .output()
-            .unwrap_or_else(|e| panic!("{cxx}: {e} (a C++20 compiler is needed; set CXX)"));
-        assert!(
-            built.status.success(),
-            "{cxx} failed on the {what} emulation:\n{}",
-            String::from_utf8_lossy(&built.stderr)
+        let defines = [
+            format!("-DSTORAGE={}", self.storage),
+            format!("-DSUFFIX={}", self.suffix),
+        ];
+        build(
+            self.driver,
+            dir,
+            defines.iter().chain(&self.defines),
+            &binary,
+            &what,
         );
-        // A shuffle or barrier that some thread never reaches hangs the emulation: coreutils'
-        // `timeout` turns that into a failure (exit 124) instead of a stuck test run.
+        // A shuffle or barrier that some thread never reaches ends the emulation with exit 124,
+        // as coreutils' `timeout` does a loop that never ends (instead of a stuck test run).
         let run = Command::new("timeout")
             .arg(EMULATION_LIMIT_S.to_string())
             .arg(&binary)
@@ -184,9 +203,10 @@ impl Emulation {
         let report = String::from_utf8_lossy(&run.stdout).into_owned();
         assert!(
             run.status.code() != Some(124),
-            "{what}: the emulation hung for {EMULATION_LIMIT_S} s: a warp shuffle or barrier \
-             that not every thread reaches (called in a branch that differs between rows?):\n\
-             {report}"
+            "{what}: the emulation hung (at a warp shuffle or barrier that not every thread \
+             reaches, called in a branch that differs between rows?, or for \
+             {EMULATION_LIMIT_S} s):\n{report}{}",
+            String::from_utf8_lossy(&run.stderr)
         );
         assert!(
             run.status.success(),
@@ -204,8 +224,8 @@ impl Emulation {
     }
 }
 
-/// Runs every emulation, one thread apiece (each a C++ build and run of ~15 s, so that they
-/// use every core), and prints their reports.
+/// Runs every emulation, one thread apiece (each a C++ build and run of a few seconds, on one
+/// core: so that they use every core), and prints their reports.
 pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
     let root = std::env::temp_dir().join(format!(
         "lab-cuda-emu-{}-{:?}",
@@ -232,4 +252,89 @@ pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
         print!("{report}");
     }
     std::fs::remove_dir_all(&root).ok();
+}
+
+/// The emulation itself (`cuda-emu/selftest.cpp`: small kernels whose outcome is known): a
+/// barrier of the block, or of the warp within it, orders shared memory and a shuffle does
+/// not, and a race is caught in either order of its accesses; shuffles and votes see the
+/// warp's values; threads that end count as arrived at `__syncthreads`, over two blocks; and a
+/// warp-wide operation that some lanes never reach, or a barrier crossed with a shuffle, ends
+/// the run as a hang (exit 124) where it would hang on a GPU.
+#[test]
+fn the_emulation_catches_races_and_hangs() {
+    let dir = std::env::temp_dir().join(format!("lab-cuda-emu-selftest-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary folder");
+    let binary = dir.join("selftest");
+    build(
+        "selftest.cpp",
+        &dir,
+        std::iter::empty(),
+        &binary,
+        "selftest.cpp",
+    );
+    // Each case, its exit code (`None`: ended by a signal, the race detector's abort) and what
+    // its error says (nothing, for the cases that are right).
+    let cases = [
+        ("ordered_by_block_barrier", Some(0), ""),
+        ("ordered_by_warp_barrier", Some(0), ""),
+        ("exchange", Some(0), ""),
+        ("some_end", Some(0), ""),
+        ("tile_product", Some(0), ""),
+        (
+            "unordered",
+            None,
+            "race (read after write) at byte 0: thread 1 against 0,",
+        ),
+        (
+            "warp_barrier_across_warps",
+            None,
+            "race (read after write) at byte 0: thread 33 against 0,",
+        ),
+        (
+            "shuffle_orders_nothing",
+            None,
+            "race (read after write) at byte 0: thread 1 against 0,",
+        ),
+        (
+            "read_then_write",
+            None,
+            "race (write after read) at byte 0: thread 0 against 1,",
+        ),
+        (
+            "different_tiles",
+            None,
+            "wmma::mma_sync: lane 0 of warp 0 passed other tiles than lane 31",
+        ),
+        (
+            "partial_shuffle",
+            Some(124),
+            "hangs: a lane ended while others of its warp wait",
+        ),
+        (
+            "shuffle_after_lanes_ended",
+            Some(124),
+            "hangs: a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma) after a lane",
+        ),
+        (
+            "crossed",
+            Some(124),
+            "hangs: 64 threads wait at barriers or warp-wide operations",
+        ),
+    ];
+    for (case, code, error) in cases {
+        let run = Command::new("timeout")
+            .args(["60".as_ref(), binary.as_os_str(), case.as_ref()])
+            .output()
+            .expect("the emulation's self-test runs (under coreutils' timeout)");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert_eq!(run.status.code(), code, "{case}: {stdout}{stderr}");
+        let said = if error.is_empty() {
+            stderr.is_empty()
+        } else {
+            stderr.contains(error)
+        };
+        assert!(said, "{case}: wanted {error:?}, got {stderr:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,20 +1,24 @@
 // A CPU emulation of the CUDA surface that cubecl's generated attention and row kernels use,
 // so that their C++ (kernels/src/attention/cuda_source.rs, kernels/src/cuda_source.rs) runs on
-// a machine without a GPU:
-// - a block is one OS thread per CUDA thread; __syncthreads and __syncwarp are barriers of
-//   the block and of the thread's warp of 32; __shfl_xor_sync exchanges through the warp and
-//   __all_sync votes in it.
-//   A warp's barrier counts arrivals from any call site, and the last warp of a block that is
-//   not a multiple of 32 has fewer members: a shuffle that some lanes skip hangs the run,
-//   but one in a partial warp, or two shuffles at different sites that meet, pass here;
+// a machine without a GPU (its own checks: selftest.cpp):
+// - a block's CUDA threads are fibers on one OS thread: each runs until it waits at a barrier
+//   or ends, then the next one that can go on runs, in thread order; __syncthreads and
+//   __syncwarp are barriers of the block and of the thread's warp of 32; __shfl_xor_sync
+//   exchanges through the warp, __all_sync votes in it, and ldmatrix and mma.sync (also
+//   wmma's mma_sync) are warp-wide too. A thread that ends counts as arrived at
+//   __syncthreads, as on a GPU. A run that would hang on a GPU ends at once, with exit 124:
+//   a wait that no thread can end (a barrier or shuffle that some threads never reach), or a
+//   warp-wide operation that a lane which has ended would have to join. A warp's barrier
+//   counts arrivals from any call site, and the last warp of a block that is not a multiple of
+//   32 has fewer members: a shuffle in a partial warp, or two shuffles at different sites that
+//   meet, pass here;
 // - shared memory has a race detector: two accesses to the same bytes by different threads, at
 //   least one a write, abort the run unless a barrier (__syncwarp for the warp, __syncthreads
 //   for the block; not a shuffle) orders them: read after write, write after read, write
-//   after write, whatever the threads' timing. (Its bookkeeping is not itself synchronised:
-//   exact for race-free kernels; a race is caught whichever access runs first, though two
-//   racing threads touching the bookkeeping at the same instant could, rarely, hide it);
+//   after write, whatever order the threads run in;
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
-//   whole tile when the lane runs it; a store is written by lane 0 only. Loads and stores
+//   whole tile when the lane runs it; a store is written by lane 0 only; a product is found
+//   once for the warp, and every lane must pass it the same tiles. Loads and stores
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
 // - cp.async copies are NaN in shared memory from the call to the unit's next
 //   lab_wait_copies (cp.async.wait_all), where they land (below, at __cp_async_shared_global);
@@ -23,16 +27,18 @@
 #pragma once
 
 #include <algorithm>
-#include <barrier>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <math.h>
-#include <memory>
-#include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 
 namespace emu {
 struct dim3 {
@@ -40,7 +46,8 @@ struct dim3 {
 };
 }  // namespace emu
 
-inline thread_local emu::dim3 threadIdx, blockIdx;
+// The running thread's (the scheduler sets them as it switches to a thread).
+inline emu::dim3 threadIdx, blockIdx;
 // What element-wise kernels compute their unit's absolute position in.
 struct uint3 {
     unsigned x, y, z;
@@ -63,14 +70,157 @@ template <class T>
 inline T max(T a, T b) { return a < b ? b : a; }
 
 namespace emu {
+// Up to 256 threads a block (the row kernels': SwiGLU, RoPE, the LM head's).
+constexpr unsigned max_threads = 256;
+
+// Where a fiber (or the scheduler) stopped, and the switch from one to another: on x86-64 its
+// stack pointer, with the callee-saved registers pushed on its stack (a call's worth of work;
+// glibc's swapcontext, the fallback elsewhere, also sets the signal mask: a system call).
+#if defined(__x86_64__) && !defined(LAB_EMU_UCONTEXT)
+struct Context {
+    void* sp;
+};
+extern "C" void lab_emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl lab_emu_switch
+    .type lab_emu_switch, @function
+lab_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size lab_emu_switch, .-lab_emu_switch
+)");
+inline void switch_context(Context& save, const Context& load) { lab_emu_switch(&save.sp, load.sp); }
+// A context that starts `entry` (which must never return) on the stack [stack, stack + size):
+// at its top the six registers lab_emu_switch pops (zeros), `entry` for its `ret`, and above
+// that the slot of a return address, so that `entry` starts with the stack aligned as after a
+// call.
+inline void start_context(Context& c, void* stack, size_t size, void (*entry)()) {
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15);
+    auto* sp = reinterpret_cast<uintptr_t*>(top);
+    *--sp = 0;
+    *--sp = reinterpret_cast<uintptr_t>(entry);
+    for (int r = 0; r < 6; ++r) *--sp = 0;
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+inline void switch_context(Context& save, const Context& load) { swapcontext(&save.uc, &load.uc); }
+inline void start_context(Context& c, void* stack, size_t size, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+// A block's threads as fibers on one OS thread (run_block, below): a thread switches back to
+// the scheduler only where it waits at a barrier, or ends.
+struct Barrier;
+struct Fiber {
+    Context context;
+    const Barrier* waits_at;  // the barrier it waits at (none: it can go on)
+    uint64_t phase;           // the barrier's phase it waits for the end of
+    bool ended;
+};
+inline Fiber fibers[max_threads];
+inline Context scheduler;
+inline unsigned tid;  // the running thread's index in its block
+
+// Phases are numbered across all barriers and blocks, so that a phase's number names it alone
+// (what the warp's collectives below keep of one phase is never taken for another's).
+inline uint64_t last_phase;
+
+// std::barrier's arrive_and_wait and arrive_and_drop for fibers: the last thread to arrive
+// ends the phase and goes on first, while the others still wait in the scheduler. So what
+// it finds from what they left before arriving (a warp's operands, the clocks to join) holds
+// for the phase: none of them can leave anything at this barrier again before all of them
+// have gone on.
+struct Barrier {
+    unsigned members, expected, arrived = 0;
+    uint64_t phase = ++last_phase;
+    // What the threads of `join` (below) had seen together, in the phase `joined_phase`.
+    uint64_t joined_phase = 0;
+    uint32_t joined[max_threads];
+
+    explicit Barrier(unsigned count) : members(count), expected(count) {}
+    void arrive_and_wait() {
+        if (++arrived == expected) return end_phase();
+        fibers[tid].waits_at = this;
+        fibers[tid].phase = phase;
+        switch_context(fibers[tid].context, scheduler);
+    }
+    void arrive_and_drop() {
+        if (arrived == --expected) end_phase();
+    }
+
+  private:
+    void end_phase() {
+        arrived = 0;
+        phase = ++last_phase;
+    }
+};
+
+// A run that would hang on a GPU ends here, with exit 124 (as coreutils' `timeout` ends one).
+[[noreturn]] inline void hang(const char* why) {
+    std::fprintf(stderr, "block %u,%u,%u hangs: %s\n", blockIdx.x, blockIdx.y, blockIdx.z, why);
+    std::exit(124);
+}
+
 // One block at a time: its shared memory (128 KiB: the tensor cores' dK at hd 128 takes 75.5),
 // its barriers, each thread's warp and lane.
 constexpr size_t shared_size = 1 << 17;
 alignas(256) inline uint8_t shared[shared_size];
-inline std::barrier<>* block_barrier;
-inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
-inline thread_local unsigned warp, lane;
-inline uint64_t shuffle_slots[32][32];
+inline Barrier* block_barrier;
+inline std::vector<Barrier> warp_barriers;
+inline unsigned warp, lane;
+
+// The running thread's warp, for an operation of the whole warp (a shuffle, a vote,
+// __syncwarp, ldmatrix, mma), whose mask names every lane: undefined on a GPU where one has
+// ended (thread_main checks the other order: a lane that ends while others wait at one).
+inline Barrier& whole_warp() {
+    Barrier& b = warp_barriers[warp];
+    if (b.expected != b.members) hang("a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma) after a lane of the warp ended");
+    return b;
+}
+
+// Each lane's `value`, from every lane of the warp (a shuffle's, a vote's, ldmatrix's rows):
+// left in `slots`, and copied once a phase of the warp's barrier (so that a lane can leave its
+// next value before the others have read this one).
+inline uint64_t slots[32][32];
+struct Exchanged {
+    uint64_t phase;
+    uint64_t values[32];
+};
+inline Exchanged exchanged_values[32];
+inline const uint64_t* exchange(uint64_t value) {
+    Barrier& b = whole_warp();
+    slots[warp][lane] = value;
+    uint64_t phase = b.phase;
+    b.arrive_and_wait();
+    Exchanged& e = exchanged_values[warp];
+    if (e.phase != phase) {
+        std::memcpy(e.values, slots[warp], sizeof e.values);
+        e.phase = phase;
+    }
+    return e.values;
+}
 
 inline float half_to_float(uint16_t h) {
     uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -146,10 +296,8 @@ namespace emu {
 // and compute-sanitizer's racecheck): two accesses to the same 2 bytes by different threads,
 // at least one a write, with no barrier between them, abort the run. Only __syncwarp and
 // __syncthreads order threads; a warp shuffle does not.
-// Up to 256 threads a block (the row kernels': SwiGLU, RoPE, the LM head's); the bookkeeping
-// below is walked only for the block's own threads (`block_threads`), so smaller blocks cost
-// no more.
-constexpr unsigned max_threads = 256;
+// The bookkeeping below is walked only for the block's own threads (`block_threads`), so
+// smaller blocks cost no more.
 constexpr size_t granules = shared_size / 2;
 inline uint32_t clocks[max_threads][max_threads];    // row t: what thread t has seen
 inline uint32_t exchanged[max_threads][max_threads]; // rows copied at a barrier
@@ -159,21 +307,25 @@ inline uint32_t written_at[granules];                // its clock then
 // granule (read_at[g * block_threads + t]), so that a write checks one run of memory.
 inline uint32_t read_at[granules * max_threads];
 inline unsigned block_threads;
-inline thread_local unsigned tid;
+// Granules below this have been read or written since the last reset (all, before the first).
+inline size_t touched_granules = granules;
 
 inline void reset_races(unsigned threads) {
     if (threads > max_threads) {
         std::fprintf(stderr, "a block of %u threads: the emulation takes %u at most\n", threads, max_threads);
         std::abort();
     }
+    // Only the granules the last block touched, in its layout of `read_at` (32 MiB in all at
+    // 128 threads, where a block of the attention's touches a few hundred KiB).
+    std::memset(writer, 0xff, touched_granules * sizeof writer[0]);
+    std::memset(read_at, 0, touched_granules * block_threads * sizeof read_at[0]);
+    touched_granules = 0;
     block_threads = threads;
     // `exchanged` too: a thread that leaves before a barrier must not count with what a thread
     // of an earlier block had seen.
     std::memset(clocks, 0, sizeof clocks);
     std::memset(exchanged, 0, sizeof exchanged);
     for (unsigned t = 0; t < threads; ++t) clocks[t][t] = 1;
-    std::memset(writer, 0xff, sizeof writer);
-    std::memset(read_at, 0, granules * threads * sizeof read_at[0]);
 }
 
 [[noreturn]] inline void race(const char* kind, size_t at, unsigned other) {
@@ -193,6 +345,7 @@ inline bool seen(unsigned other, uint32_t time) { return time <= clocks[tid][oth
 
 inline void on_read(size_t at, size_t size) {
     if (at + size > shared_size) beyond_shared(at + size);
+    touched_granules = std::max(touched_granules, (at + size + 1) / 2);
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("read after write", at, w);
@@ -202,6 +355,7 @@ inline void on_read(size_t at, size_t size) {
 
 inline void on_write(size_t at, size_t size) {
     if (at + size > shared_size) beyond_shared(at + size);
+    touched_granules = std::max(touched_granules, (at + size + 1) / 2);
     for (size_t g = at / 2; g <= (at + size - 1) / 2; ++g) {
         int w = writer[g];
         if (w >= 0 && unsigned(w) != tid && !seen(w, written_at[g])) race("write after write", at, w);
@@ -228,16 +382,20 @@ void write(size_t at, T value) {
     std::memcpy(&shared[at], &value, sizeof(T));
 }
 
-// A barrier of the threads [first, first + count): each leaves having seen all they had seen.
-inline void join(std::barrier<>& barrier, unsigned first, unsigned count) {
+// A barrier of the threads [first, first + count): each leaves having seen all they had seen
+// (found once a phase, by the thread that goes on first).
+inline void join(Barrier& barrier, unsigned first, unsigned count) {
     unsigned n = block_threads;
     std::memcpy(exchanged[tid], clocks[tid], n * sizeof clocks[tid][0]);
+    uint64_t phase = barrier.phase;
     barrier.arrive_and_wait();
-    uint32_t joined[max_threads] = {};
-    for (unsigned t = first; t < first + count; ++t)
-        for (unsigned u = 0; u < n; ++u) joined[u] = std::max(joined[u], exchanged[t][u]);
-    barrier.arrive_and_wait();
-    std::memcpy(clocks[tid], joined, n * sizeof joined[0]);
+    if (barrier.joined_phase != phase) {
+        std::fill_n(barrier.joined, n, 0u);
+        for (unsigned t = first; t < first + count; ++t)
+            for (unsigned u = 0; u < n; ++u) barrier.joined[u] = std::max(barrier.joined[u], exchanged[t][u]);
+        barrier.joined_phase = phase;
+    }
+    std::memcpy(clocks[tid], barrier.joined, n * sizeof barrier.joined[0]);
     clocks[tid][tid] += 1;
 }
 
@@ -288,7 +446,7 @@ struct PendingCopy {
     size_t at, size;
     uint8_t bytes[16];
 };
-inline thread_local std::vector<PendingCopy> pending_copies;
+inline std::vector<PendingCopy> pending_copies[max_threads];  // each thread's
 }  // namespace emu
 
 template <size_t N, class S, class T>
@@ -303,19 +461,19 @@ inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t sr
     std::memcpy(copy.bytes, src, src_bytes);
     emu::on_write(dst.offset, N);
     std::memset(&emu::shared[dst.offset], 0xff, N);
-    emu::pending_copies.push_back(copy);
+    emu::pending_copies[emu::tid].push_back(copy);
 }
 
 inline void lab_wait_copies() {
-    for (const emu::PendingCopy& copy : emu::pending_copies) {
+    for (const emu::PendingCopy& copy : emu::pending_copies[emu::tid]) {
         emu::on_write(copy.at, copy.size);
         std::memcpy(&emu::shared[copy.at], copy.bytes, copy.size);
     }
-    emu::pending_copies.clear();
+    emu::pending_copies[emu::tid].clear();
 }
 inline void __syncwarp(unsigned = 0xffffffffu) {
     unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
-    emu::join(*emu::warp_barriers[emu::warp], first, std::min(32u, threads - first));
+    emu::join(emu::whole_warp(), first, std::min(32u, threads - first));
 }
 
 // CUDA's fast exp and log: a multiply and the special-function unit's base-2 function, so the
@@ -341,11 +499,11 @@ template <class T>
 inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
     static_assert(sizeof(T) <= 8);
     // Lanes meet here, but their clocks do not join: a shuffle orders no memory.
-    std::memcpy(&emu::shuffle_slots[emu::warp][emu::lane], &value, sizeof(T));
-    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(T));
+    const uint64_t* values = emu::exchange(bits);
     T other;
-    std::memcpy(&other, &emu::shuffle_slots[emu::warp][emu::lane ^ lane_mask], sizeof(T));
-    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    std::memcpy(&other, &values[emu::lane ^ lane_mask], sizeof(T));
     return other;
 }
 
@@ -353,11 +511,9 @@ inline T __shfl_xor_sync(int, T value, unsigned lane_mask) {
 inline bool __all_sync(int, bool predicate) {
     unsigned threads = blockDim.x * blockDim.y * blockDim.z, first = 32 * emu::warp;
     unsigned members = std::min(32u, threads - first);
-    emu::shuffle_slots[emu::warp][emu::lane] = predicate;
-    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    const uint64_t* votes = emu::exchange(predicate);
     bool all = true;
-    for (unsigned l = 0; l < members; ++l) all = all && emu::shuffle_slots[emu::warp][l] != 0;
-    emu::warp_barriers[emu::warp]->arrive_and_wait();
+    for (unsigned l = 0; l < members; ++l) all = all && votes[l] != 0;
     return all;
 }
 
@@ -418,19 +574,45 @@ inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 
             (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * 16 + c];
 }
 
+// A warp-wide operation, as on a GPU. Every lane holds the same tiles here (each loads all of
+// a tile), so the lane that ends the phase finds the product once for the warp, having checked
+// that every lane passed the same tiles (lanes that do not would get undefined results on a
+// GPU). The others' fragments are on their fibers' stacks, which wait here.
+inline const float* tile_operands[32][32][3];
+struct TileProduct {
+    uint64_t phase;
+    float d[256];
+};
+inline TileProduct tile_products[32];
+
 template <class TA, class LA, class TB, class LB>
 inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
                      const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
                      const fragment<matrix_b, 16, 16, 16, TB, LB>& b,
                      const fragment<accumulator, 16, 16, 16, float>& c) {
-    float out[256];
-    for (int i = 0; i < 16; ++i)
-        for (int j = 0; j < 16; ++j) {
-            float s = c.x[i * 16 + j];
-            for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
-            out[i * 16 + j] = s;
-        }
-    std::memcpy(d.x, out, sizeof out);
+    emu::Barrier& warp = emu::whole_warp();
+    const float* const mine[3] = {a.x, b.x, c.x};
+    std::copy_n(mine, 3, tile_operands[emu::warp][emu::lane]);
+    uint64_t phase = warp.phase;
+    warp.arrive_and_wait();
+    TileProduct& p = tile_products[emu::warp];
+    if (p.phase != phase) {
+        for (unsigned l = 0; l < warp.members; ++l)
+            for (unsigned k = 0; k < 3; ++k)
+                if (std::memcmp(tile_operands[emu::warp][l][k], mine[k], 256 * sizeof(float)) != 0) {
+                    std::fprintf(stderr, "wmma::mma_sync: lane %u of warp %u passed other tiles than lane %u\n", l,
+                                 emu::warp, emu::lane);
+                    std::abort();
+                }
+        for (int i = 0; i < 16; ++i)
+            for (int j = 0; j < 16; ++j) {
+                float s = c.x[i * 16 + j];
+                for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
+                p.d[i * 16 + j] = s;
+            }
+        p.phase = phase;
+    }
+    std::memcpy(d.x, p.d, sizeof p.d);
 }
 }  // namespace nvcuda::wmma
 
@@ -438,8 +620,6 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
 // defines each as inline PTX (`ldmatrix`, `mma.sync`), which the emulation defines instead
 // (for_emulation drops cubecl's definitions), from the PTX ISA's fragment layouts.
 namespace emu {
-// Each lane's row address for ldmatrix, by warp and lane.
-inline size_t matrix_rows[32][32];
 // Each lane's fragments for mma: 4 registers of A, 2 of B.
 inline uint32_t mma_operands[32][32][6];
 
@@ -454,22 +634,20 @@ void load_matrices(Shared<T> row, bool transpose, uint32_t& r0, uint32_t& r1, ui
         std::fprintf(stderr, "ldmatrix: a row at shared byte %zu (needs 16-byte alignment)\n", row.offset);
         std::abort();
     }
-    matrix_rows[warp][lane] = row.offset;
-    warp_barriers[warp]->arrive_and_wait();
+    const uint64_t* rows = exchange(row.offset);
     unsigned g = lane / 4, t = lane % 4;
     uint32_t out[4];
     for (unsigned m = 0; m < 4; ++m) {
         size_t first, second;
         if (transpose) {
-            first = matrix_rows[warp][8 * m + 2 * t] + 2 * g;
-            second = matrix_rows[warp][8 * m + 2 * t + 1] + 2 * g;
+            first = rows[8 * m + 2 * t] + 2 * g;
+            second = rows[8 * m + 2 * t + 1] + 2 * g;
         } else {
-            first = matrix_rows[warp][8 * m + g] + 4 * t;
+            first = rows[8 * m + g] + 4 * t;
             second = first + 2;
         }
         out[m] = uint32_t(read<uint16_t>(first)) | uint32_t(read<uint16_t>(second)) << 16;
     }
-    warp_barriers[warp]->arrive_and_wait();
     r0 = out[0], r1 = out[1], r2 = out[2], r3 = out[3];
 }
 
@@ -485,31 +663,40 @@ float element(uint32_t reg, unsigned half) {
 // mma.sync m16n8k16, row.col, f32 += T·T. Lane (g, t) holds A (16x16) at registers i = 0..3,
 // halves h: row g + 8(i % 2), column 2t + h + 8(i / 2); B (16x8) at i = 0, 1: row 2t + h + 8i,
 // column g; C and D (16x8) at elements e = 0..3: row g + 8(e / 2), column 2t + e % 2.
+// A warp's mma operands as matrices, gathered once a phase of its barrier.
+struct Operands {
+    uint64_t phase;
+    float A[16][16], B[16][8];
+};
+inline Operands operands[32];
+
 template <class T>
 void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
     std::memcpy(mma_operands[warp][lane], a, 16);
     std::memcpy(mma_operands[warp][lane] + 4, b, 8);
-    warp_barriers[warp]->arrive_and_wait();
-    float A[16][16], B[16][8];
-    for (unsigned l = 0; l < 32; ++l) {
-        unsigned lg = l / 4, lt = l % 4;
-        for (unsigned i = 0; i < 4; ++i)
-            for (unsigned h = 0; h < 2; ++h)
-                A[lg + 8 * (i % 2)][2 * lt + h + 8 * (i / 2)] = element<T>(mma_operands[warp][l][i], h);
-        for (unsigned i = 0; i < 2; ++i)
-            for (unsigned h = 0; h < 2; ++h)
-                B[2 * lt + h + 8 * i][lg] = element<T>(mma_operands[warp][l][4 + i], h);
+    Barrier& barrier = whole_warp();
+    uint64_t phase = barrier.phase;
+    barrier.arrive_and_wait();
+    Operands& o = operands[warp];
+    if (o.phase != phase) {
+        for (unsigned l = 0; l < 32; ++l) {
+            unsigned lg = l / 4, lt = l % 4;
+            for (unsigned i = 0; i < 4; ++i)
+                for (unsigned h = 0; h < 2; ++h)
+                    o.A[lg + 8 * (i % 2)][2 * lt + h + 8 * (i / 2)] = element<T>(mma_operands[warp][l][i], h);
+            for (unsigned i = 0; i < 2; ++i)
+                for (unsigned h = 0; h < 2; ++h)
+                    o.B[2 * lt + h + 8 * i][lg] = element<T>(mma_operands[warp][l][4 + i], h);
+        }
+        o.phase = phase;
     }
-    warp_barriers[warp]->arrive_and_wait();
     unsigned g = lane / 4, t = lane % 4;
-    float out[4];
     for (unsigned e = 0; e < 4; ++e) {
         unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
         float sum = c[e];
-        for (unsigned k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
-        out[e] = sum;
+        for (unsigned k = 0; k < 16; ++k) sum += o.A[row][k] * o.B[k][col];
+        d[e] = sum;
     }
-    std::memcpy(d, out, sizeof out);
 }
 }  // namespace emu
 
@@ -557,41 +744,109 @@ P pass(A a) {
     }
 }
 
-// Runs `kernel(args...)` over `grid`, one block after another, each block's threads at once.
+// Each fiber's stack, mapped once and kept for every block: 1 MiB (the kernels keep tiles in
+// local arrays; a wmma fragment is 1 KiB here), under a page that faults on an overflow.
+constexpr size_t stack_size = 1 << 20;
+inline void* fiber_stack(unsigned t) {
+    static void* stacks[max_threads];
+    if (!stacks[t]) {
+        size_t page = size_t(sysconf(_SC_PAGESIZE));
+        void* base = mmap(nullptr, page + stack_size, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) != 0) {
+            std::perror("a fiber's stack");
+            std::abort();
+        }
+        stacks[t] = static_cast<uint8_t*>(base) + page;
+    }
+    return stacks[t];
+}
+
+// The kernel with its arguments, as each thread of a launch runs it.
+inline std::function<void()> thread_body;
+
+// A thread's fiber: the kernel, then its leaving the block's barriers, and back to the
+// scheduler for good.
+[[noreturn]] inline void thread_main() {
+    thread_body();
+    if (!pending_copies[tid].empty()) {
+        std::fprintf(stderr, "thread %u of block %u,%u,%u ended with %zu cp.async copies not waited for\n", tid,
+                     blockIdx.x, blockIdx.y, blockIdx.z, pending_copies[tid].size());
+        std::abort();
+    }
+    if (warp_barriers[warp].arrived > 0)
+        hang("a lane ended while others of its warp wait at a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma)");
+    // At __syncthreads, as on a GPU, a thread that has ended counts as arrived.
+    block_barrier->arrive_and_drop();
+    warp_barriers[warp].arrive_and_drop();
+    fibers[tid].ended = true;
+    switch_context(fibers[tid].context, scheduler);
+    std::abort();  // never resumed
+}
+
+// Whether thread `t` can run: not ended, and not waiting at a barrier whose phase goes on.
+inline bool can_run(unsigned t) {
+    const Fiber& f = fibers[t];
+    return !f.ended && (!f.waits_at || f.waits_at->phase != f.phase);
+}
+
+inline void switch_to(unsigned t) {
+    tid = t;
+    warp = t / 32;
+    lane = t % 32;
+    threadIdx = {t % blockDim.x, (t / blockDim.x) % blockDim.y, t / (blockDim.x * blockDim.y)};
+    switch_context(scheduler, fibers[t].context);
+}
+
+// Every thread waits for a barrier's phase that cannot end: a barrier or shuffle that some of
+// the block's threads never reach (a hang on a GPU). Exit 124, as coreutils' `timeout` does.
+[[noreturn]] inline void deadlock(unsigned threads) {
+    unsigned waiting = 0;
+    for (unsigned t = 0; t < threads; ++t) waiting += !fibers[t].ended;
+    char why[160];
+    std::snprintf(why, sizeof why, "%u threads wait at barriers or warp-wide operations that the others never reach",
+                  waiting);
+    hang(why);
+}
+
+// The block's threads, each from the start until it waits or ends, in turn, until all end.
+inline void run_block(unsigned threads) {
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[t];
+        f.waits_at = nullptr;
+        f.ended = false;
+        start_context(f.context, fiber_stack(t), stack_size, thread_main);
+    }
+    for (unsigned ended = 0; ended < threads;) {
+        bool ran = false;
+        for (unsigned t = 0; t < threads; ++t)
+            if (can_run(t)) {
+                switch_to(t);
+                ran = true;
+                ended += fibers[t].ended;
+            }
+        if (!ran) deadlock(threads);
+    }
+}
+
+// Runs `kernel(args...)` over `grid`, one block after another.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
     blockDim = block;
     gridDim = grid;
     unsigned threads = block.x * block.y * block.z, warps = (threads + 31) / 32;
+    thread_body = [=] { kernel(pass<Params>(args)...); };
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = {x, y, z};
                 std::memset(shared, 0xff, sizeof shared);  // NaN-ish garbage, as a GPU's
                 reset_races(threads);
-                std::barrier<> barrier(threads);
+                Barrier barrier(threads);
                 block_barrier = &barrier;
                 warp_barriers.clear();
-                for (unsigned w = 0; w < warps; ++w)
-                    warp_barriers.push_back(std::make_unique<std::barrier<>>(
-                        std::min(32u, threads - 32 * w)));
-                std::vector<std::thread> team;
-                for (unsigned t = 0; t < threads; ++t)
-                    team.emplace_back([=] {
-                        tid = t;
-                        blockIdx = {x, y, z};
-                        threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                        warp = t / 32;
-                        lane = t % 32;
-                        kernel(pass<Params>(args)...);
-                        if (!pending_copies.empty()) {
-                            std::fprintf(stderr, "thread %u of block %u,%u,%u ended with %zu cp.async copies not waited for\n",
-                                         t, x, y, z, pending_copies.size());
-                            std::abort();
-                        }
-                        block_barrier->arrive_and_drop();
-                        warp_barriers[warp]->arrive_and_drop();
-                    });
-                for (auto& th : team) th.join();
+                for (unsigned w = 0; w < warps; ++w) warp_barriers.emplace_back(std::min(32u, threads - 32 * w));
+                run_block(threads);
             }
 }
 }  // namespace emu

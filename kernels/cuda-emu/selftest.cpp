@@ -1,0 +1,147 @@
+// The emulation's own checks (include/emu.h): small kernels, written here by hand, whose
+// outcome is known. Run by kernels/src/cuda_emulation.rs's test, one case a run (`selftest
+// CASE`): a case that is right must end with exit 0, a race must end the run naming it, a
+// barrier that some threads never reach must end it as a hang (exit 124). Without these, a
+// fault in the emulation that let races or hangs through would pass every kernel's test.
+#include "emu.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+using emu::Shared;
+
+// Thread 0 writes, thread `reader` reads; between them a barrier of the block, of the warp,
+// or a shuffle (which orders no memory).
+enum Between { block_barrier, warp_barrier, shuffle, nothing };
+
+__global__ void write_then_read(float* out, unsigned reader, int between) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t == 0) s[0] = 42.0f;
+    if (between == block_barrier) __syncthreads();
+    if (between == warp_barrier) __syncwarp();
+    if (between == shuffle) (void)__shfl_xor_sync(-1, t, 1);
+    if (t == reader) out[0] = s[0];
+}
+
+// Thread 1 reads, then thread 0 writes, with only a shuffle between: a write after a read.
+// (The fibers run in thread order, so thread 0 writes first unless it waits; the shuffle makes
+// it wait for thread 1's read, but orders no memory.)
+__global__ void read_then_write(float* out) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t == 1) out[0] = s[0];
+    (void)__shfl_xor_sync(-1, t, 1);
+    if (t == 0) s[0] = 1.0f;
+}
+
+// Each lane's value, exchanged with the lane `mask` away; and two votes a warp: warps 0 and 1
+// all have t < 64, warp 2 none; t % 64 != 5 fails in warps 0 (t = 5) and 2 (t = 69).
+__global__ void exchange(unsigned* out, unsigned mask) {
+    unsigned t = threadIdx.x;
+    out[t] = __shfl_xor_sync(-1, 100 + t, mask);
+    out[96 + t] = __all_sync(-1, t < 64) + 2 * __all_sync(-1, t % 64 != 5);
+}
+
+// Some threads end first; the others still meet at the block's barrier and order their shared
+// memory by it.
+__global__ void some_end(float* out) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t >= 48) return;
+    s[t] = float(t);
+    __syncthreads();
+    out[t] = s[47 - t];
+}
+
+// A shuffle that only the first 16 lanes call: undefined on a GPU, a hang here. The other
+// lanes end while the first wait at it.
+__global__ void partial_shuffle(unsigned* out) {
+    unsigned t = threadIdx.x;
+    if (t < 16) out[t] = __shfl_xor_sync(-1, t, 1);
+}
+
+// The same, with the other lanes ended before the first 16 shuffle (they wait at the block's
+// barrier first, which the ended lanes count as arrived at).
+__global__ void shuffle_after_lanes_ended(unsigned* out) {
+    unsigned t = threadIdx.x;
+    if (t >= 16 && t < 32) return;
+    __syncthreads();
+    if (t < 16) out[t] = __shfl_xor_sync(-1, t, 1);
+}
+
+// Lanes 0 to 15 wait at a shuffle for lanes 16 to 31, which wait at the block's barrier for
+// lanes 0 to 15.
+__global__ void crossed(unsigned* out) {
+    unsigned t = threadIdx.x;
+    if (t < 16) out[t] = __shfl_xor_sync(-1, t, 1);
+    else __syncthreads();
+}
+
+// A wmma product: every lane must pass the same tiles (`odd_lanes`: a different A in odd lanes).
+__global__ void tile_product(float* out, float odd_lanes) {
+    using namespace nvcuda::wmma;
+    fragment<matrix_a, 16, 16, 16, __half, row_major> a;
+    fragment<matrix_b, 16, 16, 16, __half, col_major> b;
+    fragment<accumulator, 16, 16, 16, float> c;
+    fill_fragment(a, threadIdx.x % 2 ? odd_lanes : 1.0f);
+    fill_fragment(b, 2.0f);
+    fill_fragment(c, 3.0f);
+    mma_sync(c, a, b, c);
+    out[threadIdx.x] = c.x[255];
+}
+
+int main(int argc, char** argv) {
+    std::string c = argc > 1 ? argv[1] : "";
+    float f[192];
+    unsigned u[192];
+    std::fill_n(f, 192, -1.0f);
+    std::fill_n(u, 192, 0u);
+    emu::dim3 one{1, 1, 1};
+    auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
+    if (c == "ordered_by_block_barrier") {
+        emu::launch(write_then_read, one, block(64), f, 33u, int(block_barrier));
+        return f[0] == 42.0f ? 0 : 1;
+    } else if (c == "ordered_by_warp_barrier") {
+        emu::launch(write_then_read, one, block(64), f, 1u, int(warp_barrier));
+        return f[0] == 42.0f ? 0 : 1;
+    } else if (c == "unordered") {
+        emu::launch(write_then_read, one, block(64), f, 1u, int(nothing));
+    } else if (c == "warp_barrier_across_warps") {
+        emu::launch(write_then_read, one, block(64), f, 33u, int(warp_barrier));
+    } else if (c == "shuffle_orders_nothing") {
+        emu::launch(write_then_read, one, block(64), f, 1u, int(shuffle));
+    } else if (c == "read_then_write") {
+        emu::launch(read_then_write, one, block(32), f);
+    } else if (c == "exchange") {
+        emu::launch(exchange, one, block(96), u, 3u);
+        for (unsigned t = 0; t < 96; ++t) {
+            unsigned votes = t < 32 ? 1 : t < 64 ? 3 : 0;
+            if (u[t] != 100 + (t ^ 3) || u[96 + t] != votes) {
+                std::printf("thread %u: got %u and %u, want %u and %u\n", t, u[t], u[96 + t], 100 + (t ^ 3), votes);
+                return 1;
+            }
+        }
+    } else if (c == "some_end") {
+        emu::launch(some_end, emu::dim3{2, 1, 1}, block(64), f);
+        for (unsigned t = 0; t < 48; ++t)
+            if (f[t] != float(47 - t)) return 1;
+    } else if (c == "tile_product") {
+        emu::launch(tile_product, one, block(64), f, 1.0f);
+        for (unsigned t = 0; t < 64; ++t)
+            if (f[t] != 3.0f + 16 * 2.0f) return 1;
+    } else if (c == "different_tiles") {
+        emu::launch(tile_product, one, block(64), f, 0.5f);
+    } else if (c == "partial_shuffle") {
+        emu::launch(partial_shuffle, one, block(32), u);
+    } else if (c == "shuffle_after_lanes_ended") {
+        emu::launch(shuffle_after_lanes_ended, one, block(64), u);
+    } else if (c == "crossed") {
+        emu::launch(crossed, one, block(64), u);
+    } else {
+        std::fprintf(stderr, "no case %s\n", c.c_str());
+        return 2;
+    }
+    return 0;
+}
