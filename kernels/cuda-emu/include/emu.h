@@ -36,9 +36,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <sys/mman.h>
-#include <ucontext.h>
-#include <unistd.h>
+#include "fibers.h"
 
 namespace emu {
 struct dim3 {
@@ -70,65 +68,8 @@ template <class T>
 inline T max(T a, T b) { return a < b ? b : a; }
 
 namespace emu {
-// Up to 256 threads a block (the row kernels': SwiGLU, RoPE, the LM head's).
-constexpr unsigned max_threads = 256;
-
-// Where a fiber (or the scheduler) stopped, and the switch from one to another: on x86-64 its
-// stack pointer, with the callee-saved registers pushed on its stack (a call's worth of work;
-// glibc's swapcontext, the fallback elsewhere, also sets the signal mask: a system call).
-#if defined(__x86_64__) && !defined(LAB_EMU_UCONTEXT)
-struct Context {
-    void* sp;
-};
-extern "C" void lab_emu_switch(void** save_sp, void* load_sp);
-asm(R"(
-    .text
-    .globl lab_emu_switch
-    .type lab_emu_switch, @function
-lab_emu_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size lab_emu_switch, .-lab_emu_switch
-)");
-inline void switch_context(Context& save, const Context& load) { lab_emu_switch(&save.sp, load.sp); }
-// A context that starts `entry` (which must never return) on the stack [stack, stack + size):
-// at its top the six registers lab_emu_switch pops (zeros), `entry` for its `ret`, and above
-// that the slot of a return address, so that `entry` starts with the stack aligned as after a
-// call.
-inline void start_context(Context& c, void* stack, size_t size, void (*entry)()) {
-    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + size) & ~uintptr_t(15);
-    auto* sp = reinterpret_cast<uintptr_t*>(top);
-    *--sp = 0;
-    *--sp = reinterpret_cast<uintptr_t>(entry);
-    for (int r = 0; r < 6; ++r) *--sp = 0;
-    c.sp = sp;
-}
-#else
-struct Context {
-    ucontext_t uc;
-};
-inline void switch_context(Context& save, const Context& load) { swapcontext(&save.uc, &load.uc); }
-inline void start_context(Context& c, void* stack, size_t size, void (*entry)()) {
-    getcontext(&c.uc);
-    c.uc.uc_stack.ss_sp = stack;
-    c.uc.uc_stack.ss_size = size;
-    c.uc.uc_link = nullptr;
-    makecontext(&c.uc, entry, 0);
-}
-#endif
+// Up to 256 threads a block (the row kernels': SwiGLU, RoPE, the LM head's), a fiber each.
+constexpr unsigned max_threads = max_fibers;
 
 // A block's threads as fibers on one OS thread (run_block, below): a thread switches back to
 // the scheduler only where it waits at a barrier, or ends.
@@ -742,24 +683,6 @@ P pass(A a) {
     } else {
         return a;
     }
-}
-
-// Each fiber's stack, mapped once and kept for every block: 1 MiB (the kernels keep tiles in
-// local arrays; a wmma fragment is 1 KiB here), under a page that faults on an overflow.
-constexpr size_t stack_size = 1 << 20;
-inline void* fiber_stack(unsigned t) {
-    static void* stacks[max_threads];
-    if (!stacks[t]) {
-        size_t page = size_t(sysconf(_SC_PAGESIZE));
-        void* base = mmap(nullptr, page + stack_size, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) != 0) {
-            std::perror("a fiber's stack");
-            std::abort();
-        }
-        stacks[t] = static_cast<uint8_t*>(base) + page;
-    }
-    return stacks[t];
 }
 
 // The kernel with its arguments, as each thread of a launch runs it.
