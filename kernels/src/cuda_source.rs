@@ -295,26 +295,34 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// (contiguous and pitched) and at more vectors than units; and RMSNorm as bf16 training runs
 /// it (`x` f32, `y` and `dy` bf16; f16 standing in at f16) at 768 columns, forward and
 /// backward (with and without the skip connection's gradient, in 3 blocks of rows, the last
-/// one partial, and in 40), against fp64. Outputs start as NaN; the kernels are compiled in
+/// one partial, and in 40), against fp64; at bf16 also at the 7B's 4,096 columns and
+/// MedGemma's 5,376 (the backward's cube of 256 units), the widths its kernels are compiled
+/// for apart (`-DONLY_NORM_TRAINING`). Outputs start as NaN; the kernels are compiled in
 /// cubecl's `Validate` mode, so an access past a buffer's end fails too.
 #[test]
 fn vector_kernels_match_fp64_on_the_cuda_emulation() {
     use crate::{lm_head, rms_norm, rope, swiglu};
     let client = WgpuRuntime::client(&WgpuDevice::default());
-    // x1-50m's width: the backward's kernels are compiled for one.
-    let norm_width = 768;
-    // How lab launches the kernels, for rows.cpp to launch them alike.
-    let launches = [
-        ("SWIGLU_UNITS", swiglu::UNITS as usize),
-        ("ROPE_UNITS", rope::UNITS as usize),
-        ("ADD_UNITS", lm_head::ADD_UNITS as usize),
-        ("LOSS_UNITS", lm_head::ROW_UNITS),
-        ("NORM_UNITS", rms_norm::ROW_UNITS),
-        ("NORM_BACKWARD_UNITS", rms_norm::backward_units(norm_width)),
-        ("NORM_WIDTH", norm_width),
-        ("SUM_COLUMNS", rms_norm::SUM_COLUMNS),
-        ("SUM_LANES", rms_norm::SUM_LANES),
-    ];
+    // How lab launches the kernels, for rows.cpp to launch them alike, with RMSNorm's backward
+    // compiled for `norm_width` columns.
+    let launches = |norm_width| {
+        [
+            ("SWIGLU_UNITS", swiglu::UNITS as usize),
+            ("ROPE_UNITS", rope::UNITS as usize),
+            ("ADD_UNITS", lm_head::ADD_UNITS as usize),
+            ("LOSS_UNITS", lm_head::ROW_UNITS),
+            ("NORM_UNITS", rms_norm::ROW_UNITS),
+            ("NORM_BACKWARD_UNITS", rms_norm::backward_units(norm_width)),
+            ("NORM_WIDTH", norm_width),
+            ("SUM_COLUMNS", rms_norm::SUM_COLUMNS),
+            ("SUM_LANES", rms_norm::SUM_LANES),
+        ]
+    };
+    let bf16 = STORAGES[1];
+    let builds = STORAGES
+        .map(|storage| (storage, 768, false))
+        .into_iter()
+        .chain([(bf16, 4096, true), (bf16, 5376, true)]);
     // `rms_norm_kernels`' four, in its order, as rows.cpp includes them.
     let norm_names = [
         "rms_norm_mixed",
@@ -322,27 +330,30 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
         "rms_norm_backward_skip",
         "rms_norm_gain_sums",
     ];
-    let emulations = STORAGES
-        .into_iter()
-        .map(|(suffix, storage, dtype)| Emulation {
-            driver: "rows.cpp",
-            kernels: vector_kernels(&client, dtype, 8, ExecutionMode::Validate)
-                .into_iter()
-                .map(|(name, cpp)| (emulated_name(name), cpp))
-                .chain(
-                    norm_names.into_iter().zip(
-                        rms_norm_kernels(&client, norm_width, dtype, ExecutionMode::Validate)
-                            .map(|(_, cpp)| cpp),
-                    ),
-                )
-                .collect(),
-            storage,
-            suffix,
-            label: "8 a vector".into(),
-            defines: launches
-                .map(|(name, value)| format!("-D{name}={value}"))
-                .to_vec(),
-        })
+    let emulations = builds
+        .map(
+            |((suffix, storage, dtype), norm_width, only_norms)| Emulation {
+                driver: "rows.cpp",
+                kernels: vector_kernels(&client, dtype, 8, ExecutionMode::Validate)
+                    .into_iter()
+                    .map(|(name, cpp)| (emulated_name(name), cpp))
+                    .chain(
+                        norm_names.into_iter().zip(
+                            rms_norm_kernels(&client, norm_width, dtype, ExecutionMode::Validate)
+                                .map(|(_, cpp)| cpp),
+                        ),
+                    )
+                    .collect(),
+                storage,
+                suffix,
+                label: format!("8 a vector, d {norm_width}"),
+                defines: launches(norm_width)
+                    .map(|(name, value)| format!("-D{name}={value}"))
+                    .into_iter()
+                    .chain(only_norms.then(|| "-DONLY_NORM_TRAINING".into()))
+                    .collect(),
+            },
+        )
         .collect();
     emulate_all(emulations);
 }
