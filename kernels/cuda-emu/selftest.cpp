@@ -25,6 +25,37 @@ __global__ void write_then_read(float* out, unsigned reader, int between) {
     if (t == reader) out[0] = s[0];
 }
 
+// After a barrier, the thread that ended its phase (the last, 63, which goes on first) writes
+// and thread 0 reads, unordered: what each had seen at the barrier must not include the other's
+// later steps.
+__global__ void last_writes(float* out) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    __syncthreads();
+    if (t == 63) s[0] = 1.0f;
+    if (t == 0) out[0] = s[0];
+    __syncthreads();
+}
+
+// Threads 0 and 1 write the same bytes, unordered: a write after a write.
+__global__ void both_write(float*) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t < 2) s[0] = float(t);
+}
+
+// Lanes 0 to 30 at __syncwarp while lane 31 shuffles (undefined on a GPU); lane 31 then writes
+// what lane 0 reads, unordered.
+__global__ void mixed_meetings(float* out) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t < 31) __syncwarp();
+    else (void)__shfl_xor_sync(-1, t, 1);
+    if (t == 31) s[0] = 1.0f;
+    if (t == 0) out[0] = s[0];
+    __syncthreads();
+}
+
 // Thread 1 reads, then thread 0 writes, with only a shuffle between: a write after a read.
 // (The fibers run in thread order, so thread 0 writes first unless it waits; the shuffle makes
 // it wait for thread 1's read, but orders no memory.)
@@ -37,11 +68,19 @@ __global__ void read_then_write(float* out) {
 }
 
 // Each lane's value, exchanged with the lane `mask` away; and two votes a warp: warps 0 and 1
-// all have t < 64, warp 2 none; t % 64 != 5 fails in warps 0 (t = 5) and 2 (t = 69).
+// all have t < 64, warp 2 none; t % 64 != 5 fails in warps 0 (t = 5) and 2 (t = 69). Values
+// differ by block, so that one block's exchange is never taken for another's.
 __global__ void exchange(unsigned* out, unsigned mask) {
+    unsigned t = threadIdx.x, at = 192 * blockIdx.x;
+    out[at + t] = __shfl_xor_sync(-1, 100 + 1000 * blockIdx.x + t, mask);
+    out[at + 96 + t] = __all_sync(-1, t < 64) + 2 * __all_sync(-1, t % 64 != 5);
+}
+
+// One shuffle a block, of values that differ by block: the second block's must not be taken
+// for the first's (each block's barriers start their phases alike).
+__global__ void shuffle_by_block(unsigned* out) {
     unsigned t = threadIdx.x;
-    out[t] = __shfl_xor_sync(-1, 100 + t, mask);
-    out[96 + t] = __all_sync(-1, t < 64) + 2 * __all_sync(-1, t % 64 != 5);
+    out[64 * blockIdx.x + t] = __shfl_xor_sync(-1, 1000 * blockIdx.x + t, 1);
 }
 
 // Some threads end first; the others still meet at the block's barrier and order their shared
@@ -95,9 +134,9 @@ __global__ void tile_product(float* out, float odd_lanes) {
 int main(int argc, char** argv) {
     std::string c = argc > 1 ? argv[1] : "";
     float f[192];
-    unsigned u[192];
+    unsigned u[384];
     std::fill_n(f, 192, -1.0f);
-    std::fill_n(u, 192, 0u);
+    std::fill_n(u, 384, 0u);
     emu::dim3 one{1, 1, 1};
     auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
     if (c == "ordered_by_block_barrier") {
@@ -114,15 +153,28 @@ int main(int argc, char** argv) {
         emu::launch(write_then_read, one, block(64), f, 1u, int(shuffle));
     } else if (c == "read_then_write") {
         emu::launch(read_then_write, one, block(32), f);
+    } else if (c == "last_writes") {
+        emu::launch(last_writes, one, block(64), f);
+    } else if (c == "both_write") {
+        emu::launch(both_write, one, block(64), f);
+    } else if (c == "mixed_meetings") {
+        emu::launch(mixed_meetings, one, block(32), f);
     } else if (c == "exchange") {
-        emu::launch(exchange, one, block(96), u, 3u);
-        for (unsigned t = 0; t < 96; ++t) {
-            unsigned votes = t < 32 ? 1 : t < 64 ? 3 : 0;
-            if (u[t] != 100 + (t ^ 3) || u[96 + t] != votes) {
-                std::printf("thread %u: got %u and %u, want %u and %u\n", t, u[t], u[96 + t], 100 + (t ^ 3), votes);
-                return 1;
+        emu::launch(exchange, emu::dim3{2, 1, 1}, block(96), u, 3u);
+        for (unsigned b = 0; b < 2; ++b)
+            for (unsigned t = 0; t < 96; ++t) {
+                unsigned value = 100 + 1000 * b + (t ^ 3), votes = t < 32 ? 1 : t < 64 ? 3 : 0;
+                unsigned* got = u + 192 * b;
+                if (got[t] != value || got[96 + t] != votes) {
+                    std::printf("block %u, thread %u: got %u and %u, want %u and %u\n", b, t, got[t], got[96 + t],
+                                value, votes);
+                    return 1;
+                }
             }
-        }
+    } else if (c == "shuffle_by_block") {
+        emu::launch(shuffle_by_block, emu::dim3{2, 1, 1}, block(64), u);
+        for (unsigned t = 0; t < 128; ++t)
+            if (u[t] != 1000 * (t / 64) + ((t % 64) ^ 1)) return 1;
     } else if (c == "some_end") {
         emu::launch(some_end, emu::dim3{2, 1, 1}, block(64), f);
         for (unsigned t = 0; t < 48; ++t)

@@ -9,7 +9,7 @@ use burn::tensor::DType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The emulation's sources: `include/emu.h` (CUDA on threads) and the drivers.
+/// The emulation's sources: `include/emu.h` (CUDA on fibers) and the drivers.
 fn emulation_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda-emu")
 }
@@ -256,10 +256,13 @@ pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
 
 /// The emulation itself (`cuda-emu/selftest.cpp`: small kernels whose outcome is known): a
 /// barrier of the block, or of the warp within it, orders shared memory and a shuffle does
-/// not, and a race is caught in either order of its accesses; shuffles and votes see the
-/// warp's values; threads that end count as arrived at `__syncthreads`, over two blocks; and a
-/// warp-wide operation that some lanes never reach, or a barrier crossed with a shuffle, ends
-/// the run as a hang (exit 124) where it would hang on a GPU.
+/// not; a race is caught in either order of its accesses, two writes race, and what a thread
+/// saw at a barrier leaves out what others did after it; shuffles and votes see their own
+/// block's and warp's values; a wmma product is right and its lanes must pass the same tiles;
+/// threads that end count as arrived at `__syncthreads`, over two blocks; and a warp-wide
+/// operation that some lanes never reach, a barrier crossed with a shuffle, or lanes meeting
+/// at different warp-wide operations end the run as a hang (exit 124), where a GPU would hang
+/// or be undefined.
 #[test]
 fn the_emulation_catches_races_and_hangs() {
     let dir = std::env::temp_dir().join(format!("lab-cuda-emu-selftest-{}", std::process::id()));
@@ -278,6 +281,7 @@ fn the_emulation_catches_races_and_hangs() {
         ("ordered_by_block_barrier", Some(0), ""),
         ("ordered_by_warp_barrier", Some(0), ""),
         ("exchange", Some(0), ""),
+        ("shuffle_by_block", Some(0), ""),
         ("some_end", Some(0), ""),
         ("tile_product", Some(0), ""),
         (
@@ -301,6 +305,16 @@ fn the_emulation_catches_races_and_hangs() {
             "race (write after read) at byte 0: thread 0 against 1,",
         ),
         (
+            "last_writes",
+            None,
+            "race (read after write) at byte 0: thread 0 against 63,",
+        ),
+        (
+            "both_write",
+            None,
+            "race (write after write) at byte 0: thread 1 against 0,",
+        ),
+        (
             "different_tiles",
             None,
             "wmma::mma_sync: lane 0 of warp 0 passed other tiles than lane 31",
@@ -319,6 +333,11 @@ fn the_emulation_catches_races_and_hangs() {
             "crossed",
             Some(124),
             "hangs: 64 threads wait at barriers or warp-wide operations",
+        ),
+        (
+            "mixed_meetings",
+            Some(124),
+            "hangs: lanes of a warp meet at different warp-wide operations",
         ),
     ];
     for (case, code, error) in cases {

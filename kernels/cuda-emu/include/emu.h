@@ -7,8 +7,9 @@
 //   exchanges through the warp, __all_sync votes in it, and ldmatrix and mma.sync (also
 //   wmma's mma_sync) are warp-wide too. A thread that ends counts as arrived at
 //   __syncthreads, as on a GPU. A run that would hang on a GPU ends at once, with exit 124:
-//   a wait that no thread can end (a barrier or shuffle that some threads never reach), or a
-//   warp-wide operation that a lane which has ended would have to join. A warp's barrier
+//   a wait that no thread can end (a barrier or shuffle that some threads never reach), a
+//   warp-wide operation that a lane which has ended would have to join, or lanes that meet at
+//   different warp-wide operations (a __syncwarp and a shuffle, say). A warp's barrier
 //   counts arrivals from any call site, and the last warp of a block that is not a multiple of
 //   32 has fewer members: a shuffle in a partial warp, or two shuffles at different sites that
 //   meet, pass here;
@@ -84,24 +85,38 @@ inline Fiber fibers[max_threads];
 inline Context scheduler;
 inline unsigned tid;  // the running thread's index in its block
 
+// A run that would hang on a GPU ends here, with exit 124 (as coreutils' `timeout` ends one).
+[[noreturn]] inline void hang(const char* why) {
+    std::fprintf(stderr, "block %u,%u,%u hangs: %s\n", blockIdx.x, blockIdx.y, blockIdx.z, why);
+    std::exit(124);
+}
+
 // Phases are numbered across all barriers and blocks, so that a phase's number names it alone
 // (what the warp's collectives below keep of one phase is never taken for another's).
 inline uint64_t last_phase;
+
+// What threads meet at a barrier for: all that meet in one phase must be there for the same
+// (a warp's lanes at __syncwarp and at a shuffle would each find the other's result).
+enum class Meeting { none, clocks_join, values_exchange, tile_product, register_product };
 
 // std::barrier's arrive_and_wait and arrive_and_drop for fibers: the last thread to arrive
 // ends the phase and goes on first, while the others still wait in the scheduler. So what
 // it finds from what they left before arriving (a warp's operands, the clocks to join) holds
 // for the phase: none of them can leave anything at this barrier again before all of them
-// have gone on.
+// have gone on. (Where a thread that ends ends the phase, at __syncthreads, the first waiter
+// to go on finds it, before any other runs.)
 struct Barrier {
     unsigned members, expected, arrived = 0;
     uint64_t phase = ++last_phase;
+    Meeting meeting = Meeting::none;  // what this phase's arrivals came for
     // What the threads of `join` (below) had seen together, in the phase `joined_phase`.
     uint64_t joined_phase = 0;
     uint32_t joined[max_threads];
 
     explicit Barrier(unsigned count) : members(count), expected(count) {}
-    void arrive_and_wait() {
+    void arrive_and_wait(Meeting why) {
+        if (arrived == 0) meeting = why;
+        if (why != meeting) hang("lanes of a warp meet at different warp-wide operations (__syncwarp, a shuffle or vote, mma)");
         if (++arrived == expected) return end_phase();
         fibers[tid].waits_at = this;
         fibers[tid].phase = phase;
@@ -117,12 +132,6 @@ struct Barrier {
         phase = ++last_phase;
     }
 };
-
-// A run that would hang on a GPU ends here, with exit 124 (as coreutils' `timeout` ends one).
-[[noreturn]] inline void hang(const char* why) {
-    std::fprintf(stderr, "block %u,%u,%u hangs: %s\n", blockIdx.x, blockIdx.y, blockIdx.z, why);
-    std::exit(124);
-}
 
 // One block at a time: its shared memory (128 KiB: the tensor cores' dK at hd 128 takes 75.5),
 // its barriers, each thread's warp and lane.
@@ -154,7 +163,7 @@ inline const uint64_t* exchange(uint64_t value) {
     Barrier& b = whole_warp();
     slots[warp][lane] = value;
     uint64_t phase = b.phase;
-    b.arrive_and_wait();
+    b.arrive_and_wait(Meeting::values_exchange);
     Exchanged& e = exchanged_values[warp];
     if (e.phase != phase) {
         std::memcpy(e.values, slots[warp], sizeof e.values);
@@ -329,7 +338,7 @@ inline void join(Barrier& barrier, unsigned first, unsigned count) {
     unsigned n = block_threads;
     std::memcpy(exchanged[tid], clocks[tid], n * sizeof clocks[tid][0]);
     uint64_t phase = barrier.phase;
-    barrier.arrive_and_wait();
+    barrier.arrive_and_wait(Meeting::clocks_join);
     if (barrier.joined_phase != phase) {
         std::fill_n(barrier.joined, n, 0u);
         for (unsigned t = first; t < first + count; ++t)
@@ -535,7 +544,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
     const float* const mine[3] = {a.x, b.x, c.x};
     std::copy_n(mine, 3, tile_operands[emu::warp][emu::lane]);
     uint64_t phase = warp.phase;
-    warp.arrive_and_wait();
+    warp.arrive_and_wait(emu::Meeting::tile_product);
     TileProduct& p = tile_products[emu::warp];
     if (p.phase != phase) {
         for (unsigned l = 0; l < warp.members; ++l)
@@ -617,7 +626,7 @@ void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
     std::memcpy(mma_operands[warp][lane] + 4, b, 8);
     Barrier& barrier = whole_warp();
     uint64_t phase = barrier.phase;
-    barrier.arrive_and_wait();
+    barrier.arrive_and_wait(Meeting::register_product);
     Operands& o = operands[warp];
     if (o.phase != phase) {
         for (unsigned l = 0; l < 32; ++l) {

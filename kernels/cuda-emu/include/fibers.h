@@ -8,24 +8,34 @@
 #include <cstdlib>
 
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+
+// The switch between fibers in x86-64 assembly, or glibc's swapcontext (below).
+#if defined(__x86_64__) && defined(__ELF__) && !defined(LAB_EMU_UCONTEXT)
+#define LAB_EMU_SWITCH_IN_ASSEMBLY
+#else
+#include <ucontext.h>
+#endif
 
 namespace emu {
 // Fibers at once: a block's threads (emu.h's max_threads).
 constexpr unsigned max_fibers = 256;
 
-// Where a fiber (or the scheduler) stopped, and the switch from one to another: on x86-64 its
-// stack pointer, with the callee-saved registers pushed on its stack (a call's worth of work;
-// glibc's swapcontext, the fallback elsewhere, also sets the signal mask: a system call).
-#if defined(__x86_64__) && !defined(LAB_EMU_UCONTEXT)
+// Where a fiber (or the scheduler) stopped, and the switch from one to another: on x86-64 ELF
+// its stack pointer, with the callee-saved registers pushed on its stack (a call's worth of
+// work; glibc's swapcontext, the fallback elsewhere, also sets the signal mask: a system
+// call). The switch leaves MXCSR and the x87 control word alone (swapcontext keeps them per
+// context), which nothing here changes; and its `ret` to another fiber's return address
+// would fault under a CET shadow stack, which builds do not turn on by default. The symbol is
+// weak, so that more than one translation unit may include this.
+#ifdef LAB_EMU_SWITCH_IN_ASSEMBLY
 struct Context {
     void* sp;
 };
 extern "C" void lab_emu_switch(void** save_sp, void* load_sp);
 asm(R"(
-    .text
-    .globl lab_emu_switch
+    .pushsection .text
+    .weak lab_emu_switch
     .type lab_emu_switch, @function
 lab_emu_switch:
     pushq %rbp
@@ -44,6 +54,7 @@ lab_emu_switch:
     popq %rbp
     ret
     .size lab_emu_switch, .-lab_emu_switch
+    .popsection
 )");
 inline void switch_context(Context& save, const Context& load) { lab_emu_switch(&save.sp, load.sp); }
 // A context that starts `entry` (which must never return) on the stack [stack, stack + size):
