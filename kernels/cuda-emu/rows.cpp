@@ -1,7 +1,8 @@
 // Runs cubecl's CUDA C++ of the kernels that read 16-byte vectors (8 bf16 or f16 a vector, the
 // width CUDA launches them at and lavapipe does not take) on the CPU emulation in
 // include/emu.h, against fp64 references, as kernels/tests/{swiglu,lm_head,rope,rms_norm}.rs
-// check them on a GPU. Built and run by kernels/src/cuda_source.rs's test, once per storage
+// check them on a GPU; and the kernels that copy or add in the storage type (the joins,
+// add_into: bf16 in training, which lavapipe has not), as kernels/tests/{join,accumulate}.rs. Built and run by kernels/src/cuda_source.rs's test, once per storage
 // type (-DSTORAGE=__nv_bfloat16 -DSUFFIX=bf16), with each kernel's .cu file on the include
 // path (its `info_st` and entry renamed after the file: info_row_loss, row_loss_kernel), and
 // the units of each kernel's cube and RMSNorm's backward width as lab launches them
@@ -16,7 +17,11 @@
 #include <cstring>
 #include <string>
 
+#include "add_into.cu"
 #include "add_widened.cu"
+#include "join_columns.cu"
+#include "join_three_columns.cu"
+#include "pad_columns.cu"
 #include "rms_norm.cu"
 #include "rms_norm_backward.cu"
 #include "rms_norm_backward_skip.cu"
@@ -38,6 +43,7 @@ constexpr unsigned width = 16 / sizeof(T);
 constexpr unsigned f32_width = 4;
 // Units a cube, as lab_kernels launches each kernel (the test's -D definitions).
 constexpr unsigned swiglu_units = SWIGLU_UNITS, rope_units = ROPE_UNITS, add_units = ADD_UNITS;
+constexpr unsigned join_units = JOIN_UNITS, add_into_units = ADD_INTO_UNITS;
 constexpr unsigned loss_units = LOSS_UNITS, norm_units = NORM_UNITS, norm_backward_units = NORM_BACKWARD_UNITS;
 // RMSNorm's backward: the columns its kernels are compiled for; the gain's sums' cube, of
 // SUM_COLUMNS columns and SUM_LANES lanes a column.
@@ -198,6 +204,67 @@ void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsign
     // One f32 add, as the reference's sum rounded to f32: the same bits.
     report("add_widened", shape, "acc", error(got, want), 0);
     report("add_widened", shape, "padding", bits_changed(acc, before, padding), 0);
+}
+
+// `[a | b | c]` of `parts` matrices of `rows` rows and `widths` columns (`parts` 1: `[a | 0]`
+// to `widths[1]` more columns), `a` in rows `a_stride` apart, `b` column-major, `c` contiguous:
+// the same bits, and zeros for the padding.
+void check_join(unsigned parts, unsigned rows, const unsigned (&widths)[3], unsigned a_stride, uint64_t seed) {
+    auto [na, nb, nc] = widths;
+    unsigned width = na + nb + (parts == 3 ? nc : 0);
+    auto a = random_values<T>(size_t(rows) * a_stride, seed), b = random_values<T>(size_t(rows) * nb, seed + 1);
+    auto c = random_values<T>(size_t(rows) * nc, seed + 2);
+    std::vector<T> out(size_t(rows) * width, T(NAN)), want;
+    for (unsigned r = 0; r < rows; ++r)
+        for (unsigned col = 0; col < width; ++col)
+            want.push_back(col < na                  ? a[r * a_stride + col]
+                           : parts == 1              ? T(0.0f)
+                           : col < na + nb           ? b[(col - na) * rows + r]
+                                                     : c[r * nc + col - na - nb]);
+    Arg aa{{rows, na}, {a_stride, 1}, 1, rows * a_stride}, ab{{rows, nb}, {1, rows}}, ac{{rows, nc}, {}};
+    Arg aout{{rows, width}, {}};
+    // Absent parts are `a` again, as lab binds them.
+    const T* bb = parts >= 2 ? b.data() : a.data();
+    const T* bc = parts == 3 ? c.data() : a.data();
+    auto launch = [&](auto kernel, auto m) {
+        emu::launch(kernel, grid_for(out.size(), join_units), emu::dim3{join_units}, a.data(), bb, bc, out.data(),
+                    m.dynamic.data(), m.info);
+    };
+    if (parts == 1) launch(pad_columns_kernel, tensor_metadata<info_pad_columns>({aa, aa, aa, aout}));
+    if (parts == 2) launch(join_columns_kernel, tensor_metadata<info_join_columns>({aa, ab, aa, aout}));
+    if (parts == 3) launch(join_three_columns_kernel, tensor_metadata<info_join_three_columns>({aa, ab, ac, aout}));
+    const char* kernel = parts == 1 ? "pad_columns" : parts == 2 ? "join_columns" : "join_three_columns";
+    std::vector<bool> every(out.size(), true);
+    report(kernel, text("%ux%u/%u", rows, width, a_stride), "out", bits_changed(out, want, every), 0);
+}
+
+// `out[:, first + h] += value[:, h]` of `value [B, n, T, hd]` into `out [B, m, T, hd]`, both
+// stored `[B, T, heads, hd]` (the model's swapped heads): one f32 sum rounded to the storage
+// type; `out`'s other heads keep their bits.
+void check_add_into(unsigned b, unsigned n, unsigned m, unsigned t, unsigned hd, unsigned first, uint64_t seed) {
+    auto value = random_values<T>(size_t(b) * t * n * hd, seed), out = random_values<T>(size_t(b) * t * m * hd, seed + 1);
+    auto want = out;
+    std::vector<bool> other_heads(out.size(), true);
+    for (unsigned i = 0; i < b; ++i)
+        for (unsigned h = 0; h < n; ++h)
+            for (unsigned s = 0; s < t; ++s)
+                for (unsigned e = 0; e < hd; ++e) {
+                    size_t o = ((size_t(i) * t + s) * m + first + h) * hd + e, v = ((size_t(i) * t + s) * n + h) * hd + e;
+                    want[o] = T(float(double(float(out[o])) + double(float(value[v]))));
+                    other_heads[o] = false;
+                }
+    Arg av{{b, n, t, hd}, {t * n * hd, hd, n * hd, 1}}, aout{{b, m, t, hd}, {t * m * hd, hd, m * hd, 1}};
+    auto meta = tensor_metadata<info_add_into>({av, aout});
+    meta.info.scalars_uint32[0] = first;
+    auto before = out;
+    emu::launch(add_into_kernel, grid_for(value.size(), add_into_units), emu::dim3{add_into_units}, value.data(), out.data(),
+                meta.dynamic.data(), meta.info);
+    std::vector<bool> added(out.size());
+    for (size_t i = 0; i < out.size(); ++i) added[i] = !other_heads[i];
+    const auto shape = text("%ux%ux%ux%u+%u/%u", b, n, t, hd, first, m);
+    // fp64's sum rounded to f32, then to the storage type, is the kernel's f32 sum so rounded.
+    report("add_into", shape, "out", bits_changed(out, want, added), 0);
+    report("add_into", shape, "others", bits_changed(out, before, other_heads), 0);
 }
 
 // RoPE of `x [B, H, T, hd]` stored `[B, T, H, hd]` (the model's swapped heads), and its
@@ -382,6 +449,14 @@ int main() {
     check_rms_norm(3, 768, 768, 11);
     check_rms_norm(3, 768, 768 + 4 * width, 15);
     check_rms_norm(2, 192 * width, 192 * width, 12);
+    // Parts of odd widths, over more than one cube of units; rows of one.
+    check_join(2, 37, {5, 11, 0}, 7, 17);
+    check_join(3, 20, {64, 13, 30}, 70, 18);
+    check_join(3, 1, {3, 1, 2}, 3, 19);
+    check_join(1, 9, {50, 14, 0}, 53, 20);
+    // The v gradient into the third of three parts' heads (q 4 heads, k and v 2: GQA).
+    check_add_into(2, 2, 8, 5, 16, 6, 21);
+    check_add_into(1, 3, 4, 37, 64, 1, 22);
 #endif
     // Three blocks of rows, the last one partial; and 40 blocks, more than the gain's sums
     // have lanes a column.

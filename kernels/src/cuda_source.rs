@@ -92,17 +92,30 @@ fn rms_norm_kernels(client: &Client, d: usize, output: DType, mode: ExecutionMod
      ("backward_blocks_skip", cuda_cpp_in(&blocks(true), mode)), ("gain_sums", cuda_cpp_in(&sums, mode))]
 }
 
-/// The other kernels, at bf16 training's dtypes: the weights' join and the v gradient's add
-/// into the heads (bf16), the embedding's backward (fp32 gradient, i32 ids), AdamW (fp32
-/// masters) and the gradient norm's sums of squares (fp32 gradients). The kernels that read
-/// vectors are [`vector_kernels`].
+/// The kernels that copy or add in the storage type, at `dtype` (bf16 in training), compiled in
+/// `mode`: the weights' joins of two and three parts, the LM head's padding of its weight
+/// (the join of one part), and the v gradient's add into its heads.
 #[rustfmt::skip]
-fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
-    use crate::{accumulate, adamw, embedding, join, square_sums};
+fn copy_kernels(client: &Client, dtype: DType, mode: ExecutionMode) -> [(&'static str, String); 4] {
+    use crate::{accumulate, join};
     let (c, t) = (client, tensor);
-    let (f32, bf16, i32) = (DType::F32.into(), DType::BF16.into(), DType::I32.into());
+    let join = |parts| join::join_columns_kernel::JoinColumnsKernel::new(
+        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), t(), parts, dtype.into());
     let add_into = accumulate::add_into_kernel::AddIntoKernel::new(
-        settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (), [bf16, f32]);
+        settings(CubeDim::new_1d(accumulate::UNITS)), c.clone(), t(), t(), (),
+        [dtype.into(), DType::F32.into()]);
+    [("join_columns", cuda_cpp_in(&join(2), mode)), ("join_three_columns", cuda_cpp_in(&join(3), mode)),
+     ("pad_columns", cuda_cpp_in(&join(1), mode)), ("add_into", cuda_cpp_in(&add_into, mode))]
+}
+
+/// The other kernels, at bf16 training's dtypes: [`copy_kernels`] at bf16, the embedding's
+/// backward (fp32 gradient, i32 ids), AdamW (fp32 masters) and the gradient norm's sums of
+/// squares (fp32 gradients). The kernels that read vectors are [`vector_kernels`].
+#[rustfmt::skip]
+fn other_kernels(client: &Client) -> Vec<(String, String)> {
+    use crate::{adamw, embedding, square_sums};
+    let (c, t) = (client, tensor);
+    let (f32, i32) = (DType::F32.into(), DType::I32.into());
     let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(
         settings(CubeDim::new_1d(embedding::UNITS as u32)), c.clone(), t(), t(), t(), (),
         embedding::UNITS, [f32, i32]);
@@ -119,19 +132,15 @@ fn other_kernels(client: &Client) -> Vec<(&'static str, String)> {
         [f32, f32]);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
-    let join = |parts| join::join_columns_kernel::JoinColumnsKernel::new(
-        settings(CubeDim::new_1d(join::UNITS)), c.clone(), t(), t(), t(), t(), parts, bf16);
-    vec![
-        ("join_columns-bf16", cuda_cpp(&join(2))),
-        ("join_three_columns-bf16", cuda_cpp(&join(3))),
-        ("pad_columns-bf16", cuda_cpp(&join(1))),
-        ("add_into-bf16", cuda_cpp(&add_into)),
+    let copies = copy_kernels(client, DType::BF16, ExecutionMode::Checked)
+        .map(|(name, cpp)| (format!("{name}-bf16"), cpp));
+    copies.into_iter().chain([
         ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw(false))),
         ("adamw-f32-matrix_grad", cuda_cpp(&adamw(true))),
         ("partial_squares-f32", cuda_cpp(&squares(false))),
         ("partial_squares-f32-matrix", cuda_cpp(&squares(true))),
         ("sum_partials-f32", cuda_cpp(&sums)),
-    ]
+    ].map(|(name, cpp)| (name.to_string(), cpp))).collect()
 }
 
 /// The kernels that read vectors ([`crate::vectors`]) at storage type `dtype`, `n` elements a
@@ -257,9 +266,7 @@ fn all_sources(client: &Client) -> Vec<(String, String)> {
             sources.push((format!("rmsnorm-{kernel}-bf16-d{d}"), cpp));
         }
     }
-    for (name, cpp) in other_kernels(client) {
-        sources.push((name.to_string(), cpp));
-    }
+    sources.extend(other_kernels(client));
     for (name, dtype, n) in [
         ("bf16", DType::BF16, 8),
         ("f32", DType::F32, 4),
@@ -297,11 +304,15 @@ fn every_kernel_compiles_to_cuda_cpp() {
 /// backward (with and without the skip connection's gradient, in 3 blocks of rows, the last
 /// one partial, and in 40), against fp64; at bf16 also at the 7B's 4,096 columns and
 /// MedGemma's 5,376 (the backward's cube of 256 units), the widths its kernels are compiled
-/// for apart (`-DONLY_NORM_TRAINING`). Outputs start as NaN; the kernels are compiled in
+/// for apart (`-DONLY_NORM_TRAINING`). And [`copy_kernels`], which read one element at a time
+/// but in the storage type (bf16 in training, which lavapipe has not): the joins of two and
+/// three parts (one column-major) and the padding, the same bits; `add_into` into the third
+/// part's heads in the swapped layout, one f32 sum rounded (the same bits as fp64's sum so
+/// rounded), the other heads unchanged. Outputs start as NaN; the kernels are compiled in
 /// cubecl's `Validate` mode, so an access past a buffer's end fails too.
 #[test]
 fn vector_kernels_match_fp64_on_the_cuda_emulation() {
-    use crate::{lm_head, rms_norm, rope, swiglu};
+    use crate::{accumulate, join, lm_head, rms_norm, rope, swiglu};
     let client = WgpuRuntime::client(&WgpuDevice::default());
     // How lab launches the kernels, for rows.cpp to launch them alike, with RMSNorm's backward
     // compiled for `norm_width` columns.
@@ -310,6 +321,8 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
             ("SWIGLU_UNITS", swiglu::UNITS as usize),
             ("ROPE_UNITS", rope::UNITS as usize),
             ("ADD_UNITS", lm_head::ADD_UNITS as usize),
+            ("JOIN_UNITS", join::UNITS as usize),
+            ("ADD_INTO_UNITS", accumulate::UNITS as usize),
             ("LOSS_UNITS", lm_head::ROW_UNITS),
             ("NORM_UNITS", rms_norm::ROW_UNITS),
             ("NORM_BACKWARD_UNITS", rms_norm::backward_units(norm_width)),
@@ -343,6 +356,7 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
                                 .map(|(_, cpp)| cpp),
                         ),
                     )
+                    .chain(copy_kernels(&client, dtype, ExecutionMode::Validate))
                     .collect(),
                 storage,
                 suffix,
