@@ -31,9 +31,6 @@
 #include "grad_kv.cu"
 #endif
 
-#define QUOTE2(x) #x
-#define QUOTE(x) QUOTE2(x)
-
 using T = STORAGE;
 constexpr unsigned hd = HEAD_DIM;
 #ifndef ROWS

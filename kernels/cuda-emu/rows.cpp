@@ -34,10 +34,8 @@
 #include "swiglu.cu"
 #include "swiglu_backward.cu"
 
-#define QUOTE2(x) #x
-#define QUOTE(x) QUOTE2(x)
-
 using T = STORAGE;
+const char* const driver_name = "rows";
 // Elements a vector: 16 bytes of the storage type; the f32 accumulator's 4.
 constexpr unsigned width = 16 / sizeof(T);
 constexpr unsigned f32_width = 4;
@@ -52,24 +50,6 @@ constexpr unsigned norm_width = NORM_WIDTH, sum_columns = SUM_COLUMNS, sum_lanes
 constexpr float padding_value = 60.0f;
 // bf16 keeps 8 significant bits, f16 11: one rounding of the output, with room.
 const double tolerance = std::is_same_v<T, __half> ? 2e-3 : 1e-2;
-
-bool all_passed = true;
-
-// Prints one check's line and remembers a failure.
-void report(const char* kernel, const std::string& shape, const char* what, double err, double limit) {
-    bool pass = err <= limit;
-    all_passed &= pass;
-    std::printf("rows %-5s %-22s %-16s %-8s %.1e%s (tolerance %.0e)\n", QUOTE(SUFFIX), kernel, shape.c_str(), what,
-                err, pass ? "" : " FAIL", limit);
-}
-
-// `format` filled in, as printf: a case's shape for its reports.
-template <class... A>
-std::string text(const char* format, A... args) {
-    char out[48];
-    std::snprintf(out, sizeof out, format, args...);
-    return out;
-}
 
 // Sets the padding of `values`, rows `stride` apart, past their first `cols`, to
 // `padding_value`; returns where it is, for bits_changed.
@@ -89,21 +69,6 @@ std::vector<V> leading_columns(const std::vector<V>& values, unsigned cols, unsi
         if (i % stride < cols) out.push_back(values[i]);
     return out;
 }
-
-// 0 where every element of `got` in `marked` kept its bits from `before`, else
-// infinite.
-template <class V>
-double bits_changed(const std::vector<V>& got, const std::vector<V>& before, const std::vector<bool>& marked) {
-    for (size_t i = 0; i < got.size(); ++i)
-        if (marked[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
-    return 0;
-}
-
-unsigned ceil_div(size_t n, unsigned d) { return unsigned((n + d - 1) / d); }
-
-// A grid of cubes of `cube` units for `units` units, as cubecl's calculate_cube_count_elemwise
-// lays out a small launch.
-emu::dim3 grid_for(size_t units, unsigned cube) { return {ceil_div(units, cube), 1, 1}; }
 
 double sigmoid(double x) { return 1 / (1 + exp(-x)); }
 

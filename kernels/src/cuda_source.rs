@@ -108,39 +108,46 @@ fn copy_kernels(client: &Client, dtype: DType, mode: ExecutionMode) -> [(&'stati
      ("pad_columns", cuda_cpp_in(&join(1), mode)), ("add_into", cuda_cpp_in(&add_into, mode))]
 }
 
-/// The other kernels, at bf16 training's dtypes: [`copy_kernels`] at bf16, the embedding's
-/// backward (fp32 gradient, i32 ids), AdamW (fp32 masters) and the gradient norm's sums of
-/// squares (fp32 gradients). The kernels that read vectors are [`vector_kernels`].
+/// The training step's kernels that run in f32 whatever the precision, compiled in `mode`: the
+/// embedding's backward (fp32 gradient, i32 ids), AdamW (fp32 masters; the gradient flat and
+/// as a matrix at its strides) and the gradient norm's sums of squares (partial sums of a
+/// flat tensor and of a matrix, and their sum).
 #[rustfmt::skip]
-fn other_kernels(client: &Client) -> Vec<(String, String)> {
+fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String); 6] {
     use crate::{adamw, embedding, square_sums};
     let (c, t) = (client, tensor);
     let (f32, i32) = (DType::F32.into(), DType::I32.into());
     let embedding = embedding::embedding_grad_kernel::EmbeddingGradKernel::new(
         settings(CubeDim::new_1d(embedding::UNITS as u32)), c.clone(), t(), t(), t(), (),
         embedding::UNITS, [f32, i32]);
-    let units = settings(CubeDim::new_1d(adamw::UNITS));
     let constants = adamw::ConstantsCompilationArg {
         clip_scale: (), beta1: (), one_minus_beta1: (), beta2: (), one_minus_beta2: (),
         bias1: (), bias2: (), eps: (), lr: (), decay: (),
     };
     let adamw = |grad_is_matrix| adamw::adamw_kernel::AdamwKernel::new(
-        units.clone(), c.clone(), t(), t(), t(), t(), t(), t(), t(), constants.clone(), false,
-        grad_is_matrix, f32);
+        settings(CubeDim::new_1d(adamw::UNITS)), c.clone(), t(), t(), t(), t(), t(), t(), t(),
+        constants.clone(), false, grad_is_matrix, f32);
+    let units = settings(CubeDim::new_1d(square_sums::UNITS));
     let squares = |x_is_matrix| square_sums::partial_squares_kernel::PartialSquaresKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, x_is_matrix,
         [f32, f32]);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
+    [("embedding_grad", cuda_cpp_in(&embedding, mode)), ("adamw", cuda_cpp_in(&adamw(false), mode)),
+     ("adamw_matrix_grad", cuda_cpp_in(&adamw(true), mode)),
+     ("partial_squares", cuda_cpp_in(&squares(false), mode)),
+     ("partial_squares_matrix", cuda_cpp_in(&squares(true), mode)),
+     ("sum_partials", cuda_cpp_in(&sums, mode))]
+}
+
+/// The other kernels, at bf16 training's dtypes: [`copy_kernels`] at bf16 and
+/// [`step_kernels`]. The kernels that read vectors are [`vector_kernels`].
+fn other_kernels(client: &Client) -> Vec<(String, String)> {
     let copies = copy_kernels(client, DType::BF16, ExecutionMode::Checked)
         .map(|(name, cpp)| (format!("{name}-bf16"), cpp));
-    copies.into_iter().chain([
-        ("embedding_grad-f32", cuda_cpp(&embedding)), ("adamw-f32", cuda_cpp(&adamw(false))),
-        ("adamw-f32-matrix_grad", cuda_cpp(&adamw(true))),
-        ("partial_squares-f32", cuda_cpp(&squares(false))),
-        ("partial_squares-f32-matrix", cuda_cpp(&squares(true))),
-        ("sum_partials-f32", cuda_cpp(&sums)),
-    ].map(|(name, cpp)| (name.to_string(), cpp))).collect()
+    let steps = step_kernels(client, ExecutionMode::Checked)
+        .map(|(name, cpp)| (format!("{name}-f32"), cpp));
+    copies.into_iter().chain(steps).collect()
 }
 
 /// The kernels that read vectors ([`crate::vectors`]) at storage type `dtype`, `n` elements a
@@ -370,6 +377,39 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
         )
         .collect();
     emulate_all(emulations);
+}
+
+/// The training step's f32 kernels ([`step_kernels`]) as their CUDA C++ on the CPU emulation
+/// (`kernels/cuda-emu/step.cpp`), against fp64: the embedding's backward over two slices of the
+/// table, two cubes of columns and three tiles of ids (each element the same bits as its
+/// positions' sum in order); the gradient norm's sums of squares of a flat tensor (to the most
+/// cubes lab gives one, each unit taking several elements) and of a column-major matrix,
+/// through their partial sums; and AdamW with the gradient flat and as a column-major matrix.
+/// lavapipe runs them too, as WGSL, where a race on their shared memory (the tiles of ids, the
+/// sums' tree) shows only if its order of running the units makes a result wrong; the
+/// emulation's race detector names one whatever the order.
+#[test]
+fn step_kernels_match_fp64_on_the_cuda_emulation() {
+    use crate::{adamw, embedding, square_sums};
+    let client = WgpuRuntime::client(&WgpuDevice::default());
+    // How lab launches them, for step.cpp to launch them alike.
+    let launches = [
+        ("EMBEDDING_UNITS", embedding::UNITS),
+        ("ROWS_PER_SLICE", embedding::ROWS_PER_SLICE),
+        ("SQUARE_UNITS", square_sums::UNITS as usize),
+        ("MOST_SQUARE_CUBES", square_sums::cubes_for(usize::MAX)),
+        ("ADAMW_UNITS", adamw::UNITS as usize),
+    ];
+    emulate_all(vec![Emulation {
+        driver: "step.cpp",
+        kernels: step_kernels(&client, ExecutionMode::Validate).to_vec(),
+        storage: "float",
+        suffix: "f32",
+        label: "step".into(),
+        defines: launches
+            .map(|(name, value)| format!("-D{name}={value}"))
+            .to_vec(),
+    }]);
 }
 
 /// A [`vector_kernels`] name as `rows.cpp` includes the kernel (`NAME.cu`, entry `NAME_kernel`):

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 // A tensor argument: its shape and strides, as cubecl's metadata describes it (row-major
@@ -107,3 +109,41 @@ double relative_error(const std::vector<G>& got, const std::vector<double>& want
     }
     return worst;
 }
+
+#define QUOTE2(x) #x
+#define QUOTE(x) QUOTE2(x)
+
+// Each driver's name in its reports (`rows`, `step`); the storage type's is -DSUFFIX.
+extern const char* const driver_name;
+inline bool all_passed = true;
+
+// Prints one check's line and remembers a failure.
+inline void report(const char* kernel, const std::string& shape, const char* what, double err, double limit) {
+    bool pass = err <= limit;
+    all_passed &= pass;
+    std::printf("%s %-5s %-22s %-16s %-8s %.1e%s (tolerance %.0e)\n", driver_name, QUOTE(SUFFIX), kernel, shape.c_str(), what,
+                err, pass ? "" : " FAIL", limit);
+}
+
+// `format` filled in, as printf: a case's shape for its reports.
+template <class... A>
+std::string text(const char* format, A... args) {
+    char out[48];
+    std::snprintf(out, sizeof out, format, args...);
+    return out;
+}
+
+// 0 where every element of `got` in `marked` kept its bits from `before`, else
+// infinite.
+template <class V>
+double bits_changed(const std::vector<V>& got, const std::vector<V>& before, const std::vector<bool>& marked) {
+    for (size_t i = 0; i < got.size(); ++i)
+        if (marked[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
+    return 0;
+}
+
+inline unsigned ceil_div(size_t n, unsigned d) { return unsigned((n + d - 1) / d); }
+
+// A grid of cubes of `cube` units for `units` units, as cubecl's calculate_cube_count_elemwise
+// lays out a small launch.
+inline emu::dim3 grid_for(size_t units, unsigned cube) { return {ceil_div(units, cube), 1, 1}; }
