@@ -1,7 +1,7 @@
 // Runs cubecl's CUDA C++ of the training step's kernels that run in f32 whatever the precision
-// (the embedding's backward, the gradient norm's sums of squares, AdamW) on the CPU emulation
-// in include/emu.h, against fp64 references, as kernels/tests/{embedding,square_sums,adamw}.rs
-// check them on a GPU. lavapipe runs the same #[cube] source as WGSL, where a race on shared
+// (the embedding's backward, the gradient norm's sums of squares, AdamW), and the attention's
+// `D = dO·O` as bf16 training runs it, on the CPU emulation in include/emu.h, against fp64
+// references, as kernels/tests/{embedding,square_sums,adamw,attention}.rs check them on a GPU. lavapipe runs the same #[cube] source as WGSL, where a race on shared
 // memory (the embedding's tiles of ids, the sums' tree) shows only if the order it runs the
 // units in makes a result wrong: the emulation's race detector names one whatever the order.
 // Built and run by kernels/src/cuda_source.rs's test with -DSTORAGE=float -DSUFFIX=f32,
@@ -16,6 +16,7 @@
 
 #include "adamw.cu"
 #include "adamw_matrix_grad.cu"
+#include "delta.cu"
 #include "embedding_grad.cu"
 #include "partial_squares.cu"
 #include "partial_squares_matrix.cu"
@@ -25,6 +26,8 @@ const char* const driver_name = "step";
 constexpr unsigned embedding_units = EMBEDDING_UNITS, rows_per_slice = ROWS_PER_SLICE;
 constexpr unsigned square_units = SQUARE_UNITS, most_square_cubes = MOST_SQUARE_CUBES;
 constexpr unsigned adamw_units = ADAMW_UNITS;
+// The attention's `D` kernel: the head width it is compiled for, its units a cube.
+constexpr unsigned delta_head_dim = DELTA_HEAD_DIM, delta_units = DELTA_UNITS;
 
 // The embedding's gradient `[vocab, d]` from `dy [n, d]` (rows `dy_stride` apart) and ids:
 // each element the sum of its positions' `dy` in f32, in ascending order from zero (the same
@@ -121,6 +124,33 @@ void check_adamw(unsigned n, unsigned rows, uint64_t seed) {
     report(kernel, shape, "v", error(v_out, want_v), 1e-6);
 }
 
+// `D = Σ dO·O` of each row and `lse · log2 e`, of `O` and `dO` `[B, H, T, hd]` in bf16 stored
+// `[B, T, H, hd]` (the model's swapped heads), `lse` and the outputs f32 `[B, H, T]`.
+void check_delta(unsigned b, unsigned h, unsigned t, uint64_t seed) {
+    using bf16 = __nv_bfloat16;
+    const unsigned hd = delta_head_dim, rows = b * h * t;
+    auto out = random_values<bf16>(size_t(rows) * hd, seed), d_out = random_values<bf16>(size_t(rows) * hd, seed + 1);
+    auto lse = random_values<float>(rows, seed + 2);
+    std::vector<double> want_delta(rows), want_log2(rows);
+    for (unsigned i = 0; i < b; ++i)
+        for (unsigned head = 0; head < h; ++head)
+            for (unsigned s = 0; s < t; ++s) {
+                size_t row = (size_t(i) * h + head) * t + s, at = ((size_t(i) * t + s) * h + head) * hd;
+                double sum = 0;
+                for (unsigned e = 0; e < hd; ++e) sum += double(float(d_out[at + e])) * float(out[at + e]);
+                want_delta[row] = sum;
+                want_log2[row] = lse[row] * 1.4426950408889634;
+            }
+    std::vector<float> delta(rows, NAN), lse_log2(rows, NAN);
+    Arg swapped{{b, h, t, hd}, {t * h * hd, hd, h * hd, 1}}, per_row{{b, h, t}, {}};
+    auto m = tensor_metadata<info_delta>({swapped, swapped, per_row, per_row, per_row});
+    emu::launch(delta_kernel, emu::dim3{ceil_div(t, delta_units), h, b}, emu::dim3{delta_units}, out.data(),
+                d_out.data(), lse.data(), delta.data(), lse_log2.data(), m.dynamic.data(), m.info);
+    const auto shape = text("%ux%ux%ux%u", b, h, t, hd);
+    report("attention delta (bf16)", shape, "D", error(delta, want_delta), 1e-5);
+    report("attention delta (bf16)", shape, "lse log2", error(lse_log2, want_log2), 1e-6);
+}
+
 int main() {
     // Two slices of the table, the last partial; two cubes of columns, the last partial; three
     // tiles of ids, the last partial; pitched `dy`.
@@ -132,5 +162,8 @@ int main() {
     check_square_sums(300000, 70, 45, 4);
     check_adamw(1000, 0, 5);
     check_adamw(1000, 40, 6);
+    // A partial cube of rows, and more than one cube.
+    check_delta(2, 3, 37, 7);
+    check_delta(1, 2, 130, 8);
     return all_passed ? 0 : 1;
 }

@@ -347,6 +347,9 @@ fn zeros<A: Float>(#[comptime] tiling: Tiling) -> Array<A> {
     x
 }
 
+/// Units a cube of [`delta_kernel`], a row each.
+pub(crate) const DELTA_UNITS: u32 = 64;
+
 /// `D_i = Σ_d dO_i,d · O_i,d` for every row, and its `lse_i · log2 e`, the units the tensor
 /// cores' register kernels take their softmax in (one FFMA an element in their loops, where
 /// `lse` in natural units takes a multiply more).
@@ -831,8 +834,12 @@ pub fn backward_rows<R: CubeRuntime>(
     // Rows spread over three grid axes as the other kernels: wgpu caps each at 65,535.
     delta_kernel::launch::<R>(
         &out.client.clone(),
-        CubeCount::Static(seq.div_ceil(64) as u32, heads as u32, batch as u32),
-        CubeDim::new_1d(64),
+        CubeCount::Static(
+            seq.div_ceil(DELTA_UNITS as usize) as u32,
+            heads as u32,
+            batch as u32,
+        ),
+        CubeDim::new_1d(DELTA_UNITS),
         out.clone().into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
         lse.clone().into_tensor_arg(),

@@ -17,7 +17,7 @@ use cubecl::Compiler as _;
 use cubecl_cpp::cuda::{mma::CudaWmmaCompiler, CudaDialect};
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 
-use crate::attention::cuda_source::{tensor_core_kernels, unit_kernels};
+use crate::attention::cuda_source::{delta_kernel, tensor_core_kernels, unit_kernels};
 use crate::attention::tensor_cores::{self, RowWork};
 use crate::attention::Variant;
 use crate::cuda_emulation::{emulate_all, Emulation, STORAGES};
@@ -25,14 +25,10 @@ use crate::cuda_emulation::{emulate_all, Emulation, STORAGES};
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
 
 /// A kernel's CUDA C++, as `cubecl-cuda` hands it to NVRTC on an A100 or H100 with CUDA 13
-/// (32-bit indices, checked mode, the options below).
-pub(crate) fn cuda_cpp(kernel: &impl CubeKernel) -> String {
-    cuda_cpp_in(kernel, ExecutionMode::Checked)
-}
-
-/// [`cuda_cpp`] in execution mode `mode`: `Unchecked` as `launch_unchecked` runs a kernel,
-/// `Validate` with a `printf` of each out-of-bounds access instead (cubecl's own check of
-/// unchecked kernels), for the CUDA emulation.
+/// (32-bit indices, the options below), in execution mode `mode`: `Checked` as `launch` runs a
+/// kernel, `Unchecked` as `launch_unchecked` does, `Validate` with a `printf` of each
+/// out-of-bounds access instead (cubecl's own check of unchecked kernels), for the CUDA
+/// emulation.
 pub(crate) fn cuda_cpp_in(kernel: &impl CubeKernel, mode: ExecutionMode) -> String {
     let address =
         cubecl::ir::StorageType::Scalar(cubecl::ir::ElemType::UInt(cubecl::ir::UIntKind::U32));
@@ -384,13 +380,16 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
 /// table, two cubes of columns and three tiles of ids (each element the same bits as its
 /// positions' sum in order); the gradient norm's sums of squares of a flat tensor (to the most
 /// cubes lab gives one, each unit taking several elements) and of a column-major matrix,
-/// through their partial sums; and AdamW with the gradient flat and as a column-major matrix.
+/// through their partial sums; AdamW with the gradient flat and as a column-major matrix; and
+/// the attention's `D = dO·O` with `lse` in base 2, from bf16 rows in the model's layout.
 /// lavapipe runs them too, as WGSL, where a race on their shared memory (the tiles of ids, the
 /// sums' tree) shows only if its order of running the units makes a result wrong; the
 /// emulation's race detector names one whatever the order.
 #[test]
 fn step_kernels_match_fp64_on_the_cuda_emulation() {
     use crate::{adamw, embedding, square_sums};
+    // x1-50m's head width, for the attention's `D`.
+    const DELTA_HEAD_DIM: usize = 64;
     let client = WgpuRuntime::client(&WgpuDevice::default());
     // How lab launches them, for step.cpp to launch them alike.
     let launches = [
@@ -399,10 +398,23 @@ fn step_kernels_match_fp64_on_the_cuda_emulation() {
         ("SQUARE_UNITS", square_sums::UNITS as usize),
         ("MOST_SQUARE_CUBES", square_sums::cubes_for(usize::MAX)),
         ("ADAMW_UNITS", adamw::UNITS as usize),
+        ("DELTA_HEAD_DIM", DELTA_HEAD_DIM),
+        ("DELTA_UNITS", crate::attention::DELTA_UNITS as usize),
     ];
+    // Unrolled, as CUDA runs it (`attention::unrolls`).
+    let delta = delta_kernel(
+        &client,
+        DType::BF16,
+        DELTA_HEAD_DIM,
+        true,
+        ExecutionMode::Validate,
+    );
     emulate_all(vec![Emulation {
         driver: "step.cpp",
-        kernels: step_kernels(&client, ExecutionMode::Validate).to_vec(),
+        kernels: step_kernels(&client, ExecutionMode::Validate)
+            .into_iter()
+            .chain([("delta", delta)])
+            .collect(),
         storage: "float",
         suffix: "f32",
         label: "step".into(),

@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 
 use super::{block_rows, tensor_cores, Tiling, Variant};
 use crate::cuda_emulation::{emulate_all, Emulation, STORAGES};
-use crate::cuda_source::{cuda_cpp, cuda_cpp_in, settings, tensor, Client};
+use crate::cuda_source::{cuda_cpp_in, settings, tensor, Client};
 use tensor_cores::RowWork;
 
 /// The tensor-core forward, `dQ` and `dK/dV` at `dtype` and head width `hd`: `grad_kv`, or
@@ -62,7 +62,7 @@ pub(crate) fn tensor_core_kernels(client: &Client, dtype: DType, hd: usize, rows
 /// compiled in `mode` (`Unchecked` as CUDA launches them), and the rows' `D` (checked).
 #[rustfmt::skip]
 pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Variant, mode: ExecutionMode) -> [(&'static str, String); 4] {
-    use super::{delta_kernel, forward_kernel, grad_kv_kernel, grad_q_kernel};
+    use super::{forward_kernel, grad_kv_kernel, grad_q_kernel};
     let (c, t) = (client, tensor);
     let types = [dtype.into(), DType::F32.into()];
     let tiling = |rows| Tiling::of(variant, rows, hd);
@@ -73,11 +73,19 @@ pub(crate) fn unit_kernels(client: &Client, dtype: DType, hd: usize, variant: Va
         at(3), c.clone(), t(), t(), t(), t(), t(), t(), t(), (), tiling(3), types);
     let grad_kv = grad_kv_kernel::GradKvKernel::new(
         at(4), c.clone(), t(), t(), t(), t(), t(), t(), t(), t(), (), tiling(4), types);
-    // `D = dO·O`, which both backward variants (these and the tensor cores') read, and `lse`
-    // in base 2 (the tensor cores' register kernels).
-    let delta = delta_kernel::DeltaKernel::new(
-        settings(CubeDim::new_1d(64)), c.clone(), t(), t(), t(), t(), t(), hd, variant.unroll, types);
-    [("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode)), ("grad_kv", cuda_cpp_in(&grad_kv, mode)), ("delta", cuda_cpp(&delta))]
+    [("forward", cuda_cpp_in(&forward, mode)), ("grad_q", cuda_cpp_in(&grad_q, mode)), ("grad_kv", cuda_cpp_in(&grad_kv, mode)),
+     ("delta", delta_kernel(client, dtype, hd, variant.unroll, ExecutionMode::Checked))]
+}
+
+/// `D = dO·O`, which both backward variants (the f32-arithmetic kernels and the tensor
+/// cores') read, and `lse` in base 2 (the tensor cores' register kernels), at `dtype` and head
+/// width `hd`, compiled in `mode` (`Checked` as it is launched).
+#[rustfmt::skip]
+pub(crate) fn delta_kernel(client: &Client, dtype: DType, hd: usize, unroll: bool, mode: ExecutionMode) -> String {
+    let types = [dtype.into(), DType::F32.into()];
+    let t = tensor;
+    cuda_cpp_in(&super::delta_kernel::DeltaKernel::new(
+        settings(CubeDim::new_1d(super::DELTA_UNITS)), client.clone(), t(), t(), t(), t(), t(), hd, unroll, types), mode)
 }
 
 /// The tensor-core forward, `dQ` and `dK/dV` as cubecl writes them for CUDA, run on the CPU
