@@ -5,8 +5,10 @@
 // fault in the emulation that let races or hangs through would pass every kernel's test.
 #include "emu.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <functional>
+#include <map>
 #include <string>
 
 using emu::Shared;
@@ -132,68 +134,68 @@ __global__ void tile_product(float* out, float odd_lanes) {
 }
 
 int main(int argc, char** argv) {
-    std::string c = argc > 1 ? argv[1] : "";
+    std::string name = argc > 1 ? argv[1] : "";
     float f[192];
     unsigned u[384];
     std::fill_n(f, 192, -1.0f);
     std::fill_n(u, 384, 0u);
-    emu::dim3 one{1, 1, 1};
+    emu::dim3 one{1, 1, 1}, two{2, 1, 1};
     auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
-    if (c == "ordered_by_block_barrier") {
-        emu::launch(write_then_read, one, block(64), f, 33u, int(block_barrier));
-        return f[0] == 42.0f ? 0 : 1;
-    } else if (c == "ordered_by_warp_barrier") {
-        emu::launch(write_then_read, one, block(64), f, 1u, int(warp_barrier));
-        return f[0] == 42.0f ? 0 : 1;
-    } else if (c == "unordered") {
-        emu::launch(write_then_read, one, block(64), f, 1u, int(nothing));
-    } else if (c == "warp_barrier_across_warps") {
-        emu::launch(write_then_read, one, block(64), f, 33u, int(warp_barrier));
-    } else if (c == "shuffle_orders_nothing") {
-        emu::launch(write_then_read, one, block(64), f, 1u, int(shuffle));
-    } else if (c == "read_then_write") {
-        emu::launch(read_then_write, one, block(32), f);
-    } else if (c == "last_writes") {
-        emu::launch(last_writes, one, block(64), f);
-    } else if (c == "both_write") {
-        emu::launch(both_write, one, block(64), f);
-    } else if (c == "mixed_meetings") {
-        emu::launch(mixed_meetings, one, block(32), f);
-    } else if (c == "exchange") {
-        emu::launch(exchange, emu::dim3{2, 1, 1}, block(96), u, 3u);
-        for (unsigned b = 0; b < 2; ++b)
-            for (unsigned t = 0; t < 96; ++t) {
-                unsigned value = 100 + 1000 * b + (t ^ 3), votes = t < 32 ? 1 : t < 64 ? 3 : 0;
-                unsigned* got = u + 192 * b;
-                if (got[t] != value || got[96 + t] != votes) {
-                    std::printf("block %u, thread %u: got %u and %u, want %u and %u\n", b, t, got[t], got[96 + t],
-                                value, votes);
-                    return 1;
-                }
-            }
-    } else if (c == "shuffle_by_block") {
-        emu::launch(shuffle_by_block, emu::dim3{2, 1, 1}, block(64), u);
-        for (unsigned t = 0; t < 128; ++t)
-            if (u[t] != 1000 * (t / 64) + ((t % 64) ^ 1)) return 1;
-    } else if (c == "some_end") {
-        emu::launch(some_end, emu::dim3{2, 1, 1}, block(64), f);
-        for (unsigned t = 0; t < 48; ++t)
-            if (f[t] != float(47 - t)) return 1;
-    } else if (c == "tile_product") {
-        emu::launch(tile_product, one, block(64), f, 1.0f);
-        for (unsigned t = 0; t < 64; ++t)
-            if (f[t] != 3.0f + 16 * 2.0f) return 1;
-    } else if (c == "different_tiles") {
-        emu::launch(tile_product, one, block(64), f, 0.5f);
-    } else if (c == "partial_shuffle") {
-        emu::launch(partial_shuffle, one, block(32), u);
-    } else if (c == "shuffle_after_lanes_ended") {
-        emu::launch(shuffle_after_lanes_ended, one, block(64), u);
-    } else if (c == "crossed") {
-        emu::launch(crossed, one, block(64), u);
-    } else {
-        std::fprintf(stderr, "no case %s\n", c.c_str());
+    // Each case: its launch, then whether the outputs are right (a race or a hang ends the run
+    // before that).
+    std::map<std::string, std::function<bool()>> cases = {
+        {"ordered_by_block_barrier",
+         [&] { return emu::launch(write_then_read, one, block(64), f, 33u, int(block_barrier)), f[0] == 42.0f; }},
+        {"ordered_by_warp_barrier",
+         [&] { return emu::launch(write_then_read, one, block(64), f, 1u, int(warp_barrier)), f[0] == 42.0f; }},
+        {"unordered", [&] { return emu::launch(write_then_read, one, block(64), f, 1u, int(nothing)), true; }},
+        {"warp_barrier_across_warps",
+         [&] { return emu::launch(write_then_read, one, block(64), f, 33u, int(warp_barrier)), true; }},
+        {"shuffle_orders_nothing",
+         [&] { return emu::launch(write_then_read, one, block(64), f, 1u, int(shuffle)), true; }},
+        {"read_then_write", [&] { return emu::launch(read_then_write, one, block(32), f), true; }},
+        {"last_writes", [&] { return emu::launch(last_writes, one, block(64), f), true; }},
+        {"both_write", [&] { return emu::launch(both_write, one, block(64), f), true; }},
+        {"mixed_meetings", [&] { return emu::launch(mixed_meetings, one, block(32), f), true; }},
+        {"exchange",
+         [&] {
+             emu::launch(exchange, two, block(96), u, 3u);
+             for (unsigned b = 0; b < 2; ++b)
+                 for (unsigned t = 0; t < 96; ++t) {
+                     unsigned value = 100 + 1000 * b + (t ^ 3), votes = t < 32 ? 1 : t < 64 ? 3 : 0;
+                     const unsigned* got = u + 192 * b;
+                     if (got[t] != value || got[96 + t] != votes) return false;
+                 }
+             return true;
+         }},
+        {"shuffle_by_block",
+         [&] {
+             emu::launch(shuffle_by_block, two, block(64), u);
+             for (unsigned t = 0; t < 128; ++t)
+                 if (u[t] != 1000 * (t / 64) + ((t % 64) ^ 1)) return false;
+             return true;
+         }},
+        {"some_end",
+         [&] {
+             emu::launch(some_end, two, block(64), f);
+             for (unsigned t = 0; t < 48; ++t)
+                 if (f[t] != float(47 - t)) return false;
+             return true;
+         }},
+        {"tile_product",
+         [&] {
+             emu::launch(tile_product, one, block(64), f, 1.0f);
+             return std::all_of(f, f + 64, [](float x) { return x == 3.0f + 16 * 2.0f; });
+         }},
+        {"different_tiles", [&] { return emu::launch(tile_product, one, block(64), f, 0.5f), true; }},
+        {"partial_shuffle", [&] { return emu::launch(partial_shuffle, one, block(32), u), true; }},
+        {"shuffle_after_lanes_ended", [&] { return emu::launch(shuffle_after_lanes_ended, one, block(64), u), true; }},
+        {"crossed", [&] { return emu::launch(crossed, one, block(64), u), true; }},
+    };
+    auto found = cases.find(name);
+    if (found == cases.end()) {
+        std::fprintf(stderr, "no case %s\n", name.c_str());
         return 2;
     }
-    return 0;
+    return found->second() ? 0 : 1;
 }
