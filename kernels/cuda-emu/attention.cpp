@@ -57,7 +57,7 @@ struct first_param<R(P, Ps...)> {
     using type = P;
 };
 constexpr unsigned input_vector =
-    sizeof(std::remove_pointer_t<typename first_param<decltype(forward_kernel)>::type>) / sizeof(STORAGE);
+    sizeof(emu::pointee_t<typename first_param<decltype(forward_kernel)>::type>) / sizeof(STORAGE);
 
 // Which tensors a case stores [B, T, heads, hd] and passes as [B, heads, T, hd] views (the
 // middle axes swapped, as the model passes its projections); the others are contiguous.

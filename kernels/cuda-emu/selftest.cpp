@@ -133,6 +133,16 @@ __global__ void tile_product(float* out, float odd_lanes) {
     out[threadIdx.x] = c.x[255];
 }
 
+// Each block adds one to `out[0]`, after reading `in` (which no block writes): right when the
+// blocks run one after another, a race between blocks on a GPU. `apart`: each block its own
+// element, which is right.
+__global__ void blocks_add(emu::Global<const float> in, emu::Global<float> out, int apart) {
+    if (threadIdx.x == 0) {
+        unsigned at = apart ? blockIdx.x : 0;
+        out[at] = out[at] + in[0];
+    }
+}
+
 int main(int argc, char** argv) {
     std::string name = argc > 1 ? argv[1] : "";
     float f[192];
@@ -191,6 +201,17 @@ int main(int argc, char** argv) {
         {"partial_shuffle", [&] { return emu::launch(partial_shuffle, one, block(32), u), true; }},
         {"shuffle_after_lanes_ended", [&] { return emu::launch(shuffle_after_lanes_ended, one, block(64), u), true; }},
         {"crossed", [&] { return emu::launch(crossed, one, block(64), u), true; }},
+        {"blocks_apart",
+         [&] {
+             float in[1] = {1.0f}, out[3] = {};
+             emu::launch(blocks_add, emu::dim3{3, 1, 1}, block(32), in, out, 1);
+             return std::all_of(out, out + 3, [](float x) { return x == 1.0f; });
+         }},
+        {"blocks_add_into_one",
+         [&] {
+             float in[1] = {1.0f}, out[1] = {};
+             return emu::launch(blocks_add, emu::dim3{3, 1, 1}, block(32), in, out, 0), true;
+         }},
     };
     auto found = cases.find(name);
     if (found == cases.end()) {

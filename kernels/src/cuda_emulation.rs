@@ -16,8 +16,9 @@ fn emulation_dir() -> PathBuf {
 
 /// `cpp` as the driver includes it: its `info_st` and its entry named after `kernel`
 /// (`info_grad_q`, `grad_q_kernel`: the kernels share one translation unit, and the two
-/// `dK/dV` launches of wide heads are one kernel), and its shared arrays as the emulation's
-/// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets.
+/// `dK/dV` launches of wide heads are one kernel), its shared arrays as the emulation's
+/// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets,
+/// and its tensor parameters as `emu::Global` (whose accesses are checked between blocks).
 fn for_emulation(cpp: &str, kernel: &str) -> String {
     let info = format!("info_{kernel}");
     let lines = without_register_products(cpp)
@@ -27,7 +28,9 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
             shared_array(line)
                 .or_else(|| entry_renamed(line, kernel))
                 .or_else(|| shared_recast(line))
-                .unwrap_or_else(|| line.replace("info_st", &info))
+                .or_else(|| global_parameters(line))
+                .unwrap_or_else(|| line.to_string())
+                .replace("info_st", &info)
         });
     vector_types_once(lines).join("\n")
 }
@@ -77,6 +80,31 @@ fn vector_types_once(lines: impl Iterator<Item = String>) -> Vec<String> {
         }
     }
     out
+}
+
+/// A line of parameters with tensors (`const T* __restrict__ buffer_N, T* buffer_M, …`) with
+/// each tensor as `emu::Global<const T> buffer_N`; `None` for a line without them.
+fn global_parameters(line: &str) -> Option<String> {
+    if !line.contains("* buffer_") && !line.contains("* __restrict__ buffer_") {
+        return None;
+    }
+    let indent = &line[..line.len() - line.trim_start().len()];
+    let parameters: Vec<String> = line
+        .trim_start()
+        .split(", ")
+        .map(|parameter| match parameter.split_once("* ") {
+            Some((ty, name))
+                if name
+                    .trim_start_matches("__restrict__ ")
+                    .starts_with("buffer_") =>
+            {
+                let name = name.trim_start_matches("__restrict__ ");
+                format!("emu::Global<{ty}> {name}")
+            }
+            _ => parameter.to_string(),
+        })
+        .collect();
+    Some(format!("{indent}{}", parameters.join(", ")))
 }
 
 /// ` T *_tmp_N = reinterpret_cast< T*>(shared_memory_M);` (a vector access to a shared array)
@@ -259,7 +287,9 @@ pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
 /// not; a race is caught in either order of its accesses, two writes race, and what a thread
 /// saw at a barrier leaves out what others did after it; shuffles and votes see their own
 /// block's and warp's values; a wmma product is right and its lanes must pass the same tiles;
-/// threads that end count as arrived at `__syncthreads`, over two blocks; and a warp-wide
+/// threads that end count as arrived at `__syncthreads`, over two blocks; blocks that each
+/// write their own element of global memory pass, and blocks that add into one element (right
+/// one after another, a race at once) fail; and a warp-wide
 /// operation that some lanes never reach, a barrier crossed with a shuffle, or lanes meeting
 /// at different warp-wide operations end the run as a hang (exit 124), where a GPU would hang
 /// or be undefined.
@@ -284,6 +314,7 @@ fn the_emulation_catches_races_and_hangs() {
         ("shuffle_by_block", Some(0), ""),
         ("some_end", Some(0), ""),
         ("tile_product", Some(0), ""),
+        ("blocks_apart", Some(0), ""),
         (
             "unordered",
             None,
@@ -313,6 +344,11 @@ fn the_emulation_catches_races_and_hangs() {
             "both_write",
             None,
             "race (write after write) at byte 0: thread 1 against 0,",
+        ),
+        (
+            "blocks_add_into_one",
+            None,
+            "global-memory race between blocks (read after write)",
         ),
         (
             "different_tiles",

@@ -21,6 +21,9 @@
 //   whole tile when the lane runs it; a store is written by lane 0 only; a product is found
 //   once for the warp, and every lane must pass it the same tiles. Loads and stores
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
+// - global memory has a check between blocks (which run one after another here, at once on a
+//   GPU): an element one block of a launch writes, that another reads or writes, aborts the
+//   run (below, at emu::Global);
 // - cp.async copies are NaN in shared memory from the call to the unit's next
 //   lab_wait_copies (cp.async.wait_all), where they land (below, at __cp_async_shared_global);
 // - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.
@@ -35,6 +38,7 @@
 #include <functional>
 #include <math.h>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "fibers.h"
@@ -380,6 +384,82 @@ Shared<U> recast(Shared<T> s) {
 }
 }  // namespace emu
 
+// Global memory, as the kernels' tensor parameters see it (for_emulation declares each
+// `T* buffer_N` as `emu::Global<T>`): blocks of a launch run at once on a GPU, in no order,
+// so an element one block writes must be read or written by no other block of that launch
+// (lab's kernels use no atomics). Each access is kept by 2-byte granule for the launch, and
+// one that breaks this aborts the run, whatever the order the emulation runs the blocks in.
+namespace emu {
+struct GlobalAccess {
+    int64_t writer = -1;  // the block that wrote the granule, -1 none
+    int64_t reader = -1;  // a block that read it, -1 none
+    bool readers = false;  // and another block too
+};
+inline std::unordered_map<uintptr_t, GlobalAccess> global_accesses;
+inline int64_t block_number;  // the running block's, x fastest
+
+[[noreturn]] inline void blocks_race(const char* kind, const void* at, int64_t other) {
+    std::fprintf(stderr, "global-memory race between blocks (%s) at %p: block %lld against %lld\n", kind, at,
+                 static_cast<long long>(block_number), static_cast<long long>(other));
+    std::abort();
+}
+
+inline void on_global_read(const void* at, size_t size) {
+    auto first = reinterpret_cast<uintptr_t>(at) / 2;
+    for (uintptr_t g = first; g <= (reinterpret_cast<uintptr_t>(at) + size - 1) / 2; ++g) {
+        GlobalAccess& a = global_accesses[g];
+        if (a.writer >= 0 && a.writer != block_number) blocks_race("read after write", at, a.writer);
+        if (a.reader < 0) a.reader = block_number;
+        a.readers |= a.reader != block_number;
+    }
+}
+
+inline void on_global_write(const void* at, size_t size) {
+    auto first = reinterpret_cast<uintptr_t>(at) / 2;
+    for (uintptr_t g = first; g <= (reinterpret_cast<uintptr_t>(at) + size - 1) / 2; ++g) {
+        GlobalAccess& a = global_accesses[g];
+        if (a.writer >= 0 && a.writer != block_number) blocks_race("write after write", at, a.writer);
+        if (a.readers || (a.reader >= 0 && a.reader != block_number)) blocks_race("write after read", at, a.reader);
+        a.writer = block_number;
+    }
+}
+
+template <class T>
+struct GlobalRef {
+    T* at;
+    operator std::remove_cv_t<T>() const {
+        on_global_read(at, sizeof(T));
+        return *at;
+    }
+    GlobalRef& operator=(const std::remove_cv_t<T>& value) {
+        on_global_write(at, sizeof(T));
+        *at = value;
+        return *this;
+    }
+    GlobalRef& operator=(const GlobalRef& other) { return *this = std::remove_cv_t<T>(other); }
+};
+
+// A tensor parameter: indexing gives a reference that records the access.
+template <class T>
+struct Global {
+    T* at;
+    GlobalRef<T> operator[](size_t i) const { return {at + i}; }
+    Global operator+(size_t i) const { return {at + i}; }
+};
+
+// The element type of a kernel's tensor parameter (`emu::Global<T>`, or a pointer to `T`).
+template <class P>
+struct pointee {
+    using type = std::remove_pointer_t<P>;
+};
+template <class T>
+struct pointee<Global<T>> {
+    using type = T;
+};
+template <class P>
+using pointee_t = typename pointee<P>::type;
+}  // namespace emu
+
 inline void __syncthreads() {
     emu::join(*emu::block_barrier, 0, blockDim.x * blockDim.y * blockDim.z);
 }
@@ -412,6 +492,13 @@ inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t sr
     emu::on_write(dst.offset, N);
     std::memset(&emu::shared[dst.offset], 0xff, N);
     emu::pending_copies[emu::tid].push_back(copy);
+}
+
+// cp.async from a tensor parameter: the bytes it reads, recorded for the blocks' races.
+template <size_t N, class S, class T>
+inline void __cp_async_shared_global(emu::Global<S> src, emu::Shared<T> dst, size_t src_bytes) {
+    if (src_bytes > 0) emu::on_global_read(src.at, src_bytes);
+    __cp_async_shared_global<N>(static_cast<const S*>(src.at), dst, src_bytes);
 }
 
 inline void lab_wait_copies() {
@@ -677,9 +764,16 @@ namespace emu {
 // An argument as the kernel's parameter takes it: a pointer to the storage type becomes one
 // to the vector type a kernel reads it as (cubecl's `Tensor<Vector<F, N>>`), whole elements
 // at the vector's alignment, as a GPU's vector loads need. Any other argument passes as is.
+template <class P>
+struct is_global : std::false_type {};
+template <class T>
+struct is_global<Global<T>> : std::true_type {};
+
 template <class P, class A>
 P pass(A a) {
-    if constexpr (std::is_pointer_v<P> && std::is_pointer_v<A> && !std::is_convertible_v<A, P>) {
+    if constexpr (is_global<P>::value) {
+        return P{pass<decltype(P::at)>(a)};
+    } else if constexpr (std::is_pointer_v<P> && std::is_pointer_v<A> && !std::is_convertible_v<A, P>) {
         using Vector = std::remove_cv_t<std::remove_pointer_t<P>>;
         using Element = std::remove_cv_t<std::remove_pointer_t<A>>;
         static_assert(sizeof(Vector) % sizeof(Element) == 0 && sizeof(Vector) > sizeof(Element),
@@ -768,10 +862,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
     gridDim = grid;
     unsigned threads = block.x * block.y * block.z, warps = (threads + 31) / 32;
     thread_body = [=] { kernel(pass<Params>(args)...); };
+    global_accesses.clear();
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
                 blockIdx = {x, y, z};
+                block_number = (int64_t(z) * grid.y + y) * grid.x + x;
                 std::memset(shared, 0xff, sizeof shared);  // NaN-ish garbage, as a GPU's
                 reset_races(threads);
                 Barrier barrier(threads);
