@@ -171,9 +171,9 @@ void check_add_widened(unsigned rows, unsigned cols, unsigned acc_stride, unsign
     report("add_widened", shape, "padding", bits_changed(acc, before, padding), 0);
 }
 
-// `[a | b | c]` of `parts` matrices of `rows` rows and `widths` columns (`parts` 1: `[a | 0]`
-// to `widths[1]` more columns), `a` in rows `a_stride` apart, `b` column-major, `c` contiguous:
-// the same bits, and zeros for the padding.
+// `[a | b | c]` of `parts` matrices of `rows` rows and `widths` columns, `a` in rows
+// `a_stride` apart, `b` column-major, `c` contiguous: the same bits. With `parts` 1 the
+// padding, `[a | 0]`, `widths[1]` the zero columns' count (`b` and `c` stand-ins).
 void check_join(unsigned parts, unsigned rows, const unsigned (&widths)[3], unsigned a_stride, uint64_t seed) {
     auto [na, nb, nc] = widths;
     unsigned width = na + nb + (parts == 3 ? nc : 0);

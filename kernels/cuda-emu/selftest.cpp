@@ -133,13 +133,21 @@ __global__ void tile_product(float* out, float odd_lanes) {
     out[threadIdx.x] = c.x[255];
 }
 
-// Each block adds one to `out[0]`, after reading `in` (which no block writes): right when the
-// blocks run one after another, a race between blocks on a GPU. `apart`: each block its own
-// element, which is right.
-__global__ void blocks_add(emu::Global<const float> in, emu::Global<float> out, int apart) {
-    if (threadIdx.x == 0) {
-        unsigned at = apart ? blockIdx.x : 0;
-        out[at] = out[at] + in[0];
+// Blocks of a launch and one element of `out`, after each reads `in` (which no block
+// writes): each block adds `in[0]` to its own element (right), or all add into `out[0]`, or all
+// write it, or block 0 reads it (into `out[1]`) and the others write it. Right when the blocks
+// run one after another, the last three are races between blocks on a GPU.
+enum Blocks { apart, add_into_one, write_one, read_one_write_one };
+
+__global__ void blocks_on_one(emu::Global<const float> in, emu::Global<float> out, int how) {
+    if (threadIdx.x != 0) return;
+    unsigned b = blockIdx.x;
+    if (how == apart) out[2 + b] = out[2 + b] + in[0];
+    if (how == add_into_one) out[0] = out[0] + in[0];
+    if (how == write_one) out[0] = in[0];
+    if (how == read_one_write_one) {
+        if (b == 0) out[1] = out[0];
+        else out[0] = in[0];
     }
 }
 
@@ -151,6 +159,8 @@ int main(int argc, char** argv) {
     std::fill_n(u, 384, 0u);
     emu::dim3 one{1, 1, 1}, two{2, 1, 1};
     auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
+    float in[1] = {1.0f}, g[5] = {};
+    auto blocks = [&](Blocks how) { emu::launch(blocks_on_one, emu::dim3{3, 1, 1}, block(32), in, g, int(how)); };
     // Each case: its launch, then whether the outputs are right (a race or a hang ends the run
     // before that).
     std::map<std::string, std::function<bool()>> cases = {
@@ -174,7 +184,11 @@ int main(int argc, char** argv) {
                  for (unsigned t = 0; t < 96; ++t) {
                      unsigned value = 100 + 1000 * b + (t ^ 3), votes = t < 32 ? 1 : t < 64 ? 3 : 0;
                      const unsigned* got = u + 192 * b;
-                     if (got[t] != value || got[96 + t] != votes) return false;
+                     if (got[t] != value || got[96 + t] != votes) {
+                         std::printf("block %u, thread %u: got %u and %u, want %u and %u\n", b, t, got[t], got[96 + t],
+                                     value, votes);
+                         return false;
+                     }
                  }
              return true;
          }},
@@ -201,17 +215,10 @@ int main(int argc, char** argv) {
         {"partial_shuffle", [&] { return emu::launch(partial_shuffle, one, block(32), u), true; }},
         {"shuffle_after_lanes_ended", [&] { return emu::launch(shuffle_after_lanes_ended, one, block(64), u), true; }},
         {"crossed", [&] { return emu::launch(crossed, one, block(64), u), true; }},
-        {"blocks_apart",
-         [&] {
-             float in[1] = {1.0f}, out[3] = {};
-             emu::launch(blocks_add, emu::dim3{3, 1, 1}, block(32), in, out, 1);
-             return std::all_of(out, out + 3, [](float x) { return x == 1.0f; });
-         }},
-        {"blocks_add_into_one",
-         [&] {
-             float in[1] = {1.0f}, out[1] = {};
-             return emu::launch(blocks_add, emu::dim3{3, 1, 1}, block(32), in, out, 0), true;
-         }},
+        {"blocks_apart", [&] { return blocks(apart), std::all_of(g + 2, g + 5, [](float x) { return x == 1.0f; }); }},
+        {"blocks_add_into_one", [&] { return blocks(add_into_one), true; }},
+        {"blocks_write_one", [&] { return blocks(write_one), true; }},
+        {"blocks_read_one_write_one", [&] { return blocks(read_one_write_one), true; }},
     };
     auto found = cases.find(name);
     if (found == cases.end()) {

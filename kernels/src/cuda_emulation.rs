@@ -32,7 +32,17 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
                 .unwrap_or_else(|| line.to_string())
                 .replace("info_st", &info)
         });
-    vector_types_once(lines).join("\n")
+    let source = vector_types_once(lines).join("\n");
+    // A parameter line in a shape global_parameters does not know would leave its tensors raw
+    // pointers, which build and run without the check between blocks.
+    let raw = source
+        .lines()
+        .find(|line| line.contains("* buffer_") || line.contains("* __restrict__ buffer_"));
+    assert!(
+        raw.is_none(),
+        "{kernel}: a tensor parameter not wrapped as emu::Global: {raw:?}"
+    );
+    source
 }
 
 /// `cpp`'s lines less cubecl's inline-PTX definitions of `ldmatrix` and `mma.sync`
@@ -92,16 +102,15 @@ fn global_parameters(line: &str) -> Option<String> {
     let parameters: Vec<String> = line
         .trim_start()
         .split(", ")
-        .map(|parameter| match parameter.split_once("* ") {
-            Some((ty, name))
-                if name
-                    .trim_start_matches("__restrict__ ")
-                    .starts_with("buffer_") =>
-            {
-                let name = name.trim_start_matches("__restrict__ ");
-                format!("emu::Global<{ty}> {name}")
+        .map(|parameter| {
+            let tensor = parameter
+                .split_once("* ")
+                .map(|(ty, name)| (ty, name.trim_start_matches("__restrict__ ")))
+                .filter(|(_, name)| name.starts_with("buffer_"));
+            match tensor {
+                Some((ty, name)) => format!("emu::Global<{ty}> {name}"),
+                None => parameter.to_string(),
             }
-            _ => parameter.to_string(),
         })
         .collect();
     Some(format!("{indent}{}", parameters.join(", ")))
@@ -282,6 +291,21 @@ pub(crate) fn emulate_all(emulations: Vec<Emulation>) {
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// A kernel's parameter line as cubecl writes it: each tensor wrapped, the rest as it was.
+#[test]
+fn tensor_parameters_become_emu_globals() {
+    let line = "    const __nv_bfloat16_8* __restrict__ buffer_0, float* buffer_1, \
+                const uint32* __restrict__ dynamic_meta, const __grid_constant__ info_st info";
+    assert_eq!(
+        global_parameters(line).as_deref(),
+        Some(
+            "    emu::Global<const __nv_bfloat16_8> buffer_0, emu::Global<float> buffer_1, \
+             const uint32* __restrict__ dynamic_meta, const __grid_constant__ info_st info"
+        )
+    );
+    assert_eq!(global_parameters("const float l_5 = buffer_0[l_3];"), None);
+}
+
 /// The emulation itself (`cuda-emu/selftest.cpp`: small kernels whose outcome is known): a
 /// barrier of the block, or of the warp within it, orders shared memory and a shuffle does
 /// not; a race is caught in either order of its accesses, two writes race, and what a thread
@@ -349,6 +373,16 @@ fn the_emulation_catches_races_and_hangs() {
             "blocks_add_into_one",
             None,
             "global-memory race between blocks (read after write)",
+        ),
+        (
+            "blocks_write_one",
+            None,
+            "global-memory race between blocks (write after write)",
+        ),
+        (
+            "blocks_read_one_write_one",
+            None,
+            "global-memory race between blocks (write after read)",
         ),
         (
             "different_tiles",

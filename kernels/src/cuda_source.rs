@@ -104,12 +104,14 @@ fn copy_kernels(client: &Client, dtype: DType, mode: ExecutionMode) -> [(&'stati
      ("pad_columns", cuda_cpp_in(&join(1), mode)), ("add_into", cuda_cpp_in(&add_into, mode))]
 }
 
-/// The training step's kernels that run in f32 whatever the precision, compiled in `mode`: the
-/// embedding's backward (fp32 gradient, i32 ids), AdamW (fp32 masters; the gradient flat and
-/// as a matrix at its strides) and the gradient norm's sums of squares (partial sums of a
-/// flat tensor and of a matrix, and their sum).
+/// The training step's kernels that [`vector_kernels`], [`copy_kernels`] and the attention's
+/// leave, compiled in `mode`: the embedding's backward (fp32 gradient, i32 ids), AdamW (fp32
+/// masters; from moments with the gradient flat or a matrix at its strides, and the first
+/// update, without moments) and the gradient norm's sums of squares (partial sums of a flat
+/// tensor and of a matrix, of f32 and of bf16 (the weights' bf16 copies under `zero = 1`), and
+/// their sum).
 #[rustfmt::skip]
-fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String); 6] {
+fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String); 9] {
     use crate::{adamw, embedding, square_sums};
     let (c, t) = (client, tensor);
     let (f32, i32) = (DType::F32.into(), DType::I32.into());
@@ -120,19 +122,21 @@ fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String)
         clip_scale: (), beta1: (), one_minus_beta1: (), beta2: (), one_minus_beta2: (),
         bias1: (), bias2: (), eps: (), lr: (), decay: (),
     };
-    let adamw = |grad_is_matrix| adamw::adamw_kernel::AdamwKernel::new(
+    let adamw = |first, grad_is_matrix| cuda_cpp_in(&adamw::adamw_kernel::AdamwKernel::new(
         settings(CubeDim::new_1d(adamw::UNITS)), c.clone(), t(), t(), t(), t(), t(), t(), t(),
-        constants.clone(), false, grad_is_matrix, f32);
+        constants.clone(), first, grad_is_matrix, f32), mode);
     let units = settings(CubeDim::new_1d(square_sums::UNITS));
-    let squares = |x_is_matrix| square_sums::partial_squares_kernel::PartialSquaresKernel::new(
-        units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, x_is_matrix,
-        [f32, f32]);
+    let squares = |x: DType, x_is_matrix| cuda_cpp_in(
+        &square_sums::partial_squares_kernel::PartialSquaresKernel::new(
+            units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, x_is_matrix,
+            [x.into(), f32]), mode);
     let sums = square_sums::sum_partials_kernel::SumPartialsKernel::new(
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
-    [("embedding_grad", cuda_cpp_in(&embedding, mode)), ("adamw", cuda_cpp_in(&adamw(false), mode)),
-     ("adamw_matrix_grad", cuda_cpp_in(&adamw(true), mode)),
-     ("partial_squares", cuda_cpp_in(&squares(false), mode)),
-     ("partial_squares_matrix", cuda_cpp_in(&squares(true), mode)),
+    [("embedding_grad", cuda_cpp_in(&embedding, mode)), ("adamw", adamw(false, false)),
+     ("adamw_first", adamw(true, false)), ("adamw_matrix_grad", adamw(false, true)),
+     ("partial_squares", squares(DType::F32, false)), ("partial_squares_matrix", squares(DType::F32, true)),
+     ("partial_squares_bf16", squares(DType::BF16, false)),
+     ("partial_squares_bf16_matrix", squares(DType::BF16, true)),
      ("sum_partials", cuda_cpp_in(&sums, mode))]
 }
 
@@ -141,8 +145,7 @@ fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String)
 fn other_kernels(client: &Client) -> Vec<(String, String)> {
     let copies = copy_kernels(client, DType::BF16, ExecutionMode::Checked)
         .map(|(name, cpp)| (format!("{name}-bf16"), cpp));
-    let steps = step_kernels(client, ExecutionMode::Checked)
-        .map(|(name, cpp)| (format!("{name}-f32"), cpp));
+    let steps = step_kernels(client, ExecutionMode::Checked).map(|(name, cpp)| (name.into(), cpp));
     copies.into_iter().chain(steps).collect()
 }
 
@@ -375,21 +378,25 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
     emulate_all(emulations);
 }
 
-/// The training step's f32 kernels ([`step_kernels`]) as their CUDA C++ on the CPU emulation
+/// The training step's other kernels ([`step_kernels`]) as their CUDA C++ on the CPU emulation
 /// (`kernels/cuda-emu/step.cpp`), against fp64: the embedding's backward over two slices of the
 /// table, two cubes of columns and three tiles of ids (each element the same bits as its
-/// positions' sum in order); the gradient norm's sums of squares of a flat tensor (to the most
-/// cubes lab gives one, each unit taking several elements) and of a column-major matrix,
-/// through their partial sums; AdamW with the gradient flat and as a column-major matrix; and
-/// the attention's `D = dO·O` with `lse` in base 2, from bf16 rows in the model's layout.
+/// positions' sum in order); the gradient norm's sums of squares of f32 and of bf16, of flat
+/// tensors (to the most cubes lab gives one, where some units take two elements) and of
+/// matrices read at their strides (column-major, and every other row of a wider buffer, as the
+/// feed-forward's joined gate|up gives them), through their partial sums at offsets; AdamW
+/// from moments with the gradient flat or a matrix of either layout, and its first update; and
+/// the attention's `D = dO·O` with `lse` in base 2, from bf16 rows (`O` in the model's layout,
+/// `dO` contiguous) at head widths 64 and 128.
 /// lavapipe runs them too, as WGSL, where a race on their shared memory (the tiles of ids, the
 /// sums' tree) shows only if its order of running the units makes a result wrong; the
 /// emulation's race detector names one whatever the order.
 #[test]
 fn step_kernels_match_fp64_on_the_cuda_emulation() {
     use crate::{adamw, embedding, square_sums};
-    // x1-50m's head width, for the attention's `D`.
+    // x1-50m's head width and the 7B's, for the attention's `D`.
     const DELTA_HEAD_DIM: usize = 64;
+    const DELTA_WIDE_HEAD_DIM: usize = 128;
     let client = WgpuRuntime::client(&WgpuDevice::default());
     // How lab launches them, for step.cpp to launch them alike.
     let launches = [
@@ -399,21 +406,19 @@ fn step_kernels_match_fp64_on_the_cuda_emulation() {
         ("MOST_SQUARE_CUBES", square_sums::cubes_for(usize::MAX)),
         ("ADAMW_UNITS", adamw::UNITS as usize),
         ("DELTA_HEAD_DIM", DELTA_HEAD_DIM),
+        ("DELTA_WIDE_HEAD_DIM", DELTA_WIDE_HEAD_DIM),
         ("DELTA_UNITS", crate::attention::DELTA_UNITS as usize),
     ];
     // Unrolled, as CUDA runs it (`attention::unrolls`).
-    let delta = delta_kernel(
-        &client,
-        DType::BF16,
-        DELTA_HEAD_DIM,
-        true,
-        ExecutionMode::Validate,
-    );
+    let delta = |hd| delta_kernel(&client, DType::BF16, hd, true, ExecutionMode::Validate);
     emulate_all(vec![Emulation {
         driver: "step.cpp",
         kernels: step_kernels(&client, ExecutionMode::Validate)
             .into_iter()
-            .chain([("delta", delta)])
+            .chain([
+                ("delta", delta(DELTA_HEAD_DIM)),
+                ("delta_wide", delta(DELTA_WIDE_HEAD_DIM)),
+            ])
             .collect(),
         storage: "float",
         suffix: "f32",

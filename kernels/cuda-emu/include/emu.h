@@ -1,6 +1,6 @@
-// A CPU emulation of the CUDA surface that cubecl's generated attention and row kernels use,
-// so that their C++ (kernels/src/attention/cuda_source.rs, kernels/src/cuda_source.rs) runs on
-// a machine without a GPU (its own checks: selftest.cpp):
+// A CPU emulation of the CUDA surface that cubecl's generated kernels use (the attention's, the
+// row kernels', the step's), so that their C++ (kernels/src/attention/cuda_source.rs,
+// kernels/src/cuda_source.rs) runs on a machine without a GPU (its own checks: selftest.cpp):
 // - a block's CUDA threads are fibers on one OS thread: each runs until it waits at a barrier
 //   or ends, then the next one that can go on runs, in thread order; __syncthreads and
 //   __syncwarp are barriers of the block and of the thread's warp of 32; __shfl_xor_sync
@@ -23,7 +23,8 @@
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
 // - global memory has a check between blocks (which run one after another here, at once on a
 //   GPU): an element one block of a launch writes, that another reads or writes, aborts the
-//   run (below, at emu::Global);
+//   run (below, at emu::Global). Threads of one block are not checked against each other in
+//   global memory;
 // - cp.async copies are NaN in shared memory from the call to the unit's next
 //   lab_wait_copies (cp.async.wait_all), where they land (below, at __cp_async_shared_global);
 // - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.

@@ -1,6 +1,8 @@
-// What the emulation's drivers (attention.cpp, rows.cpp) share: tensor arguments in cubecl's
-// metadata, seeded inputs and the error against an fp64 reference.
+// What the emulation's drivers (attention.cpp, rows.cpp, step.cpp) share: tensor arguments in
+// cubecl's metadata, seeded inputs, the error against an fp64 reference, and their reports.
 #pragma once
+
+#include "emu.h"
 
 #include <algorithm>
 #include <cmath>
