@@ -130,7 +130,7 @@ inline void report(const char* kernel, const std::string& shape, const char* wha
 // `format` filled in, as printf: a case's shape for its reports.
 template <class... A>
 std::string text(const char* format, A... args) {
-    char out[48];
+    char out[96];
     std::snprintf(out, sizeof out, format, args...);
     return out;
 }
@@ -142,6 +142,12 @@ double bits_changed(const std::vector<V>& got, const std::vector<V>& before, con
     for (size_t i = 0; i < got.size(); ++i)
         if (marked[i] && std::memcmp(&got[i], &before[i], sizeof(V)) != 0) return INFINITY;
     return 0;
+}
+
+// 0 where every element of `got` has the bits of `want`'s, else infinite.
+template <class V>
+double bits_differ(const std::vector<V>& got, const std::vector<V>& want) {
+    return bits_changed(got, want, std::vector<bool>(got.size(), true));
 }
 
 inline unsigned ceil_div(size_t n, unsigned d) { return unsigned((n + d - 1) / d); }
