@@ -21,6 +21,7 @@
 
 #include "adamw.cu"
 #include "adamw_first.cu"
+#include "adamw_first_matrix_grad.cu"
 #include "adamw_matrix_grad.cu"
 #include "delta.cu"
 #include "delta_wide.cu"
@@ -130,7 +131,7 @@ AdamwConstants adamw_at(double t) {
 
 // One AdamW step of `n` parameters: from moments at step 3, or the first (no moments, the
 // parameter bound in their place, as lab binds it); the gradient flat, or a matrix read at its
-// strides.
+// strides (each a comptime variant of the kernel).
 void check_adamw(unsigned n, bool first, const Matrix* grad_matrix, uint64_t seed) {
     auto param = random_values<float>(n, seed);
     auto grad = random_values<float>(grad_matrix ? grad_matrix->buffer() : n, seed + 1);
@@ -154,10 +155,11 @@ void check_adamw(unsigned n, bool first, const Matrix* grad_matrix, uint64_t see
                     moments[1], p_out.data(), m_out.data(), v_out.data(), meta.dynamic.data(), meta.info);
     };
     std::vector<Arg> args{flat, agrad, flat, flat, flat, flat, flat};
-    if (grad_matrix) launch(adamw_matrix_grad_kernel, tensor_metadata<info_adamw_matrix_grad>(args));
+    if (first && grad_matrix) launch(adamw_first_matrix_grad_kernel, tensor_metadata<info_adamw_first_matrix_grad>(args));
+    else if (grad_matrix) launch(adamw_matrix_grad_kernel, tensor_metadata<info_adamw_matrix_grad>(args));
     else if (first) launch(adamw_first_kernel, tensor_metadata<info_adamw_first>(args));
     else launch(adamw_kernel, tensor_metadata<info_adamw>(args));
-    const auto shape = grad_matrix ? text("%u, %s", n, grad_matrix->name()) : text("%u%s", n, first ? ", first" : "");
+    const auto shape = text("%u%s%s", n, first ? ", first" : "", grad_matrix ? (grad_matrix->column_major ? ", column-major" : ", pitched") : "");
     report("adamw", shape, "param", error(p_out, want_p), 1e-6);
     report("adamw", shape, "m", error(m_out, want_m), 1e-6);
     report("adamw", shape, "v", error(v_out, want_v), 1e-6);
@@ -215,6 +217,7 @@ int main() {
     const Matrix grad_column_major{40, 25, true}, grad_pitched{40, 25, false};
     check_adamw(1000, false, &grad_column_major, 10);
     check_adamw(1000, false, &grad_pitched, 11);
+    check_adamw(1000, true, &grad_pitched, 15);
     // A partial cube of rows, and more than one cube; x1-50m's head width and the 7B's.
     check_delta<info_delta>(delta_kernel, delta_head_dim, 2, 3, 37, 12);
     check_delta<info_delta>(delta_kernel, delta_head_dim, 1, 2, 130, 13);

@@ -106,12 +106,12 @@ fn copy_kernels(client: &Client, dtype: DType, mode: ExecutionMode) -> [(&'stati
 
 /// The training step's kernels that [`vector_kernels`], [`copy_kernels`] and the attention's
 /// leave, compiled in `mode`: the embedding's backward (fp32 gradient, i32 ids), AdamW (fp32
-/// masters; from moments with the gradient flat or a matrix at its strides, and the first
-/// update, without moments) and the gradient norm's sums of squares (partial sums of a flat
+/// masters; from moments or, at the first update, without, with the gradient flat or a matrix
+/// at its strides) and the gradient norm's sums of squares (partial sums of a flat
 /// tensor and of a matrix, of f32 and of bf16 (the weights' bf16 copies under `zero = 1`), and
 /// their sum).
 #[rustfmt::skip]
-fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String); 9] {
+fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String); 10] {
     use crate::{adamw, embedding, square_sums};
     let (c, t) = (client, tensor);
     let (f32, i32) = (DType::F32.into(), DType::I32.into());
@@ -134,6 +134,7 @@ fn step_kernels(client: &Client, mode: ExecutionMode) -> [(&'static str, String)
         units.clone(), c.clone(), t(), t(), (), square_sums::UNITS as usize, f32);
     [("embedding_grad", cuda_cpp_in(&embedding, mode)), ("adamw", adamw(false, false)),
      ("adamw_first", adamw(true, false)), ("adamw_matrix_grad", adamw(false, true)),
+     ("adamw_first_matrix_grad", adamw(true, true)),
      ("partial_squares", squares(DType::F32, false)), ("partial_squares_matrix", squares(DType::F32, true)),
      ("partial_squares_bf16", squares(DType::BF16, false)),
      ("partial_squares_bf16_matrix", squares(DType::BF16, true)),
@@ -385,7 +386,8 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
 /// tensors (to the most cubes lab gives one, where some units take two elements) and of
 /// matrices read at their strides (column-major, and every other row of a wider buffer, as the
 /// feed-forward's joined gate|up gives them), through their partial sums at offsets; AdamW
-/// from moments with the gradient flat or a matrix of either layout, and its first update; and
+/// from moments and at its first update, with the gradient flat or a matrix of either layout;
+/// and
 /// the attention's `D = dO·O` with `lse` in base 2, from bf16 rows (`O` in the model's layout,
 /// `dO` contiguous) at head widths 64 and 128.
 /// lavapipe runs them too, as WGSL, where a race on their shared memory (the tiles of ids, the
