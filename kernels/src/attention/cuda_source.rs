@@ -168,19 +168,27 @@ fn tensor_core_kernels_match_fp64_on_the_cuda_emulation() {
 /// shared among 2 or 4 units that add their partial products by warp shuffles
 /// ([`super::row_lanes`]; lavapipe, CI's GPU, has no shuffles for them). bf16 at head widths
 /// 64 (1 unit a row in the forward, 2 in `dQ` and `dK/dV`) and 128 (2, 4, 4), and at 64 with
-/// the loops rolled (`LAB_ATTENTION_UNROLL=0`); the cases and tolerances as above. The
+/// the loops rolled (`LAB_ATTENTION_UNROLL=0`) and with a unit a row and no shuffles
+/// (`LAB_ATTENTION_SHUFFLE=0`); the cases and tolerances as above. The
 /// emulation's shuffle waits for all 32 lanes of the warp, so one called from a branch that
 /// some rows skip ends the run as a hang, as it is undefined on a GPU.
 #[test]
 fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
     let client = WgpuRuntime::client(&WgpuDevice::default());
     let mut emulations = Vec::new();
-    for (hd, unroll) in [(64, true), (128, true), (64, false)] {
+    // (head width, loops unrolled, rows shared by shuffles, the report's name)
+    let variants = [
+        (64, true, true, "unit-lanes"),
+        (128, true, true, "unit-lanes"),
+        (64, false, true, "unit-rolled"),
+        (64, true, false, "unit-rows"),
+    ];
+    for (hd, unroll, shuffles, name) in variants {
         let (suffix, storage, dtype) = STORAGES[1];
         let variant = Variant {
             unroll,
             tensor_cores: false,
-            shuffles: true,
+            shuffles,
         };
         let block = block_rows(hd);
         let cube = |rows| {
@@ -196,7 +204,7 @@ fn unit_kernels_sharing_rows_match_fp64_on_the_cuda_emulation() {
             label: format!("hd {hd}"),
             defines: vec![
                 format!("-DHEAD_DIM={hd}"),
-                format!("-DKERNELS=unit-{}", if unroll { "lanes" } else { "rolled" }),
+                format!("-DKERNELS={name}"),
                 format!("-DROWS={block}"),
                 format!("-DFORWARD_CUBE={}", cube(2)),
                 format!("-DGRAD_Q_CUBE={}", cube(3)),
