@@ -119,6 +119,16 @@ void check_square_sums(const char* kernel, Flat flat_kernel, OfMatrix matrix_ker
     report(kernel, shape, m.name(), error(total, {want}, 1.0), 1e-5);
 }
 
+// check_square_sums with the kernels for f32 and for bf16 tensors.
+void check_f32_square_sums(size_t n, Matrix m, uint64_t seed) {
+    check_square_sums<float, info_partial_squares, info_partial_squares_matrix>(
+        "square_sums", partial_squares_kernel, partial_squares_matrix_kernel, n, m, seed);
+}
+void check_bf16_square_sums(size_t n, Matrix m, uint64_t seed) {
+    check_square_sums<bf16, info_partial_squares_bf16, info_partial_squares_bf16_matrix>(
+        "square_sums of bf16", partial_squares_bf16_kernel, partial_squares_bf16_matrix_kernel, n, m, seed);
+}
+
 // AdamW's constants at step `t` (adamw::Constants, in its order).
 struct AdamwConstants {
     float clip_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, bias1, bias2, eps, lr, decay;
@@ -159,7 +169,8 @@ void check_adamw(unsigned n, bool first, const Matrix* grad_matrix, uint64_t see
     else if (grad_matrix) launch(adamw_matrix_grad_kernel, tensor_metadata<info_adamw_matrix_grad>(args));
     else if (first) launch(adamw_first_kernel, tensor_metadata<info_adamw_first>(args));
     else launch(adamw_kernel, tensor_metadata<info_adamw>(args));
-    const auto shape = text("%u%s%s", n, first ? ", first" : "", grad_matrix ? (grad_matrix->column_major ? ", column-major" : ", pitched") : "");
+    const auto shape = text("%u%s%s%s", n, first ? ", first" : "", grad_matrix ? ", " : "",
+                            grad_matrix ? grad_matrix->name() : "");
     report("adamw", shape, "param", error(p_out, want_p), 1e-6);
     report("adamw", shape, "m", error(m_out, want_m), 1e-6);
     report("adamw", shape, "v", error(v_out, want_v), 1e-6);
@@ -201,17 +212,11 @@ int main() {
     // Fewer elements than a cube; and the most cubes lab gives a tensor (1,024 of 256 units),
     // where some units take two elements, with more partial sums than the last cube has units.
     const Matrix column_major{70, 45, true}, pitched{33, 40, false};
-    check_square_sums<float, info_partial_squares, info_partial_squares_matrix>(
-        "square_sums", partial_squares_kernel, partial_squares_matrix_kernel, 100, Matrix{3, 5, true}, 3);
-    check_square_sums<float, info_partial_squares, info_partial_squares_matrix>(
-        "square_sums", partial_squares_kernel, partial_squares_matrix_kernel, 300000, column_major, 4);
-    check_square_sums<float, info_partial_squares, info_partial_squares_matrix>(
-        "square_sums", partial_squares_kernel, partial_squares_matrix_kernel, 1000, pitched, 5);
-    check_square_sums<bf16, info_partial_squares_bf16, info_partial_squares_bf16_matrix>(
-        "square_sums of bf16", partial_squares_bf16_kernel, partial_squares_bf16_matrix_kernel, 5000, pitched, 6);
-    check_square_sums<bf16, info_partial_squares_bf16, info_partial_squares_bf16_matrix>(
-        "square_sums of bf16", partial_squares_bf16_kernel, partial_squares_bf16_matrix_kernel, 300000, column_major,
-        7);
+    check_f32_square_sums(100, Matrix{3, 5, true}, 3);
+    check_f32_square_sums(300000, column_major, 4);
+    check_f32_square_sums(1000, pitched, 5);
+    check_bf16_square_sums(5000, pitched, 6);
+    check_bf16_square_sums(300000, column_major, 7);
     check_adamw(1000, false, nullptr, 8);
     check_adamw(1000, true, nullptr, 9);
     const Matrix grad_column_major{40, 25, true}, grad_pitched{40, 25, false};

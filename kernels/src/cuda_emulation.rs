@@ -35,9 +35,7 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
     let source = vector_types_once(lines).join("\n");
     // A parameter line in a shape global_parameters does not know would leave its tensors raw
     // pointers, which build and run without the check between blocks.
-    let raw = source
-        .lines()
-        .find(|line| line.contains("* buffer_") || line.contains("* __restrict__ buffer_"));
+    let raw = source.lines().find(|line| declares_tensor(line));
     assert!(
         raw.is_none(),
         "{kernel}: a tensor parameter not wrapped as emu::Global: {raw:?}"
@@ -92,10 +90,16 @@ fn vector_types_once(lines: impl Iterator<Item = String>) -> Vec<String> {
     out
 }
 
+/// Whether `line` declares a tensor parameter as a pointer (`T* buffer_N`, `T* __restrict__
+/// buffer_N`), as cubecl writes them.
+fn declares_tensor(line: &str) -> bool {
+    line.contains("* buffer_") || line.contains("* __restrict__ buffer_")
+}
+
 /// A line of parameters with tensors (`const T* __restrict__ buffer_N, T* buffer_M, …`) with
 /// each tensor as `emu::Global<const T> buffer_N`; `None` for a line without them.
 fn global_parameters(line: &str) -> Option<String> {
-    if !line.contains("* buffer_") && !line.contains("* __restrict__ buffer_") {
+    if !declares_tensor(line) {
         return None;
     }
     let indent = &line[..line.len() - line.trim_start().len()];
@@ -179,6 +183,14 @@ pub(crate) const STORAGES: [(&str, &str, DType); 2] = [
     ("f16", "__half", DType::F16),
     ("bf16", "__nv_bfloat16", DType::BF16),
 ];
+
+/// `-DNAME=value` for each of lab's launch constants a driver takes.
+pub(crate) fn defines<'a>(constants: impl IntoIterator<Item = (&'a str, usize)>) -> Vec<String> {
+    constants
+        .into_iter()
+        .map(|(name, value)| format!("-D{name}={value}"))
+        .collect()
+}
 
 /// Builds `driver` (in `kernels/cuda-emu`) into `binary` with the kernels in `dir` on the include
 /// path. At -Og: a build and run take less than at -O1 (hd 64's tensor-core kernels: 3.8 s and
@@ -412,7 +424,8 @@ fn the_emulation_catches_races_and_hangs() {
     ];
     for (case, code, error) in cases {
         let run = Command::new("timeout")
-            .args(["60".as_ref(), binary.as_os_str(), case.as_ref()])
+            .arg(EMULATION_LIMIT_S.to_string())
+            .args([binary.as_os_str(), case.as_ref()])
             .output()
             .expect("the emulation's self-test runs (under coreutils' timeout)");
         let stderr = String::from_utf8_lossy(&run.stderr);

@@ -20,7 +20,7 @@ use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 use crate::attention::cuda_source::{delta_kernel, tensor_core_kernels, unit_kernels};
 use crate::attention::tensor_cores::{self, RowWork};
 use crate::attention::Variant;
-use crate::cuda_emulation::{emulate_all, Emulation, STORAGES};
+use crate::cuda_emulation::{defines, emulate_all, Emulation, STORAGES};
 
 pub(crate) type Client = ComputeClient<WgpuRuntime>;
 
@@ -368,8 +368,7 @@ fn vector_kernels_match_fp64_on_the_cuda_emulation() {
                 storage,
                 suffix,
                 label: format!("8 a vector, d {norm_width}"),
-                defines: launches(norm_width)
-                    .map(|(name, value)| format!("-D{name}={value}"))
+                defines: defines(launches(norm_width))
                     .into_iter()
                     .chain(only_norms.then(|| "-DONLY_NORM_TRAINING".into()))
                     .collect(),
@@ -425,9 +424,7 @@ fn step_kernels_match_fp64_on_the_cuda_emulation() {
         storage: "float",
         suffix: "f32",
         label: "step".into(),
-        defines: launches
-            .map(|(name, value)| format!("-D{name}={value}"))
-            .to_vec(),
+        defines: defines(launches),
     }]);
 }
 

@@ -130,6 +130,17 @@ struct Barrier {
     void arrive_and_drop() {
         if (arrived == --expected) end_phase();
     }
+    // arrive_and_wait for `why`, then `find` what the phase's threads share, once a phase (by
+    // the first to go on); `found` keeps the phase it was last found for.
+    template <class Find>
+    void arrive_and_find(Meeting why, uint64_t& found, Find find) {
+        uint64_t waited = phase;
+        arrive_and_wait(why);
+        if (found != waited) {
+            find();
+            found = waited;
+        }
+    }
 
   private:
     void end_phase() {
@@ -167,13 +178,9 @@ inline Exchanged exchanged_values[32];
 inline const uint64_t* exchange(uint64_t value) {
     Barrier& b = whole_warp();
     slots[warp][lane] = value;
-    uint64_t phase = b.phase;
-    b.arrive_and_wait(Meeting::values_exchange);
     Exchanged& e = exchanged_values[warp];
-    if (e.phase != phase) {
-        std::memcpy(e.values, slots[warp], sizeof e.values);
-        e.phase = phase;
-    }
+    b.arrive_and_find(Meeting::values_exchange, e.phase,
+                      [&] { std::memcpy(e.values, slots[warp], sizeof e.values); });
     return e.values;
 }
 
@@ -342,14 +349,11 @@ void write(size_t at, T value) {
 inline void join(Barrier& barrier, unsigned first, unsigned count) {
     unsigned n = block_threads;
     std::memcpy(exchanged[tid], clocks[tid], n * sizeof clocks[tid][0]);
-    uint64_t phase = barrier.phase;
-    barrier.arrive_and_wait(Meeting::clocks_join);
-    if (barrier.joined_phase != phase) {
+    barrier.arrive_and_find(Meeting::clocks_join, barrier.joined_phase, [&] {
         std::fill_n(barrier.joined, n, 0u);
         for (unsigned t = first; t < first + count; ++t)
             for (unsigned u = 0; u < n; ++u) barrier.joined[u] = std::max(barrier.joined[u], exchanged[t][u]);
-        barrier.joined_phase = phase;
-    }
+    });
     std::memcpy(clocks[tid], barrier.joined, n * sizeof barrier.joined[0]);
     clocks[tid][tid] += 1;
 }
@@ -393,8 +397,9 @@ Shared<U> recast(Shared<T> s) {
 namespace emu {
 struct GlobalAccess {
     int64_t writer = -1;  // the block that wrote the granule, -1 none
-    int64_t reader = -1;  // a block that read it, -1 none
-    bool readers = false;  // and another block too
+    // The first block that read it, -1 none: blocks run in order, so any other reader came
+    // later, and a block that writes after a reader that is not itself races with one.
+    int64_t reader = -1;
 };
 inline std::unordered_map<uintptr_t, GlobalAccess> global_accesses;
 inline int64_t block_number;  // the running block's, x fastest
@@ -405,24 +410,26 @@ inline int64_t block_number;  // the running block's, x fastest
     std::abort();
 }
 
+// Each 2-byte granule of the bytes [at, at + size) in global memory, by the block's access.
+template <class Access>
+void each_global_granule(const void* at, size_t size, Access access) {
+    uintptr_t first = reinterpret_cast<uintptr_t>(at);
+    for (uintptr_t g = first / 2; g <= (first + size - 1) / 2; ++g) access(global_accesses[g]);
+}
+
 inline void on_global_read(const void* at, size_t size) {
-    auto first = reinterpret_cast<uintptr_t>(at) / 2;
-    for (uintptr_t g = first; g <= (reinterpret_cast<uintptr_t>(at) + size - 1) / 2; ++g) {
-        GlobalAccess& a = global_accesses[g];
+    each_global_granule(at, size, [&](GlobalAccess& a) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("read after write", at, a.writer);
         if (a.reader < 0) a.reader = block_number;
-        a.readers |= a.reader != block_number;
-    }
+    });
 }
 
 inline void on_global_write(const void* at, size_t size) {
-    auto first = reinterpret_cast<uintptr_t>(at) / 2;
-    for (uintptr_t g = first; g <= (reinterpret_cast<uintptr_t>(at) + size - 1) / 2; ++g) {
-        GlobalAccess& a = global_accesses[g];
+    each_global_granule(at, size, [&](GlobalAccess& a) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("write after write", at, a.writer);
-        if (a.readers || (a.reader >= 0 && a.reader != block_number)) blocks_race("write after read", at, a.reader);
+        if (a.reader >= 0 && a.reader != block_number) blocks_race("write after read", at, a.reader);
         a.writer = block_number;
-    }
+    });
 }
 
 template <class T>
@@ -631,10 +638,8 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
     emu::Barrier& warp = emu::whole_warp();
     const float* const mine[3] = {a.x, b.x, c.x};
     std::copy_n(mine, 3, tile_operands[emu::warp][emu::lane]);
-    uint64_t phase = warp.phase;
-    warp.arrive_and_wait(emu::Meeting::tile_product);
     TileProduct& p = tile_products[emu::warp];
-    if (p.phase != phase) {
+    warp.arrive_and_find(emu::Meeting::tile_product, p.phase, [&] {
         for (unsigned l = 0; l < warp.members; ++l)
             for (unsigned k = 0; k < 3; ++k)
                 if (std::memcmp(tile_operands[emu::warp][l][k], mine[k], 256 * sizeof(float)) != 0) {
@@ -648,8 +653,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
                 for (int k = 0; k < 16; ++k) s += a.x[i * 16 + k] * b.x[k * 16 + j];
                 p.d[i * 16 + j] = s;
             }
-        p.phase = phase;
-    }
+    });
     std::memcpy(d.x, p.d, sizeof p.d);
 }
 }  // namespace nvcuda::wmma
@@ -712,11 +716,8 @@ template <class T>
 void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
     std::memcpy(mma_operands[warp][lane], a, 16);
     std::memcpy(mma_operands[warp][lane] + 4, b, 8);
-    Barrier& barrier = whole_warp();
-    uint64_t phase = barrier.phase;
-    barrier.arrive_and_wait(Meeting::register_product);
     Operands& o = operands[warp];
-    if (o.phase != phase) {
+    whole_warp().arrive_and_find(Meeting::register_product, o.phase, [&] {
         for (unsigned l = 0; l < 32; ++l) {
             unsigned lg = l / 4, lt = l % 4;
             for (unsigned i = 0; i < 4; ++i)
@@ -726,8 +727,7 @@ void multiply(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
                 for (unsigned h = 0; h < 2; ++h)
                     o.B[2 * lt + h + 8 * i][lg] = element<T>(mma_operands[warp][l][4 + i], h);
         }
-        o.phase = phase;
-    }
+    });
     unsigned g = lane / 4, t = lane % 4;
     for (unsigned e = 0; e < 4; ++e) {
         unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
