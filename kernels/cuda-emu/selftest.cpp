@@ -151,6 +151,41 @@ __global__ void blocks_on_one(emu::Global<const float> in, emu::Global<float> ou
     }
 }
 
+// Global memory within a block, as write_then_read checks shared memory: thread 0 writes
+// `g[0]`, thread `reader` copies it into `g[1]`.
+__global__ void global_write_then_read(emu::Global<float> g, unsigned reader, int between) {
+    unsigned t = threadIdx.x;
+    if (t == 0) g[0] = 42.0f;
+    if (between == block_barrier) __syncthreads();
+    if (between == warp_barrier) __syncwarp();
+    if (t == reader) g[1] = g[0];
+}
+
+// Threads 0 and 1 write the same element of global memory, unordered.
+__global__ void global_both_write(emu::Global<float> g) {
+    unsigned t = threadIdx.x;
+    if (t < 2) g[0] = float(t);
+}
+
+// Thread 1 reads `g[0]` (into `g[2]`), then thread 0 writes it, with only a shuffle between.
+__global__ void global_read_then_write(emu::Global<float> g) {
+    unsigned t = threadIdx.x;
+    if (t == 1) g[2] = g[0];
+    (void)__shfl_xor_sync(-1, t, 1);
+    if (t == 0) g[0] = 1.0f;
+}
+
+// Threads 1 and 33 read `g[0]` (unordered reads: both must be kept), then thread 32 writes
+// it after a barrier of the block (right), or of its warp only: that orders it after 33's read
+// but not after 1's.
+__global__ void global_reads_then_write(emu::Global<float> g, int between) {
+    unsigned t = threadIdx.x;
+    if (t == 1 || t == 33) g[1 + t] = g[0];
+    if (between == block_barrier) __syncthreads();
+    if (between == warp_barrier && t >= 32) __syncwarp();
+    if (t == 32) g[0] = 2.0f;
+}
+
 int main(int argc, char** argv) {
     std::string name = argc > 1 ? argv[1] : "";
     float f[192];
@@ -159,7 +194,7 @@ int main(int argc, char** argv) {
     std::fill_n(u, 384, 0u);
     emu::dim3 one{1, 1, 1}, two{2, 1, 1};
     auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
-    float in[1] = {1.0f}, g[5] = {};
+    float in[1] = {1.0f}, g[35] = {};
     auto blocks = [&](Blocks how) { emu::launch(blocks_on_one, emu::dim3{3, 1, 1}, block(32), in, g, int(how)); };
     // Each case: its launch, then whether the outputs are right (a race or a hang ends the run
     // before that).
@@ -219,6 +254,23 @@ int main(int argc, char** argv) {
         {"blocks_add_into_one", [&] { return blocks(add_into_one), true; }},
         {"blocks_write_one", [&] { return blocks(write_one), true; }},
         {"blocks_read_one_write_one", [&] { return blocks(read_one_write_one), true; }},
+        {"global_ordered_by_block_barrier",
+         [&] {
+             emu::launch(global_write_then_read, one, block(64), g, 33u, int(block_barrier));
+             return g[1] == 42.0f;
+         }},
+        {"global_warp_barrier_across_warps",
+         [&] { return emu::launch(global_write_then_read, one, block(64), g, 33u, int(warp_barrier)), true; }},
+        {"global_both_write", [&] { return emu::launch(global_both_write, one, block(64), g), true; }},
+        {"global_read_then_write", [&] { return emu::launch(global_read_then_write, one, block(32), g), true; }},
+        {"global_reads_ordered",
+         [&] {
+             g[0] = 1.0f;
+             emu::launch(global_reads_then_write, one, block(64), g, int(block_barrier));
+             return g[0] == 2.0f && g[2] == 1.0f && g[34] == 1.0f;
+         }},
+        {"global_reads_then_write",
+         [&] { return emu::launch(global_reads_then_write, one, block(64), g, int(warp_barrier)), true; }},
     };
     auto found = cases.find(name);
     if (found == cases.end()) {

@@ -259,7 +259,7 @@ impl Emulation {
         );
         assert!(
             run.status.success(),
-            "{what}: off the fp64 reference or a shared-memory race:\n{report}{}",
+            "{what}: off the fp64 reference or a race (shared or global memory):\n{report}{}",
             String::from_utf8_lossy(&run.stderr)
         );
         // Kernels compiled in `Validate` mode print each access past the end of a tensor
@@ -325,7 +325,9 @@ fn tensor_parameters_become_emu_globals() {
 /// block's and warp's values; a wmma product is right and its lanes must pass the same tiles;
 /// threads that end count as arrived at `__syncthreads`, over two blocks; blocks that each
 /// write their own element of global memory pass, and blocks that add into one element (right
-/// one after another, a race at once) fail; and a warp-wide
+/// one after another, a race at once) fail; within a block, global memory is ordered by the
+/// same barriers as shared memory, a read and a write or two writes of one element unordered
+/// fail, and unordered reads by several threads are each kept; and a warp-wide
 /// operation that some lanes never reach, a barrier crossed with a shuffle, or lanes meeting
 /// at different warp-wide operations end the run as a hang (exit 124), where a GPU would hang
 /// or be undefined.
@@ -351,6 +353,8 @@ fn the_emulation_catches_races_and_hangs() {
         ("some_end", Some(0), ""),
         ("tile_product", Some(0), ""),
         ("blocks_apart", Some(0), ""),
+        ("global_ordered_by_block_barrier", Some(0), ""),
+        ("global_reads_ordered", Some(0), ""),
         (
             "unordered",
             None,
@@ -395,6 +399,26 @@ fn the_emulation_catches_races_and_hangs() {
             "blocks_read_one_write_one",
             None,
             "global-memory race between blocks (write after read)",
+        ),
+        (
+            "global_warp_barrier_across_warps",
+            None,
+            "global-memory race in a block (read after write): thread 33 against 0,",
+        ),
+        (
+            "global_both_write",
+            None,
+            "global-memory race in a block (write after write): thread 1 against 0,",
+        ),
+        (
+            "global_read_then_write",
+            None,
+            "global-memory race in a block (write after read): thread 0 against 1,",
+        ),
+        (
+            "global_reads_then_write",
+            None,
+            "global-memory race in a block (write after read): thread 32 against 1,",
         ),
         (
             "different_tiles",

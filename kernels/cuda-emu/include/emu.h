@@ -23,8 +23,8 @@
 //   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
 // - global memory has a check between blocks (which run one after another here, at once on a
 //   GPU): an element one block of a launch writes, that another reads or writes, aborts the
-//   run (below, at emu::Global). Threads of one block are not checked against each other in
-//   global memory;
+//   run (below, at emu::Global); within a block, the race detector of shared memory checks
+//   global memory too;
 // - cp.async copies are NaN in shared memory from the call to the unit's next
 //   lab_wait_copies (cp.async.wait_all), where they land (below, at __cp_async_shared_global);
 // - __half and __nv_bfloat16 are 16-bit storage with round-to-nearest-even conversions.
@@ -390,16 +390,27 @@ Shared<U> recast(Shared<T> s) {
 }  // namespace emu
 
 // Global memory, as the kernels' tensor parameters see it (for_emulation declares each
-// `T* buffer_N` as `emu::Global<T>`): blocks of a launch run at once on a GPU, in no order,
-// so an element one block writes must be read or written by no other block of that launch
-// (lab's kernels use no atomics). Each access is kept by 2-byte granule for the launch, and
-// one that breaks this aborts the run, whatever the order the emulation runs the blocks in.
+// `T* buffer_N` as `emu::Global<T>`), checked by 2-byte granule for the launch:
+// - between blocks: they run at once on a GPU, in no order, so an element one block writes
+//   must be read or written by no other block of that launch (lab's kernels use no atomics).
+//   One that breaks this aborts the run, whatever the order the emulation runs the blocks in;
+// - within a block: as shared memory is, by the vector clocks above (a barrier orders global
+//   memory for the threads it joins, as it does shared memory).
 namespace emu {
 struct GlobalAccess {
     int64_t writer = -1;  // the block that wrote the granule, -1 none
     // The first block that read it, -1 none: blocks run in order, so any other reader came
     // later, and a block that writes after a reader that is not itself races with one.
     int64_t reader = -1;
+    // The threads' accesses, kept for the block that touched the granule last (`block`), as
+    // FastTrack keeps them: the last write, and the last read while each read happens after
+    // the one before; once two reads are unordered, each thread's clock at its read.
+    int64_t block = -1;
+    int16_t writer_thread = -1;
+    uint32_t written_at = 0;
+    int16_t reader_thread = -1;
+    uint32_t read_at = 0;
+    std::vector<uint32_t> reads;
 };
 inline std::unordered_map<uintptr_t, GlobalAccess> global_accesses;
 inline int64_t block_number;  // the running block's, x fastest
@@ -410,6 +421,12 @@ inline int64_t block_number;  // the running block's, x fastest
     std::abort();
 }
 
+[[noreturn]] inline void threads_race(const char* kind, const void* at, unsigned other) {
+    std::fprintf(stderr, "global-memory race in a block (%s): thread %u against %u, block %u,%u,%u, at %p\n", kind,
+                 tid, other, blockIdx.x, blockIdx.y, blockIdx.z, at);
+    std::abort();
+}
+
 // Each 2-byte granule of the bytes [at, at + size) in global memory, by the block's access.
 template <class Access>
 void each_global_granule(const void* at, size_t size, Access access) {
@@ -417,10 +434,57 @@ void each_global_granule(const void* at, size_t size, Access access) {
     for (uintptr_t g = first / 2; g <= (first + size - 1) / 2; ++g) access(global_accesses[g]);
 }
 
+// The threads' accesses to `a` as the running block's: none yet when another block's were kept.
+// No race needs this (a granule that two blocks touch is only read, or the check between
+// blocks ends the run), but without it the reads of one granule by many blocks would look
+// unordered and be kept thread by thread.
+inline void in_this_block(GlobalAccess& a) {
+    if (a.block == block_number) return;
+    a.block = block_number;
+    a.writer_thread = a.reader_thread = -1;
+    a.reads.clear();
+}
+
+// Whether the granule's last write, by another thread, is not ordered before what `tid` does.
+inline bool unordered_write(const GlobalAccess& a) {
+    return a.writer_thread >= 0 && unsigned(a.writer_thread) != tid && !seen(a.writer_thread, a.written_at);
+}
+
+inline void on_thread_read(GlobalAccess& a, const void* at) {
+    in_this_block(a);
+    if (unordered_write(a)) threads_race("read after write", at, a.writer_thread);
+    uint32_t now = clocks[tid][tid];
+    if (!a.reads.empty()) {
+        a.reads[tid] = now;
+    } else if (a.reader_thread < 0 || unsigned(a.reader_thread) == tid || seen(a.reader_thread, a.read_at)) {
+        a.reader_thread = int16_t(tid);
+        a.read_at = now;
+    } else {
+        a.reads.assign(block_threads, 0);
+        a.reads[a.reader_thread] = a.read_at;
+        a.reads[tid] = now;
+    }
+}
+
+inline void on_thread_write(GlobalAccess& a, const void* at) {
+    in_this_block(a);
+    if (unordered_write(a)) threads_race("write after write", at, a.writer_thread);
+    if (a.reads.empty() && a.reader_thread >= 0 && unsigned(a.reader_thread) != tid &&
+        !seen(a.reader_thread, a.read_at))
+        threads_race("write after read", at, a.reader_thread);
+    for (unsigned u = 0; u < a.reads.size(); ++u)
+        if (u != tid && a.reads[u] && !seen(u, a.reads[u])) threads_race("write after read", at, u);
+    a.reads.clear();
+    a.reader_thread = -1;
+    a.writer_thread = int16_t(tid);
+    a.written_at = clocks[tid][tid];
+}
+
 inline void on_global_read(const void* at, size_t size) {
     each_global_granule(at, size, [&](GlobalAccess& a) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("read after write", at, a.writer);
         if (a.reader < 0) a.reader = block_number;
+        on_thread_read(a, at);
     });
 }
 
@@ -429,6 +493,7 @@ inline void on_global_write(const void* at, size_t size) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("write after write", at, a.writer);
         if (a.reader >= 0 && a.reader != block_number) blocks_race("write after read", at, a.reader);
         a.writer = block_number;
+        on_thread_write(a, at);
     });
 }
 
