@@ -186,6 +186,22 @@ __global__ void global_reads_then_write(emu::Global<float> g, int between) {
     if (t == 32) g[0] = 2.0f;
 }
 
+// Thread 0 copies `g[0..4)` into shared memory with cp.async, and `g[0]` is written after the
+// wait and a barrier (right), or before the wait: by thread 1 after a barrier, or by thread 0.
+// The copy reads at some time up to the wait, so the last two race on a GPU.
+enum Copy { write_after_wait, other_writes_source, own_write_to_source };
+
+__global__ void copy_source_written(emu::Global<float> g, int how) {
+    Shared<float> s{0};
+    unsigned t = threadIdx.x;
+    if (t == 0) __cp_async_shared_global<16>(g, s, 16);
+    if (how == own_write_to_source && t == 0) g[0] = 5.0f;
+    if (how == write_after_wait && t == 0) lab_wait_copies();
+    __syncthreads();
+    if (how != own_write_to_source && t == 1) g[0] = 5.0f;
+    if (how != write_after_wait && t == 0) lab_wait_copies();
+}
+
 int main(int argc, char** argv) {
     std::string name = argc > 1 ? argv[1] : "";
     float f[192];
@@ -194,7 +210,8 @@ int main(int argc, char** argv) {
     std::fill_n(u, 384, 0u);
     emu::dim3 one{1, 1, 1}, two{2, 1, 1};
     auto block = [](unsigned threads) { return emu::dim3{threads, 1, 1}; };
-    float in[1] = {1.0f}, g[35] = {};
+    float in[1] = {1.0f};
+    alignas(16) float g[35] = {};
     auto blocks = [&](Blocks how) { emu::launch(blocks_on_one, emu::dim3{3, 1, 1}, block(32), in, g, int(how)); };
     // Each case: its launch, then whether the outputs are right (a race or a hang ends the run
     // before that).
@@ -263,7 +280,17 @@ int main(int argc, char** argv) {
          [&] { return emu::launch(global_write_then_read, one, block(64), g, 33u, int(warp_barrier)), true; }},
         {"global_both_write", [&] { return emu::launch(global_both_write, one, block(64), g), true; }},
         {"global_read_then_write", [&] { return emu::launch(global_read_then_write, one, block(32), g), true; }},
-        {"global_reads_ordered",
+        {"copy_source_written_after_wait",
+         [&] {
+             g[0] = 1.0f;
+             emu::launch(copy_source_written, one, block(32), g, int(write_after_wait));
+             return g[0] == 5.0f;
+         }},
+        {"copy_source_written_by_other",
+         [&] { return emu::launch(copy_source_written, one, block(32), g, int(other_writes_source)), true; }},
+        {"copy_source_written_by_own",
+         [&] { return emu::launch(copy_source_written, one, block(32), g, int(own_write_to_source)), true; }},
+        {"global_reads_then_ordered_write",
          [&] {
              g[0] = 1.0f;
              emu::launch(global_reads_then_write, one, block(64), g, int(block_barrier));

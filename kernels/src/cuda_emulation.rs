@@ -1,9 +1,10 @@
 //! cubecl's CUDA C++ run on a CPU emulation of the CUDA it uses (`kernels/cuda-emu`:
-//! threads, barriers, warp shuffles, wmma tiles, a shared-memory race detector), built with the
-//! host's C++ compiler (`$CXX`, default `c++`) together with a driver that launches the kernels
-//! and checks them against an fp64 reference: `attention.cpp` for the attention's kernels
-//! (`attention::cuda_source`), `rows.cpp` for the kernels that read 16-byte vectors
-//! (`cuda_source`: 8 bf16 a vector, a width lavapipe does not take).
+//! threads, barriers, warp shuffles, wmma tiles, a race detector on shared and global memory),
+//! built with the host's C++ compiler (`$CXX`, default `c++`) together with a driver that
+//! launches the kernels and checks them against an fp64 reference: `attention.cpp` for the
+//! attention's kernels (`attention::cuda_source`), `rows.cpp` for the kernels that read 16-byte
+//! vectors (`cuda_source`: 8 bf16 a vector, a width lavapipe does not take), `step.cpp` for
+//! the optimizer step's and the embedding's.
 
 use burn::tensor::DType;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,8 @@ fn emulation_dir() -> PathBuf {
 /// (`info_grad_q`, `grad_q_kernel`: the kernels share one translation unit, and the two
 /// `dK/dV` launches of wide heads are one kernel), its shared arrays as the emulation's
 /// (`emu::Shared`, whose writes other threads see only after a barrier) at the same offsets,
-/// and its tensor parameters as `emu::Global` (whose accesses are checked between blocks).
+/// and its tensor parameters as `emu::Global` (whose accesses are checked between blocks and
+/// between a block's threads).
 fn for_emulation(cpp: &str, kernel: &str) -> String {
     let info = format!("info_{kernel}");
     let lines = without_register_products(cpp)
@@ -34,7 +36,7 @@ fn for_emulation(cpp: &str, kernel: &str) -> String {
         });
     let source = vector_types_once(lines).join("\n");
     // A parameter line in a shape global_parameters does not know would leave its tensors raw
-    // pointers, which build and run without the check between blocks.
+    // pointers, which build and run without the checks of global memory.
     let raw = source.lines().find(|line| declares_tensor(line));
     assert!(
         raw.is_none(),
@@ -318,19 +320,22 @@ fn tensor_parameters_become_emu_globals() {
     assert_eq!(global_parameters("const float l_5 = buffer_0[l_3];"), None);
 }
 
-/// The emulation itself (`cuda-emu/selftest.cpp`: small kernels whose outcome is known): a
-/// barrier of the block, or of the warp within it, orders shared memory and a shuffle does
-/// not; a race is caught in either order of its accesses, two writes race, and what a thread
-/// saw at a barrier leaves out what others did after it; shuffles and votes see their own
-/// block's and warp's values; a wmma product is right and its lanes must pass the same tiles;
-/// threads that end count as arrived at `__syncthreads`, over two blocks; blocks that each
-/// write their own element of global memory pass, and blocks that add into one element (right
-/// one after another, a race at once) fail; within a block, global memory is ordered by the
-/// same barriers as shared memory, a read and a write or two writes of one element unordered
-/// fail, and unordered reads by several threads are each kept; and a warp-wide
-/// operation that some lanes never reach, a barrier crossed with a shuffle, or lanes meeting
-/// at different warp-wide operations end the run as a hang (exit 124), where a GPU would hang
-/// or be undefined.
+/// The emulation itself (`cuda-emu/selftest.cpp`: small kernels whose outcome is known):
+/// - a barrier of the block, or of the warp within it, orders shared memory and a shuffle does
+///   not; a race is caught in either order of its accesses, two writes race, and what a thread
+///   saw at a barrier leaves out what others did after it;
+/// - shuffles and votes see their own block's and warp's values; a wmma product is right and
+///   its lanes must pass the same tiles; threads that end count as arrived at
+///   `__syncthreads`, over two blocks;
+/// - blocks that each write their own element of global memory pass, and blocks that add
+///   into one element (right one after another, a race at once) fail;
+/// - within a block, the same barriers order global memory; a read and a write, or two
+///   writes, of one element unordered fail, and so do unordered reads by several threads
+///   before a write ordered after one of them only; a cp.async source written before the
+///   copy is waited for fails, by another thread or by the copy's own;
+/// - a warp-wide operation that some lanes never reach, a barrier crossed with a shuffle, or
+///   lanes meeting at different warp-wide operations end the run as a hang (exit 124), where
+///   a GPU would hang or be undefined.
 #[test]
 fn the_emulation_catches_races_and_hangs() {
     let dir = std::env::temp_dir().join(format!("lab-cuda-emu-selftest-{}", std::process::id()));
@@ -354,7 +359,8 @@ fn the_emulation_catches_races_and_hangs() {
         ("tile_product", Some(0), ""),
         ("blocks_apart", Some(0), ""),
         ("global_ordered_by_block_barrier", Some(0), ""),
-        ("global_reads_ordered", Some(0), ""),
+        ("global_reads_then_ordered_write", Some(0), ""),
+        ("copy_source_written_after_wait", Some(0), ""),
         (
             "unordered",
             None,
@@ -419,6 +425,16 @@ fn the_emulation_catches_races_and_hangs() {
             "global_reads_then_write",
             None,
             "global-memory race in a block (write after read): thread 32 against 1,",
+        ),
+        (
+            "copy_source_written_by_other",
+            None,
+            "global-memory race in a block (write after read): thread 1 against 0,",
+        ),
+        (
+            "copy_source_written_by_own",
+            None,
+            "cp.async: thread 0 writes global memory at",
         ),
         (
             "different_tiles",

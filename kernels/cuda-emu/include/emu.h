@@ -395,7 +395,10 @@ Shared<U> recast(Shared<T> s) {
 //   must be read or written by no other block of that launch (lab's kernels use no atomics).
 //   One that breaks this aborts the run, whatever the order the emulation runs the blocks in;
 // - within a block: as shared memory is, by the vector clocks above (a barrier orders global
-//   memory for the threads it joins, as it does shared memory).
+//   memory for the threads it joins, as it does shared memory). A cp.async copy reads its
+//   source at the call and again at the wait, and its own thread must not write it between.
+// Granules are 2 bytes, as in shared memory: threads that write neighbouring bytes of a
+// 1-byte tensor would race here (lab's kernels take none).
 namespace emu {
 struct GlobalAccess {
     int64_t writer = -1;  // the block that wrote the granule, -1 none
@@ -480,6 +483,31 @@ inline void on_thread_write(GlobalAccess& a, const void* at) {
     a.written_at = clocks[tid][tid];
 }
 
+// A cp.async copy not yet waited for (below, at __cp_async_shared_global): the shared bytes
+// it writes, and the global bytes it reads when its source is a tensor parameter.
+struct PendingCopy {
+    size_t at, size;
+    uint8_t bytes[16];
+    const void* src = nullptr;
+    size_t src_bytes = 0;
+};
+inline std::vector<PendingCopy> pending_copies[max_threads];  // each thread's
+
+// A thread's own write into the source of its copy in flight: undefined on a GPU, where the
+// copy reads at some time up to the wait.
+inline void no_copy_reads(const void* at, size_t size) {
+    auto first = static_cast<const uint8_t*>(at);
+    for (const PendingCopy& copy : pending_copies[tid]) {
+        auto src = static_cast<const uint8_t*>(copy.src);
+        if (src && first < src + copy.src_bytes && src < first + size) {
+            std::fprintf(stderr, "cp.async: thread %u writes global memory at %p that its copy not yet "
+                         "waited for (lab_wait_copies) reads, block %u,%u,%u\n", tid, at, blockIdx.x,
+                         blockIdx.y, blockIdx.z);
+            std::abort();
+        }
+    }
+}
+
 inline void on_global_read(const void* at, size_t size) {
     each_global_granule(at, size, [&](GlobalAccess& a) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("read after write", at, a.writer);
@@ -489,6 +517,7 @@ inline void on_global_read(const void* at, size_t size) {
 }
 
 inline void on_global_write(const void* at, size_t size) {
+    no_copy_reads(at, size);
     each_global_granule(at, size, [&](GlobalAccess& a) {
         if (a.writer >= 0 && a.writer != block_number) blocks_race("write after write", at, a.writer);
         if (a.reader >= 0 && a.reader != block_number) blocks_race("write after read", at, a.reader);
@@ -544,13 +573,6 @@ inline void __syncthreads() {
 // written as NaN (0xff) at the call, so that the race detector counts the copy's write from
 // then on and a read before the wait sees NaN, and the copied bytes at the wait. Both ends
 // must be N-byte aligned, as for the instruction.
-namespace emu {
-struct PendingCopy {
-    size_t at, size;
-    uint8_t bytes[16];
-};
-inline std::vector<PendingCopy> pending_copies[max_threads];  // each thread's
-}  // namespace emu
 
 template <size_t N, class S, class T>
 inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t src_bytes) {
@@ -567,15 +589,20 @@ inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t sr
     emu::pending_copies[emu::tid].push_back(copy);
 }
 
-// cp.async from a tensor parameter: the bytes it reads, recorded for the blocks' races.
+// cp.async from a tensor parameter: the bytes it reads, recorded for the races at the call and
+// again at the wait (it reads at some time between).
 template <size_t N, class S, class T>
 inline void __cp_async_shared_global(emu::Global<S> src, emu::Shared<T> dst, size_t src_bytes) {
     if (src_bytes > 0) emu::on_global_read(src.at, src_bytes);
     __cp_async_shared_global<N>(static_cast<const S*>(src.at), dst, src_bytes);
+    emu::PendingCopy& copy = emu::pending_copies[emu::tid].back();
+    copy.src = src.at;
+    copy.src_bytes = src_bytes;
 }
 
 inline void lab_wait_copies() {
     for (const emu::PendingCopy& copy : emu::pending_copies[emu::tid]) {
+        if (copy.src_bytes > 0) emu::on_global_read(copy.src, copy.src_bytes);
         emu::on_write(copy.at, copy.size);
         std::memcpy(&emu::shared[copy.at], copy.bytes, copy.size);
     }
