@@ -448,14 +448,15 @@ inline void in_this_block(GlobalAccess& a) {
     a.reads.clear();
 }
 
-// Whether the granule's last write, by another thread, is not ordered before what `tid` does.
-inline bool unordered_write(const GlobalAccess& a) {
-    return a.writer_thread >= 0 && unsigned(a.writer_thread) != tid && !seen(a.writer_thread, a.written_at);
+// Whether thread `other`'s access at its clock `time` (none: -1 or 0) is not ordered before
+// what `tid` does now.
+inline bool unordered(int other, uint32_t time) {
+    return other >= 0 && time > 0 && unsigned(other) != tid && !seen(other, time);
 }
 
 inline void on_thread_read(GlobalAccess& a, const void* at) {
     in_this_block(a);
-    if (unordered_write(a)) threads_race("read after write", at, a.writer_thread);
+    if (unordered(a.writer_thread, a.written_at)) threads_race("read after write", at, a.writer_thread);
     uint32_t now = clocks[tid][tid];
     if (!a.reads.empty()) {
         a.reads[tid] = now;
@@ -471,12 +472,10 @@ inline void on_thread_read(GlobalAccess& a, const void* at) {
 
 inline void on_thread_write(GlobalAccess& a, const void* at) {
     in_this_block(a);
-    if (unordered_write(a)) threads_race("write after write", at, a.writer_thread);
-    if (a.reads.empty() && a.reader_thread >= 0 && unsigned(a.reader_thread) != tid &&
-        !seen(a.reader_thread, a.read_at))
-        threads_race("write after read", at, a.reader_thread);
+    if (unordered(a.writer_thread, a.written_at)) threads_race("write after write", at, a.writer_thread);
+    if (a.reads.empty() && unordered(a.reader_thread, a.read_at)) threads_race("write after read", at, a.reader_thread);
     for (unsigned u = 0; u < a.reads.size(); ++u)
-        if (u != tid && a.reads[u] && !seen(u, a.reads[u])) threads_race("write after read", at, u);
+        if (unordered(u, a.reads[u])) threads_race("write after read", at, u);
     a.reads.clear();
     a.reader_thread = -1;
     a.writer_thread = int16_t(tid);
@@ -573,7 +572,6 @@ inline void __syncthreads() {
 // written as NaN (0xff) at the call, so that the race detector counts the copy's write from
 // then on and a read before the wait sees NaN, and the copied bytes at the wait. Both ends
 // must be N-byte aligned, as for the instruction.
-
 template <size_t N, class S, class T>
 inline void __cp_async_shared_global(const S* src, emu::Shared<T> dst, size_t src_bytes) {
     static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
