@@ -1,6 +1,6 @@
 // The emulation's own checks (include/emu.h): small kernels, written here by hand, whose
 // outcome is known. Run by kernels/src/cuda_emulation.rs's test, one case a run (`selftest
-// CASE`): a case that is right must end with exit 0, a race must end the run naming it, a
+// CASE`; `selftest --list` names them all): a case that is right must end with exit 0, a race must end the run naming it, a
 // barrier that some threads never reach must end it as a hang (exit 124). Without these, a
 // fault in the emulation that let races or hangs through would pass every kernel's test.
 #include "emu.h"
@@ -13,18 +13,28 @@
 
 using emu::Shared;
 
-// Thread 0 writes, thread `reader` reads; between them a barrier of the block, of the warp,
-// or a shuffle (which orders no memory).
+// Thread 0 writes `m[0]`, thread `reader` copies it into `m[1]`; between them a barrier of
+// the block, of the warp, or a shuffle (which orders no memory). `m`: shared or global memory.
 enum Between { block_barrier, warp_barrier, shuffle, nothing };
 
-__global__ void write_then_read(float* out, unsigned reader, int between) {
-    Shared<float> s{0};
+template <class Memory>
+__device__ void write_then_read_in(Memory m, unsigned reader, int between) {
     unsigned t = threadIdx.x;
-    if (t == 0) s[0] = 42.0f;
+    if (t == 0) m[0] = 42.0f;
     if (between == block_barrier) __syncthreads();
     if (between == warp_barrier) __syncwarp();
     if (between == shuffle) (void)__shfl_xor_sync(-1, t, 1);
-    if (t == reader) out[0] = s[0];
+    if (t == reader) m[1] = m[0];
+}
+
+__global__ void write_then_read(float* out, unsigned reader, int between) {
+    Shared<float> s{0};
+    write_then_read_in(s, reader, between);
+    if (threadIdx.x == reader) out[0] = s[1];
+}
+
+__global__ void global_write_then_read(emu::Global<float> g, unsigned reader, int between) {
+    write_then_read_in(g, reader, between);
 }
 
 // After a barrier, the thread that ended its phase (the last, 63, which goes on first) writes
@@ -58,16 +68,20 @@ __global__ void mixed_meetings(float* out) {
     __syncthreads();
 }
 
-// Thread 1 reads, then thread 0 writes, with only a shuffle between: a write after a read.
-// (The fibers run in thread order, so thread 0 writes first unless it waits; the shuffle makes
-// it wait for thread 1's read, but orders no memory.)
-__global__ void read_then_write(float* out) {
-    Shared<float> s{0};
+// Thread 1 reads `m[0]` (into `m[2]`), then thread 0 writes it, with only a shuffle between:
+// a write after a read. (The fibers run in thread order, so thread 0 writes first unless it
+// waits; the shuffle makes it wait for thread 1's read, but orders no memory.)
+template <class Memory>
+__device__ void read_then_write_in(Memory m) {
     unsigned t = threadIdx.x;
-    if (t == 1) out[0] = s[0];
+    if (t == 1) m[2] = m[0];
     (void)__shfl_xor_sync(-1, t, 1);
-    if (t == 0) s[0] = 1.0f;
+    if (t == 0) m[0] = 1.0f;
 }
+
+__global__ void read_then_write(float*) { read_then_write_in(Shared<float>{0}); }
+
+__global__ void global_read_then_write(emu::Global<float> g) { read_then_write_in(g); }
 
 // Each lane's value, exchanged with the lane `mask` away; and two votes a warp: warps 0 and 1
 // all have t < 64, warp 2 none; t % 64 != 5 fails in warps 0 (t = 5) and 2 (t = 69). Values
@@ -151,28 +165,10 @@ __global__ void blocks_on_one(emu::Global<const float> in, emu::Global<float> ou
     }
 }
 
-// Global memory within a block, as write_then_read checks shared memory: thread 0 writes
-// `g[0]`, thread `reader` copies it into `g[1]`.
-__global__ void global_write_then_read(emu::Global<float> g, unsigned reader, int between) {
-    unsigned t = threadIdx.x;
-    if (t == 0) g[0] = 42.0f;
-    if (between == block_barrier) __syncthreads();
-    if (between == warp_barrier) __syncwarp();
-    if (t == reader) g[1] = g[0];
-}
-
 // Threads 0 and 1 write the same element of global memory, unordered.
 __global__ void global_both_write(emu::Global<float> g) {
     unsigned t = threadIdx.x;
     if (t < 2) g[0] = float(t);
-}
-
-// Thread 1 reads `g[0]` (into `g[2]`), then thread 0 writes it, with only a shuffle between.
-__global__ void global_read_then_write(emu::Global<float> g) {
-    unsigned t = threadIdx.x;
-    if (t == 1) g[2] = g[0];
-    (void)__shfl_xor_sync(-1, t, 1);
-    if (t == 0) g[0] = 1.0f;
 }
 
 // Threads 1 and 33 read `g[0]` (unordered reads: both must be kept), then thread 32 writes
@@ -299,6 +295,10 @@ int main(int argc, char** argv) {
         {"global_reads_then_write",
          [&] { return emu::launch(global_reads_then_write, one, block(64), g, int(warp_barrier)), true; }},
     };
+    if (name == "--list") {
+        for (const auto& [case_name, run] : cases) std::printf("%s\n", case_name.c_str());
+        return 0;
+    }
     auto found = cases.find(name);
     if (found == cases.end()) {
         std::fprintf(stderr, "no case %s\n", name.c_str());

@@ -462,6 +462,19 @@ fn the_emulation_catches_races_and_hangs() {
             "hangs: lanes of a warp meet at different warp-wide operations",
         ),
     ];
+    // Every case the self-test has is checked here: one added there alone would never run.
+    let listed = Command::new(&binary)
+        .arg("--list")
+        .output()
+        .expect("the emulation's self-test lists its cases");
+    let mut there: Vec<&str> = std::str::from_utf8(&listed.stdout)
+        .expect("case names")
+        .lines()
+        .collect();
+    let mut here: Vec<&str> = cases.iter().map(|(case, _, _)| *case).collect();
+    there.sort_unstable();
+    here.sort_unstable();
+    assert_eq!(there, here, "selftest.cpp's cases against this test's");
     for (case, code, error) in cases {
         let run = Command::new("timeout")
             .arg(EMULATION_LIMIT_S.to_string())

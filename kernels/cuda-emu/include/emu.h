@@ -460,7 +460,7 @@ inline void on_thread_read(GlobalAccess& a, const void* at) {
     uint32_t now = clocks[tid][tid];
     if (!a.reads.empty()) {
         a.reads[tid] = now;
-    } else if (a.reader_thread < 0 || unsigned(a.reader_thread) == tid || seen(a.reader_thread, a.read_at)) {
+    } else if (!unordered(a.reader_thread, a.read_at)) {
         a.reader_thread = int16_t(tid);
         a.read_at = now;
     } else {
