@@ -171,16 +171,30 @@ __global__ void global_both_write(emu::Global<float> g) {
     if (t < 2) g[0] = float(t);
 }
 
-// Threads 1 and 33 read `g[0]` (unordered reads: both must be kept), then thread 32 writes
-// it after a barrier of the block (right), or of its warp only: that orders it after 33's read
-// but not after 1's.
-__global__ void global_reads_then_write(emu::Global<float> g, int between) {
+// Threads 65 and 161 read `m[0]` (unordered reads: both must be kept), then thread 160 writes
+// it after a barrier of the block (right), or of its warp only: that orders it after 161's read
+// but not after 65's, the first read (so the one a check that kept only the last would lose),
+// in another 64 threads' word of the shared-memory readers' bits than 161's.
+template <class Memory>
+__device__ void reads_then_write_in(Memory m, int between) {
     unsigned t = threadIdx.x;
-    if (t == 1 || t == 33) g[1 + t] = g[0];
+    if (t == 65 || t == 161) m[1 + t / 32] = m[0];
     if (between == block_barrier) __syncthreads();
     if (between == warp_barrier && t >= 32) __syncwarp();
-    if (t == 32) g[0] = 2.0f;
+    if (t == 160) m[0] = 2.0f;
 }
+
+__global__ void reads_then_write(float* out, int between) {
+    Shared<float> s{0};
+    if (threadIdx.x == 0) s[0] = 1.0f;
+    __syncthreads();
+    reads_then_write_in(s, between);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i : {0, 3, 6}) out[i] = s[i];
+}
+
+__global__ void global_reads_then_write(emu::Global<float> g, int between) { reads_then_write_in(g, between); }
 
 // Thread 0 copies `g[0..4)` into shared memory with cp.async, and `g[0]` is written after the
 // wait and a barrier (right), or before the wait: by thread 1 after a barrier, or by thread 0.
@@ -286,14 +300,21 @@ int main(int argc, char** argv) {
          [&] { return emu::launch(copy_source_written, one, block(32), g, int(other_writes_source)), true; }},
         {"copy_source_written_by_own",
          [&] { return emu::launch(copy_source_written, one, block(32), g, int(own_write_to_source)), true; }},
+        {"reads_then_ordered_write",
+         [&] {
+             emu::launch(reads_then_write, one, block(192), f, int(block_barrier));
+             return f[0] == 2.0f && f[3] == 1.0f && f[6] == 1.0f;
+         }},
+        {"reads_then_write",
+         [&] { return emu::launch(reads_then_write, one, block(192), f, int(warp_barrier)), true; }},
         {"global_reads_then_ordered_write",
          [&] {
              g[0] = 1.0f;
-             emu::launch(global_reads_then_write, one, block(64), g, int(block_barrier));
-             return g[0] == 2.0f && g[2] == 1.0f && g[34] == 1.0f;
+             emu::launch(global_reads_then_write, one, block(192), g, int(block_barrier));
+             return g[0] == 2.0f && g[3] == 1.0f && g[6] == 1.0f;
          }},
         {"global_reads_then_write",
-         [&] { return emu::launch(global_reads_then_write, one, block(64), g, int(warp_barrier)), true; }},
+         [&] { return emu::launch(global_reads_then_write, one, block(192), g, int(warp_barrier)), true; }},
     };
     if (name == "--list") {
         for (const auto& [case_name, run] : cases) std::printf("%s\n", case_name.c_str());

@@ -359,6 +359,7 @@ fn the_emulation_catches_races_and_hangs() {
         ("tile_product", Some(0), ""),
         ("blocks_apart", Some(0), ""),
         ("global_ordered_by_block_barrier", Some(0), ""),
+        ("reads_then_ordered_write", Some(0), ""),
         ("global_reads_then_ordered_write", Some(0), ""),
         ("copy_source_written_after_wait", Some(0), ""),
         (
@@ -380,6 +381,11 @@ fn the_emulation_catches_races_and_hangs() {
             "read_then_write",
             None,
             "race (write after read) at byte 0: thread 0 against 1,",
+        ),
+        (
+            "reads_then_write",
+            None,
+            "race (write after read) at byte 0: thread 160 against 65,",
         ),
         (
             "last_writes",
@@ -424,7 +430,7 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "global_reads_then_write",
             None,
-            "global-memory race in a block (write after read): thread 32 against 1,",
+            "global-memory race in a block (write after read): thread 160 against 65,",
         ),
         (
             "copy_source_written_by_other",
