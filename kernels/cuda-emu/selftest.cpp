@@ -147,6 +147,26 @@ __global__ void tile_product(float* out, float odd_lanes) {
     out[threadIdx.x] = c.x[255];
 }
 
+// A warp stores a tile of 3s (from lanes that each pass their own place, or their own tile, or
+// from half the lanes only: each undefined on a GPU), then lane 0 adds up the tile, after a
+// __syncwarp (right) or without one: a race with the lanes that wrote the other elements.
+enum TileStore { store_then_syncwarp, store_then_read, store_elsewhere, store_other_tiles, store_by_half_warp };
+
+__global__ void tile_store(float* out, int how) {
+    using namespace nvcuda::wmma;
+    fragment<accumulator, 16, 16, 16, float> c;
+    unsigned lane = threadIdx.x % 32;
+    fill_fragment(c, how == store_other_tiles && lane == 1 ? 4.0f : 3.0f);
+    Shared<float> tile{how == store_elsewhere && lane == 1 ? 1024u : 0u};
+    if (how != store_by_half_warp || lane < 16) store_matrix_sync(tile, c, 16, mem_row_major);
+    if (how != store_then_read) __syncwarp();
+    if (lane == 0) {
+        float sum = 0;
+        for (unsigned e = 0; e < 256; ++e) sum += tile[e];
+        out[threadIdx.x / 32] = sum;
+    }
+}
+
 // Blocks of a launch and one element of `out`, after each reads `in` (which no block
 // writes): each block adds `in[0]` to its own element (right), or all add into `out[0]`, or all
 // write it, or block 0 reads it (into `out[1]`) and the others write it. Right when the blocks
@@ -273,6 +293,17 @@ int main(int argc, char** argv) {
              emu::launch(tile_product, one, block(64), f, 1.0f);
              return std::all_of(f, f + 64, [](float x) { return x == 3.0f + 16 * 2.0f; });
          }},
+        {"tile_store_then_syncwarp",
+         [&] {
+             emu::launch(tile_store, one, block(32), f, int(store_then_syncwarp));
+             return f[0] == 3.0f * 256;
+         }},
+        {"tile_store_then_read", [&] { return emu::launch(tile_store, one, block(32), f, int(store_then_read)), true; }},
+        {"tile_store_elsewhere", [&] { return emu::launch(tile_store, one, block(32), f, int(store_elsewhere)), true; }},
+        {"tile_store_of_other_tiles",
+         [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_tiles)), true; }},
+        {"tile_store_by_half_warp",
+         [&] { return emu::launch(tile_store, one, block(32), f, int(store_by_half_warp)), true; }},
         {"different_tiles", [&] { return emu::launch(tile_product, one, block(64), f, 0.5f), true; }},
         {"partial_shuffle", [&] { return emu::launch(partial_shuffle, one, block(32), u), true; }},
         {"shuffle_after_lanes_ended", [&] { return emu::launch(shuffle_after_lanes_ended, one, block(64), u), true; }},

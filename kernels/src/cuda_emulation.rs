@@ -357,6 +357,7 @@ fn the_emulation_catches_races_and_hangs() {
         ("shuffle_by_block", Some(0), ""),
         ("some_end", Some(0), ""),
         ("tile_product", Some(0), ""),
+        ("tile_store_then_syncwarp", Some(0), ""),
         ("blocks_apart", Some(0), ""),
         ("global_ordered_by_block_barrier", Some(0), ""),
         ("reads_then_ordered_write", Some(0), ""),
@@ -441,6 +442,26 @@ fn the_emulation_catches_races_and_hangs() {
             "copy_source_written_by_own",
             None,
             "cp.async: thread 0 writes global memory at",
+        ),
+        (
+            "tile_store_then_read",
+            None,
+            "race (read after write) at byte 124: thread 0 against 31,",
+        ),
+        (
+            "tile_store_elsewhere",
+            None,
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+        ),
+        (
+            "tile_store_of_other_tiles",
+            None,
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+        ),
+        (
+            "tile_store_by_half_warp",
+            Some(124),
+            "lanes of a warp meet at different warp-wide operations",
         ),
         (
             "different_tiles",

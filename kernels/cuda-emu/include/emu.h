@@ -102,7 +102,7 @@ inline uint64_t last_phase;
 
 // What threads meet at a barrier for: all that meet in one phase must be there for the same
 // (a warp's lanes at __syncwarp and at a shuffle would each find the other's result).
-enum class Meeting { none, clocks_join, values_exchange, tile_product, register_product };
+enum class Meeting { none, clocks_join, values_exchange, tile_product, tile_store, register_product };
 
 // std::barrier's arrive_and_wait and arrive_and_drop for fibers: the last thread to arrive
 // ends the phase and goes on first, while the others still wait in the scheduler. So what
@@ -700,13 +700,40 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, emu::S
             f.x[r * 16 + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
 }
 
+// A warp-wide store, as on a GPU, where each lane writes the elements it holds: every lane
+// must pass the same tile, place and layout (undefined otherwise). Which lane holds which
+// element is not documented; here lane l writes elements l, l + 32, ... of the tile (row by
+// row), so a lane that reads what the store wrote before a __syncwarp races here as on a GPU.
+struct TileStore {
+    const float* tile;
+    size_t offset;
+    unsigned ldm;
+    layout_t layout;
+};
+inline TileStore tile_stores[32][32];
+inline uint64_t tile_stores_checked[32];
+
 inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ldm, layout_t layout) {
     check_operand(p, ldm);
-    if (emu::lane != 0) return;
-    for (unsigned r = 0; r < 16; ++r)
-        for (unsigned c = 0; c < 16; ++c)
-            (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[r * 16 + c];
+    emu::Barrier& warp = emu::whole_warp();
+    const TileStore mine{f.x, p.offset, ldm, layout};
+    tile_stores[emu::warp][emu::lane] = mine;
+    warp.arrive_and_find(emu::Meeting::tile_store, tile_stores_checked[emu::warp], [&] {
+        for (unsigned l = 0; l < warp.members; ++l) {
+            const TileStore& other = tile_stores[emu::warp][l];
+            if (other.offset != mine.offset || other.ldm != ldm || other.layout != layout ||
+                std::memcmp(other.tile, mine.tile, 256 * sizeof(float)) != 0) {
+                std::fprintf(stderr, "wmma::store_matrix_sync: lane %u of warp %u passed another tile, place or layout than lane %u\n",
+                             l, emu::warp, emu::lane);
+                std::abort();
+            }
+        }
+    });
+    for (unsigned e = emu::lane; e < 256; e += 32) {
+        unsigned r = e / 16, c = e % 16;
+        (layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.x[e];
+    }
 }
 
 // A warp-wide operation, as on a GPU. Every lane holds the same tiles here (each loads all of
