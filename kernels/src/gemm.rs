@@ -20,7 +20,13 @@ mod cublaslt;
 mod vendor;
 
 #[cfg(feature = "cube")]
-pub use vendor::VendorMatmul;
+pub use vendor::{counted_vendor_matmul, vendor_counts, VendorCounts, VendorMatmul};
+
+/// Whether the vendor BLAS's library loads on this machine: libcublasLt with CUDA.
+#[cfg(feature = "cuda")]
+pub fn vendor_library_present() -> bool {
+    cublaslt::library_present()
+}
 
 /// How the column-major call reads one operand's storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

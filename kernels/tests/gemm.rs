@@ -1,27 +1,22 @@
 //! The vendor BLAS's products on cubecl's tensors against fp64: cuBLASLt on CUDA at f16 and
-//! bf16, operands contiguous or transposed views (as the projection's backward passes them),
-//! shapes that are not multiples of a tile. A runtime without a vendor BLAS (wgpu, lavapipe
+//! bf16, operands contiguous, transposed views (as the projection's backward passes them),
+//! rows padded with NaN, or views that start inside a wider buffer (as the LM head's row
+//! chunks and the joined products' halves are), shapes that are not multiples of a tile. A runtime without a vendor BLAS (wgpu, lavapipe
 //! in CI) must decline every product, and CUDA must decline f32 (cuBLASLt would run it as
 //! TF32).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
-use burn::tensor::{ops::FloatTensorOps, DType};
+use burn::tensor::DType;
 use lab_kernels::gemm::VendorMatmul;
 
 use crate::common;
-use common::{assert_close, download, upload, values, Prim, Runtime, B};
+use common::{assert_close, download, values, Input, Prim, Runtime};
 
-/// `rows × cols` values in `dtype`, uploaded as a `[rows, cols]` tensor or as the transposed
-/// view of a `[cols, rows]` one; the host copy row-major.
-fn operand(rows: usize, cols: usize, seed: u64, dtype: DType, view: bool) -> (Vec<f32>, Prim) {
+/// `rows × cols` values in `dtype`, on the device in layout `input`; the host copy row-major.
+fn operand(rows: usize, cols: usize, seed: u64, dtype: DType, input: Input) -> (Vec<f32>, Prim) {
     let v = values(rows * cols, seed, dtype);
-    if !view {
-        return (v.clone(), upload(&v, &[rows, cols], dtype));
-    }
-    let t: Vec<f32> = (0..rows * cols)
-        .map(|o| v[o % rows * cols + o / rows])
-        .collect();
-    (v, B::float_transpose(upload(&t, &[cols, rows], dtype)))
+    let device = input.upload(&v, [rows, cols], dtype);
+    (v, device)
 }
 
 fn product(a: &[f32], b: &[f32], [m, k, n]: [usize; 3]) -> Vec<f64> {
@@ -33,6 +28,13 @@ fn product(a: &[f32], b: &[f32], [m, k, n]: [usize; 3]) -> Vec<f64> {
         })
         .collect()
 }
+
+const INPUTS: [Input; 4] = [
+    Input::Contiguous,
+    Input::Transposed,
+    Input::Padded,
+    Input::Offset,
+];
 
 #[test]
 fn vendor_products_match_fp64_or_are_declined() {
@@ -51,10 +53,10 @@ fn vendor_products_match_fp64_or_are_declined() {
     ];
     for &(dtype, tol) in dtypes {
         for (s, dims @ [m, k, n]) in shapes.into_iter().enumerate() {
-            for (a_view, b_view) in [(false, false), (false, true), (true, false), (true, true)] {
-                let (a, a_dev) = operand(m, k, 10 * s as u64, dtype, a_view);
-                let (b, b_dev) = operand(k, n, 10 * s as u64 + 1, dtype, b_view);
-                let what = format!("{dtype:?} {dims:?} views {a_view} {b_view}");
+            for (a_in, b_in) in INPUTS.iter().flat_map(|&a| INPUTS.map(|b| (a, b))) {
+                let (a, a_dev) = operand(m, k, 10 * s as u64, dtype, a_in);
+                let (b, b_dev) = operand(k, n, 10 * s as u64 + 1, dtype, b_in);
+                let what = format!("{dtype:?} {dims:?} inputs {a_in:?} {b_in:?}");
                 match (
                     Runtime::vendor_matmul(&a_dev, &b_dev),
                     Runtime::HAS_VENDOR_BLAS,
@@ -75,8 +77,8 @@ fn vendor_products_match_fp64_or_are_declined() {
 
 #[test]
 fn f32_products_stay_with_cubecl() {
-    let (_, a) = operand(4, 8, 1, DType::F32, false);
-    let (_, b) = operand(8, 3, 2, DType::F32, false);
+    let (_, a) = operand(4, 8, 1, DType::F32, Input::Contiguous);
+    let (_, b) = operand(8, 3, 2, DType::F32, Input::Contiguous);
     assert!(Runtime::vendor_matmul(&a, &b).is_none());
 }
 
@@ -89,6 +91,7 @@ fn f32_products_stay_with_cubecl() {
 #[test]
 fn products_are_ordered_with_cubecl_kernels_on_one_stream() {
     use burn::tensor::{Tensor, TensorPrimitive};
+    use common::{upload, B};
     let tensor = |t: Prim| Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(t));
     let dims @ [m, k, n] = [1024, 1024, 1024];
     // `a` is the first k columns of `x` [m, 16k]; `x · select` (select = [I; 0]) gives it back
@@ -101,7 +104,7 @@ fn products_are_ordered_with_cubecl_kernels_on_one_stream() {
         .collect();
     let x = upload(&x, &[m, wide], DType::F16);
     let select = tensor(upload(&select, &[wide, k], DType::F16));
-    let (b, b_dev) = operand(k, n, 2, DType::F16, false);
+    let (b, b_dev) = operand(k, n, 2, DType::F16, Input::Contiguous);
     let exact = product(&a, &b, dims);
     let outs: Vec<(f64, Prim)> = (0..12)
         .map(|i| {

@@ -59,9 +59,13 @@ pub use attention::{
 pub use autodiff::{gradients_folded_on_this_thread, projection_node};
 pub use embedding::{embedding, FusedEmbedding};
 pub use heads::{heads, rope_heads, FusedHeads, HeadColumns};
+#[cfg(feature = "cuda")]
+pub use lab_kernels::gemm::vendor_library_present;
 /// What the GPU backends' projections run on (`LAB_MATMUL`).
 #[cfg(feature = "cube")]
 pub use lab_kernels::gemm::Choice as MatmulChoice;
+#[cfg(feature = "cube")]
+pub use lab_kernels::gemm::{vendor_counts, VendorCounts};
 pub use memory::{DeviceBytes, DeviceMemory};
 pub use projection::{project, project_joined, FusedProjection};
 pub use rms_norm::{rms_norm, rms_norm_to, FusedRmsNorm, RmsNormGrads};

@@ -324,11 +324,25 @@ mod gpu {
         if cfg!(not(feature = "wgpu")) {
             cases.push((FloatDType::BF16, 6e-2, [33, 64, 17], true));
         }
+        let vendor = want == Choice::Vendor;
         for (seed, (dtype, tol, dims, x_as_view)) in cases.into_iter().enumerate() {
             let (x, w, g) = inputs(dims, seed as u64);
+            let ran = lab_kernels::gemm::vendor_counts().ran;
             let (y, dx, dw) = run::<G>(lab_ops::project, (&x, &w, &g), dims, dtype, x_as_view);
             let want = reference(&x, &w, &g, dims);
             let what = format!("{dtype:?} {dims:?} view {x_as_view}");
+            // y, dx and dw: three products, each on cuBLASLt at f16 and bf16 (one it declined
+            // would run on cubecl's matmul, pass, and leave a GPU timing of cubecl). Other tests
+            // only add to the count. Without a vendor BLAS nothing is counted.
+            let ran_here = lab_kernels::gemm::vendor_counts().ran - ran;
+            if !vendor {
+                assert_eq!(ran_here, 0, "{what}: no vendor BLAS here");
+            } else if dtype != FloatDType::F32 {
+                assert!(
+                    ran_here >= 3,
+                    "{what}: cuBLASLt ran {ran_here} of its 3 products"
+                );
+            }
             assert_close(&format!("y {what}"), &y, &want.y, tol);
             assert_close(&format!("dx {what}"), &dx, &want.dx, tol);
             assert_close(&format!("dw {what}"), &dw, &want.dw, tol);

@@ -74,7 +74,9 @@ impl BackendKind {
         match self {
             Self::Cpu => Ok(()),
             #[cfg(feature = "cuda")]
-            Self::Cuda => cuda_available().and_then(|()| gpu_settings_valid()),
+            Self::Cuda => cuda_available()
+                .and_then(|()| gpu_settings_valid())
+                .and_then(|()| vendor_blas_available()),
             #[cfg(feature = "wgpu")]
             Self::Wgpu => gpu_settings_valid(),
             #[allow(unreachable_patterns)]
@@ -83,6 +85,19 @@ impl BackendKind {
                 other.name(),
                 other.name()
             ),
+        }
+    }
+
+    /// With `LAB_MATMUL=cublaslt` on CUDA, the products cuBLASLt ran and declined (cubecl's
+    /// matmul ran those) in this process so far, so that a timing says what it timed.
+    pub fn vendor_blas_counts(self) -> Option<(u64, u64)> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Self::Cuda if lab_ops::MatmulChoice::current() == lab_ops::MatmulChoice::Vendor => {
+                let counts = lab_ops::vendor_counts();
+                Some((counts.ran, counts.declined))
+            }
+            _ => None,
         }
     }
 
@@ -173,6 +188,29 @@ fn gpu_settings_valid() -> Result<()> {
     Ok(())
 }
 
+/// `LAB_MATMUL=cublaslt` needs libcublasLt, loaded at run time: without it, one line now
+/// instead of cudarc's panic at the first product.
+#[cfg(feature = "cuda")]
+fn vendor_blas_available() -> Result<()> {
+    vendor_blas_found(
+        lab_ops::MatmulChoice::from_env(),
+        lab_ops::vendor_library_present,
+    )
+}
+
+/// `Err` where `choice` is cuBLASLt and `present` (asked only then) finds no library.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn vendor_blas_found(
+    choice: Result<lab_ops::MatmulChoice, String>,
+    present: impl FnOnce() -> bool,
+) -> Result<()> {
+    if choice == Ok(lab_ops::MatmulChoice::Vendor) && !present() {
+        bail!("LAB_MATMUL=cublaslt: libcublasLt is not on the library path (the CUDA toolkit's lib64, or pip's nvidia-cublas-cu12); add its folder to LD_LIBRARY_PATH, or unset LAB_MATMUL for cubecl's matmul");
+    }
+    Ok(())
+}
+
 /// CUDA is loaded at run time: without a driver, fail with one clear line instead of a panic
 /// deep inside cudarc.
 #[cfg(feature = "cuda")]
@@ -216,6 +254,36 @@ fn cuda_headers(
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// Only `LAB_MATMUL=cublaslt` looks for libcublasLt, and without it says what to do.
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    #[test]
+    fn cublaslt_without_its_library_is_one_line_naming_the_fix() {
+        use lab_ops::MatmulChoice::{Backend, Op, Vendor};
+        let asked = std::cell::Cell::new(0);
+        let missing = || {
+            asked.set(asked.get() + 1);
+            false
+        };
+        for choice in [Ok(Backend), Ok(Op), Err("LAB_MATMUL=\"x\"".to_string())] {
+            assert!(vendor_blas_found(choice, missing).is_ok());
+        }
+        assert_eq!(asked.get(), 0, "only cublaslt needs the library");
+        assert!(vendor_blas_found(Ok(Vendor), || true).is_ok());
+        let error = vendor_blas_found(Ok(Vendor), missing)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(asked.get(), 1);
+        assert!(!error.contains('\n'), "{error}");
+        for part in [
+            "LAB_MATMUL=cublaslt",
+            "libcublasLt",
+            "LD_LIBRARY_PATH",
+            "unset LAB_MATMUL",
+        ] {
+            assert!(error.contains(part), "{part}: {error}");
+        }
+    }
 
     /// Work that asks for `.0` and reports which backend type it was given.
     struct BackendTypeName(ActivationCheckpointing);

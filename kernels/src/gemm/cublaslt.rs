@@ -14,10 +14,16 @@
 //! not counted by cubecl's pool: one per thread that multiplies, one in lab's trainer. A
 //! failure inside a cuBLASLt kernel surfaces at cubecl's next wait, as a kernel's own would.
 //! The library is loaded at run time (cudarc's dynamic loading), as the rest of CUDA is.
+//!
+//! A product cuBLASLt cannot take (no algorithm for it, no memory left to load one: NVIDIA
+//! documents that the heuristic query may need some) is declined before anything is enqueued,
+//! with one line the first time, and cubecl's matmul runs it; a handle that cannot start turns
+//! cuBLASLt off for the process. The trainer checks first that the library is there at all
+//! ([`library_present`]).
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 
 use burn::tensor::{bf16, f16, DType};
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor};
@@ -34,9 +40,17 @@ struct Library {
     stream: Arc<CudaStream>,
 }
 
-/// `a · b` on cuBLASLt, or `None` for dtypes other than f16 and bf16 or layouts [`plan`]
-/// refuses. f32 stays with cubecl's matmul, which itself runs f32 on tensor cores as TF32
-/// where its autotune finds that faster (cubek-matmul's `adjust_dtypes`).
+/// Whether libcublasLt loads on this machine (the trainer's check before it starts with
+/// `LAB_MATMUL=cublaslt`: cudarc panics where it finds none).
+pub(super) fn library_present() -> bool {
+    // SAFETY: loading the library runs its initializers only, as cudarc's own loader does.
+    unsafe { cudarc::cublaslt::sys::is_culib_present() }
+}
+
+/// `a · b` on cuBLASLt, or `None` for dtypes other than f16 and bf16, layouts [`plan`]
+/// refuses, or a product cuBLASLt declines (module docs). f32 stays with cubecl's matmul,
+/// which itself runs f32 on tensor cores as TF32 where its autotune finds that faster
+/// (cubek-matmul's `adjust_dtypes`).
 pub(super) fn matmul(
     a: &CubeTensor<CudaRuntime>,
     b: &CubeTensor<CudaRuntime>,
@@ -74,15 +88,27 @@ pub(super) fn matmul(
     }
     // `out` was made just now, on the stream this thread's cubecl work goes to.
     let stream = memory[2].resource().stream;
-    let library = library(a.device.index, stream);
-    match a.dtype {
+    let ran = library(a.device.index, stream).and_then(|library| match a.dtype {
         DType::BF16 => library.run::<bf16>(plan, b_mem, a_mem, out_mem),
         _ => library.run::<f16>(plan, b_mem, a_mem, out_mem),
+    });
+    if let Err(why) = ran {
+        declined(&why);
+        return None;
     }
     for input in &memory[..2] {
         hold_until_done(input.resource().stream, stream);
     }
     Some(out)
+}
+
+/// Says once per process that cuBLASLt declined a product, and why (the later ones are
+/// counted by [`super::vendor_counts`]).
+fn declined(why: &str) {
+    static SAID: Once = Once::new();
+    SAID.call_once(|| {
+        eprintln!("cuBLASLt declined a product ({why}); cubecl's matmul runs it, and any other it declines");
+    });
 }
 
 /// Makes `holder`, the stream whose pool holds an input, wait for the work enqueued on
@@ -111,8 +137,8 @@ fn hold_until_done(holder: CUstream, stream: CUstream) {
 
 impl Library {
     /// Enqueues the call `plan` on device memory `(pointer, bytes)`: `x` and `y` as [`Plan`]
-    /// names them, `d` the output.
-    fn run<T>(&self, plan: Plan, x: (u64, u64), y: (u64, u64), d: (u64, u64))
+    /// names them, `d` the output; `Err` with nothing enqueued where cuBLASLt declines it.
+    fn run<T>(&self, plan: Plan, x: (u64, u64), y: (u64, u64), d: (u64, u64)) -> Result<(), String>
     where
         CudaBlasLT: Matmul<T>,
     {
@@ -138,7 +164,7 @@ impl Library {
         let context = self.stream.context();
         context
             .bind_to_thread()
-            .unwrap_or_else(|e| panic!("cuBLASLt: binding the CUDA context: {e:?}"));
+            .map_err(|e| format!("binding the CUDA context: {e:?}"))?;
         // SAFETY: the pointers are cubecl's allocations of at least these sizes, live while
         // `matmul` holds their resources. Once released, cubecl reuses or frees them only
         // through work on the same stream, which runs after this product. The slices are
@@ -151,22 +177,25 @@ impl Library {
                 )
             };
             let (x_slice, y_slice, mut d_slice) = (borrow(x), borrow(y), borrow(d));
-            self.blas
+            let ran = self
+                .blas
                 .matmul(config, &*x_slice, &*y_slice, &mut *d_slice, None, None)
-                .unwrap_or_else(|e| panic!("cuBLASLt matmul {plan:?}: {e:?}"));
+                .map_err(|e| format!("{plan:?}: {e:?}"));
             // Handed back without freeing (event tracking is off: no waits either).
             for slice in [x_slice, y_slice, d_slice] {
                 ManuallyDrop::into_inner(slice).leak();
             }
+            ran
         }
     }
 }
 
 /// The library for GPU `ordinal`'s cubecl stream `stream`, made on first use (one per stream:
-/// a handle's workspace must not be shared by two streams).
-fn library(ordinal: usize, stream: CUstream) -> Arc<Library> {
+/// a handle's workspace must not be shared by two streams); `Err` for good once one could not
+/// start.
+fn library(ordinal: usize, stream: CUstream) -> Result<Arc<Library>, String> {
     /// Keyed by GPU ordinal and stream address.
-    type Libraries = HashMap<(usize, usize), Arc<Library>>;
+    type Libraries = HashMap<(usize, usize), Result<Arc<Library>, String>>;
     static LIBRARIES: OnceLock<Mutex<Libraries>> = OnceLock::new();
     assert!(
         !stream.is_null(),
@@ -176,16 +205,22 @@ fn library(ordinal: usize, stream: CUstream) -> Arc<Library> {
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|e| e.into_inner());
+    if let Some(failed) = libraries.values().find_map(|l| l.as_ref().err()) {
+        return Err(failed.clone());
+    }
     libraries
         .entry((ordinal, stream as usize))
-        .or_insert_with(|| Arc::new(Library::new(ordinal, stream)))
+        .or_insert_with(|| Library::new(ordinal, stream).map(Arc::new))
         .clone()
 }
 
 impl Library {
-    fn new(ordinal: usize, cubecl_stream: CUstream) -> Self {
+    fn new(ordinal: usize, cubecl_stream: CUstream) -> Result<Self, String> {
+        if !library_present() {
+            return Err("no libcublasLt on the library path".into());
+        }
         let context = CudaContext::new(ordinal)
-            .unwrap_or_else(|e| panic!("cuBLASLt: CUDA context of GPU {ordinal}: {e:?}"));
+            .map_err(|e| format!("the CUDA context of GPU {ordinal}: {e:?}"))?;
         // Stream order is the only ordering (module docs): cudarc's events would only add work.
         // SAFETY: this context object is lab's alone (cudarc makes a new one per `new`), and
         // everything it runs goes to the one stream cubecl also orders its work on.
@@ -193,10 +228,11 @@ impl Library {
         // SAFETY: cubecl made this stream on the same (primary) context and never destroys it
         // while its server lives, which is as long as the process.
         let stream = unsafe { context.wrap_borrowed_stream(cubecl_stream) };
-        let blas = CudaBlasLT::new(stream.clone()).unwrap_or_else(|e| {
-            panic!("cuBLASLt could not start on GPU {ordinal} ({e:?}): is libcublasLt on LD_LIBRARY_PATH? Unset LAB_MATMUL to use cubecl's matmul")
-        });
-        Self { blas, stream }
+        // Not every failure comes back here: cudarc unwraps the workspace's allocation, so a
+        // GPU without 32 MiB left still panics (where cubecl's next kernel would fail too).
+        let blas = CudaBlasLT::new(stream.clone())
+            .map_err(|e| format!("its handle could not start on GPU {ordinal}: {e:?}"))?;
+        Ok(Self { blas, stream })
     }
 }
 

@@ -1,5 +1,7 @@
 //! The runtimes' vendor BLAS, behind one trait the projection op calls.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 
 /// A cubecl runtime whose vendor BLAS can take a matrix product.
@@ -28,4 +30,35 @@ impl VendorMatmul for cubecl::cuda::CudaRuntime {
     fn vendor_matmul(a: &CubeTensor<Self>, b: &CubeTensor<Self>) -> Option<CubeTensor<Self>> {
         super::cublaslt::matmul(a, b)
     }
+}
+
+/// The products the vendor BLAS ran and those it declined (the backend's matmul ran them)
+/// since the process started, counted by [`counted_vendor_matmul`]: so that a timing taken
+/// with `LAB_MATMUL=cublaslt` says what it timed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VendorCounts {
+    pub ran: u64,
+    pub declined: u64,
+}
+
+static RAN: AtomicU64 = AtomicU64::new(0);
+static DECLINED: AtomicU64 = AtomicU64::new(0);
+
+/// This process's [`VendorCounts`] so far.
+pub fn vendor_counts() -> VendorCounts {
+    VendorCounts {
+        ran: RAN.load(Relaxed),
+        declined: DECLINED.load(Relaxed),
+    }
+}
+
+/// [`VendorMatmul::vendor_matmul`], counted in [`vendor_counts`].
+pub fn counted_vendor_matmul<R: VendorMatmul>(
+    a: &CubeTensor<R>,
+    b: &CubeTensor<R>,
+) -> Option<CubeTensor<R>> {
+    let product = R::vendor_matmul(a, b);
+    let count = if product.is_some() { &RAN } else { &DECLINED };
+    count.fetch_add(1, Relaxed);
+    product
 }

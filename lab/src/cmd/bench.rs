@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
+use lab_train::backend::BackendKind;
 use lab_train::bench::{BenchOptions, BenchReport, MemoryGauge};
 use lab_train::op_split::OpSplit;
 
@@ -135,7 +136,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&shapes)?);
         } else {
-            for s in shapes {
+            for s in &shapes {
                 println!(
                     "matmul {:<12} [{} × {}] @ [{} × {}] {precision} on {}: {:.3} ms, {:.1} TFLOP/s",
                     s.name,
@@ -149,6 +150,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 );
             }
         }
+        say_vendor_blas_counts(backend);
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(n) = args.generate {
@@ -183,11 +185,25 @@ pub fn run(args: Args) -> Result<ExitCode> {
         let mut v = serde_json::to_value(&r)?;
         v["backend"] = backend.name().into();
         v["threads"] = threads.into();
+        if let Some((ran, declined)) = backend.vendor_blas_counts() {
+            v["cublaslt"] = serde_json::json!({ "ran": ran, "declined": declined });
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_report(&r, backend.name(), &threads, args.warmup + args.steps);
     }
+    say_vendor_blas_counts(backend);
     Ok(ExitCode::SUCCESS)
+}
+
+/// With `LAB_MATMUL=cublaslt`, how many products cuBLASLt took: a bench where it declined them
+/// all timed cubecl's matmul.
+fn say_vendor_blas_counts(backend: BackendKind) {
+    if let Some((ran, declined)) = backend.vendor_blas_counts() {
+        eprintln!(
+            "lab bench: cuBLASLt ran {ran} products; {declined} it declined ran on cubecl's matmul"
+        );
+    }
 }
 
 /// The training-step report as text; `last_step` is the step the loss is from.

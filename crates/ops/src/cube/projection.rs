@@ -6,7 +6,7 @@
 use burn::tensor::{ops::FloatTensorOps, Shape};
 use burn_cubecl::{BoolElement, CubeBackend, FloatElement, IntElement};
 use burn_fusion::{Fusion, FusionBackend};
-use lab_kernels::gemm::{Choice, VendorMatmul};
+use lab_kernels::gemm::{counted_vendor_matmul, Choice, VendorMatmul};
 
 use super::custom_op;
 use crate::FusedProjection;
@@ -27,7 +27,7 @@ where
         b: Self::FloatTensorPrimitive,
     ) -> Self::FloatTensorPrimitive {
         let vendor = R::HAS_VENDOR_BLAS && Choice::current() == Choice::Vendor;
-        match vendor.then(|| R::vendor_matmul(&a, &b)).flatten() {
+        match vendor.then(|| counted_vendor_matmul(&a, &b)).flatten() {
             Some(product) => product,
             None => Self::float_matmul(a, b),
         }
