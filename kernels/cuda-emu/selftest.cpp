@@ -147,10 +147,18 @@ __global__ void tile_product(float* out, float odd_lanes) {
     out[threadIdx.x] = c.x[255];
 }
 
-// A warp stores a tile of 3s (from lanes that each pass their own place, or their own tile, or
-// from half the lanes only: each undefined on a GPU), then lane 0 adds up the tile, after a
-// __syncwarp (right) or without one: a race with the lanes that wrote the other elements.
-enum TileStore { store_then_syncwarp, store_then_read, store_elsewhere, store_other_tiles, store_by_half_warp };
+// A warp stores a tile of 3s (from lanes that each pass their own place, layout or tile, from
+// half the lanes only, or from a partial warp: each undefined on a GPU), then lane 0 adds up
+// the tile, after a __syncwarp (right) or without one: a race with the lanes that wrote the
+// other elements.
+enum TileStoreCase {
+    store_then_syncwarp,
+    store_then_read,
+    store_elsewhere,
+    store_other_layout,
+    store_other_tiles,
+    store_by_half_warp,
+};
 
 __global__ void tile_store(float* out, int how) {
     using namespace nvcuda::wmma;
@@ -158,7 +166,8 @@ __global__ void tile_store(float* out, int how) {
     unsigned lane = threadIdx.x % 32;
     fill_fragment(c, how == store_other_tiles && lane == 1 ? 4.0f : 3.0f);
     Shared<float> tile{how == store_elsewhere && lane == 1 ? 1024u : 0u};
-    if (how != store_by_half_warp || lane < 16) store_matrix_sync(tile, c, 16, mem_row_major);
+    layout_t layout = how == store_other_layout && lane == 1 ? mem_col_major : mem_row_major;
+    if (how != store_by_half_warp || lane < 16) store_matrix_sync(tile, c, 16, layout);
     if (how != store_then_read) __syncwarp();
     if (lane == 0) {
         float sum = 0;
@@ -193,8 +202,8 @@ __global__ void global_both_write(emu::Global<float> g) {
 
 // Threads 65 and 161 read `m[0]` (unordered reads: both must be kept), then thread 160 writes
 // it after a barrier of the block (right), or of its warp only: that orders it after 161's read
-// but not after 65's, the first read (so the one a check that kept only the last would lose),
-// in another 64 threads' word of the shared-memory readers' bits than 161's.
+// but not after 65's, the first read (so the one a check that kept only the last would lose).
+// Threads past 64 and 128: a detector that kept readers 64 to a word would need every word.
 template <class Memory>
 __device__ void reads_then_write_in(Memory m, int between) {
     unsigned t = threadIdx.x;
@@ -300,6 +309,10 @@ int main(int argc, char** argv) {
          }},
         {"tile_store_then_read", [&] { return emu::launch(tile_store, one, block(32), f, int(store_then_read)), true; }},
         {"tile_store_elsewhere", [&] { return emu::launch(tile_store, one, block(32), f, int(store_elsewhere)), true; }},
+        {"tile_store_other_layout",
+         [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_layout)), true; }},
+        {"tile_store_by_partial_warp",
+         [&] { return emu::launch(tile_store, one, block(48), f, int(store_then_syncwarp)), true; }},
         {"tile_store_of_other_tiles",
          [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_tiles)), true; }},
         {"tile_store_by_half_warp",

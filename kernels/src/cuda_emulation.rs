@@ -325,13 +325,14 @@ fn tensor_parameters_become_emu_globals() {
 ///   not; a race is caught in either order of its accesses, two writes race, and what a thread
 ///   saw at a barrier leaves out what others did after it;
 /// - shuffles and votes see their own block's and warp's values; a wmma product is right and
-///   its lanes must pass the same tiles; threads that end count as arrived at
-///   `__syncthreads`, over two blocks;
+///   its lanes must pass the same tiles; a wmma store is written by the whole warp (a lane
+///   reading it before `__syncwarp` races), whose lanes must pass the same tile, place and
+///   layout; threads that end count as arrived at `__syncthreads`, over two blocks;
 /// - blocks that each write their own element of global memory pass, and blocks that add
 ///   into one element (right one after another, a race at once) fail;
 /// - within a block, the same barriers order global memory; a read and a write, or two
 ///   writes, of one element unordered fail, and so do unordered reads by several threads
-///   before a write ordered after one of them only; a cp.async source written before the
+///   before a write ordered after one of them only (in shared memory too); a cp.async source written before the
 ///   copy is waited for fails, by another thread or by the copy's own;
 /// - a warp-wide operation that some lanes never reach, a barrier crossed with a shuffle, or
 ///   lanes meeting at different warp-wide operations end the run as a hang (exit 124), where
@@ -454,6 +455,16 @@ fn the_emulation_catches_races_and_hangs() {
             "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
         ),
         (
+            "tile_store_other_layout",
+            None,
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+        ),
+        (
+            "tile_store_by_partial_warp",
+            None,
+            "wmma::store_matrix_sync: warp 1 has 16 lanes, not 32",
+        ),
+        (
             "tile_store_of_other_tiles",
             None,
             "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
@@ -476,7 +487,7 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "shuffle_after_lanes_ended",
             Some(124),
-            "hangs: a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma) after a lane",
+            "hangs: a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma, a wmma store) after",
         ),
         (
             "crossed",

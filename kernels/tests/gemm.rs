@@ -1,9 +1,9 @@
 //! The vendor BLAS's products on cubecl's tensors against fp64: cuBLASLt on CUDA at f16 and
 //! bf16, operands contiguous, transposed views (as the projection's backward passes them),
 //! rows padded with NaN, or views that start inside a wider buffer (as the LM head's row
-//! chunks and the joined products' halves are), shapes that are not multiples of a tile. A runtime without a vendor BLAS (wgpu, lavapipe
-//! in CI) must decline every product, and CUDA must decline f32 (cuBLASLt would run it as
-//! TF32).
+//! chunks and the joined products' halves are), shapes that are not multiples of a tile. A
+//! runtime without a vendor BLAS (wgpu, lavapipe in CI) must decline every product, and CUDA
+//! must decline f32 (cuBLASLt would run it as TF32).
 #![cfg(any(feature = "wgpu", feature = "cuda"))]
 
 use burn::tensor::DType;

@@ -331,13 +331,12 @@ mod gpu {
             let (y, dx, dw) = run::<G>(lab_ops::project, (&x, &w, &g), dims, dtype, x_as_view);
             let want = reference(&x, &w, &g, dims);
             let what = format!("{dtype:?} {dims:?} view {x_as_view}");
-            // y, dx and dw: three products, each on cuBLASLt at f16 and bf16 (one it declined
-            // would run on cubecl's matmul, pass, and leave a GPU timing of cubecl). Other tests
-            // only add to the count. Without a vendor BLAS nothing is counted.
+            // y, dx and dw: three products on cuBLASLt at f16 and bf16, where one it declined
+            // would run on cubecl's matmul, pass, and leave a GPU timing of cubecl. The count is
+            // the process's, which other tests add to: this shows that the op's products reach
+            // cuBLASLt through Fusion and autodiff; gemm.rs checks each product by itself.
             let ran_here = lab_kernels::gemm::vendor_counts().ran - ran;
-            if !vendor {
-                assert_eq!(ran_here, 0, "{what}: no vendor BLAS here");
-            } else if dtype != FloatDType::F32 {
+            if vendor && dtype != FloatDType::F32 {
                 assert!(
                     ran_here >= 3,
                     "{what}: cuBLASLt ran {ran_here} of its 3 products"

@@ -206,7 +206,7 @@ fn vendor_blas_found(
     present: impl FnOnce() -> bool,
 ) -> Result<()> {
     if choice == Ok(lab_ops::MatmulChoice::Vendor) && !present() {
-        bail!("LAB_MATMUL=cublaslt: libcublasLt is not on the library path (the CUDA toolkit's lib64, or pip's nvidia-cublas-cu12); add its folder to LD_LIBRARY_PATH, or unset LAB_MATMUL for cubecl's matmul");
+        bail!("LAB_MATMUL=cublaslt: libcublasLt was not found on the library path or does not load (it comes with the CUDA toolkit's lib64, or pip's nvidia-cublas-cu12); add its folder to LD_LIBRARY_PATH, or unset LAB_MATMUL for cubecl's matmul");
     }
     Ok(())
 }

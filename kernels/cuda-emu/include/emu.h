@@ -5,7 +5,7 @@
 //   or ends, then the next one that can go on runs, in thread order; __syncthreads and
 //   __syncwarp are barriers of the block and of the thread's warp of 32; __shfl_xor_sync
 //   exchanges through the warp, __all_sync votes in it, and ldmatrix and mma.sync (also
-//   wmma's mma_sync) are warp-wide too. A thread that ends counts as arrived at
+//   wmma's mma_sync and store_matrix_sync) are warp-wide too. A thread that ends counts as arrived at
 //   __syncthreads, as on a GPU. A run that would hang on a GPU ends at once, with exit 124:
 //   a wait that no thread can end (a barrier or shuffle that some threads never reach), a
 //   warp-wide operation that a lane which has ended would have to join, or lanes that meet at
@@ -18,9 +18,11 @@
 //   for the block; not a shuffle) orders them: read after write, write after read, write
 //   after write, whatever order the threads run in;
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
-//   whole tile when the lane runs it; a store is written by lane 0 only; a product is found
-//   once for the warp, and every lane must pass it the same tiles. Loads and stores
-//   check the pointer (32 bytes) and leading dimension (16 bytes) wmma requires;
+//   whole tile when the lane runs it; a store is warp-wide, each lane writing its share of
+//   the tile, and a product is found once for the warp: every lane must pass them the same
+//   tiles, and a store the same place. Loads and stores check the pointer (32 bytes) and
+//   leading dimension (16 bytes) the CUDA C++ guide requires (PTX asks more of a row's start:
+//   BENCHMARKS, "Reviews before the next GPU");
 // - global memory has a check between blocks (which run one after another here, at once on a
 //   GPU): an element one block of a launch writes, that another reads or writes, aborts the
 //   run (below, at emu::Global); within a block, the race detector of shared memory checks
@@ -121,7 +123,7 @@ struct Barrier {
     explicit Barrier(unsigned count) : members(count), expected(count) {}
     void arrive_and_wait(Meeting why) {
         if (arrived == 0) meeting = why;
-        if (why != meeting) hang("lanes of a warp meet at different warp-wide operations (__syncwarp, a shuffle or vote, mma)");
+        if (why != meeting) hang("lanes of a warp meet at different warp-wide operations (__syncwarp, a shuffle or vote, mma, a wmma store)");
         if (++arrived == expected) return end_phase();
         fibers[tid].waits_at = this;
         fibers[tid].phase = phase;
@@ -158,11 +160,12 @@ inline std::vector<Barrier> warp_barriers;
 inline unsigned warp, lane;
 
 // The running thread's warp, for an operation of the whole warp (a shuffle, a vote,
-// __syncwarp, ldmatrix, mma), whose mask names every lane: undefined on a GPU where one has
+// __syncwarp, ldmatrix, mma, a wmma store), whose mask names every lane: undefined on a GPU where one has
 // ended (thread_main checks the other order: a lane that ends while others wait at one).
 inline Barrier& whole_warp() {
     Barrier& b = warp_barriers[warp];
-    if (b.expected != b.members) hang("a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma) after a lane of the warp ended");
+    if (b.expected != b.members) hang("a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma, a wmma store) after a lane of "
+                                        "the warp ended");
     return b;
 }
 
@@ -704,6 +707,7 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, emu::S
 // must pass the same tile, place and layout (undefined otherwise). Which lane holds which
 // element is not documented; here lane l writes elements l, l + 32, ... of the tile (row by
 // row), so a lane that reads what the store wrote before a __syncwarp races here as on a GPU.
+// A partial warp (the last of a block that is not a multiple of 32) has no tile to store.
 struct TileStore {
     const float* tile;
     size_t offset;
@@ -717,6 +721,10 @@ inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 
                               unsigned ldm, layout_t layout) {
     check_operand(p, ldm);
     emu::Barrier& warp = emu::whole_warp();
+    if (warp.members != 32) {
+        std::fprintf(stderr, "wmma::store_matrix_sync: warp %u has %u lanes, not 32\n", emu::warp, warp.members);
+        std::abort();
+    }
     const TileStore mine{f.x, p.offset, ldm, layout};
     tile_stores[emu::warp][emu::lane] = mine;
     warp.arrive_and_find(emu::Meeting::tile_store, tile_stores_checked[emu::warp], [&] {
@@ -724,8 +732,8 @@ inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 
             const TileStore& other = tile_stores[emu::warp][l];
             if (other.offset != mine.offset || other.ldm != ldm || other.layout != layout ||
                 std::memcmp(other.tile, mine.tile, 256 * sizeof(float)) != 0) {
-                std::fprintf(stderr, "wmma::store_matrix_sync: lane %u of warp %u passed another tile, place or layout than lane %u\n",
-                             l, emu::warp, emu::lane);
+                std::fprintf(stderr, "wmma::store_matrix_sync: lane %u of warp %u passed another tile, "
+                             "place or layout than lane %u\n", l, emu::warp, emu::lane);
                 std::abort();
             }
         }
@@ -919,7 +927,7 @@ inline std::function<void()> thread_body;
         std::abort();
     }
     if (warp_barriers[warp].arrived > 0)
-        hang("a lane ended while others of its warp wait at a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma)");
+        hang("a lane ended while others of its warp wait at a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma, a wmma store)");
     // At __syncthreads, as on a GPU, a thread that has ended counts as arrived.
     block_barrier->arrive_and_drop();
     warp_barriers[warp].arrive_and_drop();

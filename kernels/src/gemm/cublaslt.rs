@@ -16,10 +16,10 @@
 //! The library is loaded at run time (cudarc's dynamic loading), as the rest of CUDA is.
 //!
 //! A product cuBLASLt cannot take (no algorithm for it, no memory left to load one: NVIDIA
-//! documents that the heuristic query may need some) is declined before anything is enqueued,
-//! with one line the first time, and cubecl's matmul runs it; a handle that cannot start turns
-//! cuBLASLt off for the process. The trainer checks first that the library is there at all
-//! ([`library_present`]).
+//! documents that the heuristic query may need some) is declined, with one line the first
+//! time, and cubecl's matmul runs it; a handle that cannot start turns cuBLASLt off for the
+//! process. The trainer checks first that the library is there at all ([`library_present`]).
+//! cudarc still panics where it cannot allocate a handle's workspace (32 MiB).
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
@@ -92,14 +92,17 @@ pub(super) fn matmul(
         DType::BF16 => library.run::<bf16>(plan, b_mem, a_mem, out_mem),
         _ => library.run::<f16>(plan, b_mem, a_mem, out_mem),
     });
-    if let Err(why) = ran {
-        declined(&why);
-        return None;
-    }
+    // Also after an error: one from the launch itself may follow work already enqueued.
     for input in &memory[..2] {
         hold_until_done(input.resource().stream, stream);
     }
-    Some(out)
+    match ran {
+        Ok(()) => Some(out),
+        Err(why) => {
+            declined(&why);
+            None
+        }
+    }
 }
 
 /// Says once per process that cuBLASLt declined a product, and why (the later ones are
@@ -107,7 +110,10 @@ pub(super) fn matmul(
 fn declined(why: &str) {
     static SAID: Once = Once::new();
     SAID.call_once(|| {
-        eprintln!("cuBLASLt declined a product ({why}); cubecl's matmul runs it, and any other it declines");
+        eprintln!(
+            "cuBLASLt declined a product ({why}); cubecl's matmul runs it, \
+             and any other it declines"
+        );
     });
 }
 
@@ -137,7 +143,8 @@ fn hold_until_done(holder: CUstream, stream: CUstream) {
 
 impl Library {
     /// Enqueues the call `plan` on device memory `(pointer, bytes)`: `x` and `y` as [`Plan`]
-    /// names them, `d` the output; `Err` with nothing enqueued where cuBLASLt declines it.
+    /// names them, `d` the output; `Err` where cuBLASLt declines it (before anything is
+    /// enqueued, but for an error of the launch itself).
     fn run<T>(&self, plan: Plan, x: (u64, u64), y: (u64, u64), d: (u64, u64)) -> Result<(), String>
     where
         CudaBlasLT: Matmul<T>,
