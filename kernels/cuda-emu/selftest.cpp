@@ -1,8 +1,9 @@
 // The emulation's own checks (include/emu.h): small kernels, written here by hand, whose
 // outcome is known. Run by kernels/src/cuda_emulation.rs's test, one case a run (`selftest
-// CASE`; `selftest --list` names them all): a case that is right must end with exit 0, a race must end the run naming it, a
-// barrier that some threads never reach must end it as a hang (exit 124). Without these, a
-// fault in the emulation that let races or hangs through would pass every kernel's test.
+// CASE`; `selftest --list` names them all): a case that is right must end with exit 0, a race
+// must end the run naming it, a barrier that some threads never reach must end it as a hang
+// (exit 124). Without these, a fault in the emulation that let races or hangs through would
+// pass every kernel's test.
 #include "emu.h"
 
 #include <algorithm>

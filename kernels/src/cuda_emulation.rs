@@ -332,8 +332,8 @@ fn tensor_parameters_become_emu_globals() {
 ///   into one element (right one after another, a race at once) fail;
 /// - within a block, the same barriers order global memory; a read and a write, or two
 ///   writes, of one element unordered fail, and so do unordered reads by several threads
-///   before a write ordered after one of them only (in shared memory too); a cp.async source written before the
-///   copy is waited for fails, by another thread or by the copy's own;
+///   before a write ordered after one of them only (in shared memory too); a cp.async source
+///   written before the copy is waited for fails, by another thread or by the copy's own;
 /// - a warp-wide operation that some lanes never reach, a barrier crossed with a shuffle, or
 ///   lanes meeting at different warp-wide operations end the run as a hang (exit 124), where
 ///   a GPU would hang or be undefined.

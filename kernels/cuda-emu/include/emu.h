@@ -5,11 +5,11 @@
 //   or ends, then the next one that can go on runs, in thread order; __syncthreads and
 //   __syncwarp are barriers of the block and of the thread's warp of 32; __shfl_xor_sync
 //   exchanges through the warp, __all_sync votes in it, and ldmatrix and mma.sync (also
-//   wmma's mma_sync and store_matrix_sync) are warp-wide too. A thread that ends counts as arrived at
-//   __syncthreads, as on a GPU. A run that would hang on a GPU ends at once, with exit 124:
-//   a wait that no thread can end (a barrier or shuffle that some threads never reach), a
-//   warp-wide operation that a lane which has ended would have to join, or lanes that meet at
-//   different warp-wide operations (a __syncwarp and a shuffle, say). A warp's barrier
+//   wmma's mma_sync and store_matrix_sync) are warp-wide too. A thread that ends counts as
+//   arrived at __syncthreads, as on a GPU. A run that would hang on a GPU ends at once, with
+//   exit 124: a wait that no thread can end (a barrier or shuffle that some threads never
+//   reach), a warp-wide operation that a lane which has ended would have to join, or lanes
+//   that meet at different warp-wide operations (a __syncwarp and a shuffle, say). A warp's barrier
 //   counts arrivals from any call site, and the last warp of a block that is not a multiple of
 //   32 has fewer members: a shuffle in a partial warp, or two shuffles at different sites that
 //   meet, pass here;
@@ -160,8 +160,9 @@ inline std::vector<Barrier> warp_barriers;
 inline unsigned warp, lane;
 
 // The running thread's warp, for an operation of the whole warp (a shuffle, a vote,
-// __syncwarp, ldmatrix, mma, a wmma store), whose mask names every lane: undefined on a GPU where one has
-// ended (thread_main checks the other order: a lane that ends while others wait at one).
+// __syncwarp, ldmatrix, mma, a wmma store), whose mask names every lane: undefined on a GPU
+// where one has ended (thread_main checks the other order: a lane that ends while others wait
+// at one).
 inline Barrier& whole_warp() {
     Barrier& b = warp_barriers[warp];
     if (b.expected != b.members) hang("a warp-wide operation (shuffle, vote, __syncwarp, ldmatrix, mma, a wmma store) after a lane of "
@@ -703,6 +704,21 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, emu::S
             f.x[r * 16 + c] = layout == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
 }
 
+// Every lane of the warp at wmma's `op` must have passed what this one did (`same(l)`: lane l
+// did), or `op` is undefined on a GPU. Run by the lane that ends the phase, while the others
+// wait with their arguments on their fibers' stacks.
+template <class Same>
+inline void lanes_agree(const char* op, const char* passed, Same same) {
+    for (unsigned l = 0; l < emu::warp_barriers[emu::warp].members; ++l)
+        if (!same(l)) {
+            std::fprintf(stderr, "wmma::%s: lane %u of warp %u passed %s than lane %u\n", op, l, emu::warp,
+                         passed, emu::lane);
+            std::abort();
+        }
+}
+
+inline bool same_tile(const float* a, const float* b) { return std::memcmp(a, b, 256 * sizeof(float)) == 0; }
+
 // A warp-wide store, as on a GPU, where each lane writes the elements it holds: every lane
 // must pass the same tile, place and layout (undefined otherwise). Which lane holds which
 // element is not documented; here lane l writes elements l, l + 32, ... of the tile (row by
@@ -728,15 +744,11 @@ inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 
     const TileStore mine{f.x, p.offset, ldm, layout};
     tile_stores[emu::warp][emu::lane] = mine;
     warp.arrive_and_find(emu::Meeting::tile_store, tile_stores_checked[emu::warp], [&] {
-        for (unsigned l = 0; l < warp.members; ++l) {
+        lanes_agree("store_matrix_sync", "another tile, place or layout", [&](unsigned l) {
             const TileStore& other = tile_stores[emu::warp][l];
-            if (other.offset != mine.offset || other.ldm != ldm || other.layout != layout ||
-                std::memcmp(other.tile, mine.tile, 256 * sizeof(float)) != 0) {
-                std::fprintf(stderr, "wmma::store_matrix_sync: lane %u of warp %u passed another tile, "
-                             "place or layout than lane %u\n", l, emu::warp, emu::lane);
-                std::abort();
-            }
-        }
+            return other.offset == mine.offset && other.ldm == ldm && other.layout == layout &&
+                   same_tile(other.tile, mine.tile);
+        });
     });
     for (unsigned e = emu::lane; e < 256; e += 32) {
         unsigned r = e / 16, c = e % 16;
@@ -765,13 +777,10 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
     std::copy_n(mine, 3, tile_operands[emu::warp][emu::lane]);
     TileProduct& p = tile_products[emu::warp];
     warp.arrive_and_find(emu::Meeting::tile_product, p.phase, [&] {
-        for (unsigned l = 0; l < warp.members; ++l)
-            for (unsigned k = 0; k < 3; ++k)
-                if (std::memcmp(tile_operands[emu::warp][l][k], mine[k], 256 * sizeof(float)) != 0) {
-                    std::fprintf(stderr, "wmma::mma_sync: lane %u of warp %u passed other tiles than lane %u\n", l,
-                                 emu::warp, emu::lane);
-                    std::abort();
-                }
+        lanes_agree("mma_sync", "other tiles", [&](unsigned l) {
+            const float* const* theirs = tile_operands[emu::warp][l];
+            return same_tile(theirs[0], mine[0]) && same_tile(theirs[1], mine[1]) && same_tile(theirs[2], mine[2]);
+        });
         for (int i = 0; i < 16; ++i)
             for (int j = 0; j < 16; ++j) {
                 float s = c.x[i * 16 + j];

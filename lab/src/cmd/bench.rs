@@ -136,7 +136,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&shapes)?);
         } else {
-            for s in &shapes {
+            for s in shapes {
                 println!(
                     "matmul {:<12} [{} × {}] @ [{} × {}] {precision} on {}: {:.3} ms, {:.1} TFLOP/s",
                     s.name,
