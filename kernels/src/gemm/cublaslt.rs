@@ -18,8 +18,8 @@
 //! A product cuBLASLt cannot take (no algorithm for it, no memory left to load one: NVIDIA
 //! documents that the heuristic query may need some) is declined, with one line the first
 //! time, and cubecl's matmul runs it; a handle that cannot start turns cuBLASLt off for the
-//! process. The trainer checks first that the library is there at all ([`library_present`]).
-//! cudarc still panics where it cannot allocate a handle's workspace (32 MiB).
+//! process (also where its 32 MiB workspace does not fit). The trainer checks first that the
+//! library is there at all ([`library_present`]).
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use burn::tensor::{bf16, f16, DType};
 use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTensor};
 use cubecl::cuda::CudaRuntime;
-use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig};
+use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig, Workspace};
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -235,8 +235,12 @@ impl Library {
         // SAFETY: cubecl made this stream on the same (primary) context and never destroys it
         // while its server lives, which is as long as the process.
         let stream = unsafe { context.wrap_borrowed_stream(cubecl_stream) };
-        // Not every failure comes back here: cudarc unwraps the workspace's allocation, so a
-        // GPU without 32 MiB left still panics (where cubecl's next kernel would fail too).
+        // cudarc unwraps the workspace's allocation inside `CudaBlasLT::new`: one made and
+        // freed first turns a GPU without 32 MiB left into an error here, not a panic there.
+        drop(
+            Workspace::new(stream.clone())
+                .map_err(|e| format!("no memory for its workspace on GPU {ordinal}: {e:?}"))?,
+        );
         let blas = CudaBlasLT::new(stream.clone())
             .map_err(|e| format!("its handle could not start on GPU {ordinal}: {e:?}"))?;
         Ok(Self { blas, stream })
