@@ -148,15 +148,16 @@ __global__ void tile_product(float* out, float odd_lanes) {
     out[threadIdx.x] = c.x[255];
 }
 
-// A warp stores a tile of 3s (from lanes that each pass their own place, layout or tile, from
-// half the lanes only, or from a partial warp: each undefined on a GPU), then lane 0 adds up
-// the tile, after a __syncwarp (right) or without one: a race with the lanes that wrote the
-// other elements.
+// A warp stores a tile of 3s (from lanes that each pass their own place, row stride, layout or
+// tile, from half the lanes only, or from a partial warp: each undefined on a GPU), then lane 0
+// adds up the tile, after a __syncwarp (right) or without one: a race with the lanes that wrote
+// the other elements.
 enum TileStoreCase {
     store_then_syncwarp,
     store_then_read,
     store_elsewhere,
     store_other_layout,
+    store_other_ldm,
     store_other_tiles,
     store_by_half_warp,
 };
@@ -168,7 +169,8 @@ __global__ void tile_store(float* out, int how) {
     fill_fragment(c, how == store_other_tiles && lane == 1 ? 4.0f : 3.0f);
     Shared<float> tile{how == store_elsewhere && lane == 1 ? 1024u : 0u};
     layout_t layout = how == store_other_layout && lane == 1 ? mem_col_major : mem_row_major;
-    if (how != store_by_half_warp || lane < 16) store_matrix_sync(tile, c, 16, layout);
+    unsigned ldm = how == store_other_ldm && lane == 1 ? 20 : 16;
+    if (how != store_by_half_warp || lane < 16) store_matrix_sync(tile, c, ldm, layout);
     if (how != store_then_read) __syncwarp();
     if (lane == 0) {
         float sum = 0;
@@ -312,6 +314,8 @@ int main(int argc, char** argv) {
         {"tile_store_elsewhere", [&] { return emu::launch(tile_store, one, block(32), f, int(store_elsewhere)), true; }},
         {"tile_store_other_layout",
          [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_layout)), true; }},
+        {"tile_store_other_ldm",
+         [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_ldm)), true; }},
         {"tile_store_by_partial_warp",
          [&] { return emu::launch(tile_store, one, block(48), f, int(store_then_syncwarp)), true; }},
         {"tile_store_of_other_tiles",

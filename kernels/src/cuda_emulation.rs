@@ -452,12 +452,17 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "tile_store_elsewhere",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
         ),
         (
             "tile_store_other_layout",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
+        ),
+        (
+            "tile_store_other_ldm",
+            None,
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
         ),
         (
             "tile_store_by_partial_warp",
@@ -467,7 +472,7 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "tile_store_of_other_tiles",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place or layout",
+            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
         ),
         (
             "tile_store_by_half_warp",

@@ -20,9 +20,9 @@
 // - wmma fragments are whole 16x16 matrices held by every lane of the warp. A load reads the
 //   whole tile when the lane runs it; a store is warp-wide, each lane writing its share of
 //   the tile, and a product is found once for the warp: every lane must pass them the same
-//   tiles, and a store the same place. Loads and stores check the pointer (32 bytes) and
-//   leading dimension (16 bytes) the CUDA C++ guide requires (PTX asks more of a row's start:
-//   BENCHMARKS, "Reviews before the next GPU");
+//   tiles, and a store the same place, ldm and layout. Loads and stores check the pointer
+//   (32 bytes) and leading dimension (16 bytes) the CUDA C++ guide requires (PTX asks more of
+//   a row's start: BENCHMARKS, "Reviews before the next GPU");
 // - global memory has a check between blocks (which run one after another here, at once on a
 //   GPU): an element one block of a launch writes, that another reads or writes, aborts the
 //   run (below, at emu::Global); within a block, the race detector of shared memory checks
@@ -744,7 +744,7 @@ inline void store_matrix_sync(emu::Shared<float> p, const fragment<accumulator, 
     const TileStore mine{f.x, p.offset, ldm, layout};
     tile_stores[emu::warp][emu::lane] = mine;
     warp.arrive_and_find(emu::Meeting::tile_store, tile_stores_checked[emu::warp], [&] {
-        lanes_agree("store_matrix_sync", "another tile, place or layout", [&](unsigned l) {
+        lanes_agree("store_matrix_sync", "another tile, place, ldm or layout", [&](unsigned l) {
             const TileStore& other = tile_stores[emu::warp][l];
             return other.offset == mine.offset && other.ldm == ldm && other.layout == layout &&
                    same_tile(other.tile, mine.tile);
