@@ -326,8 +326,8 @@ fn tensor_parameters_become_emu_globals() {
 ///   saw at a barrier leaves out what others did after it;
 /// - shuffles and votes see their own block's and warp's values; a wmma product is right and
 ///   its lanes must pass the same tiles; a wmma store is written by the whole warp (a lane
-///   reading it before `__syncwarp` races), whose lanes must pass the same tile, place and
-///   layout; threads that end count as arrived at `__syncthreads`, over two blocks;
+///   reading it before `__syncwarp` races), whose lanes must pass the same tile, place, ldm
+///   and layout; threads that end count as arrived at `__syncthreads`, over two blocks;
 /// - blocks that each write their own element of global memory pass, and blocks that add
 ///   into one element (right one after another, a race at once) fail;
 /// - within a block, the same barriers order global memory; a read and a write, or two

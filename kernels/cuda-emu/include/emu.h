@@ -720,9 +720,10 @@ inline void lanes_agree(const char* op, const char* passed, Same same) {
 inline bool same_tile(const float* a, const float* b) { return std::memcmp(a, b, 256 * sizeof(float)) == 0; }
 
 // A warp-wide store, as on a GPU, where each lane writes the elements it holds: every lane
-// must pass the same tile, place and layout (undefined otherwise). Which lane holds which
-// element is not documented; here lane l writes elements l, l + 32, ... of the tile (row by
-// row), so a lane that reads what the store wrote before a __syncwarp races here as on a GPU.
+// must pass the same tile, place, ldm and layout (undefined otherwise). Which lane holds
+// which element is not documented; here lane l writes elements l, l + 32, ... of the tile
+// (row by row), so a lane that reads what the store wrote before a __syncwarp races here as
+// on a GPU.
 // A partial warp (the last of a block that is not a multiple of 32) has no tile to store.
 struct TileStore {
     const float* tile;

@@ -18,8 +18,8 @@
 //! A product cuBLASLt cannot take (no algorithm for it, no memory left to load one: NVIDIA
 //! documents that the heuristic query may need some) is declined, with one line the first
 //! time, and cubecl's matmul runs it; a handle that cannot start turns cuBLASLt off for the
-//! process (also where its 32 MiB workspace does not fit). The trainer checks first that the
-//! library is there at all ([`library_present`]).
+//! process (also where its workspace does not fit). The trainer checks first that the library
+//! is there at all ([`library_present`]).
 
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
@@ -30,7 +30,7 @@ use burn_cubecl::{ops::numeric::empty_device_contiguous_dtype, tensor::CubeTenso
 use cubecl::cuda::CudaRuntime;
 use cudarc::cublaslt::{CudaBlasLT, Matmul, MatmulConfig, Workspace};
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
 
 use super::{plan, Plan};
 
@@ -236,11 +236,12 @@ impl Library {
         // while its server lives, which is as long as the process.
         let stream = unsafe { context.wrap_borrowed_stream(cubecl_stream) };
         // cudarc unwraps the workspace's allocation inside `CudaBlasLT::new`: one made and
-        // freed first turns a GPU without 32 MiB left into an error here, not a panic there.
-        drop(
-            Workspace::new(stream.clone())
-                .map_err(|e| format!("no memory for its workspace on GPU {ordinal}: {e:?}"))?,
-        );
+        // freed first normally turns a GPU without room for it into an error here, not a panic
+        // there. A failed free is kept in the context, and would be unwrapped there too.
+        let workspace =
+            |e: DriverError| format!("its workspace could not be made on GPU {ordinal}: {e:?}");
+        drop(Workspace::new(stream.clone()).map_err(workspace)?);
+        context.check_err().map_err(workspace)?;
         let blas = CudaBlasLT::new(stream.clone())
             .map_err(|e| format!("its handle could not start on GPU {ordinal}: {e:?}"))?;
         Ok(Self { blas, stream })
