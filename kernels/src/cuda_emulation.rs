@@ -349,6 +349,9 @@ fn the_emulation_catches_races_and_hangs() {
         &binary,
         "selftest.cpp",
     );
+    // What a wmma store's check says of lanes that passed different arguments.
+    const STORE_DIFFERS: &str =
+        "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout";
     // Each case, its exit code (`None`: ended by a signal, the race detector's abort) and what
     // its error says (nothing, for the cases that are right).
     let cases = [
@@ -452,17 +455,17 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "tile_store_elsewhere",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
+            STORE_DIFFERS,
         ),
         (
             "tile_store_other_layout",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
+            STORE_DIFFERS,
         ),
         (
             "tile_store_other_ldm",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
+            STORE_DIFFERS,
         ),
         (
             "tile_store_by_partial_warp",
@@ -472,7 +475,7 @@ fn the_emulation_catches_races_and_hangs() {
         (
             "tile_store_of_other_tiles",
             None,
-            "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout",
+            STORE_DIFFERS,
         ),
         (
             "tile_store_by_half_warp",

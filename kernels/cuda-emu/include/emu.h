@@ -779,8 +779,7 @@ inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d,
     TileProduct& p = tile_products[emu::warp];
     warp.arrive_and_find(emu::Meeting::tile_product, p.phase, [&] {
         lanes_agree("mma_sync", "other tiles", [&](unsigned l) {
-            const float* const* theirs = tile_operands[emu::warp][l];
-            return same_tile(theirs[0], mine[0]) && same_tile(theirs[1], mine[1]) && same_tile(theirs[2], mine[2]);
+            return std::equal(mine, mine + 3, tile_operands[emu::warp][l], same_tile);
         });
         for (int i = 0; i < 16; ++i)
             for (int j = 0; j < 16; ++j) {
