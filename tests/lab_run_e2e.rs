@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::common::*;
@@ -18,14 +19,33 @@ fn lab_run(dir: &Path) -> Command {
     c
 }
 
-/// A finished micro lab in a fresh folder.
-fn finished_lab() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    micro_lab(dir.path());
-    let out = run_ok(&mut lab_run(dir.path()));
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("PASS: 7 of 7 checks pass"), "{text}");
-    dir
+/// A finished micro lab, run once per test process and shared by the tests that read it and
+/// export from it, each into a folder of its own (six tests, ~8 s of CPU a lab). It lives
+/// under cargo's per-build temporary folder, named by the process id; the labs of processes
+/// that are gone (earlier runs) are removed first, so at most one run's lab stays behind.
+fn finished_lab() -> &'static Path {
+    static LAB: OnceLock<PathBuf> = OnceLock::new();
+    LAB.get_or_init(|| {
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("finished-micro-labs");
+        remove_labs_of_gone_processes(&root);
+        let dir = root.join(std::process::id().to_string());
+        // A reused id's lab from an earlier run would be resumed, not run afresh.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        micro_lab(&dir);
+        let out = run_ok(&mut lab_run(&dir));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("PASS: 7 of 7 checks pass"), "{text}");
+        dir
+    })
+}
+
+fn remove_labs_of_gone_processes(root: &Path) {
+    for lab in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        if !Path::new("/proc").join(lab.file_name()).exists() {
+            let _ = std::fs::remove_dir_all(lab.path());
+        }
+    }
 }
 
 fn dod(dir: &Path, export: &Path, spec: &Path, format: &str) -> Output {
@@ -47,7 +67,7 @@ fn json(path: &Path) -> Value {
 #[test]
 fn the_export_holds_every_artifact_and_metrics_csv_equals_metrics_jsonl() {
     let lab = finished_lab();
-    let export = lab.path().join(EXPORT);
+    let export = lab.join(EXPORT);
     for f in [
         "manifest.json",
         "metrics.csv",
@@ -95,7 +115,7 @@ fn the_export_holds_every_artifact_and_metrics_csv_equals_metrics_jsonl() {
     assert!(card.contains("not a medical device") && card.contains("tinyshakespeare"));
 
     // metrics.csv: every number of metrics.jsonl, in order, exactly.
-    let rows: Vec<Value> = std::fs::read_to_string(lab.path().join(RUN).join("metrics.jsonl"))
+    let rows: Vec<Value> = std::fs::read_to_string(lab.join(RUN).join("metrics.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -141,28 +161,28 @@ fn final_weights_reload_byte_for_byte_and_are_the_weights_the_val_loss_was_measu
     use lab_model::{weights, Llama};
 
     let done = finished_lab();
-    let path = done.path().join(EXPORT).join("final.safetensors");
+    let path = done.join(EXPORT).join("final.safetensors");
     let (tensors, meta) = weights::load_safetensors(&path).unwrap();
-    let again = done.path().join("again.safetensors");
-    weights::save_safetensors(&again, &tensors, meta).unwrap();
+    let resaved = done.join("resaved.safetensors");
+    weights::save_safetensors(&resaved, &tensors, meta).unwrap();
     assert_eq!(
-        std::fs::read(&again).unwrap(),
+        std::fs::read(&resaved).unwrap(),
         std::fs::read(&path).unwrap()
     );
 
     // The shipped weights give exactly the validation loss the manifest reports (the trainer's
     // own evaluation on the same windows): they are the weights that were evaluated.
-    let cfg = lab_config::LabConfig::load(&done.path().join("micro.toml")).unwrap();
+    let cfg = lab_config::LabConfig::load(&done.join("micro.toml")).unwrap();
     let model = weights::load_tensor_map(
         Llama::<Flex>::new(&cfg.model, 7, &Default::default()),
         &tensors,
     )
     .unwrap();
-    let data = done.path().join("runs/data/tinyshakespeare-gpt2");
+    let data = done.join("runs/data/tinyshakespeare-gpt2");
     let meta = lab_data::Meta::load(&data).unwrap();
     let val = lab_data::TokenFile::open(&data, "val.bin", &meta).unwrap();
     let loss = lab_train::eval::evaluate(&model, &val, &cfg).unwrap();
-    let m = json(&done.path().join(EXPORT).join("manifest.json"));
+    let m = json(&done.join(EXPORT).join("manifest.json"));
     assert_eq!(m["final_metrics"]["val_loss"].as_f64(), Some(loss));
     assert_eq!(
         (
@@ -187,14 +207,9 @@ fn exporting_an_earlier_checkpoint_fails_the_completed_check() {
                 "--checkpoint",
                 "40",
             ])
-            .current_dir(done.path()),
+            .current_dir(done),
     );
-    let out = dod(
-        done.path(),
-        &done.path().join("early"),
-        &done.path().join("dod.toml"),
-        "json",
-    );
+    let out = dod(done, &done.join("early"), &done.join("dod.toml"), "json");
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let c = v["checks"]
@@ -231,8 +246,7 @@ fn a_lab_whose_spike_is_rolled_back_still_passes_its_dod() {
 
 #[test]
 fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
-    let lab = finished_lab();
-    let dir = lab.path();
+    let dir = finished_lab();
     let good = dir.join(EXPORT);
     let spec = dir.join("dod.toml");
     assert_eq!(dod(dir, &good, &spec, "text").status.code(), Some(0));
@@ -352,11 +366,11 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
 #[test]
 fn hugging_face_folder_has_llama_config_names_and_shapes() {
     let done = finished_lab();
-    let hf = done.path().join("hf");
+    let hf = done.join("hf");
     run_ok(
         lab()
             .args(["export", "--run", RUN, "--hf", "hf"])
-            .current_dir(done.path()),
+            .current_dir(done),
     );
     let c = json(&hf.join("config.json"));
     assert_eq!(c["architectures"][0], "LlamaForCausalLM");
@@ -412,9 +426,9 @@ fn mlflow_file_store_layout_is_written() {
                 "--mlflow-uri",
                 "mlruns",
             ])
-            .current_dir(done.path()),
+            .current_dir(done),
     );
-    let root = done.path().join("mlruns");
+    let root = done.join("mlruns");
     assert!(root.join(".trash").is_dir() && root.join("0/meta.yaml").is_file());
     let exp = std::fs::read_dir(&root)
         .unwrap()
@@ -510,7 +524,7 @@ fn processes_mentioning(needle: &str) -> usize {
 #[test]
 fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
     let reference = finished_lab();
-    let want = sha256(&reference.path().join(EXPORT).join("final.safetensors"));
+    let want = sha256(&reference.join(EXPORT).join("final.safetensors"));
     let dir = tempfile::tempdir().unwrap();
     micro_lab(dir.path());
     let run = dir.path().join(RUN);
