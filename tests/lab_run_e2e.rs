@@ -20,9 +20,10 @@ fn lab_run(dir: &Path) -> Command {
 }
 
 /// A finished micro lab, run once per test process and shared by the tests that read it and
-/// export from it, each into a folder of its own (six tests, ~8 s of CPU a lab). It lives
+/// export from it, each into a folder of its own (seven tests, ~8 s of CPU a lab). It lives
 /// under cargo's per-build temporary folder, named by the process id; the labs of processes
-/// that are gone (earlier runs) are removed first, so at most one run's lab stays behind.
+/// that are gone (earlier runs) are removed first, so only the last processes' labs stay
+/// behind (one under `cargo test`; under nextest, those still running when the last started).
 fn finished_lab() -> &'static Path {
     static LAB: OnceLock<PathBuf> = OnceLock::new();
     LAB.get_or_init(|| {
