@@ -135,15 +135,21 @@ __global__ void crossed(unsigned* out) {
     else __syncthreads();
 }
 
-// A wmma product: every lane must pass the same tiles (`odd_lanes`: a different A in odd lanes).
-__global__ void tile_product(float* out, float odd_lanes) {
+// A wmma product: every lane must pass the same tiles (undefined on a GPU otherwise); odd
+// lanes pass the same tiles, or halves in place of one of A, B or C.
+enum TileProductCase { same_tiles, other_a, other_b, other_c };
+
+__global__ void tile_product(float* out, int odd_lanes_differ) {
     using namespace nvcuda::wmma;
     fragment<matrix_a, 16, 16, 16, __half, row_major> a;
     fragment<matrix_b, 16, 16, 16, __half, col_major> b;
     fragment<accumulator, 16, 16, 16, float> c;
-    fill_fragment(a, threadIdx.x % 2 ? odd_lanes : 1.0f);
-    fill_fragment(b, 2.0f);
-    fill_fragment(c, 3.0f);
+    auto value = [&](int operand, float same) {
+        return threadIdx.x % 2 && odd_lanes_differ == operand ? 0.5f : same;
+    };
+    fill_fragment(a, value(other_a, 1.0f));
+    fill_fragment(b, value(other_b, 2.0f));
+    fill_fragment(c, value(other_c, 3.0f));
     mma_sync(c, a, b, c);
     out[threadIdx.x] = c.x[255];
 }
@@ -302,7 +308,7 @@ int main(int argc, char** argv) {
          }},
         {"tile_product",
          [&] {
-             emu::launch(tile_product, one, block(64), f, 1.0f);
+             emu::launch(tile_product, one, block(64), f, int(same_tiles));
              return std::all_of(f, f + 64, [](float x) { return x == 3.0f + 16 * 2.0f; });
          }},
         {"tile_store_then_syncwarp",
@@ -322,7 +328,9 @@ int main(int argc, char** argv) {
          [&] { return emu::launch(tile_store, one, block(32), f, int(store_other_tiles)), true; }},
         {"tile_store_by_half_warp",
          [&] { return emu::launch(tile_store, one, block(32), f, int(store_by_half_warp)), true; }},
-        {"different_tiles", [&] { return emu::launch(tile_product, one, block(64), f, 0.5f), true; }},
+        {"tile_product_of_other_a", [&] { return emu::launch(tile_product, one, block(64), f, int(other_a)), true; }},
+        {"tile_product_of_other_b", [&] { return emu::launch(tile_product, one, block(64), f, int(other_b)), true; }},
+        {"tile_product_of_other_c", [&] { return emu::launch(tile_product, one, block(64), f, int(other_c)), true; }},
         {"partial_shuffle", [&] { return emu::launch(partial_shuffle, one, block(32), u), true; }},
         {"shuffle_after_lanes_ended", [&] { return emu::launch(shuffle_after_lanes_ended, one, block(64), u), true; }},
         {"crossed", [&] { return emu::launch(crossed, one, block(64), u), true; }},

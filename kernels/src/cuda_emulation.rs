@@ -352,6 +352,9 @@ fn the_emulation_catches_races_and_hangs() {
     // What a wmma store's check says of lanes that passed different arguments.
     const STORE_DIFFERS: &str =
         "wmma::store_matrix_sync: lane 1 of warp 0 passed another tile, place, ldm or layout";
+    // What a wmma product's check says of lanes that passed other tiles.
+    const PRODUCT_DIFFERS: &str =
+        "wmma::mma_sync: lane 0 of warp 0 passed other tiles than lane 31";
     // Each case, its exit code (`None`: ended by a signal, the race detector's abort) and what
     // its error says (nothing, for the cases that are right).
     let cases = [
@@ -482,11 +485,9 @@ fn the_emulation_catches_races_and_hangs() {
             Some(124),
             "lanes of a warp meet at different warp-wide operations",
         ),
-        (
-            "different_tiles",
-            None,
-            "wmma::mma_sync: lane 0 of warp 0 passed other tiles than lane 31",
-        ),
+        ("tile_product_of_other_a", None, PRODUCT_DIFFERS),
+        ("tile_product_of_other_b", None, PRODUCT_DIFFERS),
+        ("tile_product_of_other_c", None, PRODUCT_DIFFERS),
         (
             "partial_shuffle",
             Some(124),
