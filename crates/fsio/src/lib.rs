@@ -2,6 +2,9 @@
 //! fsync, rename, fsync the directory. A reader sees the old file or the new one, never half.
 
 pub mod console;
+mod dir;
+
+pub use dir::{recover_replaced_dir, replace_dir};
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

@@ -82,7 +82,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    remove_stale_stages(out);
+    remove_stale_stages(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(&stage).with_context(|| format!("cannot create {}", stage.display()))?;
@@ -123,7 +123,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
     })();
     match written {
         Ok(m) => {
-            replace_dir(&stage, out)?;
+            lab_fsio::replace_dir(&stage, out)?;
             Ok(m)
         }
         Err(e) => {
@@ -133,10 +133,12 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
     }
 }
 
-/// Temporary folders of exports to `out` that a killed process left behind.
-pub(crate) fn remove_stale_stages(out: &Path) {
+/// What a killed export to `out` left behind: an earlier export it had moved aside comes back
+/// (when the new one never arrived), its temporary folders go.
+pub(crate) fn remove_stale_stages(out: &Path) -> Result<()> {
+    lab_fsio::recover_replaced_dir(out)?;
     let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
-        return;
+        return Ok(());
     };
     let prefix = format!(".{}.tmp-", name.to_string_lossy());
     let ours = format!(".tmp-{}-", std::process::id());
@@ -151,6 +153,7 @@ pub(crate) fn remove_stale_stages(out: &Path) {
             let _ = fs::remove_dir_all(entry.path());
         }
     }
+    Ok(())
 }
 
 /// The run folder's config and data are the ones the checkpoint was trained with (a refused
@@ -234,22 +237,6 @@ fn written_by_lab(marker: &Path) -> bool {
     };
     serde_json::from_str::<serde_json::Value>(&text)
         .is_ok_and(|v| v["versions"]["lab"].is_string() || v["prompt"].is_string())
-}
-
-/// Moves the finished stage into place; an older export is moved aside until the new one is in.
-pub(crate) fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
-    let old = lab_fsio::temp_sibling(out);
-    let replacing = out.exists();
-    if replacing {
-        fs::rename(out, &old).with_context(|| format!("cannot move aside {}", out.display()))?;
-    }
-    fs::rename(stage, out)
-        .with_context(|| format!("cannot rename the export into {}", out.display()))?;
-    lab_fsio::sync_parent(out)?;
-    if replacing {
-        fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
-    Ok(())
 }
 
 /// The checkpoint `choice` names, verified once: its folder and its state.

@@ -16,7 +16,7 @@ use lab_model::{hf, weights, Llama};
 use lab_train::checkpoint;
 use serde_json::json;
 
-use crate::export::{replace_dir, CheckpointChoice};
+use crate::export::CheckpointChoice;
 use crate::run_files::RunFiles;
 
 /// The file an HF export writes last but one: its mark (an earlier export may be replaced).
@@ -52,7 +52,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
         .as_u64()
         .unwrap_or(lab_data::gpt2::GPT2_EOT as u64) as u32;
 
-    crate::export::remove_stale_stages(out);
+    crate::export::remove_stale_stages(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(&stage).with_context(|| format!("cannot create {}", stage.display()))?;
@@ -79,7 +79,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
         Ok(())
     })();
     match written {
-        Ok(()) => replace_dir(&stage, out),
+        Ok(()) => lab_fsio::replace_dir(&stage, out),
         Err(e) => {
             let _ = fs::remove_dir_all(&stage);
             Err(e)
