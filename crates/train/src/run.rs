@@ -90,6 +90,9 @@ pub struct Run {
     /// The best validation loss so far and its step; `best_pending` until it is checkpointed.
     best: Option<(u64, f64)>,
     best_pending: bool,
+    /// The step, rollbacks and policies' state of the newest checkpoint this process wrote or
+    /// resumed from: a stop with nothing new to keep does not write it again.
+    saved: Option<(u64, u32, BTreeMap<String, Value>)>,
 }
 
 /// `best.json`: the step and validation loss of the best checkpoint, which retention keeps and
@@ -156,6 +159,7 @@ impl Run {
             judge: Judge::new(&opts.config, data)?,
             best: None,
             best_pending: false,
+            saved: None,
         })
     }
 
@@ -178,6 +182,11 @@ impl Run {
         let total = state.schedule.total_steps();
         self.status.total_steps = total;
         self.bar.set_length(total);
+        // Live at once: until its first row, the last attempt's status would say the run had
+        // stopped.
+        self.status.loss = self.last_loss.is_finite().then_some(self.last_loss);
+        self.status.val_loss = self.last_val;
+        self.write_status("running", state.step)?;
         Ok(state)
     }
 
@@ -243,6 +252,9 @@ impl Run {
         let state = TrainingState::from_checkpoint(&self.cfg, &mut ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
+        self.saved = Some((state.step, state.rollbacks, policies.save()));
+        self.log_checkpoint_once(state.step, &ck.dir)?;
+        self.read_last_losses()?;
         self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         let now = serde_json::to_value(self.cfg.stability())?;
         if !ck.state.stability.is_null() && ck.state.stability != now {
@@ -380,6 +392,43 @@ impl Run {
         lab_run::jsonl::split_after_step(&path, step)?;
         self.metrics = JsonLines::open(&path)?;
         lab_run::events::abandon_after(&self.dir, step, REPLAYED_EVENTS)
+    }
+
+    /// A kill between publishing a checkpoint and logging it leaves it out of events.jsonl,
+    /// and a resume from it never replays its step: logged here instead.
+    fn log_checkpoint_once(&mut self, step: u64, dir: &Path) -> Result<()> {
+        if !self.logged(step, "checkpoint")? {
+            self.event(
+                step,
+                "checkpoint",
+                json!({ "dir": dir, "logged_on_resume": true }),
+            );
+        }
+        Ok(())
+    }
+
+    /// The losses of the rows a resume keeps, for status.json and the closing line until this
+    /// process logs rows of its own (a resumed run that is already done logs none).
+    fn read_last_losses(&mut self) -> Result<()> {
+        if !self.leader() {
+            return Ok(());
+        }
+        let rows: Vec<Value> = lab_run::jsonl::read_lines(&self.dir.join(lab_run::METRICS))?;
+        if let Some(loss) = rows.iter().rev().find_map(|r| r["loss"].as_f64()) {
+            self.last_loss = loss;
+        }
+        self.last_val = rows.iter().rev().find_map(|r| r["val_loss"].as_f64());
+        Ok(())
+    }
+
+    /// Whether events.jsonl has an event `kind` at `step` (false on ranks other than the
+    /// leader, which log nothing).
+    fn logged(&self, step: u64, kind: &str) -> Result<bool> {
+        if !self.leader() {
+            return Ok(false);
+        }
+        let events = lab_run::events::read_events(&self.dir)?;
+        Ok(events.iter().any(|e| e.step == step && e.kind == kind))
     }
 
     /// After a step: evaluation and the metrics row at their cadence (or when a policy
@@ -530,6 +579,7 @@ impl Run {
             files: Default::default(),
         };
         let dir = self.save(state, train_state)?;
+        self.saved = Some((state.step, state.rollbacks, policies.save()));
         if !self.leader() {
             return Ok(dir);
         }
@@ -660,7 +710,7 @@ impl Run {
         policies: &Policies,
     ) -> Result<Outcome> {
         let checkpoint = if stop.checkpoints() {
-            Some(self.checkpoint(state, policies)?)
+            Some(self.checkpoint_if_new(state, policies)?)
         } else {
             None
         };
@@ -724,14 +774,32 @@ impl Run {
         Ok(outcome)
     }
 
+    /// A stop's checkpoint: the one already written when nothing has changed since (a signal
+    /// just after a periodic checkpoint, a stop right after a rollback), so a spot instance's
+    /// notice is not spent writing it again. The leader decides for every rank.
+    fn checkpoint_if_new<B: TrainBackend>(
+        &mut self,
+        state: &TrainingState<B>,
+        policies: &Policies,
+    ) -> Result<PathBuf> {
+        let now = (state.step, state.rollbacks, policies.save());
+        if self.dp.agree_flag(self.saved.as_ref() != Some(&now))? {
+            return self.checkpoint(state, policies);
+        }
+        Ok(self.dir.join(checkpoint::step_dir_name(state.step)))
+    }
+
     /// The run reached `total_steps`.
     pub fn finish<B: TrainBackend>(&mut self, state: &TrainingState<B>) -> Result<Outcome> {
         self.bar.finish_and_clear();
-        self.status.loss = Some(self.last_loss);
+        self.status.loss = self.last_loss.is_finite().then_some(self.last_loss);
         self.status.val_loss = self.last_val;
         self.status.eta_s = Some(0.0);
         self.write_status("done", state.step)?;
-        self.event(state.step, "done", json!({}));
+        // A resume of a finished run has nothing to add.
+        if !self.logged(state.step, "done")? {
+            self.event(state.step, "done", json!({}));
+        }
         Ok(Outcome::Completed {
             step: state.step,
             train_loss: self.last_loss,
