@@ -160,6 +160,13 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
         "missing.toml",
     );
 
+    // A seed past TOML's integers (the run folder records its config): refused up front.
+    expect_one_line_error(
+        train(&cfg, &run).args(["--seed", "9223372036854775808"]),
+        "train.seed = 9223372036854775808 is past TOML's largest integer",
+    );
+    assert!(!run.exists(), "a refused start made the run folder");
+
     // A missing data dir.
     expect_one_line_error(
         lab()
@@ -350,6 +357,96 @@ fn a_diverging_run_stops_with_exit_5_and_keeps_its_last_good_weights() {
     );
     let status = std::fs::read_to_string(run.join("status.json")).unwrap();
     assert!(status.contains("\"unstable\""), "{status}");
+    // Each rollback writes the state it restores; the stop after the last one keeps that
+    // checkpoint rather than writing it again.
+    let (checkpoints, rollbacks) = (
+        crate::common::events(&run, "checkpoint").len(),
+        crate::common::events(&run, "rollback").len(),
+    );
+    assert!(
+        rollbacks > 0 && checkpoints == rollbacks,
+        "{checkpoints} checkpoints, {rollbacks} rollbacks"
+    );
+}
+
+fn status(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("status.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_resume_says_it_runs_at_once_logs_a_checkpoint_a_kill_left_unlogged_and_adds_nothing_to_a_done_run(
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = micro_config(tmp.path());
+    let run = tmp.path().join("run");
+    run_ok(train(&cfg, &run).args(["--total-steps", "20"]));
+    let done = status(&run);
+    assert!(done["loss"].as_f64().is_some(), "{done}");
+    // A kill between publishing step 20's checkpoint and logging it.
+    let path = run.join("events.jsonl");
+    let kept: String = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter(|l| !(l.contains("\"kind\":\"checkpoint\"") && l.contains("\"step\":20,")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, kept).unwrap();
+    assert!(events(&run, "checkpoint").iter().all(|e| e["step"] != 20));
+
+    // Resuming the finished run: the checkpoint is logged, the status and the rest unchanged.
+    run_ok(train(&cfg, &run).args(["--total-steps", "20", "--resume-from-latest"]));
+    let at_20 = |kind: &str| -> Vec<serde_json::Value> {
+        events(&run, kind)
+            .into_iter()
+            .filter(|e| e["step"] == 20)
+            .collect()
+    };
+    let logged = at_20("checkpoint");
+    assert_eq!(logged.len(), 1, "{logged:?}");
+    assert_eq!(logged[0]["logged_on_resume"], true);
+    assert_eq!(at_20("done").len(), 1, "done once");
+    let again = status(&run);
+    for field in ["state", "step", "loss", "val_loss"] {
+        assert_eq!(again[field], done[field], "{field}: {again} against {done}");
+    }
+
+    // A resume that trains on says so before its first row (the first row here is step 40's).
+    let mut child = train(&cfg, &run)
+        .args([
+            "--total-steps",
+            "20",
+            "--resume-from-latest",
+            "--extend-to-steps",
+            "40",
+        ])
+        .args(["--log-every", "1000", "--eval-every", "1000"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as u64;
+    let first_seen = std::cell::RefCell::new(None);
+    let by_child = || {
+        let st: serde_json::Value = std::fs::read_to_string(run.join("status.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let mine = st["pid"].as_u64() == Some(pid);
+        if mine {
+            first_seen.borrow_mut().get_or_insert(st);
+        }
+        mine
+    };
+    assert!(
+        wait_until(&mut child, &by_child),
+        "no status from the resumed run"
+    );
+    assert!(child.wait().unwrap().success());
+    let first = first_seen.into_inner().unwrap();
+    assert_eq!(
+        (first["state"].as_str(), first["step"].as_u64()),
+        (Some("running"), Some(20)),
+        "{first}"
+    );
 }
 
 #[test]

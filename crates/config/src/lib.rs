@@ -123,6 +123,19 @@ impl LabConfig {
         if let Some(p) = &self.parallel {
             p.validate()?;
         }
+        self.check_fits_toml()
+    }
+
+    /// TOML's integers are i64: a larger value (a random 64-bit seed, say) could not be
+    /// recorded in the run folder's config.toml.
+    fn check_fits_toml(&self) -> Result<()> {
+        let value = serde_json::to_value(self)?;
+        if let Some((path, n)) = past_i64(&value, String::new()) {
+            bail!(
+                "{path} = {n} is past TOML's largest integer ({}): use a smaller value",
+                i64::MAX
+            );
+        }
         Ok(())
     }
 
@@ -205,6 +218,27 @@ impl LabConfig {
     /// The `[parallel]` layout (one process when absent).
     pub fn parallel(&self) -> ParallelConfig {
         self.parallel.clone().unwrap_or_default()
+    }
+}
+
+/// The first integer in `value` past i64's range, and its path (`train.seed`).
+fn past_i64(value: &serde_json::Value, path: String) -> Option<(String, u64)> {
+    use serde_json::Value;
+    let child = |key: &str| match path.is_empty() {
+        true => key.to_string(),
+        false => format!("{path}.{key}"),
+    };
+    match value {
+        Value::Number(n) => n
+            .as_u64()
+            .filter(|&n| n > i64::MAX as u64)
+            .map(|n| (path, n)),
+        Value::Object(m) => m.iter().find_map(|(k, v)| past_i64(v, child(k))),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| past_i64(v, format!("{path}[{i}]"))),
+        _ => None,
     }
 }
 
