@@ -308,6 +308,18 @@ fn projected_over_cap_checkpoints_and_exits_3() {
         .expect("a loadable checkpoint");
     assert_eq!(loaded.state.step, step);
     assert!(kinds(&run, "checkpoint").len() == 1);
+
+    // Resuming without a budget would train past the cap the run recorded: refused.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let unbudgeted = dir.path().join("no-budget.toml");
+    std::fs::write(&unbudgeted, &text[..text.find("[budget]").unwrap()]).unwrap();
+    let out = train(&unbudgeted, &run, &["--resume-from-latest"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("ran under a $5.00 budget cap"), "{stderr}");
+    assert_eq!(checkpoints(&run).len(), 1, "nothing trained");
+    assert_eq!(kinds(&run, "resume").len(), 0);
 }
 
 #[test]
@@ -715,6 +727,27 @@ fn bad_input_is_one_line_exit_1_and_bad_flags_exit_2() {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(
         err.contains("LAMBDA_API_KEY") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    // A key given where its variable's name belongs is refused, and not shown.
+    let out = lab()
+        .args([
+            "budget",
+            "sidecar",
+            "--provider",
+            "runpod",
+            "--instance-id",
+            "pod1",
+        ])
+        .args(["--api-key-env", PLANTED_KEY, "--out"])
+        .arg(dir.path().join("b.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("--api-key-env") && err.lines().count() == 1 && !err.contains(PLANTED_KEY),
         "{err}"
     );
 

@@ -122,7 +122,11 @@ impl Api {
             anyhow!(
                 "{}",
                 self.key
-                    .redact(&format!("{}: {method} {url}: {e:#}", self.provider))
+                    .redact(&format!(
+                        "{}: {method} {}: {e:#}",
+                        self.provider,
+                        crate::file::redact_url(url)
+                    ))
                     .replace(['\n', '\r'], " ")
             )
         })

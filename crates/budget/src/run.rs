@@ -156,9 +156,7 @@ impl RunGuard {
             }
         };
         let webhook = match &c.webhook_url_env {
-            Some(var) => Some(Secret::from_env_or_file(var, None).with_context(|| {
-                format!("budget.webhook_url_env names {var}, which holds no webhook URL")
-            })?),
+            Some(var) => Some(Secret::from_env(var, "budget.webhook_url_env")?),
             None => None,
         };
         let kept = run_dir.join("budget.json");

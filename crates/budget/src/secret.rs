@@ -15,6 +15,7 @@ impl Secret {
     /// From `$env` when set and non-empty, else from `file`. Errors name the variable or the
     /// file, never the value.
     pub fn from_env_or_file(env: &str, file: Option<&Path>) -> Result<Secret> {
+        check_env_name(env, "--api-key-env (budget.api_key_env)")?;
         if let Ok(v) = std::env::var(env) {
             if !v.trim().is_empty() {
                 return Secret::new(v.trim().to_string(), &format!("${env}"));
@@ -26,6 +27,16 @@ impl Secret {
                 "no API key: set the environment variable {env} or name a key file \
                  (--api-key-file or budget.api_key_file)"
             ),
+        }
+    }
+
+    /// From `$env`, set and non-empty; `setting` names where `env` came from in errors, which
+    /// never show the value.
+    pub fn from_env(env: &str, setting: &str) -> Result<Secret> {
+        check_env_name(env, setting)?;
+        match std::env::var(env) {
+            Ok(v) if !v.trim().is_empty() => Secret::new(v.trim().to_string(), &format!("${env}")),
+            _ => bail!("{setting} names {env}, which is not set: export {env} with the value"),
         }
     }
 
@@ -74,6 +85,20 @@ impl fmt::Display for Secret {
     }
 }
 
+/// `env` must be a variable's name (letters, digits and `_`, not starting with a digit): a
+/// key or a webhook URL given where its variable's name belongs is refused without being
+/// shown.
+fn check_env_name(env: &str, setting: &str) -> Result<()> {
+    let is_name = env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && env.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+    if !is_name {
+        bail!(
+            "{setting} takes the name of an environment variable (letters, digits and _, such as RUNPOD_API_KEY); what it was given is not one, and is not shown in case it is the secret itself"
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -89,6 +114,33 @@ mod tests {
             s.redact(&format!("echo: Bearer {KEY}!")),
             "echo: Bearer <redacted>!"
         );
+    }
+
+    #[test]
+    fn a_value_given_for_a_variable_name_is_refused_unshown() {
+        let url = "https://hooks.slack.com/services/T000/B000/XOXBSECRET42";
+        for given in [KEY, url, "1ABC", ""] {
+            let e = format!("{:#}", Secret::from_env_or_file(given, None).unwrap_err());
+            assert!(
+                e.contains("--api-key-env") && e.contains("not shown"),
+                "{e}"
+            );
+            let e = format!(
+                "{:#}",
+                Secret::from_env(given, "budget.webhook_url_env").unwrap_err()
+            );
+            assert!(
+                e.starts_with("budget.webhook_url_env takes the name"),
+                "{e}"
+            );
+            assert!(given.is_empty() || !e.contains(given), "{e}");
+        }
+        let var = "LAB_BUDGET_TEST_HOOK_UNSET_7F3A";
+        let e = format!(
+            "{:#}",
+            Secret::from_env(var, "budget.webhook_url_env").unwrap_err()
+        );
+        assert!(e.contains(&format!("export {var}")), "{e}");
     }
 
     #[test]

@@ -263,6 +263,9 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         )?,
         _ => None,
     };
+    if launch.rank == 0 && guard.is_none() && args.resume_from_latest {
+        keep_the_recorded_budget(&run_dir)?;
+    }
     // The run records the budget it ran under, flags included.
     config.budget = guard.as_ref().map(|g| g.config().clone());
     let alert = guard.as_ref().and_then(RunGuard::webhook).map(|url| {
@@ -291,6 +294,22 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         launch,
     };
     Ok((opts, guard))
+}
+
+/// A resume with no budget of a run that recorded one would train on past its cap: refused
+/// before anything runs, naming the cap and how to keep it.
+fn keep_the_recorded_budget(run_dir: &std::path::Path) -> Result<()> {
+    let recorded = run_dir.join(lab_run::CONFIG);
+    // An unreadable record is the resume's own check to report.
+    let Some(budget) = LabConfig::load(&recorded).ok().and_then(|c| c.budget) else {
+        return Ok(());
+    };
+    bail!(
+        "{} ran under a ${:.2} budget cap: resume it with one (--budget-cap-usd {} and the budget flags it ran with, or a --config with [budget]); without, it would train past the cap",
+        run_dir.display(),
+        budget.cap_usd,
+        budget.cap_usd
+    )
 }
 
 /// `--fit-micro-batch [GIB]`: the micro-batch and accumulation `lab plan`'s memory model
