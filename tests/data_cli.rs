@@ -288,6 +288,24 @@ fn bad_input_gets_one_line_errors_and_exit_1() {
             "keep"
         );
     }
+    // A prepare that fails on its input leaves a prepared folder as it was, meta.json too.
+    let prepared = dir.path().join("prepared");
+    std::fs::create_dir(&prepared).unwrap();
+    for entry in std::fs::read_dir(crate::common::data_dir()).unwrap() {
+        let from = entry.unwrap().path();
+        std::fs::copy(&from, prepared.join(from.file_name().unwrap())).unwrap();
+    }
+    let files = |d: &Path| -> Vec<Vec<u8>> {
+        ["meta.json", "train.bin", "val.bin"]
+            .iter()
+            .map(|f| std::fs::read(d.join(f)).unwrap())
+            .collect()
+    };
+    let before = files(&prepared);
+    let mut args = vec!["data", "prepare", "--input", bad.to_str().unwrap()];
+    args.extend(["--output-dir", prepared.to_str().unwrap(), "--quiet"]);
+    one_line_error(&lab(&args));
+    assert!(files(&prepared) == before, "the prepared folder changed");
     let e = usage_error(&prepare_bad(&["--split", "half"]));
     assert!(e.contains("--split half"), "{e}");
     let e = usage_error(&prepare_bad(&["--redact", "--anchor-date", "March 2020"]));

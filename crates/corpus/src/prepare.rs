@@ -479,6 +479,7 @@ pub(crate) fn finish(
             cfg.split
         );
     }
+    unmark_complete(&cfg.output_dir)?;
     let mut files = std::collections::BTreeMap::new();
     files.insert("train.bin".to_string(), train.finish()?);
     files.insert("val.bin".to_string(), val.finish()?);
@@ -588,13 +589,10 @@ pub(crate) fn early_removal(
     }
 }
 
-/// Removes meta.json (the directory is incomplete until it is rewritten) and temp files
-/// left by a killed run.
+/// Removes temp files left by a killed run. The folder's meta.json stays until new token
+/// files replace the old ones ([`unmark_complete`]): a prepare that fails on its input leaves
+/// the data it found as it was.
 pub(crate) fn start_over(dir: &Path) -> Result<()> {
-    let meta = dir.join("meta.json");
-    if meta.exists() {
-        std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
-    }
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
         if [".train.bin.tmp-", ".val.bin.tmp-", ".meta.json.tmp-"]
@@ -603,6 +601,16 @@ pub(crate) fn start_over(dir: &Path) -> Result<()> {
         {
             let _ = std::fs::remove_file(dir.join(&name));
         }
+    }
+    Ok(())
+}
+
+/// Removes meta.json: without it no trainer reads the folder, which is incomplete until the
+/// new one is written.
+pub(crate) fn unmark_complete(dir: &Path) -> Result<()> {
+    let meta = dir.join("meta.json");
+    if meta.exists() {
+        std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
     }
     Ok(())
 }
