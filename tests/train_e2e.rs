@@ -165,6 +165,20 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
         train(&cfg, &run).args(["--seed", "9223372036854775808"]),
         "train.seed = 9223372036854775808 is past TOML's largest integer",
     );
+    // A tracking store lab cannot write: a usage error before any step, credentials unshown.
+    let uri = "http://user:hunter2@mlflow.example:5000";
+    let out = train(&cfg, &run)
+        .args(["--mlflow-uri", uri])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("only file:// stores are written by lab, not http://")
+            && !stderr.contains("hunter2")
+            && stderr.trim_end().lines().count() == 1,
+        "{stderr}"
+    );
     assert!(!run.exists(), "a refused start made the run folder");
 
     // A missing data dir.

@@ -41,8 +41,10 @@ fn status_code(state: &str) -> (u8, bool) {
 pub fn store_root(uri: &str) -> Result<PathBuf> {
     let path = match uri.strip_prefix("file://") {
         Some(p) => p,
+        // Not the URI itself: a tracking server's may hold credentials.
         None if uri.contains("://") => {
-            bail!("--mlflow-uri {uri}: only file:// stores are written by lab (run `mlflow server` on top of one)")
+            let scheme = uri.split("://").next().unwrap_or_default();
+            bail!("--mlflow-uri: only file:// stores are written by lab, not {scheme}:// (run `mlflow server` on top of one)")
         }
         None => uri,
     };

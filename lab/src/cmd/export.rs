@@ -34,6 +34,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let choice = super::checkpoint_choice(&args.checkpoint)?;
     check_destinations(&args)?;
+    check_mlflow_uri(args.mlflow_uri.as_deref())?;
     if let Some(out) = &args.output {
         let m = lab_report::export(&ExportOptions {
             run: args.run.clone(),
@@ -80,6 +81,15 @@ fn check_destinations(args: &Args) -> Result<()> {
     }
     if args.output.is_some() && args.output == args.hf {
         super::bail_usage!("--output and --hf name the same folder: give each its own");
+    }
+    Ok(())
+}
+
+/// `--mlflow-uri` before any work: a store lab cannot write is a usage error now, not a
+/// warning once the run is over.
+pub fn check_mlflow_uri(uri: Option<&str>) -> Result<()> {
+    if let Some(Err(e)) = uri.map(lab_report::mlflow::store_root) {
+        super::bail_usage!("{e:#}");
     }
     Ok(())
 }

@@ -223,6 +223,7 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
+    super::export::check_mlflow_uri(args.mlflow_uri.as_deref())?;
     let launch = lab_dist::Launch::from_env()?;
     let gpu = super::open_gpu(backend, &launch);
     if let Some(gib) = args.fit_micro_batch {
