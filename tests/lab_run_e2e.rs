@@ -511,6 +511,17 @@ fn status_reads_a_run_in_progress_and_a_finished_one() {
         .iter()
         .any(|e| e["kind"] == "spike_detected"));
     assert!(s["eta_s"].is_null());
+
+    // A damaged status.json is named as damaged, not as missing.
+    std::fs::write(done.join("status.json"), "{\"step\":").unwrap();
+    let out = lab().args(["status", "--run"]).arg(&done).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("status.json") && !stderr.contains("no status.json"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
 
 /// Processes whose command line mentions `needle` (orphans would keep billing files fresh).

@@ -74,11 +74,15 @@ pub struct ProjectionView {
 /// to that step (what the status would have projected then: the way to check a projection
 /// against a finished run).
 pub fn status_fitted_until(run: &Path, fit_until: Option<u64>) -> Result<RunStatus> {
-    let Ok(st) = Status::read(run) else {
-        bail!(
+    let st = match Status::read(run) {
+        Ok(st) => st,
+        Err(_) if !run.join(lab_run::STATUS).exists() => bail!(
             "--run {}: no status.json (not a run folder, or the run has not started)",
             run.display()
-        );
+        ),
+        Err(e) => bail!(
+            "{e:#} (the trainer rewrites it whole at its next logged step; a hand-edited copy can be removed)"
+        ),
     };
     let files = RunFiles::read(run)?;
     let last = files.metrics.last();
