@@ -263,6 +263,25 @@ fn a_tokenizer_swap_copies_shared_rows_composes_new_ones_and_records_the_counts(
     assert!(seen_composed > 0);
     assert_eq!((seen_copied + 1) as u64, copied);
     assert_eq!(seen_composed as u64, composed);
+
+    // The data folder keeps a copy of its tokenizer: generating from the run needs neither
+    // the original file nor the folder `data prepare` ran in.
+    let tok_file = tmp.path().join("tok600.json");
+    std::fs::rename(&tok_file, tok_file.with_extension("moved")).unwrap();
+    let out = run_ok(
+        lab()
+            .current_dir(&data)
+            .args([
+                "generate",
+                "--prompt",
+                "ROMEO",
+                "--max-new-tokens",
+                "4",
+                "--run",
+            ])
+            .arg(&run),
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ROMEO"));
 }
 
 #[test]

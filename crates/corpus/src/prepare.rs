@@ -480,6 +480,7 @@ pub(crate) fn finish(
         );
     }
     unmark_complete(&cfg.output_dir)?;
+    keep_tokenizer_beside(&cfg.tokenizer, &cfg.output_dir)?;
     let mut files = std::collections::BTreeMap::new();
     files.insert("train.bin".to_string(), train.finish()?);
     files.insert("val.bin".to_string(), val.finish()?);
@@ -613,6 +614,30 @@ pub(crate) fn unmark_complete(dir: &Path) -> Result<()> {
         std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
     }
     Ok(())
+}
+
+/// A tokenizer file is copied beside the meta.json that names it: the folder then carries
+/// what decodes its tokens wherever it moves and wherever a later command runs
+/// ([`Tokenizer::of_data`] looks there).
+fn keep_tokenizer_beside(spec: &str, dir: &Path) -> Result<()> {
+    let from = Path::new(spec);
+    let Some(name) = from
+        .file_name()
+        .filter(|_| !matches!(spec, "gpt2" | "r50k_base"))
+    else {
+        return Ok(());
+    };
+    let to = dir.join(name);
+    let same = |a: &Path, b: &Path| std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok();
+    if ["meta.json", "train.bin", "val.bin"]
+        .iter()
+        .any(|f| name == *f)
+        || same(from, &to)
+    {
+        return Ok(());
+    }
+    let bytes = std::fs::read(from).with_context(|| format!("cannot read tokenizer {spec}"))?;
+    lab_fsio::write_atomic(&to, &bytes)
 }
 
 /// Records per unit of work of a part: part `i` of `n` takes units `i`, `i + n`, `i + 2n` …

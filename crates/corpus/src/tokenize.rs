@@ -61,6 +61,30 @@ impl Tokenizer {
         }
     }
 
+    /// The tokenizer that meta.json of the data in `data_dir` names ([`Self::locate_for_data`]).
+    pub fn of_data(spec: &str, data_dir: &Path) -> Result<Self> {
+        Self::load(&Self::locate_for_data(spec, data_dir)?)
+    }
+
+    /// What [`Self::load`] takes for the tokenizer meta.json in `data_dir` names: GPT-2 by
+    /// name, or a file where it was named (absolute, or relative to here) or beside meta.json,
+    /// where `lab data prepare` keeps a copy.
+    pub fn locate_for_data(spec: &str, data_dir: &Path) -> Result<String> {
+        if matches!(spec, "gpt2" | "r50k_base") {
+            return Ok(spec.to_string());
+        }
+        let named = Path::new(spec);
+        let beside = named.file_name().map(|n| data_dir.join(n));
+        let candidates = [Some(named.to_path_buf()), Some(data_dir.join(spec)), beside];
+        match candidates.into_iter().flatten().find(|p| p.is_file()) {
+            Some(path) => Ok(path.display().to_string()),
+            None => bail!(
+                "the data's tokenizer {spec} (meta.json in {}) is neither there nor here: copy it beside meta.json",
+                data_dir.display()
+            ),
+        }
+    }
+
     /// GPT-2 BPE with the ranks tiktoken-rs embeds (byte-identical to OpenAI's file).
     pub fn gpt2() -> Result<Self> {
         let core = tiktoken_rs::r50k_base().context("tiktoken-rs GPT-2 ranks")?;

@@ -44,10 +44,10 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
-    let tokenizer = data["meta"]["tokenizer"]
-        .as_str()
-        .unwrap_or("gpt2")
-        .to_string();
+    let tokenizer = lab_corpus::tokenize::Tokenizer::locate_for_data(
+        data["meta"]["tokenizer"].as_str().unwrap_or("gpt2"),
+        Path::new(data["data_dir"].as_str().unwrap_or_default()),
+    )?;
     let eot = data["meta"]["eot_token"]
         .as_u64()
         .unwrap_or(lab_data::gpt2::GPT2_EOT as u64) as u32;

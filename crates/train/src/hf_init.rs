@@ -196,20 +196,11 @@ fn data_tokenizer(spec: &str, data_dir: &Path, vocab: usize) -> std::result::Res
             name: "gpt2".into(),
         });
     }
-    let as_written = PathBuf::from(spec);
-    let beside = as_written.file_name().map(|n| data_dir.join(n));
-    let candidates = [Some(as_written.clone()), Some(data_dir.join(spec)), beside];
-    let Some(path) = candidates.into_iter().flatten().find(|p| p.is_file()) else {
-        return Err(format!(
-            "the data's tokenizer {spec} (meta.json) is not a file here nor in {}",
-            data_dir.display()
-        ));
-    };
-    let tok = Tokenizer::from_file(&path).map_err(|e| format!("{e:#}"))?;
+    let path = Tokenizer::locate_for_data(spec, data_dir).map_err(|e| format!("{e:#}"))?;
+    let tok = Tokenizer::from_file(Path::new(&path)).map_err(|e| format!("{e:#}"))?;
     if tok.vocab_size() != vocab {
         return Err(format!(
-            "the data's tokenizer {} has {} ids but meta.json says vocab_size {vocab}",
-            path.display(),
+            "the data's tokenizer {path} has {} ids but meta.json says vocab_size {vocab}",
             tok.vocab_size()
         ));
     }

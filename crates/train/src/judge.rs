@@ -41,7 +41,7 @@ impl Judge {
         let needs_tokenizer = !items.is_empty() || !eval.prompts.is_empty();
         let tokenizer = match needs_tokenizer {
             true => Some(
-                Tokenizer::load(&data.meta.tokenizer)
+                Tokenizer::of_data(&data.meta.tokenizer, &data.dir)
                     .context("the data's tokenizer (for [eval])")?,
             ),
             false => None,

@@ -84,7 +84,8 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
         .meta
         .as_ref()
         .map_or("gpt2".to_string(), |m| m.tokenizer.clone());
-    let tok = Tokenizer::load(&spec).context("the run's tokenizer")?;
+    let data_dir = rm.data_dir.clone().unwrap_or_default();
+    let tok = Tokenizer::of_data(&spec, &data_dir).context("the run's tokenizer")?;
     let table = tok.token_bytes();
     let sampling = Sampling {
         temperature: a.temperature,
