@@ -398,7 +398,7 @@ fn tokenizer_train_then_fertility_writes_table_and_chart() {
 }
 
 #[test]
-fn out_of_range_filter_settings_and_huge_shard_plans_are_one_line_errors() {
+fn out_of_range_flags_are_usage_errors_and_huge_shard_plans_one_line_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out").display().to_string();
     let input = repo("crates/data/corpora/tinyshakespeare.txt");
@@ -406,11 +406,13 @@ fn out_of_range_filter_settings_and_huge_shard_plans_are_one_line_errors() {
         ("--near-dup-threshold", "2", "--near-dup-threshold 2"),
         ("--near-dup-threshold", "0", "--near-dup-threshold 0"),
         ("--max-non-alnum", "1.5", "--max-non-alnum 1.5"),
+        ("--val-fraction", "1.5", "--val-fraction 1.5"),
+        ("--workers", "0", "--workers 0"),
     ] {
         let o = lab(&[
             "data", "prepare", "-i", &input, "-o", &out, "--dedup", flag, value,
         ]);
-        let line = one_line_error(&o);
+        let line = usage_error(&o);
         assert!(line.contains(needle), "{line}");
         assert!(!tmp.path().join("out/meta.json").exists());
     }

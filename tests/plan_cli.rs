@@ -180,4 +180,19 @@ fn usage_errors_exit_2() {
     ] {
         assert_eq!(lab_plan(&args).status.code(), Some(2), "{args:?}");
     }
+    // A flag's value out of range: the same exit, one line naming the flag.
+    for (flag, value) in [
+        ("--gpus", "0"),
+        ("--mfu", "2"),
+        ("--hours", "0"),
+        ("--overhead", "0.5"),
+    ] {
+        let o = lab_plan(&["--config", "configs/x1-50m-a100.toml", flag, value]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.starts_with(&format!("error: {flag}")) && err.lines().count() == 1,
+            "{err}"
+        );
+    }
 }

@@ -228,6 +228,19 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
     std::fs::write(&file, b"x").unwrap();
     expect_one_line_error(&mut train(&cfg, &file.join("run")), "--ckpt-dir");
 
+    // Counting flags at 0 are usage errors naming the flag.
+    for flag in [
+        "--total-steps",
+        "--ckpt-every",
+        "--eval-every",
+        "--log-every",
+    ] {
+        expect_usage_error(
+            train(&cfg, &run).args([flag, "0"]),
+            &format!("{flag} 0: give at least 1"),
+        );
+    }
+
     // Flags that need another flag are a usage error (exit 2), as clap's own.
     expect_usage_error(
         train(&cfg, &run).args(["--spike-batches", "3"]),

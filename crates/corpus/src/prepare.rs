@@ -295,7 +295,7 @@ pub(crate) struct Decisions {
 /// A whole prepare (`Stage::All`) or the finalize stage of one spread over parts; the part
 /// and dedup stages go through [`prepare_stage`].
 pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
-    validate(&cfg)?;
+    check_flags(&cfg)?;
     match cfg.stage {
         Stage::All => prepare_all(cfg),
         Stage::Finalize { of } => crate::parts::finalize(cfg, of),
@@ -307,7 +307,7 @@ pub fn prepare(cfg: PrepareConfig) -> Result<PrepareOutcome> {
 
 /// The part or dedup stage of a prepare spread over parts: a one-line summary of what it wrote.
 pub fn prepare_stage(cfg: PrepareConfig) -> Result<String> {
-    validate(&cfg)?;
+    check_flags(&cfg)?;
     match cfg.stage {
         Stage::Part { part, of } => crate::parts::write_part(cfg, part, of),
         Stage::Dedup { of } => crate::parts::dedup(cfg, of),
@@ -503,7 +503,8 @@ pub(crate) fn finish(
     })
 }
 
-fn validate(cfg: &PrepareConfig) -> Result<()> {
+/// The flags' values, each error naming its flag: the CLI reports them as usage errors.
+pub fn check_flags(cfg: &PrepareConfig) -> Result<()> {
     match cfg.split {
         Split::ValFraction(f) if !(0.0..1.0).contains(&f) || f == 0.0 => {
             bail!("--val-fraction {f}: must be in (0, 1)")

@@ -97,14 +97,14 @@ pub const DEFAULT_STORAGE_GB_PER_S: f64 = 1.0;
 
 fn positive(name: &str, v: f64) -> Result<f64> {
     if !(v.is_finite() && v > 0.0) {
-        bail!("{name} ({v}) must be a positive number");
+        lab_config::bail_usage!("{name} ({v}) must be a positive number");
     }
     Ok(v)
 }
 
 fn at_least_one(name: &str, v: usize) -> Result<usize> {
     if v == 0 {
-        bail!("{name} must be at least 1");
+        lab_config::bail_usage!("{name} must be at least 1");
     }
     Ok(v)
 }
@@ -241,14 +241,16 @@ impl PlanInputs {
         }
         let dp = gpus / (tp * pp);
         let zero_stage = match (req.zero, req.fsdp) {
-            (Some(z), _) if z > 3 => bail!("--zero {z} is not a ZeRO stage; use 0, 1, 2 or 3"),
+            (Some(z), _) if z > 3 => {
+                lab_config::bail_usage!("--zero {z} is not a ZeRO stage; use 0, 1, 2 or 3")
+            }
             (Some(z), _) => z,
             (None, Some(_)) => 3,
             (None, None) => layout_cfg.as_ref().map_or(0, |p| p.zero),
         };
         let shard = match req.fsdp {
             Some(s) if zero_stage == 0 && s > 1 => {
-                bail!("--fsdp {s} shards with ZeRO, but --zero is 0; drop --zero 0 or use --zero 1, 2 or 3")
+                lab_config::bail_usage!("--fsdp {s} shards with ZeRO, but --zero is 0; drop --zero 0 or use --zero 1, 2 or 3")
             }
             Some(s) if s == 0 || !dp.is_multiple_of(s) => bail!(
                 "--fsdp {s} must divide the data-parallel degree {dp} (= --gpus {gpus} / (--tp {tp} × --pp {pp}))"
@@ -322,7 +324,9 @@ impl PlanInputs {
         };
         for &m in &mfus {
             if !(m > 0.0 && m <= 1.0) {
-                bail!("--mfu {m} must be in (0, 1]: a fraction of peak FLOP/s, e.g. 0.45");
+                lab_config::bail_usage!(
+                    "--mfu {m} must be in (0, 1]: a fraction of peak FLOP/s, e.g. 0.45"
+                );
             }
         }
         note(
@@ -363,7 +367,9 @@ impl PlanInputs {
 
         let overhead = positive("--overhead", req.overhead.unwrap_or(1.0))?;
         if overhead < 1.0 {
-            bail!("--overhead {overhead} must be at least 1 (wall clock ÷ compute time)");
+            lab_config::bail_usage!(
+                "--overhead {overhead} must be at least 1 (wall clock ÷ compute time)"
+            );
         }
         note(
             "overhead",

@@ -267,6 +267,9 @@ fn check(a: CheckArgs) -> Result<ExitCode> {
         c.poll_interval_s = v;
     }
     if let Some(v) = a.planned_hours {
+        if !(v.is_finite() && v > 0.0) {
+            super::bail_usage!("--planned-hours ({v}) must be a positive number of hours");
+        }
         c.planned_hours = Some(v);
     }
     c.validate()

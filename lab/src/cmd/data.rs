@@ -244,6 +244,9 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
         progress: !a.quiet,
         stage,
     };
+    if let Err(e) = lab_corpus::prepare::check_flags(&cfg) {
+        super::bail_usage!("{e:#}");
+    }
     if matches!(stage, Stage::Part { .. } | Stage::Dedup { .. }) {
         println!("{}", prepare_stage(cfg)?);
         return Ok(ExitCode::SUCCESS);

@@ -191,6 +191,7 @@ pub fn load_config(path: Option<&PathBuf>) -> Result<LabConfig> {
 }
 
 pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Option<RunGuard>)> {
+    check_counts(args)?;
     let mut config = load_config(args.config.as_ref())?;
     let t = &mut config.train;
     if let Some(v) = args.total_steps {
@@ -295,6 +296,22 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
         launch,
     };
     Ok((opts, guard))
+}
+
+/// Counting flags at 0 are usage errors (exit 2) that name the flag, not the config field.
+fn check_counts(args: &Args) -> Result<()> {
+    let counts = [
+        ("--total-steps", args.total_steps.map(|v| v as u64)),
+        ("--ckpt-every", args.ckpt_every.map(|v| v as u64)),
+        ("--eval-every", args.eval_every.map(|v| v as u64)),
+        ("--log-every", args.log_every.map(|v| v as u64)),
+        ("--inject-spike-at-step", args.spike.inject_spike_at_step),
+        ("--spike-batches", args.spike.spike_batches),
+    ];
+    if let Some((flag, _)) = counts.iter().find(|(_, v)| *v == Some(0)) {
+        super::bail_usage!("{flag} 0: give at least 1");
+    }
+    Ok(())
 }
 
 /// A resume with no budget of a run that recorded one would train on past its cap: refused
