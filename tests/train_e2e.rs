@@ -433,7 +433,7 @@ fn a_resume_says_it_runs_at_once_logs_a_checkpoint_a_kill_left_unlogged_and_adds
     assert_eq!(logged[0]["logged_on_resume"], true);
     assert_eq!(at_20("done").len(), 1, "done once");
     let again = status(&run);
-    for field in ["state", "step", "loss", "val_loss"] {
+    for field in ["state", "step", "loss", "val_loss", "tokens_per_s", "mfu"] {
         assert_eq!(again[field], done[field], "{field}: {again} against {done}");
     }
 

@@ -25,9 +25,8 @@ use sha2::{Digest, Sha256};
 
 use crate::dedup::{DedupIndex, Signature, Verdict, NUM_PERM};
 use crate::prepare::{
-    create_output_dir, decide, early_removal, finish, read_and_process, start_over,
-    unmark_complete, Decisions, Dedup, Doc, PrepareConfig, PrepareOutcome, Processed, Stage,
-    Stages,
+    create_output_dir, decide, early_removal, finish, read_and_process, start_over, Decisions,
+    Dedup, Doc, PrepareConfig, PrepareOutcome, Processed, Stage, Stages,
 };
 use crate::reader::Skip;
 use crate::redact::{Phi, Redaction};
@@ -75,9 +74,8 @@ pub fn write_part(cfg: PrepareConfig, part: usize, of: usize) -> Result<String> 
     let start = Instant::now();
     let stages = Stages::load(&cfg)?;
     create_output_dir(&cfg.output_dir)?;
-    // The old token files are stale from now on: without meta.json no trainer uses them.
+    // Old token files and meta.json stay until finalize replaces them (`finish`).
     start_over(&cfg.output_dir)?;
-    unmark_complete(&cfg.output_dir)?;
     let dir = part_dir(&cfg.output_dir, part, of);
     let tmp = dir.with_extension("tmp");
     let _ = std::fs::remove_dir_all(&tmp);

@@ -67,15 +67,15 @@ impl Tokenizer {
     }
 
     /// What [`Self::load`] takes for the tokenizer meta.json in `data_dir` names: GPT-2 by
-    /// name, or a file where it was named (absolute, or relative to here) or beside meta.json,
-    /// where `lab data prepare` keeps a copy.
+    /// name, or the copy `lab data prepare` keeps beside meta.json (the file the data was
+    /// tokenized with, whatever became of the original), else the file where it was named.
     pub fn locate_for_data(spec: &str, data_dir: &Path) -> Result<String> {
         if matches!(spec, "gpt2" | "r50k_base") {
             return Ok(spec.to_string());
         }
         let named = Path::new(spec);
         let beside = named.file_name().map(|n| data_dir.join(n));
-        let candidates = [Some(named.to_path_buf()), Some(data_dir.join(spec)), beside];
+        let candidates = [beside, Some(data_dir.join(spec)), Some(named.to_path_buf())];
         match candidates.into_iter().flatten().find(|p| p.is_file()) {
             Some(path) => Ok(path.display().to_string()),
             None => bail!(

@@ -22,9 +22,32 @@ pub fn replace_dir(stage: &Path, out: &Path) -> Result<()> {
     };
     crate::sync_parent(out)?;
     if let Some(old) = old {
-        fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+        // The new folder is in place: an old one left here is the next writer's to remove.
+        if let Err(e) = fs::remove_dir_all(&old) {
+            eprintln!("warning: cannot remove {}: {e}", old.display());
+        }
     }
     Ok(())
+}
+
+/// Holds `out`'s writers apart: one export to a folder at a time, from its cleanup of what a
+/// killed one left to [`replace_dir`]. The lock is `.NAME.lock` beside `out`, released when
+/// the returned file is dropped.
+pub fn lock_dir_writers(out: &Path) -> Result<fs::File> {
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    crate::lock_exclusive(&out.with_file_name(format!(".{name}.lock"))).with_context(|| {
+        format!(
+            "another process is writing {}; wait for it to end",
+            out.display()
+        )
+    })
 }
 
 /// Before writing `out` again: an old folder that [`replace_dir`] had moved aside is put back
@@ -40,7 +63,10 @@ pub fn recover_replaced_dir(out: &Path) -> Result<()> {
     };
     let prefix = format!(".{}.old-", name.to_string_lossy());
     for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
-        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+        let entry_name = entry.file_name().to_string_lossy().into_owned();
+        // `.NAME.old-PID` only (another folder's temporary name may start the same way).
+        let pid = entry_name.strip_prefix(&prefix).unwrap_or_default();
+        if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
         let aside = entry.path();
@@ -162,6 +188,27 @@ mod tests {
         replace_dir(&stage, &fresh).unwrap();
         assert_eq!(text_in(&fresh), "first");
         assert_eq!(names_in(tmp.path()), ["fresh", "out"]);
+    }
+
+    #[test]
+    fn one_writer_of_a_folder_at_a_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("new").join("out");
+        let held = lock_dir_writers(&out).unwrap();
+        let e = format!("{:#}", lock_dir_writers(&out).unwrap_err());
+        assert!(e.contains("another process is writing"), "{e}");
+        drop(held);
+        lock_dir_writers(&out).unwrap();
+    }
+
+    #[test]
+    fn only_a_folder_set_aside_is_put_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        // The temporary folder of an export named `out.old-x`, not one `out`'s writer set aside.
+        folder_with(&tmp.path().join(".out.old-x.tmp-1-0"), "other");
+        recover_replaced_dir(&out).unwrap();
+        assert!(!out.exists());
     }
 
     #[test]

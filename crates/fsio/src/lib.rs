@@ -4,7 +4,7 @@
 pub mod console;
 mod dir;
 
-pub use dir::{recover_replaced_dir, replace_dir};
+pub use dir::{lock_dir_writers, recover_replaced_dir, replace_dir};
 
 use std::fs::{self, File};
 use std::io::{Read, Write};

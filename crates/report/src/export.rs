@@ -82,6 +82,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let _writing = lab_fsio::lock_dir_writers(out)?;
     remove_stale_stages(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);

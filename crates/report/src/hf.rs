@@ -52,6 +52,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
         .as_u64()
         .unwrap_or(lab_data::gpt2::GPT2_EOT as u64) as u32;
 
+    let _writing = lab_fsio::lock_dir_writers(out)?;
     crate::export::remove_stale_stages(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);

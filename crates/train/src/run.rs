@@ -252,11 +252,18 @@ impl Run {
         let state = TrainingState::from_checkpoint(&self.cfg, &mut ck, device)?;
         policies.restore(&ck.state.policies)?;
         self.truncate_logs_after(state.step)?;
-        self.saved = Some((state.step, state.rollbacks, policies.save()));
-        self.log_checkpoint_once(state.step, &ck.dir)?;
-        self.read_last_losses()?;
-        self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         let now = serde_json::to_value(self.cfg.stability())?;
+        // Kept as this launch would write it, or a stop writes it again with this launch's
+        // record (a resume may accept another config, such as another micro-batch split).
+        let same_record = ck.state.config_sha256 == self.config_sha
+            && ck.state.training_sha256 == self.training_sha
+            && ck.state.stability == now;
+        if same_record {
+            self.saved = Some((state.step, state.rollbacks, policies.save()));
+        }
+        self.log_checkpoint_once(state.step, &ck.dir);
+        self.read_last_readings()?;
+        self.best = read_best(&self.dir).filter(|(s, _)| *s <= state.step);
         if !ck.state.stability.is_null() && ck.state.stability != now {
             self.event(
                 state.step,
@@ -396,20 +403,20 @@ impl Run {
 
     /// A kill between publishing a checkpoint and logging it leaves it out of events.jsonl,
     /// and a resume from it never replays its step: logged here instead.
-    fn log_checkpoint_once(&mut self, step: u64, dir: &Path) -> Result<()> {
-        if !self.logged(step, "checkpoint")? {
+    fn log_checkpoint_once(&mut self, step: u64, dir: &Path) {
+        if !self.logged(step, "checkpoint") {
             self.event(
                 step,
                 "checkpoint",
                 json!({ "dir": dir, "logged_on_resume": true }),
             );
         }
-        Ok(())
     }
 
-    /// The losses of the rows a resume keeps, for status.json and the closing line until this
-    /// process logs rows of its own (a resumed run that is already done logs none).
-    fn read_last_losses(&mut self) -> Result<()> {
+    /// The losses of the rows a resume keeps, and the last attempt's pace, for status.json and
+    /// the closing line until this process logs rows of its own (a resumed run that is already
+    /// done logs none).
+    fn read_last_readings(&mut self) -> Result<()> {
         if !self.leader() {
             return Ok(());
         }
@@ -418,17 +425,23 @@ impl Run {
             self.last_loss = loss;
         }
         self.last_val = rows.iter().rev().find_map(|r| r["val_loss"].as_f64());
+        if let Ok(last) = Status::read(&self.dir) {
+            self.status.tokens_per_s = last.tokens_per_s;
+            self.status.secs_per_step = last.secs_per_step;
+            self.status.mfu = last.mfu;
+        }
         Ok(())
     }
 
     /// Whether events.jsonl has an event `kind` at `step` (false on ranks other than the
     /// leader, which log nothing).
-    fn logged(&self, step: u64, kind: &str) -> Result<bool> {
-        if !self.leader() {
-            return Ok(false);
-        }
-        let events = lab_run::events::read_events(&self.dir)?;
-        Ok(events.iter().any(|e| e.step == step && e.kind == kind))
+    fn logged(&self, step: u64, kind: &str) -> bool {
+        // A damaged events.jsonl is the post-mortem's to report: logging once more is harmless.
+        let events = match self.leader() {
+            true => lab_run::events::read_events(&self.dir).unwrap_or_default(),
+            false => Vec::new(),
+        };
+        events.iter().any(|e| e.step == step && e.kind == kind)
     }
 
     /// After a step: evaluation and the metrics row at their cadence (or when a policy
@@ -797,7 +810,7 @@ impl Run {
         self.status.eta_s = Some(0.0);
         self.write_status("done", state.step)?;
         // A resume of a finished run has nothing to add.
-        if !self.logged(state.step, "done")? {
+        if !self.logged(state.step, "done") {
             self.event(state.step, "done", json!({}));
         }
         Ok(Outcome::Completed {

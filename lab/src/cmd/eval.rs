@@ -84,7 +84,8 @@ fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Valu
         out["perplexity"] = serde_json::to_value(&p)?;
     }
     if a.mc.is_some() || a.memorization.is_some() {
-        let data_dir = a.data.clone().or(rm.data_dir.clone()).unwrap_or_default();
+        // The run's own data names the tokenizer and keeps its copy (`--data` is what to score).
+        let data_dir = rm.data_dir.clone().or(a.data.clone()).unwrap_or_default();
         let tok = Tokenizer::of_data(&tokenizer_spec, &data_dir).context("the run's tokenizer")?;
         if let Some(path) = &a.mc {
             let items = mc::load_items(path)?;
