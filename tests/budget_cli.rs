@@ -708,57 +708,51 @@ fn bad_input_is_one_line_exit_1_and_bad_flags_exit_2() {
         "{err}"
     );
 
-    let out = lab()
-        .args(["budget", "sidecar", "--provider", "runpod", "--out"])
-        .arg(dir.path().join("b.json"))
-        .env_remove("RUNPOD_POD_ID")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    // `lab budget sidecar ARGS --out b.json`: its exit code and stderr.
+    let sidecar = |args: &[&str]| {
+        let out = lab()
+            .args(["budget", "sidecar"])
+            .args(args)
+            .arg("--out")
+            .arg(dir.path().join("b.json"))
+            .env_remove("RUNPOD_POD_ID")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+
+    let (code, err) = sidecar(&["--provider", "runpod"]);
+    assert_eq!(code, Some(1));
     assert!(err.contains("pod id") && err.lines().count() == 1, "{err}");
 
-    let out = lab()
-        .args(["budget", "sidecar", "--provider", "lambda", "--out"])
-        .arg(dir.path().join("b.json"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let (code, err) = sidecar(&["--provider", "lambda"]);
+    assert_eq!(code, Some(1));
     assert!(
         err.contains("LAMBDA_API_KEY") && err.lines().count() == 1,
         "{err}"
     );
 
     // A key given where its variable's name belongs is refused, and not shown.
-    let out = lab()
-        .args([
-            "budget",
-            "sidecar",
-            "--provider",
-            "runpod",
-            "--instance-id",
-            "pod1",
-        ])
-        .args(["--api-key-env", PLANTED_KEY, "--out"])
-        .arg(dir.path().join("b.json"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    let (code, err) = sidecar(&[
+        "--provider",
+        "runpod",
+        "--instance-id",
+        "pod1",
+        "--api-key-env",
+        PLANTED_KEY,
+    ]);
+    assert_eq!(code, Some(1));
     assert!(
         err.contains("--api-key-env") && err.lines().count() == 1 && !err.contains(PLANTED_KEY),
         "{err}"
     );
 
     // A provider that does not exist is a usage error: exit 2, the same one line.
-    let out = lab()
-        .args(["budget", "sidecar", "--provider", "aws", "--out"])
-        .arg(dir.path().join("b.json"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = sidecar(&["--provider", "aws"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.starts_with("error: --provider \"aws\" is unknown") && err.lines().count() == 1,
         "{err}"

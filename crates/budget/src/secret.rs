@@ -16,10 +16,8 @@ impl Secret {
     /// file, never the value.
     pub fn from_env_or_file(env: &str, file: Option<&Path>) -> Result<Secret> {
         check_env_name(env, "--api-key-env (budget.api_key_env)")?;
-        if let Ok(v) = std::env::var(env) {
-            if !v.trim().is_empty() {
-                return Secret::new(v.trim().to_string(), &format!("${env}"));
-            }
+        if let Some(v) = env_nonempty(env) {
+            return Secret::new(v.trim().to_string(), &format!("${env}"));
         }
         match file {
             Some(path) => Secret::from_file(path),
@@ -34,9 +32,9 @@ impl Secret {
     /// never show the value.
     pub fn from_env(env: &str, setting: &str) -> Result<Secret> {
         check_env_name(env, setting)?;
-        match std::env::var(env) {
-            Ok(v) if !v.trim().is_empty() => Secret::new(v.trim().to_string(), &format!("${env}")),
-            _ => bail!("{setting} names {env}, which is not set: export {env} with the value"),
+        match env_nonempty(env) {
+            Some(v) => Secret::new(v.trim().to_string(), &format!("${env}")),
+            None => bail!("{setting} names {env}, which is not set: export {env} with the value"),
         }
     }
 
@@ -83,6 +81,11 @@ impl fmt::Display for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
     }
+}
+
+/// `$name`, when set to more than whitespace.
+pub(crate) fn env_nonempty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// `env` must be a variable's name (letters, digits and `_`, not starting with a digit): a

@@ -8,7 +8,7 @@ use lab_config::{BudgetConfig, BudgetProvider};
 
 use crate::clock::boot_time_unix;
 use crate::provider::Provider;
-use crate::secret::Secret;
+use crate::secret::{env_nonempty, Secret};
 use crate::{lambda, meter, runpod};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,10 +44,6 @@ impl ProviderSettings {
         let env = self.api_key_env.as_deref().unwrap_or(default_env);
         Secret::from_env_or_file(env, self.api_key_file.as_deref())
     }
-}
-
-fn env_nonempty(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
 /// The provider the settings describe, started at `now` when nothing says otherwise.

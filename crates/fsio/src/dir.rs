@@ -50,8 +50,10 @@ pub fn lock_dir_writers(out: &Path) -> Result<fs::File> {
     })
 }
 
-/// Before writing `out` again: an old folder that [`replace_dir`] had moved aside is put back
-/// when the new one never arrived (a kill between its two renames), and removed otherwise.
+/// Before writing `out` again, what killed writers left beside it: an old folder that
+/// [`replace_dir`] had moved aside is put back when the new one never arrived (a kill between
+/// its two renames) and removed otherwise; temporary folders (`.NAME.tmp-…`, from
+/// [`crate::temp_sibling`]) of other processes are removed.
 pub fn recover_replaced_dir(out: &Path) -> Result<()> {
     let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
         return Ok(());
@@ -61,11 +63,17 @@ pub fn recover_replaced_dir(out: &Path) -> Result<()> {
     } else {
         parent
     };
-    let prefix = format!(".{}.old-", name.to_string_lossy());
+    let name = name.to_string_lossy();
+    let (aside_prefix, temp_prefix) = (format!(".{name}.old-"), format!(".{name}.tmp-"));
+    let ours = format!(".tmp-{}-", std::process::id());
     for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
         let entry_name = entry.file_name().to_string_lossy().into_owned();
+        if entry_name.starts_with(&temp_prefix) && !entry_name.contains(&ours) {
+            let _ = fs::remove_dir_all(entry.path());
+            continue;
+        }
         // `.NAME.old-PID` only (another folder's temporary name may start the same way).
-        let pid = entry_name.strip_prefix(&prefix).unwrap_or_default();
+        let pid = entry_name.strip_prefix(&aside_prefix).unwrap_or_default();
         if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }

@@ -83,7 +83,7 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
         .unwrap_or(Path::new("."));
     fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
     let _writing = lab_fsio::lock_dir_writers(out)?;
-    remove_stale_stages(out)?;
+    lab_fsio::recover_replaced_dir(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(&stage).with_context(|| format!("cannot create {}", stage.display()))?;
@@ -132,29 +132,6 @@ pub fn export(opts: &ExportOptions) -> Result<Manifest> {
             Err(e)
         }
     }
-}
-
-/// What a killed export to `out` left behind: an earlier export it had moved aside comes back
-/// (when the new one never arrived), its temporary folders go.
-pub(crate) fn remove_stale_stages(out: &Path) -> Result<()> {
-    lab_fsio::recover_replaced_dir(out)?;
-    let (Some(parent), Some(name)) = (out.parent(), out.file_name()) else {
-        return Ok(());
-    };
-    let prefix = format!(".{}.tmp-", name.to_string_lossy());
-    let ours = format!(".tmp-{}-", std::process::id());
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-    for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
-        let n = entry.file_name().to_string_lossy().into_owned();
-        if n.starts_with(&prefix) && !n.contains(&ours) {
-            let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-    Ok(())
 }
 
 /// The run folder's config and data are the ones the checkpoint was trained with (a refused

@@ -53,7 +53,7 @@ pub fn export_hf(run: &Path, out: &Path, choice: CheckpointChoice) -> Result<()>
         .unwrap_or(lab_data::gpt2::GPT2_EOT as u64) as u32;
 
     let _writing = lab_fsio::lock_dir_writers(out)?;
-    crate::export::remove_stale_stages(out)?;
+    lab_fsio::recover_replaced_dir(out)?;
     let stage = lab_fsio::temp_sibling(out);
     let _ = fs::remove_dir_all(&stage);
     fs::create_dir_all(&stage).with_context(|| format!("cannot create {}", stage.display()))?;

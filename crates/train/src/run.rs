@@ -572,13 +572,15 @@ impl Run {
         policies: &Policies,
     ) -> Result<PathBuf> {
         let tc = self.cfg.train.clone();
+        // What a stop compares with (`saved`), serialized once.
+        let kept = policies.save();
         let train_state = TrainState {
             step: state.step,
             optimizer_updates: state.optim.updates(),
             param_updates: self.dp.all_counts(state.optim.param_updates())?,
             cursor: state.cursor.clone(),
             rollbacks: state.rollbacks,
-            policies: policies.save(),
+            policies: kept.clone(),
             data_sha256: self.data_sha.clone(),
             stability: serde_json::to_value(self.cfg.stability())?,
             seed: tc.seed,
@@ -592,7 +594,7 @@ impl Run {
             files: Default::default(),
         };
         let dir = self.save(state, train_state)?;
-        self.saved = Some((state.step, state.rollbacks, policies.save()));
+        self.saved = Some((state.step, state.rollbacks, kept));
         if !self.leader() {
             return Ok(dir);
         }
