@@ -119,6 +119,8 @@ mod tests {
     use signal_hook::low_level::raise;
 
     use super::*;
+    use crate::policy::{Decision, Journal, StepPolicy, StepView, Stop};
+    use crate::stream::StepData;
 
     const CASE: &str = "LAB_SIGNALS_TEST_CASE";
     /// The child's exit status when its case saw what it expected and was not ended.
@@ -209,9 +211,54 @@ mod tests {
                 stop(SIGINT); // b is still armed
                 assert_eq!(b.received(), Some(SIGINT));
             }
+            "in_the_last_step" => {
+                let mut policy = crate::stability::Signals(StopSignal::install().unwrap());
+                stop(SIGTERM); // while the last step computes: no step comes after it
+                assert_eq!(
+                    last_step_ends(&mut policy),
+                    Decision::Stop(Stop::Interrupted { signal: SIGTERM })
+                );
+            }
             other => panic!("no case {other}"),
         }
         std::process::exit(SURVIVED);
+    }
+
+    /// What the signal policy says once the last of 10 steps is applied and logged.
+    fn last_step_ends(policy: &mut crate::stability::Signals) -> Decision {
+        let data = StepData {
+            micro: Vec::new(),
+            ranges: Vec::new(),
+            injected: false,
+            offsets: Vec::new(),
+            stats: Default::default(),
+        };
+        let view = StepView {
+            step: 9,
+            total_steps: 10,
+            loss: 1.0,
+            grad_norm: 1.0,
+            clip_scale: 1.0,
+            lr: 1e-3,
+            data: &data,
+            steps_this_session: 10,
+            elapsed_s: 1.0,
+            at_checkpoint: true,
+            at_log: true,
+            val_loss: None,
+        };
+        policy.after_update(&view, &mut Silent)
+    }
+
+    /// A journal that keeps nothing.
+    struct Silent;
+
+    impl Journal for Silent {
+        fn event(&mut self, _: u64, _: &str, _: serde_json::Value) {}
+        fn alert(&mut self, _: &str) {}
+        fn say(&mut self, _: &str) {}
+        fn flag_step(&mut self, _: &str) {}
+        fn metric(&mut self, _: &str, _: f64) {}
     }
 
     /// How a child case ends.
@@ -254,6 +301,11 @@ mod tests {
         assert_ends("after_training", true, Ends::Survives);
         // Armed, it still stops the trainer.
         assert_ends("armed_twice", true, Ends::Exits(128 + SIGINT));
+    }
+
+    #[test]
+    fn a_signal_during_the_last_step_stops_the_run_as_interrupted() {
+        assert_ends("in_the_last_step", false, Ends::Survives);
     }
 
     #[test]

@@ -12,18 +12,29 @@ use crate::policy::{Decision, Journal, Rollback, StepPolicy, StepView, Stop};
 use crate::signals::StopSignal;
 use crate::stream::SampleRange;
 
-/// SIGINT/SIGTERM: stop before the next step, after an emergency checkpoint.
+/// SIGINT/SIGTERM: stop after the update under way (or before the first step), after an
+/// emergency checkpoint. Asked after each update too, so a signal during the last step stops
+/// the run as interrupted rather than going unread.
 pub struct Signals(pub StopSignal);
+
+impl Signals {
+    fn decision(&self) -> Decision {
+        match self.0.received() {
+            Some(signal) => Decision::Stop(Stop::Interrupted { signal }),
+            None => Decision::Continue,
+        }
+    }
+}
 
 impl StepPolicy for Signals {
     fn name(&self) -> &'static str {
         "signals"
     }
     fn before_step(&mut self, _: u64, _: &mut dyn Journal) -> Decision {
-        match self.0.received() {
-            Some(signal) => Decision::Stop(Stop::Interrupted { signal }),
-            None => Decision::Continue,
-        }
+        self.decision()
+    }
+    fn after_update(&mut self, _: &StepView, _: &mut dyn Journal) -> Decision {
+        self.decision()
     }
 }
 
