@@ -222,20 +222,9 @@ fn publish(run_dir: &Path, tmp: &Path, state: &TrainState) -> Result<PathBuf> {
     let json = serde_json::to_string_pretty(state)? + "\n";
     lab_fsio::write_atomic(&tmp.join(STATE), json.as_bytes())?;
 
-    // A checkpoint of this step from an earlier attempt is moved aside, not deleted, until
-    // the new one is in place: a crash in between leaves one of them under a loadable name.
-    let old = run_dir.join(format!(".{name}.old-{}", std::process::id()));
-    let replacing = final_dir.exists();
-    if replacing {
-        fs::rename(&final_dir, &old)
-            .with_context(|| format!("cannot move aside {}", final_dir.display()))?;
-    }
-    fs::rename(tmp, &final_dir)
-        .with_context(|| format!("cannot rename checkpoint into {}", final_dir.display()))?;
-    lab_fsio::sync_parent(&final_dir)?;
-    if replacing {
-        fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
+    // A checkpoint of this step from an earlier attempt is replaced in one step (or moved
+    // aside, where [`list`] puts it back): a crash leaves one of them under a loadable name.
+    lab_fsio::replace_dir(tmp, &final_dir)?;
     lab_fsio::write_atomic(&run_dir.join(LATEST), format!("{name}\n").as_bytes())?;
     Ok(final_dir)
 }
@@ -550,6 +539,20 @@ mod tests {
         assert_eq!(list(dir.path()).unwrap().len(), 1);
         prune(dir.path(), &[10], 5, 10, 10).unwrap();
         assert!(!dir.path().join(".step-00000030.tmp-999999").exists());
+    }
+
+    #[test]
+    fn a_step_saved_again_replaces_the_earlier_copy_and_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        save_maps(dir.path(), 10, 1.0, 2.0).unwrap();
+        save_maps(dir.path(), 10, 3.0, 4.0).unwrap();
+        let loaded = load(&dir.path().join("step-00000010"), &every).unwrap();
+        assert_eq!(loaded.model, tensors(3.0));
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
     }
 
     #[test]
