@@ -744,7 +744,7 @@ fn bad_input_is_one_line_exit_1_and_bad_flags_exit_2() {
         "--api-key-env",
         PLANTED_KEY,
     ]);
-    assert_eq!(code, Some(1));
+    assert_eq!(code, Some(2), "a flag's value: a usage error");
     assert!(
         err.contains("--api-key-env") && err.lines().count() == 1 && !err.contains(PLANTED_KEY),
         "{err}"

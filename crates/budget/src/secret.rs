@@ -91,7 +91,7 @@ pub(crate) fn env_nonempty(name: &str) -> Option<String> {
 /// `env` must be a variable's name (letters, digits and `_`, not starting with a digit): a
 /// key or a webhook URL given where its variable's name belongs is refused without being
 /// shown.
-fn check_env_name(env: &str, setting: &str) -> Result<()> {
+pub fn check_env_name(env: &str, setting: &str) -> Result<()> {
     let is_name = env.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         && env.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
     if !is_name {

@@ -198,10 +198,17 @@ fn flatten(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
     }
 }
 
-/// Logs the run folder of `files` (and, when given, the export folder's files as artifacts).
-pub fn log_run(uri: &str, files: &RunFiles, artifacts: Option<&Path>) -> Result<Logged> {
+/// Creates the store at `uri` (as MLflow does on a run's start) where it is missing: a store
+/// lab cannot write fails here, before a run's work, not once the run is over.
+pub fn open(uri: &str) -> Result<PathBuf> {
     let root = store_root(uri)?;
     open_store(&root)?;
+    Ok(root)
+}
+
+/// Logs the run folder of `files` (and, when given, the export folder's files as artifacts).
+pub fn log_run(uri: &str, files: &RunFiles, artifacts: Option<&Path>) -> Result<Logged> {
+    let root = open(uri)?;
     let Some(cfg) = &files.config else {
         bail!("{} has no config.toml to log", files.dir.display());
     };

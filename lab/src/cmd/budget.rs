@@ -175,8 +175,11 @@ fn provider_settings(p: &ProviderArgs) -> Result<(ProviderSettings, BudgetConfig
         }
         s.base_url = Some(u.clone());
     }
-    if p.api_key_env.is_some() {
-        s.api_key_env = p.api_key_env.clone();
+    if let Some(env) = &p.api_key_env {
+        if let Err(e) = lab_budget::secret::check_env_name(env, "--api-key-env") {
+            super::bail_usage!("{e:#}");
+        }
+        s.api_key_env = Some(env.clone());
     }
     if p.api_key_file.is_some() {
         s.api_key_file = p.api_key_file.clone();

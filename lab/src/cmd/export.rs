@@ -88,7 +88,7 @@ fn check_destinations(args: &Args) -> Result<()> {
 /// `--mlflow-uri` before any work: a store lab cannot write is a usage error now, not a
 /// warning once the run is over.
 pub fn check_mlflow_uri(uri: Option<&str>) -> Result<()> {
-    if let Some(Err(e)) = uri.map(lab_report::mlflow::store_root) {
+    if let Some(Err(e)) = uri.map(lab_report::mlflow::open) {
         super::bail_usage!("{e:#}");
     }
     Ok(())
