@@ -229,6 +229,34 @@ mod tests {
         let r = Redactor::new(None);
         let text = "In 2010, about 5 in 100,000 adults had ALL. See https://www.cancer.gov/types/leukemia for more.";
         assert_eq!(r.redact(text).0, text);
+        // Labels followed by values that are not identifiers.
+        let text = "Serial 12-lead ECGs in age group 18-64; VIN 3 on biopsy; policy 2020 on \
+                    COVID-19; device HbA1c; a lot 500mg.";
+        assert_eq!(r.redact(text).0, text);
+    }
+
+    #[test]
+    fn identifiers_after_a_bare_label_are_redacted() {
+        let r = Redactor::new(None);
+        for (text, want) in [
+            ("VIN 1HGCM82633A004352 noted.", "VIN [VEHICLE] noted."),
+            (
+                "Her license plate is 4ABC123.",
+                "Her license plate is [VEHICLE].",
+            ),
+            ("Plate number MA 7XYZ21.", "Plate number MA [VEHICLE]."),
+            ("Pump S/N 778123-X.", "Pump S/N [DEVICE]."),
+            (
+                "The device serial SN-99812-A.",
+                "The device serial [DEVICE].",
+            ),
+            ("Acct 12345678 billed.", "Acct [ACCOUNT] billed."),
+            ("NPI 1234567890.", "NPI [LICENSE]."),
+            ("Driver's license S12345678.", "Driver's license [LICENSE]."),
+            ("Policy 99887766 active.", "Policy [HEALTH_PLAN] active."),
+        ] {
+            assert_eq!(r.redact(text).0, want);
+        }
     }
 
     #[test]

@@ -26,11 +26,6 @@ fn always(_: &Captures) -> bool {
     true
 }
 
-fn has_digit(c: &Captures) -> bool {
-    let label = c.name("pre").map_or(0, |m| m.len());
-    c[0][label..].bytes().any(|b| b.is_ascii_digit())
-}
-
 /// "Springfield, IL" is a city; "Abdominal Ultrasound, CT scan" is not, nor is "Disease
 /// Research Center, Washington" (an institution).
 fn is_city(c: &Captures) -> bool {
@@ -85,18 +80,44 @@ fn valid_ipv4(c: &Captures) -> bool {
     c[0].split('.').all(|o| o.parse::<u8>().is_ok())
 }
 
-/// A labelled identifier rule: `labels` (case-insensitive), then "number/no/#/id" or a colon
-/// (so "serial 12-lead ECGs" and "age group 18-64" are not identifiers), then an identifier
-/// with a digit.
-fn labelled(phi: Phi, labels: &str) -> Rule {
+/// A labelled identifier rule: one or more `labels` (case-insensitive, "device serial"), then
+/// either "number/no/#/id" or a colon and an identifier with a digit, or (optionally after
+/// "is"/"was") a value that looks like an identifier by itself ([`looks_like_identifier`]:
+/// "VIN 1HGCM82633A004352", "Acct 12345678", but not "serial 12-lead ECGs" or "age group
+/// 18-64"). `before_id` may take a word kept before the identifier (a plate's state).
+fn labelled(phi: Phi, labels: &str, before_id: &str) -> Rule {
     Rule {
         phi,
         re: Regex::new(&format!(
-            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]*(?:number|num|no\.?|#|id|identifier)[ \t]*[:#]?|[ \t]*[:#])[ \t]*){ID}"
+            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]+(?:{labels}))*(?:(?P<sep>[ \t]*(?:number|num|no\.?|#|id|identifier)[ \t]*[:#]?|[ \t]*[:#])|[ \t]+(?:(?:is|was)[ \t]+)?)[ \t]*{before_id}){ID}"
         ))
         .expect("labelled rule compiles"),
-        accept: has_digit,
+        accept: labelled_identifier,
     }
+}
+
+/// After "number", "#" or a colon, any value with a digit; after the bare label, one that
+/// looks like an identifier.
+fn labelled_identifier(c: &Captures) -> bool {
+    let label = c.name("pre").map_or(0, |m| m.len());
+    let value = &c[0][label..];
+    match c.name("sep") {
+        Some(_) => value.bytes().any(|b| b.is_ascii_digit()),
+        None => looks_like_identifier(value),
+    }
+}
+
+/// A value that is an identifier without a label saying so: a run of five or more digits
+/// ("12345678"), or three or more digits with a capital letter ("4ABC123", "SN-99812-A").
+/// Not a range ("18-64"), a year ("2020"), a dose ("500mg") or a term ("12-lead", "COVID-19").
+fn looks_like_identifier(value: &str) -> bool {
+    let digits = value.bytes().filter(u8::is_ascii_digit).count();
+    let longest_run = value
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    longest_run >= 5 || (digits >= 3 && value.bytes().any(|b| b.is_ascii_uppercase()))
 }
 
 fn rule(phi: Phi, pattern: &str, accept: fn(&Captures) -> bool) -> Rule {
@@ -140,22 +161,28 @@ pub fn rules() -> Vec<Rule> {
         labelled(
             Phi::HealthPlan,
             r"health\s+plan(?:\s+beneficiary)?|beneficiary|member|subscriber|policy|insurance|insurance\s+policy|medicaid|medicare|group",
+            "",
         ),
         labelled(
             Phi::Account,
             r"account|acct\.?|billing\s+account|invoice|encounter",
+            "",
         ),
         labelled(
             Phi::License,
             r"(?:driver'?s\s+)?licen[cs]e|dea|npi|certificate|certification|board\s+certification",
+            "",
         ),
         labelled(
             Phi::Vehicle,
             r"vin|vehicle(?:\s+identification)?|license\s+plate|plate",
+            // "Plate number MA 7XYZ21": the state stays, as everywhere.
+            &format!(r"(?:(?-i:{STATE_CODES})[ \t]+)?"),
         ),
         labelled(
             Phi::Device,
-            r"serial|device|udi|implant(?:\s+serial)?|pacemaker\s+serial|lot",
+            r"serial|device|udi|implant(?:\s+serial)?|pacemaker\s+serial|lot|s/n",
+            "",
         ),
         rule(
             Phi::Fax,
