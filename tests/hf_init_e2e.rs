@@ -216,6 +216,16 @@ fn a_tokenizer_swap_copies_shared_rows_composes_new_ones_and_records_the_counts(
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("tokenizer swap gpt2 → "), "{stdout}");
+    // A perplexity on another tokenizer's tokens is refused, whichever vocabulary is larger.
+    let (source_run, gpt2_data) = (tmp.path().join("source"), data_dir());
+    for (run, other) in [(&source_run, &data), (&run, &gpt2_data)] {
+        let mut eval = lab();
+        eval.args(["eval", "--run"])
+            .arg(run)
+            .arg("--data")
+            .arg(other);
+        expect_one_line_error(&mut eval, "prepare it with the run's tokenizer");
+    }
 
     let swap = &event(&run, "init_from_hf")["tokenizer_swap"];
     assert_eq!(swap["from"], "gpt2");

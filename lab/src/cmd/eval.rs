@@ -1,14 +1,14 @@
 //! `lab eval --run DIR`: perplexity overall and by document type, multiple-choice probes and
 //! the memorization probe, on a run's checkpoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use lab_corpus::tokenize::Tokenizer;
 use lab_eval::mc::{self, McOptions};
 use lab_eval::memorize;
-use lab_report::run_model::load_run_model;
+use lab_report::run_model::{load_run_model, RunModel};
 use lab_train::TrainBackend;
 use serde_json::{json, Value};
 
@@ -59,6 +59,48 @@ impl lab_train::backend::OnBackend for Args {
     }
 }
 
+/// A perplexity means something only on tokens of the run's own tokenizer: a data folder
+/// prepared with another is refused in one line (its ids may not even fit the model).
+fn check_same_tokenizer<B: burn::tensor::backend::Backend>(
+    dir: &Path,
+    meta: &lab_data::Meta,
+    rm: &RunModel<B>,
+) -> Result<()> {
+    let fix = "prepare it with the run's tokenizer (lab data prepare --tokenizer …)";
+    let vocab = rm.cfg.model.vocab_size;
+    if meta.vocab_size > vocab {
+        bail!(
+            "--data {}: its tokenizer {} has {} ids, more than the model's {vocab}: {fix}",
+            dir.display(),
+            meta.tokenizer,
+            meta.vocab_size
+        );
+    }
+    let (Some(run_meta), Some(run_data)) = (&rm.meta, &rm.data_dir) else {
+        return Ok(());
+    };
+    let identity = |spec: &str, data: &Path| -> Option<String> {
+        let found = Tokenizer::locate_for_data(spec, data).ok()?;
+        match lab_fsio::sha256_file(Path::new(&found)) {
+            Ok(sha) => Some(sha),
+            Err(_) => Some(found), // a name (gpt2)
+        }
+    };
+    let (theirs, ours) = (
+        identity(&meta.tokenizer, dir),
+        identity(&run_meta.tokenizer, run_data),
+    );
+    if theirs.is_some() && ours.is_some() && theirs != ours {
+        bail!(
+            "--data {} was tokenized by {}, not by the run's tokenizer {}: {fix}",
+            dir.display(),
+            meta.tokenizer,
+            run_meta.tokenizer
+        );
+    }
+    Ok(())
+}
+
 fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Value> {
     let choice = super::checkpoint_choice(&a.checkpoint)?;
     let rm = load_run_model::<B>(&a.run, choice, device)?;
@@ -72,6 +114,7 @@ fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Valu
             bail!("{} records no data dir: pass --data", a.run.display());
         };
         let meta = lab_data::Meta::load(&dir)?;
+        check_same_tokenizer(&dir, &meta, &rm)?;
         let file = lab_data::TokenFile::open(&dir, &a.file, &meta)?;
         let p = lab_eval::perplexity::perplexity(
             &rm.model,
