@@ -18,7 +18,7 @@ fn lab_run_with_no_spec_ends_with_a_passing_dod_and_every_artifact() {
     ] {
         assert!(stdout.contains(stage), "{stage}:\n{stdout}");
     }
-    assert!(stdout.contains("PASS: 7 of 7 checks pass"), "{stdout}");
+    assert!(stdout.contains("PASS: 8 of 8 checks pass"), "{stdout}");
 
     // The run learned: from ln(50257) = 10.8 to well below, through the injected spike.
     let run = cwd.path().join("runs/lab-tiny-cpu");

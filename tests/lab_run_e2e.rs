@@ -36,7 +36,7 @@ fn finished_lab() -> &'static Path {
         micro_lab(&dir);
         let out = run_ok(&mut lab_run(&dir));
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("PASS: 7 of 7 checks pass"), "{text}");
+        assert!(text.contains("PASS: 8 of 8 checks pass"), "{text}");
         dir
     })
 }
@@ -225,6 +225,17 @@ fn exporting_an_earlier_checkpoint_fails_the_completed_check() {
         c["found"].as_str().unwrap().contains("weights of step 40"),
         "{c}"
     );
+    // The loss check reads metrics.csv's row of step 40, not the run's last evaluation.
+    let val = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "final-val-loss")
+        .unwrap();
+    assert!(
+        !val["found"].as_str().unwrap().contains("metrics.csv"),
+        "{val}"
+    );
 }
 
 #[test]
@@ -238,7 +249,7 @@ fn a_lab_whose_spike_is_rolled_back_still_passes_its_dod() {
     std::fs::write(&page, text).unwrap();
     let out = run_ok(&mut lab_run(dir.path()));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("PASS: 7 of 7 checks pass"), "{stdout}");
+    assert!(stdout.contains("PASS: 8 of 8 checks pass"), "{stdout}");
     assert!(
         stdout.contains("confirmed: step 30 (loss_spike"),
         "{stdout}"
@@ -265,6 +276,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
         cases,
         [
             "manifest",
+            "artifacts",
             "completed",
             "final-val-loss",
             "final-weights",
@@ -294,7 +306,8 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
         f(&mut m);
         std::fs::write(d.join("manifest.json"), m.to_string()).unwrap();
     };
-    let fails = |d: &Path, spec: &Path, check: &str, needle: &str| {
+    // `check` fails, saying `needle`; so does `artifacts` where a listed file was edited.
+    let fails_with = |d: &Path, spec: &Path, check: &str, needle: &str, edited: bool| {
         let out = dod(dir, d, spec, "json");
         assert_eq!(out.status.code(), Some(1), "{check} should fail");
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -313,14 +326,25 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
         assert!(
             !c["expected"].as_str().unwrap().is_empty() && !c["why"].as_str().unwrap().is_empty()
         );
-        let passed = v["checks"]
+        let failed: Vec<&str> = v["checks"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|c| c["passed"] == true)
-            .count();
-        assert_eq!(passed, 6, "only {check} fails: {v}");
+            .filter(|c| c["passed"] == false)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        let want = if edited {
+            vec!["artifacts", check]
+        } else {
+            vec![check]
+        };
+        assert_eq!(failed, want, "{v}");
     };
+    let fails = |d: &Path, spec: &Path, check: &str, needle: &str| {
+        fails_with(d, spec, check, needle, false)
+    };
+    let fails_edited =
+        |d: &Path, check: &str, needle: &str| fails_with(d, &spec, check, needle, true);
 
     let d = copy("no-seed");
     edit_manifest(&d, &|m| {
@@ -344,7 +368,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
     let at = bytes.len() - 10;
     bytes[at] ^= 0x01;
     std::fs::write(d.join("final.safetensors"), bytes).unwrap();
-    fails(&d, &spec, "final-weights", "but the manifest says");
+    fails_edited(&d, "final-weights", "but the manifest says");
 
     let d = copy("spent");
     edit_manifest(&d, &|m| m["cost"]["total_usd"] = 1.5.into());
@@ -352,7 +376,7 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
 
     let d = copy("no-postmortem");
     std::fs::remove_file(d.join("spike-postmortem.md")).unwrap();
-    fails(&d, &spec, "spike-postmortem", "no spike-postmortem.md");
+    fails_edited(&d, "spike-postmortem", "no spike-postmortem.md");
 
     let d = copy("wrong-step");
     let md = std::fs::read_to_string(d.join("spike-postmortem.md")).unwrap();
@@ -361,7 +385,19 @@ fn dod_fails_each_crafted_bad_run_with_a_precise_message() {
         md.replace("## Spike at step 30", "## Spike at step 12"),
     )
     .unwrap();
-    fails(&d, &spec, "spike-postmortem", "step 12");
+    fails_edited(&d, "spike-postmortem", "step 12");
+
+    // Files the manifest lists, gone or edited after the export.
+    let d = copy("tampered");
+    std::fs::remove_file(d.join("throughput.png")).unwrap();
+    let card = std::fs::read_to_string(d.join("MODEL_CARD.md")).unwrap();
+    std::fs::write(d.join("MODEL_CARD.md"), card + "Edited.\n").unwrap();
+    fails(
+        &d,
+        &spec,
+        "artifacts",
+        "MODEL_CARD.md changed, throughput.png missing",
+    );
 }
 
 #[test]
@@ -571,7 +607,7 @@ fn kill_9_at_each_stage_then_lab_run_again_finishes_and_passes() {
         assert_eq!(left, 0, "an orphan sidecar after killing at {what}");
     }
     let out = run_ok(&mut lab_run(dir.path()));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS: 7 of 7 checks pass"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("PASS: 8 of 8 checks pass"));
     assert_eq!(
         sha256(&dir.path().join(EXPORT).join("final.safetensors")),
         want,
@@ -657,7 +693,7 @@ fn a_page_with_run_prepare_goes_from_raw_text_to_a_passing_dod() {
     );
     let out = run_ok(&mut lab_run(dir.path()));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("PASS: 7 of 7 checks pass"), "{stdout}");
+    assert!(stdout.contains("PASS: 8 of 8 checks pass"), "{stdout}");
     // The same tokens as the bundled corpus `data = "tinyshakespeare"` prepares.
     let prepared = dir.path().join("data/shakespeare");
     let bundled = dir.path().join("bundled");
@@ -742,6 +778,13 @@ fn an_export_replaces_only_an_earlier_export_and_never_the_users_files() {
     let mut both = export(&out, "--output");
     both.arg("--hf").arg(&notes);
     expect_one_line_error(&mut both, "is not an earlier export");
+    assert!(!out.exists());
+    // A --budget file that is missing, or holds no spend, is refused, not recorded as none.
+    for budget in [tmp.path().join("missing.json"), file.clone()] {
+        let mut c = export(&out, "--output");
+        c.arg("--budget").arg(&budget);
+        expect_one_line_error(&mut c, "--budget");
+    }
     assert!(!out.exists());
 
     // An earlier export, and an empty folder, are replaced; so is an earlier HF folder.

@@ -36,7 +36,10 @@ pub struct CheckSpec {
 pub enum Kind {
     /// manifest.json exists and holds every dotted field of `require`.
     Manifest { require: Vec<String> },
-    /// The final validation loss (manifest, confirmed by metrics.csv) lies in [min, max].
+    /// Every file manifest.json lists under `artifacts` is in the folder with that sha256.
+    Artifacts,
+    /// The final validation loss (manifest, confirmed by metrics.csv's row of the step it was
+    /// measured at) lies in [min, max].
     ValLoss { min: f64, max: f64 },
     /// final.safetensors has the manifest's sha256, loads into the run's model, and saves
     /// back to the same bytes.
@@ -133,6 +136,7 @@ pub fn check(dir: &Path, spec: &Spec) -> Verdict {
 fn expected_of(kind: &Kind) -> String {
     match kind {
         Kind::Manifest { require } => format!("manifest.json with {}", require.join(", ")),
+        Kind::Artifacts => "every file manifest.json lists, with its sha256".into(),
         Kind::ValLoss { min, max } => format!("final val loss in [{min}, {max}]"),
         Kind::Weights => "final.safetensors matching the manifest, round-tripping".into(),
         Kind::Spend { cap_usd } => match cap_usd {
@@ -188,21 +192,27 @@ fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) 
                     expected,
                 ));
             };
+            // The row of the step it was measured at: an export of an earlier checkpoint
+            // carries the whole run's metrics.
+            let at = manifest()?["final_metrics"]["val_step"].as_u64();
             let csv = read_metrics_csv(&dir.join("metrics.csv"))?;
             let logged = csv
                 .iter()
                 .rev()
-                .find(|(_, n, _)| n == "val_loss")
+                .find(|(step, n, _)| n == "val_loss" && at.is_none_or(|at| *step == at))
                 .map(|r| r.2);
             if logged != Some(val) {
+                let row = at.map_or("last val_loss".into(), |s| format!("val_loss at step {s}"));
+                let logged = logged.map_or("missing".into(), |v| v.to_string());
                 return Ok((
                     false,
-                    format!("manifest says {val} but metrics.csv's last val_loss is {logged:?}"),
+                    format!("manifest says {val} but metrics.csv's {row} is {logged}"),
                     expected,
                 ));
             }
             ((*min..=*max).contains(&val), format!("{val:.4}"), expected)
         }
+        Kind::Artifacts => artifacts(dir, manifest()?, expected)?,
         Kind::Weights => weights(dir, manifest()?, expected)?,
         Kind::Spend { cap_usd } => {
             let cost = &manifest()?["cost"];
@@ -284,6 +294,27 @@ fn completed(m: &Value, expected: String) -> Outcome {
         found,
         expected,
     )
+}
+
+/// The files the manifest vouches for, each hashed again: a file missing or changed since the
+/// export fails, named.
+fn artifacts(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
+    let Some(listed) = m["artifacts"].as_object().filter(|a| !a.is_empty()) else {
+        return Ok((false, "manifest.json lists no artifacts".into(), expected));
+    };
+    let mut problems = Vec::new();
+    for (name, sha) in listed {
+        let path = dir.join(name);
+        match lab_fsio::sha256_file(&path) {
+            Ok(actual) if Some(actual.as_str()) == sha.as_str() => {}
+            Ok(_) => problems.push(format!("{name} changed")),
+            Err(_) => problems.push(format!("{name} missing")),
+        }
+    }
+    Ok(match problems.is_empty() {
+        true => (true, format!("{} files match", listed.len()), expected),
+        false => (false, problems.join(", "), expected),
+    })
 }
 
 fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
