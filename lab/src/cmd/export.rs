@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use lab_report::{ExportOptions, RunFiles};
 
 #[derive(clap::Args)]
@@ -35,6 +35,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let choice = super::checkpoint_choice(&args.checkpoint)?;
     check_destinations(&args)?;
     check_mlflow_uri(args.mlflow_uri.as_deref())?;
+    if let Some(budget) = &args.budget {
+        check_budget_file(budget)?;
+    }
     if let Some(out) = &args.output {
         let m = lab_report::export(&ExportOptions {
             run: args.run.clone(),
@@ -81,6 +84,23 @@ fn check_destinations(args: &Args) -> Result<()> {
     }
     if args.output.is_some() && args.output == args.hf {
         super::bail_usage!("--output and --hf name the same folder: give each its own");
+    }
+    Ok(())
+}
+
+/// `--budget F` names the spend to record: a file that is missing or holds no spend is an
+/// error now, not a manifest without its cost.
+fn check_budget_file(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--budget {}: cannot read it", path.display()))?;
+    let spent = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v["spent_usd"].as_f64());
+    if spent.is_none() {
+        bail!(
+            "--budget {}: not a budget.json with a spent_usd (the sidecar's file, or leave --budget out to use the run's)",
+            path.display()
+        );
     }
     Ok(())
 }
