@@ -196,3 +196,20 @@ fn usage_errors_exit_2() {
         );
     }
 }
+
+/// `lab plan … | head`: a reader that stops early ends the printing command as SIGPIPE ends
+/// any Unix tool's, without a panic's "internal error".
+#[test]
+fn a_closed_pipe_ends_a_report_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader); // closed before lab writes a byte
+    let out = Command::new(env!("CARGO_BIN_EXE_lab"))
+        .args(["plan", "--config", "configs/med-7b-256xa100.toml"])
+        .current_dir(repo())
+        .stdout(writer)
+        .output()
+        .expect("runs lab");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{:?}", out.status);
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+}

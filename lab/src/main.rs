@@ -77,7 +77,35 @@ fn main() -> ExitCode {
     keep_freed_pages();
     crash::install();
     let cli = Cli::parse(); // usage errors exit 2 (clap)
+    if cli.command.only_reports() {
+        end_quietly_on_a_closed_pipe();
+    }
     crash::exit_code_of(|| run(cli.command))
+}
+
+impl Command {
+    /// Commands that only read and print: piped into `head` or `grep -m1`, they may stop
+    /// when the reader has seen enough. The rest write runs, data or exports, or talk to a
+    /// job, and keep Rust's default (a write to a closed pipe is an error they handle).
+    fn only_reports(&self) -> bool {
+        matches!(
+            self,
+            Command::Plan(_)
+                | Command::Status(_)
+                | Command::Compare(_)
+                | Command::Dod(_)
+                | Command::Eval(_)
+                | Command::Generate(_)
+        ) || matches!(self, Command::Data(a) if a.only_reports())
+    }
+}
+
+/// SIGPIPE back to its default action, as in any Unix tool: a closed pipe ends the process
+/// silently instead of a "failed printing to stdout" panic. Rust starts programs with it
+/// ignored.
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: restores a signal's default disposition before any other thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }
 
 fn run(command: Command) -> ExitCode {

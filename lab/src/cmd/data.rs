@@ -15,6 +15,16 @@ pub struct Args {
     pub command: DataCommand,
 }
 
+impl Args {
+    /// `shards` and `deid-probe` only print (see `main`'s closed-pipe handling).
+    pub fn only_reports(&self) -> bool {
+        matches!(
+            self.command,
+            DataCommand::Shards(_) | DataCommand::DeidProbe(_)
+        )
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum DataCommand {
     /// Corpus → clean/dedup/redact/decontaminate → tokenize → train.bin / val.bin + meta.json.
