@@ -558,6 +558,14 @@ fn status_reads_a_run_in_progress_and_a_finished_one() {
         "{stderr}"
     );
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    // A refresh interval no sleep can take is a usage error, not a panic.
+    for interval in ["inf", "NaN", "0"] {
+        let mut c = lab();
+        c.args(["status", "--watch", "--interval", interval, "--run"])
+            .arg(&done);
+        expect_usage_error(&mut c, "--interval");
+    }
 }
 
 /// Processes whose command line mentions `needle` (orphans would keep billing files fresh).

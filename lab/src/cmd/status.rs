@@ -27,6 +27,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
+    // An hour at most: `inf` or `1e300` would not fit a sleep, NaN never ends one.
+    if !(0.2..=3600.0).contains(&args.interval) {
+        super::bail_usage!(
+            "--interval {} must be from 0.2 to 3600 seconds",
+            args.interval
+        );
+    }
     loop {
         let s = lab_report::status::status_fitted_until(&args.run, args.fit_until)?;
         if args.json {
@@ -40,6 +47,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
         if !args.watch || s.state != "running" {
             return Ok(ExitCode::SUCCESS);
         }
-        std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.2)));
+        std::thread::sleep(Duration::from_secs_f64(args.interval));
     }
 }
