@@ -17,4 +17,5 @@ mod parallel_e2e;
 mod plan_cli;
 mod precision_e2e;
 mod spike_e2e;
+mod supervise_cli;
 mod train_e2e;

@@ -14,7 +14,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -62,6 +62,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .spawn()
             .with_context(|| format!("cannot start {program}"))?;
         let status = wait_passing_signals(&mut child, &stop)?;
+        let group = child.id() as i32;
         let why = describe(&status);
         let code = status.code();
         if stop.load(Ordering::SeqCst) != 0 || code.is_some_and(|c| FINAL.contains(&c)) {
@@ -76,6 +77,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
                 args.max_restarts
             );
         }
+        end_what_is_left(group);
         restarts += 1;
         eprintln!(
             "lab supervise: the job {why} (a rank died or was preempted); restart {restarts} of {} from the latest checkpoint",
@@ -101,6 +103,35 @@ fn wait_passing_signals(child: &mut std::process::Child, stop: &AtomicUsize) -> 
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Before a restart: the dead job's process group is killed and waited for. A launcher that
+/// died (kill -9 of mpirun, the OOM killer) leaves its ranks running a moment longer, and
+/// they hold the run folder's lock the next launch needs.
+fn end_what_is_left(group: i32) {
+    // SAFETY: signals the process group of the job this supervisor started.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while group_has_a_live_process(group) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process of `group` still runs (zombies hold no locks: their files are closed).
+fn group_has_a_live_process(group: i32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs.flatten().any(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp …": the fields after the command's closing parenthesis.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let (state, pgrp) = (fields.first().copied(), fields.get(2).copied());
+        pgrp == Some(group.to_string().as_str()) && !matches!(state, Some("Z" | "X"))
+    })
 }
 
 fn describe(status: &ExitStatus) -> String {
