@@ -264,15 +264,33 @@ pub fn prelaunch(s: &GuardSettings, reading: &Reading, plan: &PlannedRun, source
             outcome: Outcome::Note,
         }),
     }
-    match plan.hours() {
-        Some((h, how)) => {
-            let projected = spent + rate * h;
-            rows.push(Row {
-                check: "planned run",
-                value: format!("{h:.2} h"),
-                limit: how,
-                outcome: Outcome::Ok,
-            });
+    // The plan's projection, and the sidecar's own (it may know more: the run's ETA, a
+    // resumed run's remaining steps): the larger one decides.
+    let planned = plan.hours().map(|(h, how)| {
+        rows.push(Row {
+            check: "planned run",
+            value: format!("{h:.2} h"),
+            limit: how,
+            outcome: Outcome::Ok,
+        });
+        let p = spent + rate * h;
+        let why = format!(
+            "the planned run is projected at ${p:.2} (spent ${spent:.2} + ${rate:.2}/h × {h:.2} h), above the cap ${cap:.2}"
+        );
+        (p, why)
+    });
+    let sidecar = (file.projected_total_usd > spent).then(|| {
+        let p = file.projected_total_usd;
+        let why =
+            format!("budget.json ({source}) projects a total of ${p:.2}, above the cap ${cap:.2}");
+        (p, why)
+    });
+    match [planned, sidecar]
+        .into_iter()
+        .flatten()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+    {
+        Some((projected, why)) => {
             let row = Row {
                 check: "projected total",
                 value: format!("${projected:.2}"),
@@ -284,14 +302,7 @@ pub fn prelaunch(s: &GuardSettings, reading: &Reading, plan: &PlannedRun, source
                 },
             };
             if projected > cap {
-                refuse(
-                    &mut rows,
-                    row,
-                    format!(
-                        "the planned run is projected at ${projected:.2} (spent ${spent:.2} + \
-                         ${rate:.2}/h × {h:.2} h), above the cap ${cap:.2}"
-                    ),
-                );
+                refuse(&mut rows, row, why);
             } else {
                 rows.push(row);
             }

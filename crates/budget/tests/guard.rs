@@ -304,6 +304,17 @@ fn prelaunch_refuses_for_each_reason_and_prints_the_table() {
     );
     assert!(r.launch());
     assert!(r.render().contains("unknown"));
+    // The sidecar's own projection over the cap refuses too, with or without a plan.
+    let over = BudgetFile {
+        projected_total_usd: 36.0,
+        ..file(0.5, 1.29, NOW)
+    };
+    for p in [PlannedRun::default(), plan] {
+        let r = prelaunch(&s, &read(&over, NOW), &p, "b.json");
+        assert_eq!(r.exit_code(), 4, "{}", r.render());
+        let why = r.refusal.unwrap();
+        assert!(why.contains("projects a total of $36.00"), "{why}");
+    }
     // planned_hours scaled by the steps left when resuming.
     let resume = PlannedRun {
         total_steps: 100,
