@@ -54,6 +54,22 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
             .args(["--step", "30", "--prompt", "To be"]),
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint step 30"));
+    // A prompt past the context (32) keeps its end and still gets the tokens asked for.
+    let long = "To be, or not to be, that is the question. ".repeat(20);
+    let out = run_ok(lab().args(["generate", "--run"]).arg(&run).args([
+        "--prompt",
+        &long,
+        "--max-new-tokens",
+        "10",
+        "--temperature",
+        "0",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("continuing from its last 22")
+            && stderr.contains("[10 tokens, stopped at max tokens"),
+        "{stderr}"
+    );
     // Nothing to continue from is a user mistake (a usage error), not a panic.
     expect_usage_error(
         lab()
@@ -78,6 +94,12 @@ fn generate_streams_and_is_deterministic_for_a_seed() {
         );
     }
     assert!(!tmp.path().join("unused").exists());
+    for flag in ["--batch", "--limit"] {
+        expect_usage_error(
+            lab().args(["eval", flag, "0", "--run"]).arg(&run),
+            &format!("{flag} 0: give at least 1"),
+        );
+    }
 }
 
 #[test]

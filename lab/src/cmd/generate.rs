@@ -96,9 +96,10 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
     let mut out = std::io::stdout();
     let _ = write!(out, "{}", a.prompt);
     let mut stream = Utf8Stream(Vec::new());
+    let prompt = room_to_answer(tok.encode(&a.prompt), rm.model.seq_len(), a.max_new_tokens);
     let (ids, stop) = generate(
         &rm.model,
-        &tok.encode(&a.prompt),
+        &prompt,
         a.max_new_tokens,
         &sampling,
         Some(tok.eot()),
@@ -119,6 +120,21 @@ fn decode<B: lab_model::FusedLayers>(a: &Args, device: &B::Device) -> Result<()>
         rm.step
     );
     Ok(())
+}
+
+/// A prompt too long for the context and the tokens asked for keeps its end (as nanoGPT crops
+/// to its block size), leaving room for the answer: all of it where it fits in half the
+/// context, else half the context. Said on stderr, not done silently.
+fn room_to_answer(prompt: Vec<u32>, context: usize, max_new: usize) -> Vec<u32> {
+    let keep = context.saturating_sub(max_new).max(context / 2).max(1);
+    if prompt.len() <= keep || prompt.len() + max_new <= context {
+        return prompt;
+    }
+    eprintln!(
+        "note: the prompt is {} tokens and the context {context}: continuing from its last {keep}",
+        prompt.len()
+    );
+    prompt[prompt.len() - keep..].to_vec()
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
