@@ -127,6 +127,19 @@ fn an_injected_spike_is_detected_recovers_and_the_postmortem_says_what_metrics_s
     assert!(md.contains("![loss and gradient norm around step 30](spike-step-30.png)"));
     let (ink, colors) = png_ink(&run.join("spike-step-30.png"));
     assert!(ink > 0.02 && colors > 8, "a drawn chart: {ink} {colors}");
+    // --output naming a folder writes the report and its chart inside it.
+    let folder = tmp.path().join("reports");
+    std::fs::create_dir(&folder).unwrap();
+    run_ok(
+        lab()
+            .args(["postmortem", "--run"])
+            .arg(&run)
+            .arg("--output")
+            .arg(&folder),
+    );
+    assert!(
+        folder.join("spike-postmortem.md").is_file() && folder.join("spike-step-30.png").is_file()
+    );
 
     // A run without spikes gets a report that says so plainly.
     let calm = tmp.path().join("calm");

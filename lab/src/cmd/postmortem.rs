@@ -10,14 +10,19 @@ pub struct Args {
     /// The run folder (`lab train --ckpt-dir`).
     #[arg(long)]
     pub run: PathBuf,
-    /// Where to write the markdown (PNGs go beside it). Default: RUN/spike-postmortem.md.
+    /// Where to write the markdown (PNGs go beside it); a folder gets spike-postmortem.md
+    /// inside it. Default: RUN/spike-postmortem.md.
     #[arg(long)]
     pub output: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
     let pm = lab_report::Postmortem::read(&args.run)?;
-    let out = pm.write(args.output.as_deref())?;
+    let output = args.output.map(|o| match o.is_dir() {
+        true => o.join("spike-postmortem.md"),
+        false => o,
+    });
+    let out = pm.write(output.as_deref())?;
     match pm.spikes.len() {
         0 => println!(
             "no loss spike in {}; report: {}",
