@@ -442,4 +442,53 @@ fn out_of_range_flags_are_usage_errors_and_huge_shard_plans_one_line_errors() {
         "1024",
     ]);
     assert!(one_line_error(&o).contains("overflows"));
+    // Counts at 0: usage errors naming the flag, in shards and in tokenizer training.
+    let shards = |zero: &str| {
+        let mut args = vec!["data", "shards", "--data-dir", &data];
+        for (flag, v) in [
+            ("--nodes", "1"),
+            ("--gpus-per-node", "2"),
+            ("--seq-len", "32"),
+        ] {
+            args.extend([flag, if flag == zero { "0" } else { v }]);
+        }
+        args.extend(["--global-batch-tokens", "1024"]);
+        if zero == "--shards-per-rank" {
+            args.extend([zero, "0"]);
+        }
+        lab(&args)
+    };
+    for flag in ["--nodes", "--seq-len", "--shards-per-rank"] {
+        assert!(usage_error(&shards(flag)).contains(&format!("{flag} must be at least 1")));
+    }
+    let tok = tmp.path().join("tok.json").display().to_string();
+    for (flag, value) in [
+        ("--vocab-size", "0"),
+        ("--sample-bytes", "0"),
+        ("--min-frequency", "0"),
+    ] {
+        let o = lab(&[
+            "tokenizer",
+            "train",
+            "--input",
+            &input,
+            "--output",
+            &tok,
+            flag,
+            value,
+        ]);
+        assert!(usage_error(&o).contains(flag));
+    }
+    assert!(!tmp.path().join("tok.json").exists());
+
+    // A plain text file is one document: the advice is a character split, for either side.
+    for extra in [&[][..], &["--val-fraction", "0.5"][..]] {
+        let mut args = vec!["data", "prepare", "-i", &input, "-o", &out];
+        args.extend(extra);
+        let e = one_line_error(&lab(&args));
+        assert!(
+            e.contains("--split chars:0.9") && !e.contains("ValFraction"),
+            "{e}"
+        );
+    }
 }

@@ -65,6 +65,17 @@ fn med_7b_table_shows_the_exact_count_and_fsdp_tp_memory() {
     ] {
         assert!(out.contains(expected), "missing {expected:?} in\n{out}");
     }
+    // The GPU-hours beside the dollars are the billed ones the dollars are priced on.
+    args.push("--json");
+    let billed = json(&lab_plan(&args))["scenarios"][0]["billed_gpu_hours"]
+        .as_f64()
+        .unwrap()
+        .round() as u64;
+    let grouped = format!("{},{:03}", billed / 1000, billed % 1000);
+    assert!(
+        out.contains(&format!("  {grouped} (compute ")),
+        "{grouped} in\n{out}"
+    );
 }
 
 #[test]
@@ -135,6 +146,24 @@ fn check_lab_fails_with_a_one_line_error_and_a_proposal() {
     let v = json(&o);
     assert_eq!(v["holds"], false);
     assert!(v["plan"]["deadline"]["required_mfu"].as_f64().unwrap() > 0.9);
+
+    // A page's impossible MFU is the page's error (exit 1, naming its field), not --mfu's.
+    let tmp = tempfile::tempdir().unwrap();
+    let page = tmp.path().join("page.toml");
+    let text = std::fs::read_to_string(repo().join("configs/lab/lab00-a100.toml")).unwrap();
+    let config = repo().join("configs/x1-50m-a100.toml");
+    let text = text.replace("mfu = 0.48", "mfu = 1.7").replace(
+        "\"../x1-50m-a100.toml\"",
+        &format!("{:?}", config.display().to_string()),
+    );
+    std::fs::write(&page, text).unwrap();
+    let o = lab_plan(&["--check-lab", page.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("[promises] mfu = 1.7"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

@@ -249,10 +249,11 @@ impl PlanInputs {
             (None, None) => layout_cfg.as_ref().map_or(0, |p| p.zero),
         };
         let shard = match req.fsdp {
+            Some(0) => lab_config::bail_usage!("--fsdp must be at least 1"),
             Some(s) if zero_stage == 0 && s > 1 => {
                 lab_config::bail_usage!("--fsdp {s} shards with ZeRO, but --zero is 0; drop --zero 0 or use --zero 1, 2 or 3")
             }
-            Some(s) if s == 0 || !dp.is_multiple_of(s) => bail!(
+            Some(s) if !dp.is_multiple_of(s) => bail!(
                 "--fsdp {s} must divide the data-parallel degree {dp} (= --gpus {gpus} / (--tp {tp} × --pp {pp}))"
             ),
             Some(s) => s,

@@ -109,6 +109,14 @@ pub fn check(path: &Path, overrides: &PlanRequest) -> Result<PageCheck> {
             path.display()
         );
     };
+    // The page's own numbers are the page's errors (exit 1, naming the field), not a flag's.
+    if !(p.mfu > 0.0 && p.mfu <= 1.0) {
+        anyhow::bail!(
+            "lab page {}: [promises] mfu = {} must be in (0, 1]",
+            path.display(),
+            p.mfu
+        );
+    }
     let mut req = page.plan.clone().merged_with(overrides);
     req.device = Some(p.device.clone());
     req.gpus = Some(p.gpus);

@@ -269,7 +269,16 @@ pub fn render(plan: &Plan) -> String {
             si(s.tokens_per_s_per_gpu),
             hours(s.compute_hours),
             hours(s.wall_clock_hours),
-            group(s.compute_gpu_hours.round() as u64),
+            // Billed, as the dollars beside it are; compute too where they differ.
+            if (s.billed_gpu_hours - s.compute_gpu_hours).abs() < 0.5 {
+                group(s.billed_gpu_hours.round() as u64)
+            } else {
+                format!(
+                    "{} (compute {})",
+                    group(s.billed_gpu_hours.round() as u64),
+                    group(s.compute_gpu_hours.round() as u64)
+                )
+            },
         ];
         for c in &s.costs {
             row.push(if (c.billed_usd - c.compute_usd).abs() < 0.5 {

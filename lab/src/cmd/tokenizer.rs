@@ -89,6 +89,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 fn run_train(a: TrainArgs) -> Result<ExitCode> {
+    if a.vocab_size < 256 {
+        super::bail_usage!(
+            "--vocab-size {}: a byte-level BPE needs at least 256 + the special tokens",
+            a.vocab_size
+        );
+    }
+    if a.sample_bytes == Some(0) || a.min_frequency == 0 {
+        let flag = if a.min_frequency == 0 {
+            "--min-frequency"
+        } else {
+            "--sample-bytes"
+        };
+        super::bail_usage!("{flag} 0: give at least 1");
+    }
     let special_tokens = match &a.special_tokens {
         Some(p) => read_special_tokens(p)?,
         None => Vec::new(),
@@ -124,6 +138,12 @@ fn run_train(a: TrainArgs) -> Result<ExitCode> {
         out.tiktoken_ranks.display(),
         start.elapsed().as_secs_f64()
     );
+    if out.vocab_size < a.vocab_size {
+        eprintln!(
+            "warning: the corpus ran out of pairs to merge at vocab {} of the {} asked for (--min-frequency {}): a model's vocab_size must say {}",
+            out.vocab_size, a.vocab_size, a.min_frequency, out.vocab_size
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
