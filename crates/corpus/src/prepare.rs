@@ -459,6 +459,13 @@ pub(crate) fn finish(
     let cfg = &stages.cfg;
     let report = removal_reports(cfg, &d);
     let kept = d.kept.total();
+    if d.train.total().tokens == 0 && kept.docs > 0 {
+        bail!(
+            "no training tokens: the {} document(s) kept all went to val.bin; {}",
+            kept.docs,
+            split_advice(&cfg.split, kept.docs, "lower")
+        );
+    }
     if d.train.total().tokens == 0 {
         bail!(
             "no training tokens: {} of {} documents were removed or skipped ({}); check --text-field, --max-doc-bytes and the filters",
@@ -474,9 +481,9 @@ pub(crate) fn finish(
     }
     if d.val.total().tokens == 0 {
         bail!(
-            "val.bin would be empty ({} documents kept); raise --val-fraction (now {:?})",
+            "val.bin would be empty ({} document(s) kept); {}",
             kept.docs,
-            cfg.split
+            split_advice(&cfg.split, kept.docs, "raise")
         );
     }
     unmark_complete(&cfg.output_dir)?;
@@ -615,6 +622,20 @@ pub(crate) fn unmark_complete(dir: &Path) -> Result<()> {
         std::fs::remove_file(&meta).with_context(|| format!("cannot remove {}", meta.display()))?;
     }
     Ok(())
+}
+
+/// What to change when one side of the split came out empty: a document split cannot
+/// divide a single document (a plain .txt file is one), a character split can.
+fn split_advice(split: &Split, kept_docs: u64, direction: &str) -> String {
+    match split {
+        Split::ValFraction(_) if kept_docs < 2 => {
+            "one document cannot be split by documents: cut its text with --split chars:0.9".into()
+        }
+        Split::ValFraction(f) => format!("{direction} --val-fraction (now {f})"),
+        Split::Chars { train_fraction } => {
+            format!("change --split chars:{train_fraction} (the train fraction)")
+        }
+    }
 }
 
 /// A tokenizer file is copied beside the meta.json that names it: the folder then carries
