@@ -79,6 +79,7 @@ impl Launch {
                 ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
             )
         } else {
+            half_a_torchrun_launch(&var)?;
             let mut alone = Self::alone();
             alone.restarts = restarts(&var)?;
             return Ok(alone);
@@ -151,6 +152,19 @@ fn first_host(list: &str) -> Option<String> {
             Some(format!("{prefix}{start}"))
         }
     }
+}
+
+/// RANK without WORLD_SIZE, or WORLD_SIZE without RANK: a launcher set half of torchrun's
+/// variables, and N copies would each train alone. Refused, unless what is set says one
+/// process (RANK=0, WORLD_SIZE=1).
+fn half_a_torchrun_launch(var: &impl Fn(&str) -> Option<String>) -> Result<()> {
+    let (rank, world) = (var("RANK"), var("WORLD_SIZE"));
+    let (set, missing) = match (&rank, &world) {
+        (Some(r), None) if r.trim() != "0" => ("RANK", "WORLD_SIZE"),
+        (None, Some(w)) if w.trim() != "1" => ("WORLD_SIZE", "RANK"),
+        _ => return Ok(()),
+    };
+    bail!("{set} is set but {missing} is not: a torchrun-style launch needs both; set both, or unset {set} for one process")
 }
 
 /// The relaunch count: `lab supervise` sets `LAB_RESTART_COUNT`, torchrun
@@ -236,6 +250,16 @@ mod tests {
         ];
         assert_eq!(launch(&batch).unwrap(), Launch::alone());
         assert_eq!(launch(&[("LAB_RESTART_COUNT", "4")]).unwrap().restarts, 4);
+    }
+
+    #[test]
+    fn half_a_torchrun_environment_is_refused_unless_it_says_one_process() {
+        for vars in [[("RANK", "1")], [("WORLD_SIZE", "2")]] {
+            let e = launch(&vars).unwrap_err();
+            assert!(format!("{e:#}").contains("set both"), "{e:#}");
+        }
+        assert_eq!(launch(&[("RANK", "0")]).unwrap(), Launch::alone());
+        assert_eq!(launch(&[("WORLD_SIZE", "1")]).unwrap(), Launch::alone());
     }
 
     #[test]
