@@ -529,6 +529,24 @@ fn status_reads_a_run_in_progress_and_a_finished_one() {
         serde_json::from_slice(&run_ok(lab().args(["status", "--json", "--run"]).arg(&run)).stdout)
             .unwrap();
     assert_eq!(s["state"], "stopped (process gone)");
+    // status.json ahead of the last logged row (a stop between logs): tokens at its step.
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let (row_step, row_tokens) = (
+        last["step"].as_u64().unwrap(),
+        last["tokens"].as_f64().unwrap(),
+    );
+    let mut st = json(&run.join("status.json"));
+    st["step"] = (row_step + 3).into();
+    std::fs::write(run.join("status.json"), st.to_string()).unwrap();
+    let s: Value =
+        serde_json::from_slice(&run_ok(lab().args(["status", "--json", "--run"]).arg(&run)).stdout)
+            .unwrap();
+    let want = row_tokens * (row_step + 3) as f64 / row_step as f64;
+    assert!(
+        (s["tokens"].as_f64().unwrap() / want - 1.0).abs() < 1e-9,
+        "{s}"
+    );
 
     let done = tmp.path().join("done");
     run_ok(train_on(&cfg, &data_dir(), &done).args(["--inject-spike-at-step", "30"]));
@@ -848,4 +866,20 @@ fn dod_check_on_a_folder_without_a_manifest_is_one_line() {
             .arg(&spec),
         "is not an export folder (no manifest.json)",
     );
+}
+
+#[test]
+fn an_export_passed_where_a_run_folder_belongs_is_named_as_one() {
+    let done = finished_lab();
+    let export = done.join(EXPORT);
+    let mut eval = lab();
+    eval.args(["eval", "--run"]).arg(&export);
+    expect_one_line_error(&mut eval, "is an export, not a run folder");
+    let mut compare = lab();
+    compare
+        .current_dir(done)
+        .args(["compare", "--output", "unused.png", "--run"])
+        .arg(format!("a={}", export.display()));
+    expect_one_line_error(&mut compare, "holds no metrics.jsonl rows");
+    assert!(!done.join("unused.png").exists());
 }

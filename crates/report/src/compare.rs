@@ -22,9 +22,22 @@ pub fn read_curves(runs: &[(String, PathBuf)]) -> Result<Vec<Curve>> {
     if runs.is_empty() {
         bail!("nothing to compare: pass --run LABEL=DIR at least once");
     }
+    for (i, (label, _)) in runs.iter().enumerate() {
+        if runs[..i].iter().any(|(l, _)| l == label) {
+            lab_config::bail_usage!(
+                "two runs are labelled {label:?}: give each its own --run LABEL=DIR"
+            );
+        }
+    }
     runs.iter()
         .map(|(label, dir)| {
             let files = RunFiles::read(dir)?;
+            if files.metrics.is_empty() {
+                bail!(
+                    "{} holds no metrics.jsonl rows: pass a run folder (lab train --ckpt-dir), not an export",
+                    dir.display()
+                );
+            }
             Ok(Curve {
                 label: label.clone(),
                 rows: files.metrics,
@@ -74,10 +87,18 @@ pub fn csv(curves: &[Curve]) -> String {
     for c in curves {
         for r in &c.rows {
             let val = r.val_loss.map(|v| v.to_string()).unwrap_or_default();
-            let _ = writeln!(out, "{},{},{},{val}", c.label, r.step, r.loss);
+            let _ = writeln!(out, "{},{},{},{val}", csv_field(&c.label), r.step, r.loss);
         }
     }
     out
+}
+
+/// A label as one CSV field: quoted (quotes doubled) where it holds a comma, quote or newline.
+fn csv_field(s: &str) -> String {
+    match s.contains([',', '"', '\n', '\r']) {
+        true => format!("\"{}\"", s.replace('"', "\"\"")),
+        false => s.to_string(),
+    }
 }
 
 /// A text table of the steps every run logged: each run's loss (and validation loss).
@@ -141,6 +162,20 @@ mod tests {
         let c = csv(&curves);
         assert!(c.starts_with("run,step,loss,val_loss\nswap,10,5,\n"), "{c}");
         assert!(c.contains("scratch,20,7,7.2\n"), "{c}");
+        let quoted = csv(&[curve("lr 3e-4, \"warm\"", &[(10, 5.0, None)])]);
+        assert!(
+            quoted.ends_with("\n\"lr 3e-4, \"\"warm\"\"\",10,5,\n"),
+            "{quoted}"
+        );
+        let twice = [
+            ("a".to_string(), PathBuf::from("x")),
+            ("a".to_string(), PathBuf::from("y")),
+        ];
+        let e = read_curves(&twice).err().expect("refused");
+        assert!(
+            format!("{e}").contains("two runs are labelled \"a\""),
+            "{e}"
+        );
         let dir = tempfile::tempdir().unwrap();
         write_png(&curves, &dir.path().join("c.png")).unwrap();
         assert!(dir.path().join("c.png").metadata().unwrap().len() > 1000);

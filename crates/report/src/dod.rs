@@ -100,6 +100,16 @@ impl Spec {
         if spec.checks.is_empty() {
             bail!("declares no [[check]]");
         }
+        for c in &spec.checks {
+            if let Kind::ValLoss { min, max } = c.kind {
+                if !(min <= max) {
+                    bail!(
+                        "check {:?}: min = {min} is above max = {max}; no loss could pass",
+                        c.name
+                    );
+                }
+            }
+        }
         Ok(spec)
     }
 }
@@ -577,6 +587,9 @@ why = "no leftover bills"
         let e = Spec::parse("name = \"t\"\n[[check]]\nname = \"x\"\nkind = \"nope\"\nwhy = \"\"\n")
             .unwrap_err();
         assert!(format!("{e}").contains("nope"), "{e}");
+        let band = "name = \"t\"\n[[check]]\nname = \"v\"\nkind = \"val-loss\"\nmin = 6.0\nmax = 5.0\nwhy = \"w\"\n";
+        let e = Spec::parse(band).unwrap_err();
+        assert!(format!("{e}").contains("min = 6 is above max = 5"), "{e}");
         assert_eq!(
             named_spikes("# x\n## Spike at step 61\n## Spike at step 7\n"),
             vec![61, 7]

@@ -260,6 +260,14 @@ fn newest_verified(
             Err(e) => eprintln!("warning: skipping the checkpoint of step {step}: {e:#}"),
         }
     }
+    // An export names the run it came from: the folder to pass instead.
+    if let (0, Ok(uri)) = (total, fs::read_to_string(run.join("run-uri.txt"))) {
+        bail!(
+            "{} is an export, not a run folder: pass the run it came from ({})",
+            run.display(),
+            uri.trim().trim_start_matches("file://")
+        );
+    }
     match (total, checkpoint::count_set_aside(run)) {
         (0, 0) => bail!(
             "{} holds no checkpoint: train it first (lab train --ckpt-dir {})",

@@ -136,7 +136,12 @@ pub fn status_fitted_until(run: &Path, fit_until: Option<u64>) -> Result<RunStat
         loss: st.loss,
         val_loss: st.val_loss,
         loss_trend: trend(&files.metrics),
-        tokens: last.map(|r| r.tokens),
+        // The last logged row may be older than the step status.json reports (a run stopped
+        // between logs): its tokens per step carried to that step.
+        tokens: last.map(|r| match r.step {
+            0 => r.tokens,
+            s => r.tokens / s as f64 * st.step as f64,
+        }),
         tokens_per_s: st.tokens_per_s,
         mfu: st.mfu,
         spent_usd: budget.as_ref().and_then(|b| b["spent_usd"].as_f64()),

@@ -103,6 +103,11 @@ fn check_same_tokenizer<B: burn::tensor::backend::Backend>(
 
 fn evaluate<B: lab_model::FusedOps>(a: &Args, device: &B::Device) -> Result<Value> {
     let choice = super::checkpoint_choice(&a.checkpoint)?;
+    for (flag, v) in [("--batch", Some(a.batch)), ("--limit", a.limit)] {
+        if v == Some(0) {
+            super::bail_usage!("{flag} 0: give at least 1");
+        }
+    }
     let rm = load_run_model::<B>(&a.run, choice, device)?;
     let tokenizer_spec = rm
         .meta
