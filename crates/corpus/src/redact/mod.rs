@@ -231,7 +231,9 @@ mod tests {
         assert_eq!(r.redact(text).0, text);
         // Labels followed by values that are not identifiers.
         let text = "Serial 12-lead ECGs in age group 18-64; VIN 3 on biopsy; policy 2020 on \
-                    COVID-19; device HbA1c; a lot 500mg.";
+                    COVID-19; device HbA1c; a lot 500mg. Serial CA-125 levels, serial CA19-9; \
+                    device 670G; group V600E; Encounter 99214; Medicaid 250000 enrollees; \
+                    the number for Medicare is 1-800-MEDICARE.";
         assert_eq!(r.redact(text).0, text);
     }
 
@@ -254,6 +256,19 @@ mod tests {
             ("NPI 1234567890.", "NPI [LICENSE]."),
             ("Driver's license S12345678.", "Driver's license [LICENSE]."),
             ("Policy 99887766 active.", "Policy [HEALTH_PLAN] active."),
+            (
+                "Policy number is 12345678.",
+                "Policy number is [HEALTH_PLAN].",
+            ),
+            (
+                "His Medicare number is 1EG4TE5MK72.",
+                "His Medicare number is [HEALTH_PLAN].",
+            ),
+            (
+                "Device identifier: 12345678.",
+                "Device identifier: [DEVICE].",
+            ),
+            ("The plate 7XYZ21.", "The plate [VEHICLE]."),
         ] {
             assert_eq!(r.redact(text).0, want);
         }

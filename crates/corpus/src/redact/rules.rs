@@ -81,43 +81,61 @@ fn valid_ipv4(c: &Captures) -> bool {
 }
 
 /// A labelled identifier rule: one or more `labels` (case-insensitive, "device serial"), then
-/// either "number/no/#/id" or a colon and an identifier with a digit, or (optionally after
-/// "is"/"was") a value that looks like an identifier by itself ([`looks_like_identifier`]:
-/// "VIN 1HGCM82633A004352", "Acct 12345678", but not "serial 12-lead ECGs" or "age group
-/// 18-64"). `before_id` may take a word kept before the identifier (a plate's state).
-fn labelled(phi: Phi, labels: &str, before_id: &str) -> Rule {
+/// either "number/no/#/identifier/id" or a colon and a value with a digit, or a bare label and
+/// a value shaped like an identifier by itself (`accept`: "VIN 1HGCM82633A004352", "Acct
+/// 12345678", but not "serial CA-125 levels" or "age group 18-64"); either may say "is" or
+/// "was" first. `before_id` may take a word kept before the identifier (a plate's state).
+fn labelled(phi: Phi, labels: &str, before_id: &str, accept: fn(&Captures) -> bool) -> Rule {
     Rule {
         phi,
         re: Regex::new(&format!(
-            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]+(?:{labels}))*(?:(?P<sep>[ \t]*(?:number|num|no\.?|#|id|identifier)[ \t]*[:#]?|[ \t]*[:#])|[ \t]+(?:(?:is|was)[ \t]+)?)[ \t]*{before_id}){ID}"
+            r"(?i)(?P<pre>\b(?:{labels})(?:[ \t]+(?:{labels}))*(?:(?P<sep>[ \t]*(?:number|num|no\.?|#|identifier|id)[ \t]*[:#]?|[ \t]*[:#])[ \t]*|[ \t]+)(?:(?:is|was)[ \t]+)?{before_id}){ID}"
         ))
         .expect("labelled rule compiles"),
-        accept: labelled_identifier,
+        accept,
     }
 }
 
 /// After "number", "#" or a colon, any value with a digit; after the bare label, one that
-/// looks like an identifier.
-fn labelled_identifier(c: &Captures) -> bool {
+/// `bare` says is shaped like an identifier.
+fn labelled_value(c: &Captures, bare: fn(&str) -> bool) -> bool {
     let label = c.name("pre").map_or(0, |m| m.len());
     let value = &c[0][label..];
     match c.name("sep") {
         Some(_) => value.bytes().any(|b| b.is_ascii_digit()),
-        None => looks_like_identifier(value),
+        None => bare(value),
     }
 }
 
-/// A value that is an identifier without a label saying so: a run of five or more digits
-/// ("12345678"), or three or more digits with a capital letter ("4ABC123", "SN-99812-A").
-/// Not a range ("18-64"), a year ("2020"), a dose ("500mg") or a term ("12-lead", "COVID-19").
+fn labelled_identifier(c: &Captures) -> bool {
+    labelled_value(c, looks_like_identifier)
+}
+
+fn labelled_plate(c: &Captures) -> bool {
+    labelled_value(c, |v| looks_like_identifier(v) || looks_like_a_plate(v))
+}
+
+/// A value that is an identifier without a label saying so: seven or more digits
+/// ("12345678"), or four or more with a capital letter ("4ABC123", "SN-99812-A",
+/// "S12345678"). Not a range ("18-64"), a year, a count ("250000"), a billing code ("99214"),
+/// a marker or variant ("CA-125", "CA19-9", "V600E"), a model ("670G"), a term ("COVID-19"),
+/// or a number spelt with a word ("1-800-MEDICARE").
 fn looks_like_identifier(value: &str) -> bool {
     let digits = value.bytes().filter(u8::is_ascii_digit).count();
-    let longest_run = value
-        .split(|c: char| !c.is_ascii_digit())
+    let capital = value.bytes().any(|b| b.is_ascii_uppercase());
+    let longest_word = value
+        .split(|c: char| !c.is_ascii_alphabetic())
         .map(str::len)
         .max()
         .unwrap_or(0);
-    longest_run >= 5 || (digits >= 3 && value.bytes().any(|b| b.is_ascii_uppercase()))
+    longest_word < 6 && (digits >= 7 || (digits >= 4 && capital))
+}
+
+/// A licence plate after "plate"/"VIN": shorter, three digits with capitals ("7XYZ21").
+fn looks_like_a_plate(value: &str) -> bool {
+    let digits = value.bytes().filter(u8::is_ascii_digit).count();
+    let capitals = value.bytes().filter(u8::is_ascii_uppercase).count();
+    digits >= 3 && capitals >= 2
 }
 
 fn rule(phi: Phi, pattern: &str, accept: fn(&Captures) -> bool) -> Rule {
@@ -162,27 +180,32 @@ pub fn rules() -> Vec<Rule> {
             Phi::HealthPlan,
             r"health\s+plan(?:\s+beneficiary)?|beneficiary|member|subscriber|policy|insurance|insurance\s+policy|medicaid|medicare|group",
             "",
+            labelled_identifier,
         ),
         labelled(
             Phi::Account,
             r"account|acct\.?|billing\s+account|invoice|encounter",
             "",
+            labelled_identifier,
         ),
         labelled(
             Phi::License,
             r"(?:driver'?s\s+)?licen[cs]e|dea|npi|certificate|certification|board\s+certification",
             "",
+            labelled_identifier,
         ),
         labelled(
             Phi::Vehicle,
             r"vin|vehicle(?:\s+identification)?|license\s+plate|plate",
             // "Plate number MA 7XYZ21": the state stays, as everywhere.
             &format!(r"(?:(?-i:{STATE_CODES})[ \t]+)?"),
+            labelled_plate,
         ),
         labelled(
             Phi::Device,
             r"serial|device|udi|implant(?:\s+serial)?|pacemaker\s+serial|lot|s/n",
             "",
+            labelled_identifier,
         ),
         rule(
             Phi::Fax,
