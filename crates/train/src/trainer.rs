@@ -302,10 +302,11 @@ fn fire_drill<B: TrainBackend>(
     grads
 }
 
-/// The built-in policies (signals, non-finite steps, spikes) followed by `extra`.
+/// The built-in policies (non-finite steps, spikes, stop rules), then `extra`, then signals:
+/// asked last, so a stop another policy decides in the same step (the budget guard's exit 4
+/// without a checkpoint) wins the tie with a signal.
 fn standard_policies(cfg: &LabConfig, extra: Vec<Box<dyn StepPolicy>>) -> Result<Policies> {
     let mut all: Vec<Box<dyn StepPolicy>> = vec![
-        Box::new(Signals(StopSignal::install()?)),
         Box::new(NonFinite),
         Box::new(SpikeResponse::new(
             cfg.stability(),
@@ -319,5 +320,6 @@ fn standard_policies(cfg: &LabConfig, extra: Vec<Box<dyn StepPolicy>>) -> Result
         )));
     }
     all.extend(extra);
+    all.push(Box::new(Signals(StopSignal::install()?)));
     Ok(Policies(all))
 }
