@@ -180,19 +180,13 @@ fn user_mistakes_exit_1_with_one_line_and_write_no_checkpoint() {
         "{stderr}"
     );
     assert!(!run.exists(), "a refused start made the run folder");
-    // A file:// store that cannot be made (under a file): refused before any step too.
+    // A file:// store that cannot be made (under a file): an error before any step too.
     let blocker = tmp.path().join("not-a-folder");
     std::fs::write(&blocker, "").unwrap();
     let uri = format!("file://{}/mlruns", blocker.display());
-    let out = train(&cfg, &run)
-        .args(["--mlflow-uri", &uri])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("cannot create the MLflow store") && stderr.trim_end().lines().count() == 1,
-        "{stderr}"
+    expect_one_line_error(
+        train(&cfg, &run).args(["--mlflow-uri", &uri]),
+        "cannot create the MLflow store",
     );
     assert!(!run.exists(), "a refused start made the run folder");
 

@@ -34,7 +34,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<ExitCode> {
     let choice = super::checkpoint_choice(&args.checkpoint)?;
     check_destinations(&args)?;
-    check_mlflow_uri(args.mlflow_uri.as_deref())?;
+    check_mlflow_uri(args.mlflow_uri.as_deref(), true)?;
     if let Some(budget) = &args.budget {
         check_budget_file(budget)?;
     }
@@ -105,11 +105,18 @@ fn check_budget_file(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `--mlflow-uri` before any work: a store lab cannot write is a usage error now, not a
-/// warning once the run is over.
-pub fn check_mlflow_uri(uri: Option<&str>) -> Result<()> {
-    if let Some(Err(e)) = uri.map(lab_report::mlflow::open) {
+/// `--mlflow-uri` before any work: a store lab does not write is a usage error, and one it
+/// cannot create (`create`: the process that will log) an error, now rather than a warning
+/// once the run is over.
+pub fn check_mlflow_uri(uri: Option<&str>, create: bool) -> Result<()> {
+    let Some(uri) = uri else {
+        return Ok(());
+    };
+    if let Err(e) = lab_report::mlflow::store_root(uri) {
         super::bail_usage!("{e:#}");
+    }
+    if create {
+        lab_report::mlflow::open(uri)?;
     }
     Ok(())
 }

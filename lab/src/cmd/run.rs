@@ -202,7 +202,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
 fn run_page(args: Args) -> Result<ExitCode> {
     let lab = load(args.spec.as_deref())?;
     let r = &lab.page.run;
-    super::export::check_mlflow_uri(args.mlflow_uri.as_deref().or(r.mlflow_uri.as_deref()))?;
+    super::export::check_mlflow_uri(args.mlflow_uri.as_deref().or(r.mlflow_uri.as_deref()), true)?;
     lab_fsio::console::line(&format!(
         "lab run: {}{}",
         lab.page.name,

@@ -224,8 +224,9 @@ pub fn options(args: &Args, backend: BackendKind) -> Result<(TrainOptions, Optio
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{e} (after command-line overrides)"))?;
-    super::export::check_mlflow_uri(args.mlflow_uri.as_deref())?;
     let launch = lab_dist::Launch::from_env()?;
+    // Rank 0 logs the run, so it alone creates the store.
+    super::export::check_mlflow_uri(args.mlflow_uri.as_deref(), launch.rank == 0)?;
     let gpu = super::open_gpu(backend, &launch);
     if let Some(gib) = args.fit_micro_batch {
         fit_micro_batch(&mut config, gib, backend, &gpu, &launch)?;
