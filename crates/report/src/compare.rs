@@ -34,7 +34,7 @@ pub fn read_curves(runs: &[(String, PathBuf)]) -> Result<Vec<Curve>> {
             let files = RunFiles::read(dir)?;
             if files.metrics.is_empty() {
                 bail!(
-                    "{} holds no metrics.jsonl rows: pass a run folder (lab train --ckpt-dir), not an export",
+                    "{} holds no metrics.jsonl rows: nothing to draw (a run logs them as it trains; an export keeps them as metrics.csv)",
                     dir.display()
                 );
             }

@@ -71,13 +71,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             }
             return Ok(ExitCode::from(exit_byte(&status)));
         }
+        end_what_is_left(group);
         if restarts >= args.max_restarts {
             bail!(
                 "the job {why}, and {restarts} restart(s) (--max-restarts {}) are used up",
                 args.max_restarts
             );
         }
-        end_what_is_left(group);
         restarts += 1;
         eprintln!(
             "lab supervise: the job {why} (a rank died or was preempted); restart {restarts} of {} from the latest checkpoint",
@@ -105,14 +105,19 @@ fn wait_passing_signals(child: &mut std::process::Child, stop: &AtomicUsize) -> 
     }
 }
 
-/// Before a restart: the dead job's process group is killed and waited for. A launcher that
-/// died (kill -9 of mpirun, the OOM killer) leaves its ranks running a moment longer, and
-/// they hold the run folder's lock the next launch needs.
+/// After a failed job: its process group is killed and waited for. A launcher that died
+/// (kill -9 of mpirun, the OOM killer) leaves its ranks running a moment longer, and they
+/// hold the run folder's lock a restart needs (or, given up, would train on unsupervised).
 fn end_what_is_left(group: i32) {
-    // SAFETY: signals the process group of the job this supervisor started.
+    // SAFETY: signals the process group of the job this supervisor started (its leader was
+    // reaped just now; the group's number is not reused while a member lives).
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while group_has_a_live_process(group) && Instant::now() < deadline {
+    while group_has_a_live_process(group) {
+        if Instant::now() >= deadline {
+            eprintln!("lab supervise: warning: processes of the dead job (group {group}) still run after 30 s");
+            return;
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
 }
