@@ -102,7 +102,7 @@ impl Spec {
         }
         for c in &spec.checks {
             if let Kind::ValLoss { min, max } = c.kind {
-                if !(min <= max) {
+                if min > max || min.is_nan() || max.is_nan() {
                     bail!(
                         "check {:?}: min = {min} is above max = {max}; no loss could pass",
                         c.name
