@@ -2,6 +2,7 @@
 //! is declared in the spec with a name, a threshold and why it exists; each result says what
 //! was found and what was expected. Rendered as a table for people, JSON, or JUnit XML for CI.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -118,11 +119,13 @@ impl Spec {
 /// they need, so one missing field fails one check, not all.
 pub fn check(dir: &Path, spec: &Spec) -> Verdict {
     let manifest = read_manifest(dir);
+    let mut hashes = Hashes::default();
     let checks: Vec<CheckResult> = spec
         .checks
         .iter()
         .map(|c| {
-            let (passed, found, expected) = match run_check(dir, &c.kind, manifest.as_ref()) {
+            let ran = run_check(dir, &c.kind, manifest.as_ref(), &mut hashes);
+            let (passed, found, expected) = match ran {
                 Ok(r) => r,
                 Err(e) => (false, format!("{e:#}"), expected_of(&c.kind)),
             };
@@ -173,7 +176,28 @@ fn read_manifest(dir: &Path) -> Result<Value> {
     serde_json::from_str(&text).context("manifest.json is not valid JSON")
 }
 
-fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) -> Result<Outcome> {
+/// sha256 of the export's files, each read once however many checks ask: final.safetensors
+/// is both the artifacts check's and the weights check's (gigabytes for a 7B model).
+#[derive(Default)]
+struct Hashes(BTreeMap<PathBuf, String>);
+
+impl Hashes {
+    fn of(&mut self, path: &Path) -> Result<String> {
+        if let Some(sha) = self.0.get(path) {
+            return Ok(sha.clone());
+        }
+        let sha = lab_fsio::sha256_file(path)?;
+        self.0.insert(path.to_path_buf(), sha.clone());
+        Ok(sha)
+    }
+}
+
+fn run_check(
+    dir: &Path,
+    kind: &Kind,
+    manifest: Result<&Value, &anyhow::Error>,
+    hashes: &mut Hashes,
+) -> Result<Outcome> {
     let expected = expected_of(kind);
     let manifest = || manifest.map_err(|e| anyhow::anyhow!("{e:#}"));
     Ok(match kind {
@@ -222,8 +246,8 @@ fn run_check(dir: &Path, kind: &Kind, manifest: Result<&Value, &anyhow::Error>) 
             }
             ((*min..=*max).contains(&val), format!("{val:.4}"), expected)
         }
-        Kind::Artifacts => artifacts(dir, manifest()?, expected)?,
-        Kind::Weights => weights(dir, manifest()?, expected)?,
+        Kind::Artifacts => artifacts(dir, manifest()?, expected, hashes),
+        Kind::Weights => weights(dir, manifest()?, expected, hashes)?,
         Kind::Spend { cap_usd } => {
             let cost = &manifest()?["cost"];
             let Some(cap) = cap_usd.or(cost["cap_usd"].as_f64()) else {
@@ -308,28 +332,28 @@ fn completed(m: &Value, expected: String) -> Outcome {
 
 /// The files the manifest vouches for, each hashed again: a file missing or changed since the
 /// export fails, named.
-fn artifacts(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
+fn artifacts(dir: &Path, m: &Value, expected: String, hashes: &mut Hashes) -> Outcome {
     let Some(listed) = m["artifacts"].as_object().filter(|a| !a.is_empty()) else {
-        return Ok((false, "manifest.json lists no artifacts".into(), expected));
+        return (false, "manifest.json lists no artifacts".into(), expected);
     };
     let mut problems = Vec::new();
     for (name, sha) in listed {
         let path = dir.join(name);
-        match lab_fsio::sha256_file(&path) {
+        match hashes.of(&path) {
             Ok(actual) if Some(actual.as_str()) == sha.as_str() => {}
             Ok(_) => problems.push(format!("{name} changed")),
             Err(_) => problems.push(format!("{name} missing")),
         }
     }
-    Ok(match problems.is_empty() {
+    match problems.is_empty() {
         true => (true, format!("{} files match", listed.len()), expected),
         false => (false, problems.join(", "), expected),
-    })
+    }
 }
 
-fn weights(dir: &Path, m: &Value, expected: String) -> Result<Outcome> {
+fn weights(dir: &Path, m: &Value, expected: String, hashes: &mut Hashes) -> Result<Outcome> {
     let path = dir.join(FINAL_WEIGHTS);
-    let actual = lab_fsio::sha256_file(&path)?;
+    let actual = hashes.of(&path)?;
     let Some(listed) = m["artifacts"][FINAL_WEIGHTS].as_str() else {
         return Ok((
             false,
