@@ -71,8 +71,17 @@ fn for_each_doc(
 }
 
 pub fn train(cfg: &TrainConfig) -> Result<TrainOutcome> {
+    // Values no corpus can make right are usage errors (exit 2), named by their flags.
+    for (flag, zero) in [
+        ("--sample-bytes", cfg.sample_bytes == Some(0)),
+        ("--min-frequency", cfg.min_frequency == 0),
+    ] {
+        if zero {
+            lab_config::bail_usage!("{flag} 0: give at least 1");
+        }
+    }
     if cfg.vocab_size < 256 + BASE_SPECIALS.len() + cfg.special_tokens.len() {
-        bail!(
+        lab_config::bail_usage!(
             "--vocab-size {}: a byte-level BPE needs at least 256 + the special tokens",
             cfg.vocab_size
         );

@@ -60,7 +60,8 @@ pub fn plan(req: &ShardRequest) -> Result<ShardPlan> {
         ("--seq-len", req.seq_len),
     ] {
         if v == 0 {
-            bail!("{flag} must be at least 1");
+            // A count of 0 is the command line's mistake: a usage error (exit 2).
+            lab_config::bail_usage!("{flag} must be at least 1");
         }
     }
     let too_big = || anyhow::anyhow!("--nodes × --gpus-per-node × --seq-len overflows");
@@ -91,7 +92,7 @@ pub fn plan(req: &ShardRequest) -> Result<ShardPlan> {
     }
     let per_rank = steps * m;
     let k = match req.shards_per_rank {
-        Some(0) => bail!("--shards-per-rank must be at least 1"),
+        Some(0) => lab_config::bail_usage!("--shards-per-rank must be at least 1"),
         Some(k) => k.min(per_rank),
         None => (per_rank * req.seq_len)
             .div_ceil(req.target_shard_tokens.max(req.seq_len))

@@ -279,18 +279,6 @@ fn run_prepare(a: PrepareArgs) -> Result<ExitCode> {
 }
 
 fn run_shards(a: ShardsArgs) -> Result<ExitCode> {
-    // Counts at 0 are usage errors (exit 2), as everywhere: checked before the data is read.
-    for (flag, v) in [
-        ("--nodes", Some(a.nodes)),
-        ("--gpus-per-node", Some(a.gpus_per_node)),
-        ("--global-batch-tokens", Some(a.global_batch_tokens)),
-        ("--seq-len", Some(a.seq_len)),
-        ("--shards-per-rank", a.shards_per_rank),
-    ] {
-        if v == Some(0) {
-            super::bail_usage!("{flag} must be at least 1");
-        }
-    }
     let meta = lab_data::Meta::load(&a.data_dir)?;
     let train = meta.file("train.bin")?;
     let p = plan(&ShardRequest {

@@ -89,20 +89,6 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 fn run_train(a: TrainArgs) -> Result<ExitCode> {
-    if a.vocab_size < 256 {
-        super::bail_usage!(
-            "--vocab-size {}: a byte-level BPE needs at least 256 + the special tokens",
-            a.vocab_size
-        );
-    }
-    if a.sample_bytes == Some(0) || a.min_frequency == 0 {
-        let flag = if a.min_frequency == 0 {
-            "--min-frequency"
-        } else {
-            "--sample-bytes"
-        };
-        super::bail_usage!("{flag} 0: give at least 1");
-    }
     let special_tokens = match &a.special_tokens {
         Some(p) => read_special_tokens(p)?,
         None => Vec::new(),
