@@ -81,6 +81,14 @@ fn pct(part: u64, whole: u64) -> String {
     format!("{:.1}%", part as f64 / whole as f64 * 100.0)
 }
 
+/// A billed figure, with the compute-only one beside it where they differ.
+fn billed(billed: f64, compute: f64, show: &dyn Fn(f64) -> String) -> String {
+    match (billed - compute).abs() < 0.5 {
+        true => show(billed),
+        false => format!("{} (compute {})", show(billed), show(compute)),
+    }
+}
+
 pub fn render(plan: &Plan) -> String {
     let mut out = String::new();
     let w = &mut out;
@@ -269,23 +277,13 @@ pub fn render(plan: &Plan) -> String {
             si(s.tokens_per_s_per_gpu),
             hours(s.compute_hours),
             hours(s.wall_clock_hours),
-            // Billed, as the dollars beside it are; compute too where they differ.
-            if (s.billed_gpu_hours - s.compute_gpu_hours).abs() < 0.5 {
-                group(s.billed_gpu_hours.round() as u64)
-            } else {
-                format!(
-                    "{} (compute {})",
-                    group(s.billed_gpu_hours.round() as u64),
-                    group(s.compute_gpu_hours.round() as u64)
-                )
-            },
+            // Billed, as the dollars beside it are.
+            billed(s.billed_gpu_hours, s.compute_gpu_hours, &|h| {
+                group(h.round() as u64)
+            }),
         ];
         for c in &s.costs {
-            row.push(if (c.billed_usd - c.compute_usd).abs() < 0.5 {
-                usd(c.billed_usd)
-            } else {
-                format!("{} (compute {})", usd(c.billed_usd), usd(c.compute_usd))
-            });
+            row.push(billed(c.billed_usd, c.compute_usd, &usd));
         }
         t.row(row);
     }
